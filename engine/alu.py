@@ -1,0 +1,63 @@
+"""Scalar semantics of the ALU ops, in Python: the meaning constant folding and
+the reference device agree on. Integer results wrap to their dtype as numpy's
+do; IDIV and MOD are floor division and floor modulo (numpy's // and %)."""
+from __future__ import annotations
+
+import math
+import operator
+from typing import Any, Callable
+
+from engine.dtypes import DType
+from engine.ops import Ops
+
+
+def _idiv(a, b):
+  if isinstance(a, float) or isinstance(b, float): return math.floor(a / b) if b != 0 else math.copysign(math.inf, a) if a else math.nan
+  return a // b if b != 0 else 0   # numpy gives 0 (with a warning) for integer division by zero
+
+
+def _mod(a, b):
+  if isinstance(a, float) or isinstance(b, float): return a % b if b != 0 else math.nan
+  return a % b if b != 0 else 0
+
+
+def _fdiv(a, b):
+  try: return a / b
+  except ZeroDivisionError: return math.nan if a == 0 or a != a else math.copysign(math.inf, a) * math.copysign(1, b)
+
+
+def _safe(f):
+  def g(*a):
+    try: return f(*a)
+    except (OverflowError, ValueError): return math.nan
+  return g
+
+
+PYTHON_ALU: dict[Ops, Callable[..., Any]] = {
+  Ops.NEG: operator.neg, Ops.EXP2: _safe(lambda x: 2.0 ** x), Ops.LOG2: _safe(lambda x: math.log2(x) if x > 0 else (-math.inf if x == 0 else math.nan)),
+  Ops.SIN: _safe(math.sin), Ops.SQRT: _safe(lambda x: math.sqrt(x) if x >= 0 else math.nan),
+  Ops.RECIPROCAL: lambda x: _fdiv(1.0, x), Ops.TRUNC: lambda x: float(math.trunc(x)) if math.isfinite(x) else x,
+  Ops.ADD: operator.add, Ops.SUB: operator.sub, Ops.MUL: operator.mul, Ops.FDIV: _fdiv, Ops.IDIV: _idiv, Ops.MOD: _mod,
+  Ops.MAX: max, Ops.POW: _safe(operator.pow), Ops.CMPLT: operator.lt, Ops.CMPNE: operator.ne, Ops.CMPEQ: operator.eq,
+  Ops.AND: operator.and_, Ops.OR: operator.or_, Ops.XOR: operator.xor, Ops.SHL: operator.lshift, Ops.SHR: operator.rshift,
+  Ops.WHERE: lambda c, a, b: a if c else b, Ops.MULACC: lambda a, b, c: a * b + c,
+}
+
+
+def wrap(value: Any, dtype: DType) -> Any:
+  """value as dtype holds it: ints wrap around, bools are bools, floats are floats."""
+  if dtype.kind == "b": return bool(value)
+  if dtype.kind in "iu" or (dtype.kind == "x" and isinstance(value, int)):
+    if isinstance(value, float):
+      if not math.isfinite(value): return 0
+      value = int(value)
+    bits = dtype.bits
+    value &= (1 << bits) - 1
+    if dtype.kind != "u" and value >= 1 << (bits - 1): value -= 1 << bits
+    return value
+  if dtype.kind == "f": return float(value)
+  return value
+
+
+def exec_alu(op: Ops, dtype: DType, operands: list[Any]) -> Any:
+  return wrap(PYTHON_ALU[op](*operands), dtype)

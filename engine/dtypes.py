@@ -1,0 +1,91 @@
+"""Scalar element types.
+
+A DType is interned: there is exactly one object per name, so rules and passes
+compare dtypes with `is`. `index` is the type of index arithmetic (ranges,
+offsets); it is an integer that codegen later narrows to int32 or int64.
+"""
+from __future__ import annotations
+
+import attrs
+
+
+@attrs.frozen(repr=False)
+class DType:
+  name: str
+  itemsize: int     # bytes; 0 for void
+  kind: str         # 'b' bool, 'i' signed int, 'u' unsigned int, 'f' float, 'x' index, 'v' void
+  priority: int     # promotion order inside a kind family
+  np_name: str | None
+
+  def __repr__(self): return f"dtypes.{self.name}"
+  @property
+  def is_float(self) -> bool: return self.kind == "f"
+  @property
+  def is_int(self) -> bool: return self.kind in "iux"
+  @property
+  def is_unsigned(self) -> bool: return self.kind == "u"
+  @property
+  def is_bool(self) -> bool: return self.kind == "b"
+  @property
+  def bits(self) -> int: return self.itemsize * 8
+
+  def min(self):
+    if self.kind == "b": return False
+    if self.kind == "u": return 0
+    if self.kind in "ix": return -(1 << (self.bits - 1))
+    return float("-inf")
+
+  def max(self):
+    if self.kind == "b": return True
+    if self.kind == "u": return (1 << self.bits) - 1
+    if self.kind in "ix": return (1 << (self.bits - 1)) - 1
+    return float("inf")
+
+
+class dtypes:
+  """The dtype namespace: `dtypes.float32`, `dtypes.by_name("int8")`, ..."""
+  void = DType("void", 0, "v", 0, None)
+  bool = DType("bool", 1, "b", 1, "bool")
+  int8 = DType("int8", 1, "i", 2, "int8")
+  uint8 = DType("uint8", 1, "u", 3, "uint8")
+  int16 = DType("int16", 2, "i", 4, "int16")
+  uint16 = DType("uint16", 2, "u", 5, "uint16")
+  int32 = DType("int32", 4, "i", 6, "int32")
+  uint32 = DType("uint32", 4, "u", 7, "uint32")
+  int64 = DType("int64", 8, "i", 8, "int64")
+  uint64 = DType("uint64", 8, "u", 9, "uint64")
+  index = DType("index", 8, "x", 10, "int64")
+  float16 = DType("float16", 2, "f", 11, "float16")
+  bfloat16 = DType("bfloat16", 2, "f", 12, None)
+  float32 = DType("float32", 4, "f", 13, "float32")
+  float64 = DType("float64", 8, "f", 14, "float64")
+
+  default_float = float32
+  default_int = int32
+
+  @staticmethod
+  def all() -> dict[str, DType]: return dict(ALL_DTYPES)
+
+  @staticmethod
+  def by_name(name: str) -> DType:
+    try: return ALL_DTYPES[name]
+    except KeyError: raise ValueError(f"unknown dtype {name!r}; known dtypes: {', '.join(ALL_DTYPES)}") from None
+
+
+ALL_DTYPES: dict[str, DType] = {v.name: v for v in vars(dtypes).values() if isinstance(v, DType)}
+
+# dtype classes usable in rule patterns, e.g. `x{ints}` or `CAST{floats}(y)`
+DTYPE_CLASSES: dict[str, frozenset[DType]] = {
+  "ints": frozenset(d for d in ALL_DTYPES.values() if d.kind in "iux"),
+  "sints": frozenset(d for d in ALL_DTYPES.values() if d.kind in "ix"),
+  "uints": frozenset(d for d in ALL_DTYPES.values() if d.kind == "u"),
+  "floats": frozenset(d for d in ALL_DTYPES.values() if d.kind == "f"),
+  "bools": frozenset({dtypes.bool}),
+}
+
+
+def dtype_set(name: str) -> frozenset[DType] | None:
+  """The set of dtypes a pattern name stands for, or None when it names nothing."""
+  if name in DTYPE_CLASSES: return DTYPE_CLASSES[name]
+  if name in ALL_DTYPES: return frozenset({ALL_DTYPES[name]})
+  return None

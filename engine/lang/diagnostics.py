@@ -1,0 +1,80 @@
+"""Diagnostics: a stable code, a location, a message; rendered as
+`file:line:col: error R201: ...` with the source line and a caret, or as JSON."""
+from __future__ import annotations
+
+import json
+
+import attrs
+
+from engine.lang.ast import Span
+
+# Every code rulec can report. The table is the single source for docs/rules.md
+# and for `rulec check --explain`.
+CODES: dict[str, str] = {
+  "R001": "syntax error",
+  "R002": "unexpected character",
+  "R101": "unknown op or op group",
+  "R102": "unknown dtype or dtype class",
+  "R103": "wrong number of sources for an op",
+  "R104": "operator with no ALU op in patterns",
+  "R201": "name is not bound by the pattern, declared by `use`, or a builtin",
+  "R202": "binding is never used",
+  "R203": "name is bound to two different sub-patterns",
+  "R204": "binding shadows a reserved name (ctx, a helper, a builtin)",
+  "R301": "helper module cannot be imported or is not allowed",
+  "R302": "helper does not exist in its module",
+  "R303": "helper called with arguments its signature does not accept",
+  "R304": "helper declared twice",
+  "R401": "dunder or format attribute access",
+  "R402": "lambda is not allowed",
+  "R403": "forbidden builtin name",
+  "R404": "assignment expression (:=) is not allowed",
+  "R405": "statements and imports are not allowed",
+  "R501": "duplicate rule name",
+  "R502": "duplicate ruleset name",
+  "R503": "unknown ruleset in includes",
+  "R504": "includes form a cycle",
+  "R505": "rule is shadowed by an earlier rule that always matches first",
+}
+
+
+@attrs.frozen
+class Diagnostic:
+  code: str
+  severity: str          # "error" | "warning"
+  span: Span
+  message: str
+  note: str | None = None
+
+  @property
+  def is_error(self) -> bool: return self.severity == "error"
+
+  def render(self, source: str | None) -> str:
+    head = f"{self.span}: {self.severity} {self.code}: {self.message}"
+    lines = source.splitlines() if source is not None else []
+    out = [head]
+    if 1 <= self.span.line <= len(lines):
+      text = lines[self.span.line - 1].expandtabs(1)
+      width = max(1, (self.span.end_col - self.span.col) if self.span.end_line == self.span.line else 1)
+      out.append(f"  {self.span.line:>4} | {text}")
+      out.append(f"       | {' ' * (self.span.col - 1)}{'^' * width}")
+    if self.note: out.append(f"       = {self.note}")
+    return "\n".join(out)
+
+  def to_json(self) -> dict:
+    return {"code": self.code, "severity": self.severity, "file": self.span.file, "line": self.span.line,
+            "col": self.span.col, "end_line": self.span.end_line, "end_col": self.span.end_col,
+            "message": self.message, "note": self.note}
+
+
+class RuleError(Exception):
+  """Raised when a rules file cannot be loaded; str() is the rendered diagnostics."""
+  def __init__(self, diagnostics: list[Diagnostic], sources: dict[str, str]):
+    self.diagnostics = diagnostics
+    self.sources = sources
+    super().__init__("\n".join(d.render(sources.get(d.span.file)) for d in diagnostics))
+
+
+def render_all(diags: list[Diagnostic], sources: dict[str, str], fmt: str = "human") -> str:
+  if fmt == "json": return json.dumps([d.to_json() for d in diags], indent=2)
+  return "\n".join(d.render(sources.get(d.span.file)) for d in diags)

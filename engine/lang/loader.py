@@ -1,0 +1,230 @@
+"""Loading rule files: parse, check, compile, and cache the generated matchers.
+
+`load_library()` finds rules/ (in a checkout, or inside the installed
+package), and `library.matcher("symbolic")` returns a Matcher. Generated
+matcher source is cached on disk under a key made of the rule files' content
+and the compiler's own source, so a warm process skips Lark and the checker
+entirely. A cache entry that fails its checksum or does not load is ignored
+and rebuilt.
+"""
+from __future__ import annotations
+
+import atexit
+import hashlib
+import importlib.resources
+import os
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from engine.lang import ast as A
+from engine.lang.checker import CheckedLibrary, check_library
+from engine.lang.compiler import generate, per_rule_functions
+from engine.lang.diagnostics import Diagnostic, RuleError
+from engine.lang.parser import parse_rules
+
+_HERE = Path(__file__).resolve().parent
+_COMPILER_FILES = ("compiler.py", "parser.py", "checker.py", "names.py", "rules.lark", "ast.py", "runtime.py", "loader.py")
+
+
+def default_rules_dir() -> Path:
+  """rules/ of a checkout, else the copy installed as the package `rulec._rules`."""
+  checkout = _HERE.parent.parent / "rules"
+  if checkout.is_dir(): return checkout
+  return Path(str(importlib.resources.files("rulec._rules")))
+
+
+def rule_files(paths: list[str | Path] | None = None) -> list[Path]:
+  """Expand files and directories (recursively, *.rules) into a sorted file list."""
+  out: list[Path] = []
+  for p in [default_rules_dir()] if not paths else [Path(p) for p in paths]:
+    if p.is_dir(): out += sorted(p.rglob("*.rules"))
+    else: out.append(p)
+  return out
+
+
+def stats_enabled() -> bool: return os.environ.get("RULEC_STATS", "") not in ("", "0")
+
+
+def _cache_dir() -> Path:
+  d = os.environ.get("RULEC_CACHE_DIR")
+  return Path(d) if d else Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "rulec"
+
+
+def _compiler_digest() -> str:
+  h = hashlib.sha256()
+  for name in _COMPILER_FILES: h.update((_HERE / name).read_bytes())
+  for mod in ("ops.py", "dtypes.py"): h.update((_HERE.parent / mod).read_bytes())
+  return h.hexdigest()
+
+
+class Matcher:
+  """A compiled rule set: `rewrite(node, ctx)` returns the first rule's replacement or None."""
+
+  def __init__(self, library: RuleLibrary, names: tuple[str, ...]):
+    self.library, self.names = library, names
+    self.title = "+".join(names)
+    self.source, ns = library._compiled(names, stats_enabled())
+    self.dispatch: dict = ns["DISPATCH"]
+    self.rule_info: tuple = ns["RULES"]
+    self.stats: list = ns["STATS"]
+    self._per_rule = None
+    if stats_enabled(): _STATS_MATCHERS.append(self)
+
+  def rewrite(self, node, ctx: Any = None):
+    fn = self.dispatch.get(node.op)
+    return None if fn is None else fn(node, ctx)
+
+  def __add__(self, other: Matcher) -> Matcher:
+    return self.library.matcher(*self.names, *other.names)
+
+  @property
+  def rules(self) -> list[A.Rule]: return self.library.rules_of(self.names)
+
+  def which_rule(self, node, ctx: Any = None) -> tuple[str, str] | None:
+    """The (name, location) of the rule that rewrites `node`, found by trying the rules one at a time."""
+    if self._per_rule is None:
+      rules = self.rules
+      ns: dict[str, Any] = {"__name__": f"rulec_rules_{self.title}"}
+      exec(compile(per_rule_functions(rules, self.library.checked.helpers_of), f"<rulec {self.title}>", "exec"), ns)
+      self._per_rule = ns["RULE_FNS"]
+    for k, fn in enumerate(self._per_rule):
+      if fn(node, ctx) is not None: return self.rule_info[k][0], self.rule_info[k][1]
+    return None
+
+  def __repr__(self): return f"<Matcher {self.title}: {len(self.rule_info)} rules>"
+
+
+class RuleLibrary:
+  """Every rule set in a set of .rules files."""
+
+  def __init__(self, files: list[Path]):
+    self.files = files
+    self.sources = {str(f): f.read_text() for f in files}
+    h = hashlib.sha256(_compiler_digest().encode())
+    for path in sorted(self.sources):
+      h.update(os.path.basename(path).encode() + b"\0" + self.sources[path].encode() + b"\0")
+    self.digest = h.hexdigest()
+    self._checked: CheckedLibrary | None = None
+    self._matchers: dict[tuple[str, ...], Matcher] = {}
+
+  @property
+  def checked(self) -> CheckedLibrary:
+    if self._checked is None: self._checked = check_sources(self.sources)
+    return self._checked
+
+  def require_clean(self):
+    if self.checked.errors: raise RuleError(self.checked.errors, self.sources)
+
+  def ruleset_names(self) -> list[str]: return list(self.checked.rulesets)
+
+  def rules_of(self, names: tuple[str, ...]) -> list[A.Rule]:
+    self.require_clean()
+    out: list[A.Rule] = []
+    seen: set[int] = set()
+    for n in names:
+      if n not in self.checked.rulesets: raise KeyError(f"no ruleset named {n!r}; known: {', '.join(self.checked.rulesets)}")
+      for r in self.checked.flat_rules(n):
+        if id(r) not in seen: seen.add(id(r)); out.append(r)
+    return out
+
+  def matcher(self, *names: str) -> Matcher:
+    key = tuple(names)
+    if key not in self._matchers: self._matchers[key] = Matcher(self, key)
+    return self._matchers[key]
+
+  def emit(self, *names: str, stats: bool = False) -> str:
+    return generate(self.rules_of(tuple(names)), self.checked.helpers_of, stats=stats, title="+".join(names))
+
+  def _compiled(self, names: tuple[str, ...], stats: bool) -> tuple[str, dict]:
+    key = hashlib.sha256(f"{self.digest}|{'+'.join(names)}|{int(stats)}".encode()).hexdigest()[:32]
+    path = _cache_dir() / f"{key}.py"
+    src = _read_cache(path, key)
+    if src is not None:
+      try: return src, _exec(src, names)
+      except Exception: pass  # a stale or broken entry is rebuilt below
+    src = self.emit(*names, stats=stats)
+    ns = _exec(src, names)
+    _write_cache(path, key, src)
+    return src, ns
+
+
+def check_sources(sources: dict[str, str]) -> CheckedLibrary:
+  files, diags = [], []
+  for path, text in sources.items():
+    rf, d = parse_rules(text, path)
+    diags += d
+    if rf is not None: files.append(rf)
+  return check_library(files, diags)
+
+
+def check_paths(paths: list[str | Path] | None = None) -> tuple[CheckedLibrary, dict[str, str]]:
+  sources = {str(f): f.read_text() for f in rule_files(paths)}
+  return check_sources(sources), sources
+
+
+def _exec(src: str, names) -> dict:
+  ns: dict[str, Any] = {"__name__": f"rulec_rules_{'_'.join(names)}"}
+  exec(compile(src, f"<rulec {'+'.join(names)}>", "exec"), ns)
+  if not isinstance(ns.get("DISPATCH"), dict): raise RuntimeError("generated matcher has no DISPATCH table")
+  return ns
+
+
+def _read_cache(path: Path, key: str) -> str | None:
+  try: text = path.read_text()
+  except OSError: return None
+  head, _, body = text.partition("\n")
+  want = f"# rulec-cache key={key} body={hashlib.sha256(body.encode()).hexdigest()}"
+  return body if head == want else None
+
+
+def _write_cache(path: Path, key: str, src: str):
+  try:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    head = f"# rulec-cache key={key} body={hashlib.sha256(src.encode()).hexdigest()}"
+    fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
+    with os.fdopen(fd, "w") as f: f.write(head + "\n" + src)
+    os.replace(tmp, path)
+  except OSError: pass  # a read-only cache only costs speed
+
+
+_LIBRARIES: dict[tuple[str, ...], RuleLibrary] = {}
+
+
+def load_library(paths: list[str | Path] | None = None) -> RuleLibrary:
+  """The library for these paths (default: rules/), loaded once per process; raises RuleError on errors."""
+  files = rule_files(paths)
+  key = tuple(str(f) for f in files)
+  lib = _LIBRARIES.get(key)
+  if lib is None or any(lib.sources[str(f)] != f.read_text() for f in files):
+    lib = _LIBRARIES[key] = RuleLibrary(files)
+  return lib
+
+
+def matcher(*names: str) -> Matcher:
+  """A matcher over the default rules/ library: `matcher("symbolic")`."""
+  return load_library().matcher(*names)
+
+
+# *** RULEC_STATS=1: per-rule counters, printed at exit ***
+
+_STATS_MATCHERS: list[Matcher] = []
+
+
+def format_stats() -> str:
+  lines = []
+  for m in _STATS_MATCHERS:
+    lines.append(f"rule statistics for {m.title}:")
+    lines.append(f"  {'attempts':>9} {'matches':>8} {'time ms':>9}  rule")
+    never = []
+    for (name, loc, _), (att, hit, t) in zip(m.rule_info, m.stats):
+      lines.append(f"  {att:>9} {hit:>8} {t * 1e3:>9.3f}  {name} ({loc})")
+      if hit == 0: never.append(f"{name} ({loc})")
+    lines.append(f"  never matched: {', '.join(never) if never else 'none'}")
+  return "\n".join(lines)
+
+
+@atexit.register
+def _print_stats():
+  if _STATS_MATCHERS: print(format_stats(), file=sys.stderr)

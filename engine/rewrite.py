@@ -1,0 +1,153 @@
+"""graph_rewrite: apply a rule set to a graph until nothing more fires.
+
+Two traversal orders, as in the seeds:
+- bottom_up=False (default): a node is rewritten after its sources, so rules
+  see normalised operands (right for algebra such as the symbolic rules).
+- bottom_up=True: a node is rewritten before its sources are visited, so
+  rules see the original sources (right for passes that push information
+  downwards, such as moving INDEX through movement ops).
+
+Either way every node of the result is a fixed point: each rule was tried on
+it and none fired. A shared subgraph is rewritten once (memo keyed by node
+identity). A rewrite that returns to a node still being rewritten, or more
+than `max_steps` rewrites, raises RewriteLoopError naming the rules involved.
+"""
+from __future__ import annotations
+
+import collections
+import os
+from typing import Any
+
+from engine.uop import UOp
+
+
+class RewriteLoopError(RuntimeError):
+  pass
+
+
+def _limit(n_nodes: int) -> int:
+  env = os.environ.get("RULEC_REWRITE_LIMIT")
+  return int(env) if env else max(100_000, 50 * n_nodes)
+
+
+def graph_rewrite(sink: UOp, matcher: Any, ctx: Any = None, bottom_up: bool = False, max_steps: int | None = None) -> UOp:
+  """Rewrite `sink` with `matcher` (a Matcher or anything with .rewrite(node, ctx)) to a fixed point."""
+  dispatch = getattr(matcher, "dispatch", None)
+  if dispatch is not None:
+    get = dispatch.get
+    def rewrite(u: UOp):
+      fn = get(u.op)
+      return None if fn is None else fn(u, ctx)
+  else:
+    def rewrite(u: UOp): return matcher.rewrite(u, ctx)
+  limit = max_steps if max_steps is not None else _limit(len(sink.toposort()))
+  return (_pre_order if bottom_up else _post_order)(sink, rewrite, matcher, ctx, limit)
+
+
+def _loop_error(matcher, ctx, recent, why: str) -> RewriteLoopError:
+  counts: collections.Counter = collections.Counter()
+  which = getattr(matcher, "which_rule", None)
+  for u in recent:
+    try: hit = which(u, ctx) if which is not None else None
+    except Exception: hit = None
+    if hit is not None: counts[hit] += 1
+  named = ", ".join(f"'{n}' ({loc}) x{c}" for (n, loc), c in counts.most_common(5)) or "unknown rules"
+  return RewriteLoopError(f"graph_rewrite did not reach a fixed point: {why}; rules that keep firing: {named}")
+
+
+def _post_order(root: UOp, rewrite, matcher, ctx, limit: int) -> UOp:
+  done: dict[UOp, UOp] = {}
+  pending: set[UOp] = set()               # nodes whose rewrite result is still being processed
+  recent: collections.deque = collections.deque(maxlen=64)
+  steps = 0
+  stack: list[tuple[UOp, int, Any]] = [(root, 0, None)]
+  while stack:
+    n, stage, extra = stack.pop()
+    if stage == 0:
+      if n in done: continue
+      stack.append((n, 1, None))
+      for s in reversed(n.src):
+        if s not in done: stack.append((s, 0, None))
+    elif stage == 1:
+      if n in done: continue
+      src = n.src
+      new_src = tuple([done[s] for s in src])
+      x = n if all(a is b for a, b in zip(src, new_src)) else UOp(n.op, n.dtype, new_src, n.arg, n.tag)
+      r = rewrite(x)
+      if r is None:
+        done[n] = x
+        if x is not n: done[x] = x
+        continue
+      steps += 1
+      recent.append(x)
+      if steps > limit: raise _loop_error(matcher, ctx, recent, f"more than {limit} rewrites")
+      if r in pending or r is n or r is x:
+        raise _loop_error(matcher, ctx, recent, f"a rewrite of {x.op.name} led back to a node being rewritten")
+      if r in done:
+        done[n] = done[r]
+        continue
+      pending.add(n)
+      stack.append((n, 2, r))
+      stack.append((r, 0, None))
+    else:
+      pending.discard(n)
+      done[n] = done[extra]
+  return done[root]
+
+
+def _pre_order(root: UOp, rewrite, matcher, ctx, limit: int) -> UOp:
+  done: dict[UOp, UOp] = {}
+  pending: set[UOp] = set()
+  recent: collections.deque = collections.deque(maxlen=64)
+  steps = 0
+  stack: list[tuple[UOp, int, Any]] = [(root, 0, None)]
+  while stack:
+    n, stage, extra = stack.pop()
+    if stage == 0:
+      if n in done: continue
+      x, seen = n, {n}
+      while (r := rewrite(x)) is not None:
+        steps += 1
+        recent.append(x)
+        if steps > limit: raise _loop_error(matcher, ctx, recent, f"more than {limit} rewrites")
+        if r in seen or r in pending:
+          raise _loop_error(matcher, ctx, recent, f"a rewrite of {x.op.name} led back to a node being rewritten")
+        seen.add(r)
+        x = r
+        if x in done: break
+      if x in done:
+        done[n] = done[x]
+        continue
+      pending.add(n)
+      stack.append((n, 1, x))
+      for s in reversed(x.src):
+        if s not in done: stack.append((s, 0, None))
+    elif stage == 1:
+      x = extra
+      new_src = tuple([done[s] for s in x.src])
+      if all(a is b for a, b in zip(x.src, new_src)):
+        pending.discard(n)
+        done[n] = x
+        if x is not n: done[x] = x
+        continue
+      y = UOp(x.op, x.dtype, new_src, x.arg, x.tag)
+      if y in done:
+        pending.discard(n)
+        done[n] = done[y]
+        continue
+      stack.append((n, 2, y))
+      stack.append((y, 0, None))
+    else:
+      pending.discard(n)
+      done[n] = done[extra]
+  return done[root]
+
+
+def substitute(sink: UOp, mapping: dict[UOp, UOp]) -> UOp:
+  """`sink` with every node in `mapping` replaced (replacements are not rewritten again)."""
+  done: dict[UOp, UOp] = {}
+  for u in sink.toposort():
+    if u in mapping: done[u] = mapping[u]; continue
+    new_src = tuple(done[s] for s in u.src)
+    done[u] = u if all(a is b for a, b in zip(u.src, new_src)) else UOp(u.op, u.dtype, new_src, u.arg, u.tag)
+  return done[sink]

@@ -1,0 +1,12 @@
+"""rulec: a tensor compiler whose rewrites are .rules files.
+
+The front door: the rule library and graph rewriting. (The Tensor front end
+arrives with the scheduler.)"""
+from engine.dtypes import dtypes
+from engine.lang.diagnostics import RuleError
+from engine.lang.loader import load_library, matcher
+from engine.ops import Ops
+from engine.rewrite import RewriteLoopError, graph_rewrite
+from engine.uop import UOp
+
+__all__ = ["UOp", "Ops", "dtypes", "graph_rewrite", "load_library", "matcher", "RuleError", "RewriteLoopError"]

@@ -1,0 +1,83 @@
+"""The `rulec` command: check, compile --emit, demo."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+
+def _cmd_check(args) -> int:
+  from engine.lang.diagnostics import render_all
+  from engine.lang.loader import check_paths
+  missing = [p for p in args.paths if not Path(p).exists()]
+  if missing:
+    print(f"rulec check: no such file or directory: {', '.join(missing)}", file=sys.stderr)
+    return 2
+  lib, sources = check_paths(args.paths or None)
+  diags = lib.diagnostics
+  if args.format == "json":
+    print(json.dumps({"files": len(sources), "rulesets": len(lib.rulesets),
+                      "rules": sum(len(rs.rules) for rs in lib.rulesets.values()),
+                      "errors": len(lib.errors), "warnings": len(diags) - len(lib.errors),
+                      "diagnostics": [d.to_json() for d in diags]}, indent=2))
+  else:
+    if diags: print(render_all(diags, sources))
+    n_rules = sum(len(rs.rules) for rs in lib.rulesets.values())
+    print(f"{len(sources)} files, {len(lib.rulesets)} rulesets, {n_rules} rules: "
+          f"{len(lib.errors)} errors, {len(diags) - len(lib.errors)} warnings", file=sys.stderr)
+  return 1 if diags else 0
+
+
+def _cmd_compile(args) -> int:
+  from engine.lang.diagnostics import RuleError
+  from engine.lang.loader import load_library
+  lib = load_library(args.rules or None)
+  try:
+    known = lib.ruleset_names()
+    lib.require_clean()
+  except RuleError as e:
+    print(e, file=sys.stderr)
+    return 1
+  unknown = [n for n in args.ruleset if n not in known]
+  if unknown:
+    print(f"rulec compile: unknown ruleset {', '.join(unknown)}; known: {', '.join(known)}", file=sys.stderr)
+    return 2
+  src = lib.emit(*args.ruleset, stats=args.stats)
+  if args.emit: print(src, end="")
+  else:
+    lib.matcher(*args.ruleset)
+    print(f"compiled {'+'.join(args.ruleset)}: {len(lib.rules_of(tuple(args.ruleset)))} rules, {len(src.splitlines())} lines")
+  return 0
+
+
+def _cmd_demo(args) -> int:
+  from rulec.demo import run_demo
+  return run_demo(args)
+
+
+def main(argv: list[str] | None = None) -> int:
+  ap = argparse.ArgumentParser(prog="rulec", description="rulec: a tensor compiler whose rewrites are .rules files")
+  sub = ap.add_subparsers(dest="cmd", required=True)
+  c = sub.add_parser("check", help="check .rules files (default: the rules/ library)")
+  c.add_argument("paths", nargs="*", help="files or directories (default: rules/)")
+  c.add_argument("--format", choices=("human", "json"), default="human")
+  c.set_defaults(fn=_cmd_check)
+  k = sub.add_parser("compile", help="compile rule sets to matchers")
+  k.add_argument("ruleset", nargs="+", help="rule set name(s); several are combined in order")
+  k.add_argument("--emit", action="store_true", help="print the generated matcher source")
+  k.add_argument("--stats", action="store_true", help="generate the instrumented (RULEC_STATS) variant")
+  k.add_argument("--rules", action="append", help="rule files or directories (default: rules/)")
+  k.set_defaults(fn=_cmd_compile)
+  d = sub.add_parser("demo", help="run the demo workload")
+  d.add_argument("--count", type=int, default=2000, help="number of random index expressions")
+  d.set_defaults(fn=_cmd_demo)
+  try:
+    args = ap.parse_args(argv)
+  except SystemExit as e:
+    return 2 if e.code not in (0, None) else 0
+  return args.fn(args)
+
+
+if __name__ == "__main__":
+  sys.exit(main())
