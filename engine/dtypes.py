@@ -9,8 +9,9 @@ from __future__ import annotations
 import attrs
 
 
-@attrs.frozen(repr=False)
+@attrs.frozen(repr=False, eq=False)
 class DType:
+  """Compared and hashed by identity: every dtype exists once (see dtypes.by_name)."""
   name: str
   itemsize: int     # bytes; 0 for void
   kind: str         # 'b' bool, 'i' signed int, 'u' unsigned int, 'f' float, 'x' index, 'v' void
@@ -18,6 +19,7 @@ class DType:
   np_name: str | None
 
   def __repr__(self): return f"dtypes.{self.name}"
+  def __reduce__(self): return (dtypes.by_name, (self.name,))
   @property
   def is_float(self) -> bool: return self.kind == "f"
   @property
@@ -74,7 +76,7 @@ class dtypes:
 
 ALL_DTYPES: dict[str, DType] = {v.name: v for v in vars(dtypes).values() if isinstance(v, DType)}
 
-# dtype classes usable in rule patterns, e.g. `x{ints}` or `CAST{floats}(y)`
+# dtype classes usable in rule patterns, e.g. `x{ints}` or `CAST(y){floats}`
 DTYPE_CLASSES: dict[str, frozenset[DType]] = {
   "ints": frozenset(d for d in ALL_DTYPES.values() if d.kind in "iux"),
   "sints": frozenset(d for d in ALL_DTYPES.values() if d.kind in "ix"),

@@ -40,8 +40,19 @@ def graph_rewrite(sink: UOp, matcher: Any, ctx: Any = None, bottom_up: bool = Fa
       return None if fn is None else fn(u, ctx)
   else:
     def rewrite(u: UOp): return matcher.rewrite(u, ctx)
-  limit = max_steps if max_steps is not None else _limit(len(sink.toposort()))
-  return (_pre_order if bottom_up else _post_order)(sink, rewrite, matcher, ctx, limit)
+  return (_pre_order if bottom_up else _post_order)(sink, rewrite, matcher, ctx, _Budget(sink, max_steps))
+
+
+class _Budget:
+  """The rewrite step bound; sized from the graph only if a rewrite gets that far."""
+  FREE = 100_000
+  def __init__(self, sink: UOp, max_steps: int | None):
+    self.sink, self.limit = sink, max_steps
+  def exceeded(self, steps: int) -> bool:
+    if self.limit is None:
+      if steps <= self.FREE: return False
+      self.limit = _limit(len(self.sink.toposort()))
+    return steps > self.limit
 
 
 def _loop_error(matcher, ctx, recent, why: str) -> RewriteLoopError:
@@ -55,7 +66,7 @@ def _loop_error(matcher, ctx, recent, why: str) -> RewriteLoopError:
   return RewriteLoopError(f"graph_rewrite did not reach a fixed point: {why}; rules that keep firing: {named}")
 
 
-def _post_order(root: UOp, rewrite, matcher, ctx, limit: int) -> UOp:
+def _post_order(root: UOp, rewrite, matcher, ctx, budget: _Budget) -> UOp:
   done: dict[UOp, UOp] = {}
   pending: set[UOp] = set()               # nodes whose rewrite result is still being processed
   recent: collections.deque = collections.deque(maxlen=64)
@@ -72,7 +83,12 @@ def _post_order(root: UOp, rewrite, matcher, ctx, limit: int) -> UOp:
       if n in done: continue
       src = n.src
       new_src = tuple([done[s] for s in src])
-      x = n if all(a is b for a, b in zip(src, new_src)) else UOp(n.op, n.dtype, new_src, n.arg, n.tag)
+      if new_src == src: x = n   # tuple == compares items by identity first: cheap when nothing changed
+      else:
+        x = UOp(n.op, n.dtype, new_src, n.arg, n.tag)
+        if x in done:            # the rebuilt node was met (and finished) elsewhere
+          done[n] = done[x]
+          continue
       r = rewrite(x)
       if r is None:
         done[n] = x
@@ -80,22 +96,23 @@ def _post_order(root: UOp, rewrite, matcher, ctx, limit: int) -> UOp:
         continue
       steps += 1
       recent.append(x)
-      if steps > limit: raise _loop_error(matcher, ctx, recent, f"more than {limit} rewrites")
+      if budget.exceeded(steps): raise _loop_error(matcher, ctx, recent, f"more than {budget.limit} rewrites")
       if r in pending or r is n or r is x:
         raise _loop_error(matcher, ctx, recent, f"a rewrite of {x.op.name} led back to a node being rewritten")
       if r in done:
         done[n] = done[r]
         continue
       pending.add(n)
-      stack.append((n, 2, r))
+      stack.append((n, 2, (r, x)))
       stack.append((r, 0, None))
     else:
+      r, x = extra
       pending.discard(n)
-      done[n] = done[extra]
+      done[n] = done[x] = done[r]
   return done[root]
 
 
-def _pre_order(root: UOp, rewrite, matcher, ctx, limit: int) -> UOp:
+def _pre_order(root: UOp, rewrite, matcher, ctx, budget: _Budget) -> UOp:
   done: dict[UOp, UOp] = {}
   pending: set[UOp] = set()
   recent: collections.deque = collections.deque(maxlen=64)
@@ -109,7 +126,7 @@ def _pre_order(root: UOp, rewrite, matcher, ctx, limit: int) -> UOp:
       while (r := rewrite(x)) is not None:
         steps += 1
         recent.append(x)
-        if steps > limit: raise _loop_error(matcher, ctx, recent, f"more than {limit} rewrites")
+        if budget.exceeded(steps): raise _loop_error(matcher, ctx, recent, f"more than {budget.limit} rewrites")
         if r in seen or r in pending:
           raise _loop_error(matcher, ctx, recent, f"a rewrite of {x.op.name} led back to a node being rewritten")
         seen.add(r)

@@ -16,11 +16,6 @@ from engine.ops import ALU, BINARY, MOVEMENT, Ops
 _ucache: dict[tuple, weakref.ref] = {}
 
 
-def _key(op, dtype, src, arg, tag):
-  # type(arg) keeps CONST 0, 0.0 and False apart even though they hash alike
-  return (op, dtype, src, arg, type(arg), tag)
-
-
 def prod(xs: Iterable[int]) -> int:
   out = 1
   for x in xs: out *= x
@@ -36,6 +31,7 @@ class UOp:
   tag: Any
 
   def __new__(cls, op: Ops, dtype: DType = dtypes.void, src: tuple[UOp, ...] = (), arg: Any = None, tag: Any = None):
+    # type(arg) keeps CONST 0, 0.0 and False apart even though they hash alike
     key = (op, dtype, src, arg, type(arg), tag)
     wr = _ucache.get(key)
     if wr is not None and (ret := wr()) is not None: return ret
@@ -54,7 +50,7 @@ class UOp:
 
   def __del__(self):
     try:
-      key = _key(self.op, self.dtype, self.src, self.arg, self.tag)
+      key = (self.op, self.dtype, self.src, self.arg, type(self.arg), self.tag)
       wr = _ucache.get(key)
       if wr is not None and wr() in (self, None): del _ucache[key]
     except Exception: pass  # interpreter shutdown or an unhashable arg that never entered the cache
@@ -181,15 +177,31 @@ class UOp:
     if m is None: object.__setattr__(self, "_memo", m := {})
     return m
 
+  def _derive(self, key: str, fn: Callable[[UOp], Any]) -> Any:
+    """A per-node derived value, computed for this node and any sources that lack it.
+
+    Walks only the part of the graph not yet computed (iteratively, so deep
+    graphs are fine) and stores no lists that reference nodes, so memos never
+    keep a graph alive.
+    """
+    m = self._memo
+    if m is not None and key in m: return m[key]
+    order: list[UOp] = []
+    stack: list[tuple[UOp, bool]] = [(self, False)]
+    seen: set[int] = set()
+    while stack:
+      u, ready = stack.pop()
+      if ready: order.append(u); continue
+      um = u._memo
+      if (um is not None and key in um) or id(u) in seen: continue
+      seen.add(id(u))
+      stack.append((u, True))
+      for s in u.src: stack.append((s, False))
+    for u in order: u._get_memo()[key] = fn(u)
+    return self._memo[key]
+
   @property
-  def _shape(self) -> tuple[int, ...] | None:
-    m = self._get_memo()
-    if "shape" not in m:
-      # compute sources' shapes first without recursion, so deep graphs are fine
-      for u in self.toposort():
-        um = u._get_memo()
-        if "shape" not in um: um["shape"] = _infer_shape(u)
-    return m["shape"]
+  def _shape(self) -> tuple[int, ...] | None: return self._derive("shape", _infer_shape)
 
   @property
   def shape(self) -> tuple[int, ...]:
@@ -203,7 +215,6 @@ class UOp:
 
   def toposort(self, gate: Callable[[UOp], bool] | None = None) -> list[UOp]:
     """Every node reachable from this one, sources before users. `gate(u)` False stops descent below u."""
-    if gate is None and (m := self._memo) is not None and "topo" in m: return m["topo"]
     seen: set[int] = set()
     out: list[UOp] = []
     stack: list[tuple[UOp, bool]] = [(self, False)]
@@ -216,7 +227,6 @@ class UOp:
       if gate is None or gate(u):
         for s in reversed(u.src):
           if id(s) not in seen: stack.append((s, False))
-    if gate is None: self._get_memo()["topo"] = out
     return out
 
   @property
@@ -231,13 +241,7 @@ class UOp:
   @property
   def vmax(self): return self._bounds()[1]
 
-  def _bounds(self):
-    m = self._get_memo()
-    if "bounds" not in m:
-      for u in self.toposort():
-        um = u._get_memo()
-        if "bounds" not in um: um["bounds"] = _infer_bounds(u)
-    return m["bounds"]
+  def _bounds(self): return self._derive("bounds", _infer_bounds)
 
   # *** printing ***
 
@@ -305,8 +309,9 @@ def _infer_bounds(u: UOp):
         c = b[1][0]
         return (b[0][0] // c, b[0][1] // c)
       if op is Ops.MOD and b[1][0] == b[1][1] and b[1][0] > 0:
-        c = b[1][0]
-        if b[0][0] >= 0 and b[0][1] < c: return b[0]
+        c, (lo, hi) = b[1][0], b[0]
+        # inside one period the remainder moves with x; otherwise it can be anything in [0, c)
+        if hi - lo < c and lo % c <= hi % c: return (lo % c, hi % c)
         return (0, c - 1)
       if op is Ops.CMPLT:
         if b[0][1] < b[1][0]: return (True, True)

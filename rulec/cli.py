@@ -32,6 +32,10 @@ def _cmd_check(args) -> int:
 def _cmd_compile(args) -> int:
   from engine.lang.diagnostics import RuleError
   from engine.lang.loader import load_library
+  missing = [p for p in args.rules or () if not Path(p).exists()]
+  if missing:
+    print(f"rulec compile: no such file or directory: {', '.join(missing)}", file=sys.stderr)
+    return 2
   lib = load_library(args.rules or None)
   try:
     known = lib.ruleset_names()

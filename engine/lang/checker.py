@@ -14,10 +14,6 @@ from engine.lang.names import (BUILTINS, CONSTANT_NAMES, FORBIDDEN_NAMES, check_
                                resolve_helper_module)
 from engine.ops import COMMUTATIVE, FIXED_ARITY, GROUPS, op_set
 
-# replacements built by these UOp methods are never None, so a rule ending in one always rewrites
-_TOTAL_BUILDERS = frozenset({"replace", "const_like", "index", "reshape", "expand", "permute", "pad", "shrink", "flip",
-                             "cast", "bitcast", "alu", "where", "store", "load", "end", "after", "contiguous", "f",
-                             "rtag", "lt", "ne", "eq", "maximum", "r", "sink"})
 
 
 @attrs.define
@@ -259,15 +255,23 @@ def _did_you_mean(name: str) -> str | None:
 # *** shadowing: an earlier rule that matches everything a later one does, with no guard, always wins ***
 
 def _always_rewrites(r: A.Rule) -> bool:
-  if r.guard is not None: return False
-  rep = r.replacement
-  if isinstance(rep, A.EName):
-    root = r.pattern.name if not isinstance(r.pattern, A.PName) else r.pattern.name
-    return rep.id != root and rep.id not in ("ctx", "None")
-  if isinstance(rep, A.EBin): return True
-  if isinstance(rep, A.EUnary) and rep.op == "-": return True
-  if isinstance(rep, A.ECall) and isinstance(rep.func, A.EAttr) and rep.func.attr in _TOTAL_BUILDERS: return True
-  return False
+  """True only when the rule can neither decline nor return the node itself.
+
+  That holds for a replacement naming a node strictly inside the pattern: a
+  source is never its own user and never None. Builders such as replace() or
+  cast() can hand back the node unchanged, so they do not count."""
+  if r.guard is not None or not isinstance(r.replacement, A.EName): return False
+  root = r.pattern.name
+  return r.replacement.id != root and r.replacement.id in _inner_names(r.pattern)
+
+
+def _inner_names(p) -> set[str]:
+  out: set[str] = set()
+  for c in A.pattern_children(p):
+    n = c.name if not isinstance(c, A.PName) else (c.name if c.name != "_" else None)
+    if n is not None: out.add(n)
+    out |= _inner_names(c)
+  return out
 
 
 def _ops_of(p) -> frozenset | None:

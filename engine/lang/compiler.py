@@ -161,7 +161,8 @@ class _Emitter:
              "from engine.ops import Ops",
              "from engine.dtypes import dtypes",
              "from engine.lang.names import BUILTINS, CONSTANT_NAMES",
-             "from engine.lang.runtime import RuleAbort, rule_failed, import_helper",
+             "from engine.lang.runtime import RuleAbort, rule_failed, import_helper, not_a_node",
+             "from engine.uop import UOp",
              "RULES = (" + "".join(f"({r.name!r}, {str(r.span)!r}, {r.source_line!r}), " for r in rules) + ")",
              "STATS = [[0, 0, 0.0] for _ in RULES]"]
     lines += [f"{k} = {v}" for k, v in self.preamble.items()]
@@ -247,9 +248,14 @@ class ExprPrinter:
 
 # *** module generation ***
 
+def _comment(text: str) -> str:
+  """Text safe inside a generated # comment: file names and lines may hold any character."""
+  return "".join(c if c.isprintable() and c not in "\r\n" else repr(c)[1:-1] for c in text)
+
+
 def _leaf(em: _Emitter, k: int, rule: A.Rule, v: Variant, helpers: dict, pad: str, stats: bool) -> list[str]:
   pr = ExprPrinter(em, helpers, set(v.binds))
-  lines = [f"{pad}# {rule.name} ({rule.span}): {rule.source_line[:100]}"]
+  lines = [f"{pad}# {_comment(f'{rule.name} ({rule.span}): {rule.source_line[:100]}')}"]
   lines.append(f"{pad}try:")
   inner = pad + "  "
   for name, where in v.binds.items(): lines.append(f"{inner}b_{name} = {where}")
@@ -257,7 +263,9 @@ def _leaf(em: _Emitter, k: int, rule: A.Rule, v: Variant, helpers: dict, pad: st
     lines.append(f"{inner}if {pr(rule.guard)}:")
     inner += "  "
   lines.append(f"{inner}_r = {pr(rule.replacement)}")
-  lines.append(f"{inner}if _r is not None and _r is not n: return _r")
+  lines.append(f"{inner}if _r is not None and _r is not n:")
+  lines.append(f"{inner}  if _r.__class__ is not UOp: not_a_node(RULES[{k}], _r)")
+  lines.append(f"{inner}  return _r")
   lines.append(f"{pad}except RuleAbort: raise")
   lines.append(f"{pad}except Exception as _e: rule_failed(RULES[{k}], _e)")
   return lines

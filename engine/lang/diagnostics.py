@@ -8,8 +8,7 @@ import attrs
 
 from engine.lang.ast import Span
 
-# Every code rulec can report. The table is the single source for docs/rules.md
-# and for `rulec check --explain`.
+# Every code rulec can report; docs/rules.md lists the same table (a test keeps them in step).
 CODES: dict[str, str] = {
   "R001": "syntax error",
   "R002": "unexpected character",
@@ -51,10 +50,11 @@ class Diagnostic:
 
   def render(self, source: str | None) -> str:
     head = f"{self.span}: {self.severity} {self.code}: {self.message}"
-    lines = source.splitlines() if source is not None else []
+    # split on \n only, as the lexer counts lines (str.splitlines also breaks on \f, \x1c, \u2028, ...)
+    lines = source.split("\n") if source is not None else []
     out = [head]
     if 1 <= self.span.line <= len(lines):
-      text = lines[self.span.line - 1].expandtabs(1)
+      text = lines[self.span.line - 1].rstrip("\r").expandtabs(1)
       width = max(1, (self.span.end_col - self.span.col) if self.span.end_line == self.span.line else 1)
       out.append(f"  {self.span.line:>4} | {text}")
       out.append(f"       | {' ' * (self.span.col - 1)}{'^' * width}")

@@ -13,7 +13,7 @@ from engine.dtypes import dtype_set
 from engine.lang import ast as A
 from engine.lang.compiler import child_orders, pattern_ops
 from engine.lang.names import BUILTINS, CONSTANT_NAMES
-from engine.lang.runtime import RuleAbort, import_helper, rule_failed
+from engine.lang.runtime import RuleAbort, import_helper, not_a_node, rule_failed
 from engine.uop import UOp
 
 _BINOPS = {"+": operator.add, "-": operator.sub, "*": operator.mul, "/": operator.truediv, "//": operator.floordiv,
@@ -157,5 +157,7 @@ class InterpretedMatcher:
           r = ev(rule.replacement, env)
         except RuleAbort: raise
         except Exception as e: rule_failed((rule.name, str(rule.span), rule.source_line), e)
-        if r is not None and r is not u: return r
+        if r is not None and r is not u:
+          if r.__class__ is not UOp: not_a_node((rule.name, str(rule.span), rule.source_line), r)
+          return r
     return None

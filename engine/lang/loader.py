@@ -104,7 +104,8 @@ class RuleLibrary:
     self.sources = {str(f): f.read_text() for f in files}
     h = hashlib.sha256(_compiler_digest().encode())
     for path in sorted(self.sources):
-      h.update(os.path.basename(path).encode() + b"\0" + self.sources[path].encode() + b"\0")
+      # the full path: generated code names rule locations, so two copies must not share an entry
+      h.update(path.encode() + b"\0" + self.sources[path].encode() + b"\0")
     self.digest = h.hexdigest()
     self._checked: CheckedLibrary | None = None
     self._matchers: dict[tuple[str, ...], Matcher] = {}
@@ -193,7 +194,9 @@ _LIBRARIES: dict[tuple[str, ...], RuleLibrary] = {}
 
 
 def load_library(paths: list[str | Path] | None = None) -> RuleLibrary:
-  """The library for these paths (default: rules/), loaded once per process; raises RuleError on errors."""
+  """The library for these paths (default: rules/), loaded once per process.
+
+  Errors surface as RuleError when a matcher is asked for (or on require_clean())."""
   files = rule_files(paths)
   key = tuple(str(f) for f in files)
   lib = _LIBRARIES.get(key)

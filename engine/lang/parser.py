@@ -8,6 +8,7 @@ from __future__ import annotations
 import ast as pyast
 import functools
 import os
+import re
 
 import attrs
 from lark import Lark, Token, Transformer, v_args
@@ -62,7 +63,8 @@ def _lark() -> Lark:
 
 
 _FRIENDLY = {"NAME": "a name", "OPNAME": "an op name", "NUMBER": "a number", "STRING": "a string", "_NL": "end of line",
-             "CONSTKW": "None/True/False", "$END": "end of file", "CMPOP": "a comparison"}
+             "CONSTKW": "None/True/False", "$END": "end of file", "CMPOP": "a comparison", "MULOP": "'//', '/', '%', '@'",
+             "SHIFTOP": "'<<', '>>'"}
 
 _PATTERN_OPS = {"+": "ADD", "-": "SUB", "*": "MUL", "//": "IDIV", "%": "MOD", "/": "FDIV", "<": "CMPLT", "!=": "CMPNE",
                 "==": "CMPEQ", "&": "AND", "^": "XOR", "<<": "SHL", ">>": "SHR"}
@@ -94,33 +96,58 @@ def parse_rules(source: str, path: str) -> tuple[A.RuleFile | None, list[Diagnos
   return rf, builder.diags
 
 
+_STATEMENT_WORDS = ("import", "from", "def", "class", "del", "global", "nonlocal", "return", "yield", "raise", "try",
+                    "while", "with", "assert", "pass", "exec")
+_WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_]*|'(?:[^'\\\n]|\\.)*'|\"(?:[^\"\\\n]|\\.)*\"|#.*")
+_ASSIGN = re.compile(r"(?<![=<>!:])=(?![=>])")
+
+
+def _statement_in_line(line: str) -> tuple[int, str] | None:
+  """(column, what) of a statement keyword or a plain `=` in a line, skipping strings and comments."""
+  masked = list(line)
+  for m in _WORD.finditer(line):
+    t = m.group()
+    if t[0] in "'\"#":
+      masked[m.start():m.end()] = " " * (m.end() - m.start())
+    elif t in _STATEMENT_WORDS: return m.start() + 1, t
+  # a keyword argument `f(a=1)` is fine: only an `=` outside brackets is an assignment
+  text, depth = "".join(masked), 0
+  for i, ch in enumerate(text):
+    if ch in "([{": depth += 1
+    elif ch in ")]}": depth = max(0, depth - 1)
+    elif ch == "=" and depth == 0 and _ASSIGN.match(text, i) and (i == 0 or text[i - 1] not in "=<>!:"): return i + 1, "="
+  return None
+
+
 def _syntax_diagnostic(e: UnexpectedInput, source: str, path: str) -> Diagnostic:
+  lines = source.split("\n")
   line, col = getattr(e, "line", 1) or 1, getattr(e, "column", 1) or 1
+  if isinstance(e, UnexpectedToken) and e.token.type == "$END": line = len(lines)
+  if 1 <= line <= len(lines) and (found := _statement_in_line(lines[line - 1])) is not None:
+    c, what = found
+    span = A.Span(path, line, c, line, c + len(what))
+    if what == "=": return Diagnostic("R405", "error", span, "assignment is a statement; statements are not allowed in rules")
+    return Diagnostic("R405", "error", span, f"'{what}' starts a statement; statements and imports are not allowed in rules")
   if isinstance(e, UnexpectedCharacters):
     ch = source[e.pos_in_stream] if e.pos_in_stream < len(source) else "?"
     span = A.Span(path, line, col, line, col + 1)
-    if ch == "=": return Diagnostic("R405", "error", span, "assignment is a statement; statements are not allowed in rules")
     if ch == ";": return Diagnostic("R405", "error", span, "';' separates statements; statements are not allowed in rules")
     return Diagnostic("R002", "error", span, f"unexpected character {ch!r}")
+  expected = getattr(e, "accepts", None) or e.expected
   if isinstance(e, UnexpectedEOF):
     span = A.Span(path, line, col, line, col)
-    return Diagnostic("R001", "error", span, f"unexpected end of file; expected {_describe(e.expected)}")
+    return Diagnostic("R001", "error", span, f"unexpected end of file; expected {_describe(expected)}")
   assert isinstance(e, UnexpectedToken)
   tok = e.token
   if tok.type == "$END":
-    lines = source.splitlines() or [""]
     span = A.Span(path, len(lines), len(lines[-1]) + 1, len(lines), len(lines[-1]) + 1)
-    return Diagnostic("R001", "error", span, f"unexpected end of file; expected {_describe(e.expected)}")
-  end_col = tok.end_column if tok.end_line == tok.line and tok.end_column else col + 1
-  span = A.Span(path, tok.line, tok.column, tok.line, end_col)
+    return Diagnostic("R001", "error", span, f"unexpected end of file; expected {_describe(expected)}")
   if tok.type == "_NL":
     span = A.Span(path, tok.line, tok.column, tok.line, tok.column + 1)
-    return Diagnostic("R001", "error", span, f"unexpected end of line; expected {_describe(e.expected)}")
-  if tok.value in ("import", "from", "def", "class", "del", "global", "return", "exec", "with", "while"):
-    return Diagnostic("R405", "error", span, f"'{tok.value}' starts a statement; statements and imports are not allowed in rules")
-  if tok.type == "EQUAL":
-    return Diagnostic("R405", "error", span, "assignment is a statement; statements are not allowed in rules")
-  return Diagnostic("R001", "error", span, f"unexpected {tok.value!r}; expected {_describe(e.expected)}")
+    return Diagnostic("R001", "error", span, f"unexpected end of line; expected {_describe(expected)}")
+  end_col = tok.end_column if tok.end_line == tok.line and tok.end_column else col + 1
+  span = A.Span(path, tok.line, tok.column, tok.line, end_col)
+  return Diagnostic("R001", "error", span, f"unexpected {tok.value!r}; expected {_describe(expected)}")
 
 
 def _lit(tok: Token):
@@ -132,7 +159,7 @@ def _lit(tok: Token):
 class _Builder(Transformer):
   def __init__(self, path: str, source: str):
     super().__init__()
-    self.path, self.lines = path, source.splitlines()
+    self.path, self.lines = path, [ln.rstrip("\r") for ln in source.split("\n")]  # lines as the lexer counts them
     self.source = source
     self.diags: list[Diagnostic] = []
     self.base = os.path.basename(path)
@@ -185,8 +212,12 @@ class _Builder(Transformer):
     return A.PNode(self.sp(m), (("NEG", self.tsp(ch[0])),), (x,))
   def p_bind(self, m, ch):
     tok, prim = ch
-    if isinstance(prim, A.PName) or getattr(prim, "name", None) is not None:
-      self.diags.append(Diagnostic("R203", "error", self.tsp(tok), f"'{tok.value}' binds a pattern that already has a name"))
+    if isinstance(prim, A.PName):
+      self.diags.append(Diagnostic("R203", "error", self.tsp(tok), f"'{tok.value}' binds a bare name; write the pattern after ':'"))
+      return prim
+    if prim.name is not None:
+      self.diags.append(Diagnostic("R203", "error", self.tsp(tok),
+                                   f"'{tok.value}' is a second name for the pattern already named '{prim.name}'"))
       return prim
     return attrs.evolve(prim, name=tok.value, name_span=self.tsp(tok))
   def p_name(self, m, ch):
@@ -200,7 +231,7 @@ class _Builder(Transformer):
   def dtype_c(self, m, ch): return ("dtypes", tuple(ch))
   def op_head(self, m, ch): return ("ops", tuple((t.value, self.tsp(t)) for t in ch if t.type == "OPNAME"))
   def tail_any(self, m, ch): return ("tail", "any", self.tsp(ch[0]))
-  def tail_bind(self, m, ch): return ("tail", ch[1].value, self.sp(m))
+  def tail_bind(self, m, ch): return ("tail", ch[1].value, self.tsp(ch[1]))
   def p_each(self, m, ch): return ("each", ch[0])
   def p_srcs(self, m, ch):
     pats = tuple(c for c in ch if not (isinstance(c, tuple) and c[0] == "tail"))

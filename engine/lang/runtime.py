@@ -22,6 +22,10 @@ def rule_failed(rule: tuple[str, str, str], cause: BaseException):
   raise RuleRuntimeError(rule, cause) from cause
 
 
+def not_a_node(rule: tuple[str, str, str], value) -> None:
+  raise RuleRuntimeError(rule, TypeError(f"the replacement is a {type(value).__name__}, not a UOp (or None for no rewrite)"))
+
+
 def import_helper(module: str, name: str):
   mod, why = resolve_helper_module(module)
   if mod is None: raise ImportError(why)

@@ -1,0 +1,20 @@
+import os
+import tempfile
+
+import pytest
+from hypothesis import settings
+
+# CI runs the full example budgets; a developer can lower them with HYPOTHESIS_PROFILE=dev
+settings.register_profile("ci", deadline=None, print_blob=True)
+settings.register_profile("dev", deadline=None, max_examples=50)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+# keep generated-matcher caches out of the user's home during tests
+os.environ.setdefault("RULEC_CACHE_DIR", tempfile.mkdtemp(prefix="rulec-test-cache-"))
+
+
+@pytest.fixture
+def cache_dir(tmp_path, monkeypatch):
+  d = tmp_path / "cache"
+  monkeypatch.setenv("RULEC_CACHE_DIR", str(d))
+  return d

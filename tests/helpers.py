@@ -1,0 +1,23 @@
+"""Shared test helpers: compile rules from text without touching the default library."""
+from __future__ import annotations
+
+from engine.lang.compiler import generate
+from engine.lang.interp import InterpretedMatcher
+from engine.lang.loader import check_sources
+
+
+class TextMatcher:
+  """A compiled matcher for one rule set of a rules text (bypasses the disk cache)."""
+  def __init__(self, text: str, ruleset: str, path: str = "t.rules"):
+    self.lib = check_sources({path: text})
+    assert not self.lib.errors, "\n".join(d.render(text) for d in self.lib.errors)
+    self.rules = self.lib.flat_rules(ruleset)
+    self.source = generate(self.rules, self.lib.helpers_of, title=ruleset)
+    ns: dict = {}
+    exec(compile(self.source, f"<{ruleset}>", "exec"), ns)
+    self.dispatch = ns["DISPATCH"]
+    self.reference = InterpretedMatcher(self.rules, self.lib.helpers_of)
+
+  def rewrite(self, node, ctx=None):
+    fn = self.dispatch.get(node.op)
+    return None if fn is None else fn(node, ctx)

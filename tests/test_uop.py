@@ -1,0 +1,73 @@
+"""The IR: hash-consing, immutability, shapes and value bounds."""
+import gc
+import pickle
+
+import pytest
+
+from engine.dtypes import dtypes
+from engine.ops import Ops
+from engine.uop import UOp, _ucache
+
+
+def test_hash_consing_returns_the_same_object():
+  a = UOp.variable("a", 0, 9)
+  assert UOp.variable("a", 0, 9) is a
+  assert (a + 1) is (a + 1)
+  assert UOp(Ops.ADD, dtypes.index, (a, a)) is a + a
+  assert UOp.const(dtypes.float32, 0) is not UOp.const(dtypes.int32, 0)
+
+
+def test_constants_of_different_python_types_stay_apart():
+  assert UOp(Ops.CONST, dtypes.index, (), 0) is not UOp(Ops.CONST, dtypes.index, (), False)
+  assert UOp.const(dtypes.float32, 1).arg == 1.0 and isinstance(UOp.const(dtypes.float32, 1).arg, float)
+  assert UOp.const(dtypes.bool, 1).arg is True
+
+
+def test_nodes_are_immutable_and_replace_returns_self_when_unchanged():
+  a = UOp.variable("a", 0, 9) + 2
+  with pytest.raises(AttributeError): a.op = Ops.MUL
+  assert a.replace() is a
+  assert a.replace(op=Ops.MUL) is UOp(Ops.MUL, a.dtype, a.src)
+
+
+def test_dead_nodes_leave_the_cache():
+  x = UOp.variable("tmp_dead", 0, 3) * 12345
+  keys = [k for k in _ucache if k[0] is Ops.MUL and k[2] == x.src]
+  assert len(keys) == 1
+  del x
+  gc.collect()
+  assert keys[0] not in _ucache
+
+
+def test_pickle_round_trip_is_the_same_node():
+  e = (UOp.variable("a", 0, 9) + 3) * 2
+  assert pickle.loads(pickle.dumps(e)) is e
+
+
+def test_shapes_of_movement_ops():
+  buf = UOp(Ops.BUFFER, dtypes.float32, (), (0, "CPU", 24))
+  x = buf.reshape((2, 3, 4))
+  assert x.shape == (2, 3, 4)
+  assert x.permute((2, 0, 1)).shape == (4, 2, 3)
+  assert x.pad(((1, 1), (0, 0), (0, 2))).shape == (4, 3, 6)
+  assert x.shrink(((0, 1), (1, 3), (0, 4))).shape == (1, 2, 4)
+  assert x.reshape((2, 1, 12)).expand((2, 5, 12)).shape == (2, 5, 12)
+  assert x.r(Ops.ADD, (1,)).shape == (2, 1, 4)
+  assert (x + x).shape == (2, 3, 4)
+  assert x.size == 24 and x.base is buf
+
+
+def test_deep_graphs_do_not_recurse():
+  x = UOp.variable("deep", 0, 1)
+  for i in range(20000): x = x + 1
+  assert len(x.toposort()) == 20002
+  assert x.vmax == 20001
+
+
+def test_value_bounds():
+  r = UOp.range(16, 0)
+  v = UOp.variable("v", 2, 5)
+  assert (r.vmin, r.vmax) == (0, 15)
+  assert ((r * 4 + v) // 4).vmax == (15 * 4 + 5) // 4
+  assert (r % 4).vmax == 3 and (r % 32).vmax == 15
+  assert (r - v).vmin == -5
