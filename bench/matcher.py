@@ -17,8 +17,6 @@ The last line printed is `matcher_speedup_vs_tinygrad=<geomean of tinygrad_ms / 
 """
 from __future__ import annotations
 
-import contextlib
-import functools
 import gc
 import importlib.metadata
 import math
@@ -267,51 +265,19 @@ def compare(recipes, rulec_matcher) -> list[tuple[int, str, str, str]]:
   return [(i, src, rs, ts) for i, (src, rs, ts) in enumerate(zip(inputs, rulec_out, tinygrad_out)) if rs != ts]
 
 
-@contextlib.contextmanager
-def tinygrad_with_rulec_mod_range():
-  """tinygrad whose range of x % c is rulec's (engine/uop.py): [lo, hi] when 0 <= x < c, else [0, c-1].
+def make_workload(rng: random.Random, n: int, rulec_matcher) -> list:
+  """n random recipes; both engines must rewrite every one of them to the same result.
 
-  tinygrad's own is tighter: [lo % c, hi % c] whenever lo // c == hi // c. Only used
-  to explain mismatches, never timed; no tinygrad node may be alive on entry or
-  exit, since vmin/vmax are cached on the nodes."""
-  orig = UOp.__dict__["_min_max"]
-  def _min_max(self):
-    if self.op is TOps.FLOORMOD:
-      (lo, hi), (clo, chi) = self.src[0]._min_max, self.src[1]._min_max
-      if clo == chi and clo > 0: return (lo, hi) if 0 <= lo and hi < clo else (0, clo - 1)
-    return orig.func(self)
-  prop = functools.cached_property(_min_max)
-  prop.__set_name__(UOp, "_min_max")
-  collect_all()
-  UOp._min_max = prop
-  try: yield
-  finally:
-    collect_all()
-    UOp._min_max = orig
-
-
-def make_workload(rng: random.Random, n: int, rulec_matcher) -> tuple[list, list]:
-  """n random recipes on which both engines agree, and the (input, rulec, tinygrad) of those left out.
-
-  An expression is left out only when the disagreement is explained: with rulec's
-  range for FLOORMOD in tinygrad, tinygrad's result becomes rulec's. Any other
-  disagreement is a bug in the port or a semantic difference, and stops the benchmark."""
-  recipes, excluded = [], []
-  while len(recipes) < n:
-    batch = [random_recipe(rng) for _ in range(n - len(recipes))]
-    diffs = compare(batch, rulec_matcher)
-    if diffs:
-      with tinygrad_with_rulec_mod_range(): _, _, patched = _results([batch[i] for i, *_ in diffs], rulec_matcher)
-      unexplained = [d for d, p in zip(diffs, patched) if p != d[2]]
-      if unexplained:
-        print(f"MISMATCH: {len(unexplained)} expressions differ between rulec and tinygrad", file=sys.stderr)
-        for _, src, rs, ts in unexplained[:5]:
-          print(f"  input:    {_short(src)}\n  rulec:    {_short(rs)}\n  tinygrad: {_short(ts)}", file=sys.stderr)
-        raise SystemExit(1)
-      excluded += [d[1:] for d in diffs]
-    bad = {i for i, *_ in diffs}
-    recipes += [r for i, r in enumerate(batch) if i not in bad]
-  return recipes, excluded
+  Any disagreement is a bug in the port or a semantic difference between the
+  engines (their value ranges included), and stops the benchmark."""
+  recipes = [random_recipe(rng) for _ in range(n)]
+  diffs = compare(recipes, rulec_matcher)
+  if diffs:
+    print(f"MISMATCH: {len(diffs)} expressions differ between rulec and tinygrad", file=sys.stderr)
+    for _, src, rs, ts in diffs[:5]:
+      print(f"  input:    {_short(src)}\n  rulec:    {_short(rs)}\n  tinygrad: {_short(ts)}", file=sys.stderr)
+    raise SystemExit(1)
+  return recipes
 
 
 def _evaluates_alike(recipes, rulec_matcher, rng: random.Random) -> tuple[int, int]:
@@ -384,10 +350,9 @@ def machine() -> str:
 def main():
   rulec_matcher = load_library().matcher("symbolic")
   rng = random.Random(SEED)
-  rows, excluded = [], []
+  rows = []
   for n in SIZES:
-    recipes, left_out = make_workload(rng, n, rulec_matcher)
-    excluded += left_out
+    recipes = make_workload(rng, n, rulec_matcher)
     nodes_in, nodes_out = check(recipes, rulec_matcher, random.Random(SEED + n))
     r_times, t_times = measure(recipes, rulec_matcher)
     rows.append((f"{n} index exprs", nodes_in, nodes_out, r_times, t_times))
@@ -395,11 +360,6 @@ def main():
   print(machine())
   print(f"rule set: rules/symbolic.rules `symbolic` ({len(rulec_matcher.rule_info)} rules), post-order graph_rewrite, "
         f"median of {REPEATS} fresh graphs, GC off while timed; every expression rewrites to the same result in both engines")
-  print(f"left out {len(excluded)} random expressions on which tinygrad's x % c range is tighter than rulec's "
-        f"([lo%c, hi%c] whenever x stays within one period, rulec: [0, c-1] unless 0 <= x < c) and simplifies further; "
-        f"with rulec's range patched into tinygrad, they agree")
-  for src, rs, ts in excluded[:1]:
-    print(f"  e.g. input:    {_short(src, 200)}\n       rulec:    {_short(rs, 200)}\n       tinygrad: {_short(ts, 200)}")
   print("nodes in/out: rulec's graph (tinygrad's has one more, the STACK under its variable)")
   head = f"{'workload':<18} {'nodes in':>9} {'nodes out':>9} {'rulec ms':>10} {'tinygrad ms':>12} {'ratio':>6} {'rulec nodes/s':>14}"
   print(head)

@@ -2,7 +2,6 @@
 import pytest
 
 from engine.dtypes import dtypes
-from engine.ops import Ops
 from engine.rewrite import RewriteLoopError, graph_rewrite, substitute
 from engine.uop import UOp
 from tests.helpers import TextMatcher

@@ -3,7 +3,7 @@ files and reports what is wrong, each with its location. Nothing in a rules
 file runs here; helper modules are imported only from allowed packages."""
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Callable
 
 import attrs
 
@@ -54,7 +54,7 @@ def check_library(files: list[A.RuleFile], pre_diags: list[Diagnostic] = ()) -> 
   rule_names: dict[str, A.Rule] = {}
   for f in files:
     lib.helpers[f.path] = _check_uses(f, diags)
-    lib.helper_origin[f.path] = {n: (u.module, n) for u in f.uses for n, _ in u.names if n in lib.helpers[f.path]}
+    lib.helper_origin[f.path] = {n: (u.module, n) for u in f.uses for n, _ in u.names if lib.helpers[f.path].get(n)}
     for rs in f.rulesets:
       if rs.name in lib.rulesets:
         diags.append(Diagnostic("R502", "error", rs.span, f"ruleset '{rs.name}' is already defined",
@@ -83,6 +83,7 @@ def _check_uses(f: A.RuleFile, diags: list[Diagnostic]) -> dict[str, Callable]:
     mod, why = resolve_helper_module(use.module)
     if mod is None:
       diags.append(Diagnostic("R301", "error", use.module_span, why))
+      for name, _ in use.names: helpers.setdefault(name, None)   # declared: no second error at each use
       continue
     for name, span in use.names:
       if name in helpers:
@@ -91,7 +92,7 @@ def _check_uses(f: A.RuleFile, diags: list[Diagnostic]) -> dict[str, Callable]:
         diags.append(Diagnostic("R204", "error", span, f"helper '{name}' would hide the builtin of that name")); continue
       fn, why = resolve_helper(mod, name)
       if fn is None: diags.append(Diagnostic("R302", "error", span, why))
-      else: helpers[name] = fn
+      helpers[name] = fn
   return helpers
 
 
@@ -198,7 +199,7 @@ class _RuleChecker:
     if isinstance(e, A.ECall):
       self.expr(e.func, scope)
       for a in e.args: self.expr(a.value if isinstance(a, (A.EKeyword, A.EStarred)) else a, scope)
-      if isinstance(e.func, A.EName) and e.func.id in self.helpers and e.func.id not in scope and \
+      if isinstance(e.func, A.EName) and self.helpers.get(e.func.id) is not None and e.func.id not in scope and \
          not any(isinstance(a, A.EStarred) for a in e.args):
         kws = tuple(a.name for a in e.args if isinstance(a, A.EKeyword))
         npos = sum(1 for a in e.args if not isinstance(a, A.EKeyword))

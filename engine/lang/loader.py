@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import atexit
 import hashlib
-import importlib.resources
+import importlib.util
 import os
 import sys
 import tempfile
@@ -21,7 +21,7 @@ from typing import Any
 from engine.lang import ast as A
 from engine.lang.checker import CheckedLibrary, check_library
 from engine.lang.compiler import generate, per_rule_functions
-from engine.lang.diagnostics import Diagnostic, RuleError
+from engine.lang.diagnostics import RuleError
 from engine.lang.parser import parse_rules
 
 _HERE = Path(__file__).resolve().parent
@@ -32,7 +32,11 @@ def default_rules_dir() -> Path:
   """rules/ of a checkout, else the copy installed as the package `rulec._rules`."""
   checkout = _HERE.parent.parent / "rules"
   if checkout.is_dir(): return checkout
-  return Path(str(importlib.resources.files("rulec._rules")))
+  spec = importlib.util.find_spec("rulec")
+  installed = Path(spec.origin).parent / "_rules" if spec is not None and spec.origin else None
+  if installed is None or not installed.is_dir():
+    raise FileNotFoundError(f"rulec's rules/ directory is missing (looked in {checkout} and {installed})")
+  return installed
 
 
 def rule_files(paths: list[str | Path] | None = None) -> list[Path]:
@@ -144,7 +148,7 @@ class RuleLibrary:
     src = _read_cache(path, key)
     if src is not None:
       try: return src, _exec(src, names)
-      except Exception: pass  # a stale or broken entry is rebuilt below
+      except (Exception, SystemExit): pass  # a stale or broken entry is rebuilt below
     src = self.emit(*names, stats=stats)
     ns = _exec(src, names)
     _write_cache(path, key, src)
