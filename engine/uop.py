@@ -6,6 +6,7 @@ rule bindings compare with `is` and dicts keyed by UOps are cheap.
 """
 from __future__ import annotations
 
+import itertools
 import math
 import weakref
 from typing import Any, Callable, Iterable
@@ -14,6 +15,7 @@ from engine.dtypes import DType, dtypes
 from engine.ops import ALU, BINARY, MOVEMENT, Ops
 
 _ucache: dict[tuple, weakref.ref] = {}
+_buffer_uids = itertools.count()   # one counter for every BUFFER, so two buffers never hash-cons into one
 
 
 def prod(xs: Iterable[int]) -> int:
@@ -76,6 +78,11 @@ class UOp:
     shape = self._shape
     if shape: c = c.reshape((1,) * len(shape)).expand(shape)
     return c
+
+  @staticmethod
+  def new_buffer(device: str, size: int, dtype: DType) -> UOp:
+    """A BUFFER node naming fresh storage (runtime.buffer allocates it on first use)."""
+    return UOp(Ops.BUFFER, dtype, (), (next(_buffer_uids), device, size))
 
   @staticmethod
   def variable(name: str, lo: int, hi: int, dtype: DType = dtypes.index) -> UOp:
@@ -211,6 +218,10 @@ class UOp:
   @property
   def size(self) -> int: return prod(self.shape)
   @property
+  def device(self) -> str | None:
+    """Where this value lives: a BUFFER's device, a COPY's target, else its sources' (None for constants)."""
+    return self._derive("device", _infer_device)
+  @property
   def ndim(self) -> int: return len(self.shape)
 
   def toposort(self, gate: Callable[[UOp], bool] | None = None) -> list[UOp]:
@@ -285,6 +296,15 @@ def _infer_shape(u: UOp) -> tuple[int, ...] | None:
       ss = s._get_memo().get("shape")
       if ss is not None and (best is None or len(ss) > len(best)): best = ss
     return best
+  return None
+
+
+def _infer_device(u: UOp) -> str | None:
+  if u.op is Ops.BUFFER: return u.arg[1]
+  if u.op is Ops.COPY: return u.arg
+  for s in u.src:
+    d = s._memo["device"]
+    if d is not None: return d
   return None
 
 

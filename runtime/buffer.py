@@ -6,7 +6,6 @@ use, and live as long as the UOp that names them.
 """
 from __future__ import annotations
 
-import itertools
 import weakref
 
 import numpy as np
@@ -15,7 +14,6 @@ from engine.dtypes import DType, dtypes
 from engine.ops import Ops
 from engine.uop import UOp
 
-_uids = itertools.count()
 _storage: "weakref.WeakKeyDictionary[UOp, Buffer]" = weakref.WeakKeyDictionary()
 
 
@@ -48,7 +46,7 @@ class Buffer:
 
 def new_buffer(device: str, size: int, dtype: DType) -> UOp:
   """A fresh BUFFER UOp with its storage registered."""
-  u = UOp(Ops.BUFFER, dtype, (), (next(_uids), device, size))
+  u = UOp.new_buffer(device, size, dtype)
   _storage[u] = Buffer(device, size, dtype)
   return u
 

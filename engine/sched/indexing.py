@@ -1,0 +1,104 @@
+"""Index arithmetic for movement ops and range creation: what the indexing
+rules (rules/indexing.rules) call. Each function answers one question that is
+arithmetic, not pattern shape."""
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+from engine.dtypes import dtypes
+from engine.ops import Ops
+from engine.uop import UOp, prod
+
+
+def _c(v: int) -> UOp: return UOp.const(dtypes.index, v)
+
+
+def strides_of(shape: tuple[int, ...]) -> list[int]:
+  out, acc = [], 1
+  for s in reversed(shape):
+    out.append(acc)
+    acc *= s
+  return out[::-1]
+
+
+def apply_movement_op(op: Ops, src_shape: tuple[int, ...], arg: Any, idxs: tuple[UOp, ...]) -> tuple[tuple[UOp, ...], UOp | None]:
+  """Indices into a movement op's source for indices `idxs` into its result,
+  and the validity condition (None = always valid; only PAD makes one)."""
+  if op is Ops.RESHAPE:
+    flat = _c(0)
+    for i, st in zip(idxs, strides_of(tuple(arg))): flat = flat + i * st if st != 0 else flat
+    out = []
+    for s, st in zip(src_shape, strides_of(src_shape)): out.append((flat // st) % s if s != 1 else _c(0))
+    return tuple(out), None
+  if op is Ops.PERMUTE:
+    out = [None] * len(arg)
+    for i, a in enumerate(arg): out[a] = idxs[i]
+    return tuple(out), None
+  if op is Ops.EXPAND: return tuple(_c(0) if s == 1 and n != 1 else i for i, s, n in zip(idxs, src_shape, arg)), None
+  if op is Ops.SHRINK: return tuple(i + b if b != 0 else i for i, (b, _) in zip(idxs, arg)), None
+  if op is Ops.FLIP: return tuple((s - 1) - i if f else i for i, s, f in zip(idxs, src_shape, arg)), None
+  if op is Ops.PAD:
+    out, valid = [], None
+    for i, s, (b, a) in zip(idxs, src_shape, arg):
+      out.append(i - b if b != 0 else i)
+      if b == 0 and a == 0: continue
+      cond = None
+      if b > 0: cond = _ge(i, b)
+      if a > 0: cond = _lt(i, b + s) if cond is None else cond & _lt(i, b + s)
+      valid = cond if valid is None else valid & cond
+    return tuple(out), valid
+  raise ValueError(f"{op} is not a movement op")
+
+
+def _lt(i: UOp, c: int) -> UOp: return i.lt(c)
+def _ge(i: UOp, c: int) -> UOp: return i.lt(c).ne(True)
+
+
+def index_through_movement(idx: UOp) -> UOp:
+  """INDEX(movement(x), *idxs) as an INDEX on x (behind WHERE(valid, ., 0) for PAD)."""
+  mop = idx.src[0]
+  src = mop.src[0]
+  new_idxs, valid = apply_movement_op(mop.op, src.shape, mop.arg, idx.src[1:])
+  ret = src.index(*new_idxs)
+  if valid is None: return ret
+  return valid.where(ret, ret.const_like(0))
+
+
+_range_ids = itertools.count()
+
+
+def new_ranges(shape: tuple[int, ...], kind: str = "loop") -> list[UOp]:
+  """One fresh RANGE per axis; size-1 axes get the constant 0 instead (no loop)."""
+  return [UOp.range(s, next(_range_ids), kind) if s != 1 else _c(0) for s in shape]
+
+
+def store_with_ranges(store: UOp) -> UOp:
+  """STORE(target, value) over a shape: loops over every element."""
+  target, value = store.src
+  rngs = new_ranges(target.shape)
+  st = target.index(*rngs).store(value.index(*rngs))
+  return st.end(*[r for r in rngs if r.op is Ops.RANGE])
+
+
+def reduce_with_ranges(idx: UOp) -> UOp:
+  """INDEX(REDUCE_AXIS(x), *idxs): a REDUCE over fresh ranges of the reduced axes."""
+  red = idx.src[0]
+  x = red.src[0]
+  op, axes = red.arg
+  rr = new_ranges(tuple(x.shape[a] for a in axes), "reduce")
+  it = iter(rr)
+  inner = tuple(next(it) if i in axes else ix for i, ix in enumerate(idx.src[1:]))
+  loops = [r for r in rr if r.op is Ops.RANGE]
+  value = x.index(*inner)
+  return UOp(Ops.REDUCE, red.dtype, (value, *loops), op) if loops else value
+
+
+def identity_element(op: Ops, dtype) -> Any:
+  if op is Ops.ADD: return 0
+  if op is Ops.MUL: return 1
+  if op is Ops.MAX: return dtype.min() if dtype.kind != "f" else float("-inf")
+  raise ValueError(f"{op} is not a reduce op")
+
+
+def size_of(shape: tuple[int, ...]) -> int: return prod(shape)

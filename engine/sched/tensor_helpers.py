@@ -1,0 +1,76 @@
+"""Helpers for the tensor-level scheduler rules (rules/early.rules,
+rules/realize.rules): the parts that are arithmetic or create new storage."""
+from __future__ import annotations
+
+import os
+
+from engine.ops import MOVEMENT, Ops
+from engine.sched.indexing import identity_element
+from engine.uop import UOp, prod
+
+REDUCE_SPLIT_THRESHOLD = int(os.environ.get("RULEC_REDUCE_SPLIT_THRESHOLD", 32768))
+
+
+def reduce_identity(red: UOp) -> UOp:
+  """A reduce over nothing: its identity element, in the reduce's shape."""
+  return red.const_like(identity_element(red.arg[0], red.dtype))
+
+
+def split_reduceop(red: UOp, x: UOp) -> UOp | None:
+  """A large reduce with few outputs as two reduces, so the first can run in parallel.
+
+  One reduced axis of x (size divisible by d, 8 <= d <= 256) is split into
+  (d, size/d); the inner part is reduced into a realized buffer of d partial
+  results per output, which a second, small reduce combines."""
+  op, axes = red.arg
+  if red.tag == "split" or 0 in x.shape or prod(x.shape) // max(1, prod(red.shape)) < REDUCE_SPLIT_THRESHOLD: return None
+  for ax in axes:
+    for d in range(min(256, max(8, (1 << 22) // max(1, prod(red.shape)))), 7, -1):
+      if x.shape[ax] % d == 0 and x.shape[ax] // d > 1: break
+    else: continue
+    shape = x.shape[:ax] + (d, x.shape[ax] // d) + x.shape[ax + 1:]
+    # reduce the inner part (and the other reduced axes), keeping d partial results per output
+    inner_axes = tuple(sorted({a + (1 if a > ax else 0) for a in axes if a != ax} | {ax + 1}))
+    # the tag keeps this rule from splitting the first stage again
+    partial = x.reshape(shape).r(op, inner_axes).rtag("split").contiguous()
+    return partial.r(op, (ax,)).reshape(red.shape)
+  return None
+
+
+def stage_to_buffer(stage: UOp) -> UOp:
+  """STAGE(x): x stored into a new buffer; the value read back in x's shape."""
+  x = stage.src[0]
+  buf = UOp.new_buffer(stage.arg, max(1, x.size), x.dtype)
+  view = buf.reshape(x.shape)
+  return buf.after(view.store(x)).reshape(x.shape)
+
+
+def assign_to_store(assign: UOp) -> UOp:
+  """ASSIGN(target, value): value stored through the target's view; the target read back after it."""
+  target, value = assign.src
+  chain = []
+  x = target
+  while x.op in MOVEMENT:
+    chain.append(x)
+    x = x.src[0]
+  out = x.after(target.store(value))
+  for m in reversed(chain): out = m.replace(src=(out,))
+  return out
+
+
+def needs_staging_before_store(target: UOp, value: UOp) -> bool:
+  """Writing value into target while value reads target reordered (PERMUTE/FLIP, or an
+  overlapping SHRINK) would read elements already overwritten."""
+  base = target.base
+  if base not in value.toposort(): return False
+  unsafe = {Ops.PERMUTE, Ops.FLIP} | ({Ops.SHRINK} if any(u.op is Ops.SHRINK for u in target.toposort()) else set())
+  reaches: dict[UOp, bool] = {}
+  for u in value.toposort(gate=lambda u: u.op is not Ops.CONTIGUOUS):
+    reaches[u] = u is base or any(reaches.get(s, False) for s in u.src)
+    if reaches[u] and u.op in unsafe and u is not target: return True
+  return False
+
+
+def is_buffer_view(x: UOp) -> bool:
+  """A plain reshape of a whole buffer: already realized, no kernel needed."""
+  return x.op is Ops.BUFFER or (x.op is Ops.RESHAPE and x.src[0].op is Ops.BUFFER)

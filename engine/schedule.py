@@ -1,0 +1,147 @@
+"""The scheduling driver: a tensor-level graph -> kernels.
+
+A fixed sequence of passes; every rewrite is a rule in rules/ (named below),
+and Python only decides what to realize (consumer counting with a recompute
+cost model) and cuts the final graph into kernels.
+
+  1. earliest      rules/early.rules      cleanups, size 0, split reduces, copies, assigns
+  2. choose stages (here)                 what to realize so compute is never duplicated
+  3. realize       rules/realize.rules    STAGE / CONTIGUOUS -> store into a new buffer
+  4. rangeify      rules/indexing.rules   ranges at stores and reduces; INDEX pushed down
+  5. symbolic      rules/symbolic.rules   index arithmetic simplified, constants folded
+  6. to_params     rules/kernel.rules     each store becomes a Kernel over PARAMs
+"""
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+from engine.dtypes import dtypes
+from engine.lang.loader import load_library
+from engine.ops import ALU, MOVEMENT, Ops
+from engine.rewrite import graph_rewrite, substitute
+from engine.uop import UOp, prod
+from runtime.kernel import Kernel
+
+DEBUG = int(os.environ.get("RULEC_DEBUG", "0") or 0)
+
+
+def _m(*names: str):
+  return load_library().matcher(*names)
+
+
+def _pass(name: str, sink: UOp, matcher, **kw) -> UOp:
+  t0 = time.perf_counter()
+  out = graph_rewrite(sink, matcher, **kw)
+  if DEBUG: print(f"[schedule] {name:<10} {len(sink.toposort()):>6} -> {len(out.toposort()):>6} nodes  "
+                  f"{(time.perf_counter() - t0) * 1e3:7.2f} ms")
+  return out
+
+
+# *** what to realize ***
+
+def _cheap(u: UOp, staged: set[UOp]) -> bool:
+  """Recomputing u is cheap: no reduce inside, and it reads at most two buffers (realized values count)."""
+  reads: set[UOp] = set()
+  for x in u.toposort(gate=lambda x: x is u or (x not in staged and x.op not in (Ops.CONTIGUOUS, Ops.BUFFER))):
+    if x is not u and (x in staged or x.op in (Ops.CONTIGUOUS, Ops.BUFFER)): reads.add(x)
+    elif x.op is Ops.REDUCE_AXIS: return False
+  return len(reads) <= 2
+
+
+def _uses(sink: UOp, staged: set[UOp]) -> dict[UOp, float]:
+  """How many times each node's value would be computed: distinct index contexts, weighted by expansion.
+
+  Elementwise users index a value exactly as they are indexed, so they share
+  one context; a movement op or a reduce starts a new one; an EXPAND repeats
+  its source once per element it adds. A realized node starts afresh."""
+  order = sink.toposort()
+  ctxs: dict[UOp, dict[Any, float]] = {u: {} for u in order}
+  ctxs[sink] = {(): 1.0}
+  out: dict[UOp, float] = {}
+  for u in reversed(order):
+    mine = ctxs[u]
+    if u in staged or u.op in (Ops.CONTIGUOUS, Ops.STORE) or u is sink: own = {(u,): 1.0}
+    else: own = mine
+    if len(own) > 16: own = {(u,): float(sum(own.values()))}   # too many paths to track: collapse them
+    out[u] = sum(mine.values())
+    for s in u.src:
+      if u.op in ALU or u.op in (Ops.CAST, Ops.BITCAST): add = own
+      elif u.op in MOVEMENT or u.op is Ops.REDUCE_AXIS:
+        f = prod(u.shape) / max(1, prod(s.shape)) if u.op is Ops.EXPAND and s._shape else 1.0
+        add = {(k, u): w * f for k, w in own.items()}
+      else: add = {(k, u): w for k, w in own.items()}
+      tgt = ctxs[s]
+      for k, w in add.items(): tgt[k] = max(tgt.get(k, 0.0), w)
+  return out
+
+
+def choose_stages(sink: UOp) -> set[UOp]:
+  """Nodes to realize so that no expensive value is computed twice.
+
+  First reduces (expensive by nature) used more than once are realized; then
+  ALU values used more than once are realized unless recomputing them is cheap."""
+  staged: set[UOp] = set()
+  uses = _uses(sink, staged)
+  for u in sink.toposort():
+    if u.op is Ops.REDUCE_AXIS and uses[u] > 1 and u.device is not None: staged.add(u)
+  uses = _uses(sink, staged)
+  for u in reversed(sink.toposort()):
+    if u.op in ALU and uses.get(u, 0) > 1 and u.device is not None and not _cheap(u, staged):
+      staged.add(u)
+      uses = _uses(sink, staged)
+  return staged
+
+
+# *** kernels ***
+
+class KernelBuilder:
+  """ctx of rules/kernel.rules: numbers the buffers and ranges of one kernel."""
+  def __init__(self):
+    self.bufs: list[UOp] = []
+    self.slots: dict[UOp, UOp] = {}
+    self.ranges = 0
+
+  def param(self, buf: UOp) -> UOp:
+    if buf not in self.slots:
+      self.slots[buf] = UOp(Ops.PARAM, buf.dtype, (), (len(self.bufs), buf.arg[2]))
+      self.bufs.append(buf)
+    return self.slots[buf]
+
+  def renumber(self, r: UOp) -> UOp:
+    self.ranges += 1
+    return r.replace(arg=(self.ranges - 1, r.arg[1]), tag="k")
+
+
+def _is_buffer_view(x: UOp) -> bool:
+  return x.op is Ops.BUFFER or (x.op is Ops.RESHAPE and x.src[0].op is Ops.BUFFER)
+
+
+def schedule(targets: list[UOp]) -> tuple[list[Kernel], list[UOp]]:
+  """Kernels that realize `targets`, in run order, and each target's realized view (a BUFFER reshape)."""
+  sink = _pass("earliest", UOp.sink(*targets), _m("earliest"))
+  staged = choose_stages(sink)
+  stage = {u: UOp(Ops.STAGE, u.dtype, (u,), u.device) for u in staged}
+  sink = substitute(sink, stage) if stage else sink
+  # every target that is not already a buffer is realized
+  sink = sink.replace(src=tuple(t if _is_buffer_view(t) or t.base.op is Ops.CONST or t.op is Ops.STAGE
+                                else UOp(Ops.STAGE, t.dtype, (t,), t.device or "NUMPY") for t in sink.src))
+  sink = _pass("realize", sink, _m("realize"))
+  sink = _pass("rangeify", sink, _m("rangeify"), bottom_up=True)
+  sink = _pass("symbolic", sink, _m("symbolic"))
+  kernels: list[Kernel] = []
+  to_params, untag = _m("to_params"), _m("untag")
+  for u in sink.toposort():
+    if u.op is not Ops.AFTER: continue
+    ctx = KernelBuilder()
+    ast = graph_rewrite(UOp.sink(*u.src[1:]), to_params, ctx=ctx, bottom_up=True)
+    kernels.append(Kernel(graph_rewrite(ast, untag), tuple(ctx.bufs)))
+  views = []
+  for t, s in zip(targets, sink.src):
+    if s.op is Ops.RESHAPE and s.src[0].op is Ops.AFTER: s = s.src[0].src[0].reshape(s.shape)
+    views.append(s)
+  if DEBUG: print(f"[schedule] {len(kernels)} kernels")
+  if DEBUG >= 2:
+    for k in kernels: print(k.render())
+  return kernels, views
