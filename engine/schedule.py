@@ -5,6 +5,7 @@ and Python only decides what to realize (consumer counting with a recompute
 cost model) and cuts the final graph into kernels.
 
   1. earliest      rules/early.rules      cleanups, size 0, split reduces, copies, assigns
+     prepare       rules/early.rules      explicit broadcasts
   2. choose stages (here)                 what to realize so compute is never duplicated
   3. realize       rules/realize.rules    STAGE / CONTIGUOUS -> store into a new buffer
   4. rangeify      rules/indexing.rules   ranges at stores and reduces; INDEX pushed down
@@ -17,7 +18,6 @@ import os
 import time
 from typing import Any
 
-from engine.dtypes import dtypes
 from engine.lang.loader import load_library
 from engine.ops import ALU, MOVEMENT, Ops
 from engine.rewrite import graph_rewrite, substitute
@@ -118,15 +118,21 @@ def _is_buffer_view(x: UOp) -> bool:
   return x.op is Ops.BUFFER or (x.op is Ops.RESHAPE and x.src[0].op is Ops.BUFFER)
 
 
-def schedule(targets: list[UOp]) -> tuple[list[Kernel], list[UOp]]:
+def _realized_view(t: UOp) -> bool:
+  """Already stored: a whole buffer, or a view of a buffer after an assign's store."""
+  return _is_buffer_view(t) or t.base.op is Ops.AFTER
+
+
+def schedule(targets: list[UOp], default_device: str = "NUMPY") -> tuple[list[Kernel], list[UOp]]:
   """Kernels that realize `targets`, in run order, and each target's realized view (a BUFFER reshape)."""
   sink = _pass("earliest", UOp.sink(*targets), _m("earliest"))
+  sink = _pass("prepare", sink, _m("prepare"))
   staged = choose_stages(sink)
   stage = {u: UOp(Ops.STAGE, u.dtype, (u,), u.device) for u in staged}
   sink = substitute(sink, stage) if stage else sink
   # every target that is not already a buffer is realized
-  sink = sink.replace(src=tuple(t if _is_buffer_view(t) or t.base.op is Ops.CONST or t.op is Ops.STAGE
-                                else UOp(Ops.STAGE, t.dtype, (t,), t.device or "NUMPY") for t in sink.src))
+  sink = sink.replace(src=tuple(t if _realized_view(t) or t.op is Ops.STAGE
+                                else UOp(Ops.STAGE, t.dtype, (t,), t.device or default_device) for t in sink.src))
   sink = _pass("realize", sink, _m("realize"))
   sink = _pass("rangeify", sink, _m("rangeify"), bottom_up=True)
   sink = _pass("symbolic", sink, _m("symbolic"))
@@ -137,10 +143,8 @@ def schedule(targets: list[UOp]) -> tuple[list[Kernel], list[UOp]]:
     ctx = KernelBuilder()
     ast = graph_rewrite(UOp.sink(*u.src[1:]), to_params, ctx=ctx, bottom_up=True)
     kernels.append(Kernel(graph_rewrite(ast, untag), tuple(ctx.bufs)))
-  views = []
-  for t, s in zip(targets, sink.src):
-    if s.op is Ops.RESHAPE and s.src[0].op is Ops.AFTER: s = s.src[0].src[0].reshape(s.shape)
-    views.append(s)
+  # each target reads its buffer directly from now on (the AFTERs are done)
+  views = [substitute(s, {a: a.src[0] for a in s.toposort() if a.op is Ops.AFTER}) for s in sink.src]
   if DEBUG: print(f"[schedule] {len(kernels)} kernels")
   if DEBUG >= 2:
     for k in kernels: print(k.render())

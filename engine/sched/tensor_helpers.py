@@ -74,3 +74,13 @@ def needs_staging_before_store(target: UOp, value: UOp) -> bool:
 def is_buffer_view(x: UOp) -> bool:
   """A plain reshape of a whole buffer: already realized, no kernel needed."""
   return x.op is Ops.BUFFER or (x.op is Ops.RESHAPE and x.src[0].op is Ops.BUFFER)
+
+
+def broadcast_sources(x: UOp) -> UOp:
+  """An elementwise op whose sources have different shapes, with each source expanded to the common shape."""
+  shapes = [s.shape for s in x.src]
+  nd = max(len(sh) for sh in shapes)
+  padded = [(1,) * (nd - len(sh)) + sh for sh in shapes]
+  out = tuple(max(dims) if all(d in (1, max(dims)) for d in dims) else -1 for dims in zip(*padded))
+  if -1 in out: raise ValueError(f"cannot broadcast shapes {shapes}")
+  return x.replace(src=tuple(s.reshape(p).expand(out) for s, p in zip(x.src, padded)))
