@@ -12,7 +12,10 @@ from engine.ops import Ops
 
 
 def _idiv(a, b):
-  if isinstance(a, float) or isinstance(b, float): return math.floor(a / b) if b != 0 else math.copysign(math.inf, a) if a else math.nan
+  if isinstance(a, float) or isinstance(b, float):
+    if b == 0: return math.copysign(math.inf, a) if a else math.nan
+    q = a / b
+    return math.floor(q) if math.isfinite(q) else q
   return a // b if b != 0 else 0   # numpy gives 0 (with a warning) for integer division by zero
 
 
@@ -24,6 +27,15 @@ def _mod(a, b):
 def _fdiv(a, b):
   try: return a / b
   except ZeroDivisionError: return math.nan if a == 0 or a != a else math.copysign(math.inf, a) * math.copysign(1, b)
+
+
+def _pow(a, b):
+  try: r = a ** b
+  except ZeroDivisionError: return math.inf if isinstance(a, float) or isinstance(b, float) else 0
+  except OverflowError: return math.inf
+  if isinstance(r, complex): return math.nan
+  if isinstance(a, int) and isinstance(b, int) and b < 0: return 0   # the device's choice for int ** negative
+  return r
 
 
 def _safe(f):
@@ -38,8 +50,8 @@ PYTHON_ALU: dict[Ops, Callable[..., Any]] = {
   Ops.SIN: _safe(math.sin), Ops.SQRT: _safe(lambda x: math.sqrt(x) if x >= 0 else math.nan),
   Ops.RECIPROCAL: lambda x: _fdiv(1.0, x), Ops.TRUNC: lambda x: float(math.trunc(x)) if math.isfinite(x) else x,
   Ops.ADD: operator.add, Ops.SUB: operator.sub, Ops.MUL: operator.mul, Ops.FDIV: _fdiv, Ops.IDIV: _idiv, Ops.MOD: _mod,
-  Ops.MAX: max, Ops.POW: _safe(operator.pow), Ops.CMPLT: operator.lt, Ops.CMPNE: operator.ne, Ops.CMPEQ: operator.eq,
-  Ops.AND: operator.and_, Ops.OR: operator.or_, Ops.XOR: operator.xor, Ops.SHL: operator.lshift, Ops.SHR: operator.rshift,
+  Ops.MAX: max, Ops.POW: _pow, Ops.CMPLT: operator.lt, Ops.CMPNE: operator.ne, Ops.CMPEQ: operator.eq,
+  Ops.AND: operator.and_, Ops.OR: operator.or_, Ops.XOR: operator.xor, Ops.SHL: lambda a, b: a << b if b >= 0 else a, Ops.SHR: lambda a, b: a >> b if b >= 0 else a,
   Ops.WHERE: lambda c, a, b: a if c else b, Ops.MULACC: lambda a, b, c: a * b + c,
 }
 

@@ -7,6 +7,7 @@ from engine.lang.diagnostics import RuleError
 from engine.lang.loader import load_library, matcher
 from engine.ops import Ops
 from engine.rewrite import RewriteLoopError, graph_rewrite
+from engine.tensor import Tensor
 from engine.uop import UOp
 
-__all__ = ["UOp", "Ops", "dtypes", "graph_rewrite", "load_library", "matcher", "RuleError", "RewriteLoopError"]
+__all__ = ["Tensor", "UOp", "Ops", "dtypes", "graph_rewrite", "load_library", "matcher", "RuleError", "RewriteLoopError"]

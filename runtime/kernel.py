@@ -72,12 +72,12 @@ class Kernel:
   @property
   def inputs(self) -> tuple[int, ...]:
     """The slots read (INDEX nodes that are not store targets), sorted."""
-    targets = {id(st.src[0]) for st in self.stores}
+    # (a load and a store target with the same index are one hash-consed node, so look below the targets only)
     slots: set[int] = set()
     for st in self.stores:
       for part in st.src[0].src[1:] + st.src[1:]:
         for u in part.toposort():
-          if u.op is Ops.INDEX and id(u) not in targets and u.src and u.src[0].op is Ops.PARAM: slots.add(u.src[0].arg[0])
+          if u.op is Ops.INDEX and u.src and u.src[0].op is Ops.PARAM: slots.add(u.src[0].arg[0])
     return tuple(sorted(slots))
 
   @property
@@ -161,7 +161,6 @@ def validate(kernel: Kernel) -> None:
     if tgt.op is not Ops.INDEX or not tgt.src or tgt.src[0].op is not Ops.PARAM:
       err(f"store {n}: STORE target is {_desc(tgt)}, not INDEX(PARAM, idx)"); continue
     if len(tgt.src) != 2: err(f"store {n}: STORE target INDEX has {len(tgt.src) - 1} indices, expected one flat index"); continue
-    skeleton.add(id(tgt))
     if value.dtype is not tgt.src[0].dtype:
       err(f"store {n}: stores a {value.dtype.name} value into p{tgt.src[0].arg[0] if isinstance(tgt.src[0].arg, tuple) else '?'}"
           f" of {tgt.src[0].dtype.name}")

@@ -1,0 +1,103 @@
+"""Realizing tensor-level graphs: turning lazy values into buffers.
+
+For now `realize` evaluates with the numpy reference interpreter
+(`engine.tensor_eval`). The scheduler will replace that path; the signatures
+of `realize`, `schedule` and `COUNTERS` stay.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+from engine import tensor_eval
+from engine.ops import MOVEMENT, Ops
+from engine.uop import UOp
+from runtime.buffer import buffer_of, new_buffer
+
+__all__ = ["COUNTERS", "schedule", "realize", "is_realized", "device_of", "view_indices", "DEFAULT_DEVICE"]
+
+# kernels scheduled / compiled / run (the evaluator path runs no kernels, so it counts nothing)
+COUNTERS = {"scheduled": 0, "compiled": 0, "run": 0}
+
+DEFAULT_DEVICE = "NUMPY"
+
+
+def schedule(uops: Sequence[UOp]):
+  """The kernels that realizing `uops` would run."""
+  raise NotImplementedError("the scheduler is not wired in yet")
+
+
+def is_realized(u: UOp) -> bool:
+  """A whole buffer, or a plain reshape of one: the value is stored, nothing to compute."""
+  return u.op is Ops.BUFFER or (u.op is Ops.RESHAPE and u.src[0].op is Ops.BUFFER)
+
+
+def device_of(u: UOp, default: str = DEFAULT_DEVICE) -> str:
+  """Where u's value lives: a COPY's target device, else the device of the buffers it reads."""
+  stack, seen = [u], set()
+  while stack:
+    x = stack.pop()
+    if id(x) in seen: continue
+    seen.add(id(x))
+    if x.op is Ops.COPY: return x.arg
+    if x.op is Ops.BUFFER: return x.arg[1]
+    stack.extend(x.src)
+  return default
+
+
+def view_indices(target: UOp) -> tuple[UOp, np.ndarray]:
+  """The buffer under a view and, for each element of the view, its flat position in that buffer.
+
+  The view is a chain of movement ops over a BUFFER. Padding may appear inside
+  the chain (strided slices pad and shrink) but no padded position and no
+  repeated position may be visible in the view: writing through it must be a
+  one-to-one copy. ValueError otherwise."""
+  chain = []
+  x = target
+  while x.op in MOVEMENT:
+    chain.append(x)
+    x = x.src[0]
+  if x.op is not Ops.BUFFER: raise ValueError(f"assign target must be a view of a buffer, not of {x.op.name}")
+  idx = np.arange(1, x.arg[-1] + 1)  # positions + 1, so that PAD's zeros stand for "no element"
+  for m in reversed(chain): idx = tensor_eval.apply_movement(m.op, m.arg, idx)
+  idx = idx - 1
+  if (idx < 0).any(): raise ValueError("cannot assign through a padded view: some of its elements are padding")
+  if np.unique(idx).size != idx.size: raise ValueError("cannot assign through an expanded view: it repeats elements")
+  return x, idx
+
+
+def _toposort(roots: Sequence[UOp]) -> list[UOp]:
+  seen: set[int] = set()
+  out: list[UOp] = []
+  for r in roots:
+    for u in r.toposort():
+      if id(u) not in seen: seen.add(id(u)); out.append(u)
+  return out
+
+
+def realize(uops: Sequence[UOp]) -> list[UOp]:
+  """For each tensor-level UOp, a realized view (`BUFFER.reshape(shape)`) holding its value.
+
+  Already realized inputs come back unchanged. ASSIGN nodes in the graphs write
+  their value into their target's buffer after everything is evaluated (reads
+  of that buffer elsewhere in the same call see the old contents).
+  """
+  uops = list(uops)
+  todo = [u for u in uops if not is_realized(u)]
+  if not todo: return uops
+  assigns = [u for u in _toposort(todo) if u.op is Ops.ASSIGN]
+  targets = [view_indices(a.src[0]) for a in assigns]  # checked before anything is written
+  values = tensor_eval.evaluate(todo + assigns)
+  vals = dict(zip(map(id, todo), values[:len(todo)]))
+  for (buf, idx), v in zip(targets, values[len(todo):]):
+    buffer_of(buf).numpy_view()[idx.reshape(-1)] = v.reshape(-1)
+  out: list[UOp] = []
+  for u in uops:
+    if is_realized(u): out.append(u); continue
+    if u.op is Ops.ASSIGN and is_realized(u.src[0]): out.append(u.src[0]); continue
+    v = vals[id(u)]
+    b = new_buffer(device_of(u), v.size, u.dtype)
+    buffer_of(b).copyin(v)
+    out.append(b.reshape(u.shape))
+  return out
