@@ -1,16 +1,20 @@
 """Realizing tensor-level graphs: turning lazy values into buffers.
 
-For now `realize` evaluates with the numpy reference interpreter
-(`engine.tensor_eval`). The scheduler will replace that path; the signatures
-of `realize`, `schedule` and `COUNTERS` stay.
+`realize` schedules the graphs into kernels (engine/schedule.py, every
+rewrite a rule in rules/) and runs the kernels on their device. The numpy
+interpreter of tensor graphs (`engine.tensor_eval`) is the oracle tests
+compare against; `RULEC_REALIZE=eval` makes realize use it instead.
 """
 from __future__ import annotations
 
+import os
 from typing import Sequence
 
 import numpy as np
 
+from engine import schedule as _scheduler
 from engine import tensor_eval
+from runtime import numpy_device
 from engine.ops import MOVEMENT, Ops
 from engine.uop import UOp
 from runtime.buffer import buffer_of, new_buffer
@@ -25,7 +29,16 @@ DEFAULT_DEVICE = "NUMPY"
 
 def schedule(uops: Sequence[UOp]):
   """The kernels that realizing `uops` would run."""
-  raise NotImplementedError("the scheduler is not wired in yet")
+  kernels, _ = _scheduler.schedule(list(uops), DEFAULT_DEVICE)
+  COUNTERS["scheduled"] += len(kernels)
+  return kernels
+
+
+def _run(kernel) -> None:
+  device = kernel.bufs[0].arg[1] if kernel.bufs else DEFAULT_DEVICE
+  if device != "NUMPY": raise ValueError(f"no runtime for device {device!r} yet (known: NUMPY)")
+  numpy_device.run_kernel(kernel)
+  COUNTERS["run"] += 1
 
 
 def is_realized(u: UOp) -> bool:
@@ -79,11 +92,25 @@ def _toposort(roots: Sequence[UOp]) -> list[UOp]:
 def realize(uops: Sequence[UOp]) -> list[UOp]:
   """For each tensor-level UOp, a realized view (`BUFFER.reshape(shape)`) holding its value.
 
-  Already realized inputs come back unchanged. ASSIGN nodes in the graphs write
-  their value into their target's buffer after everything is evaluated (reads
-  of that buffer elsewhere in the same call see the old contents).
+  Already realized inputs come back unchanged. ASSIGN nodes write their value
+  into their target's buffer; reads of that buffer elsewhere in the same call
+  see the old contents.
   """
   uops = list(uops)
+  if os.environ.get("RULEC_REALIZE", "") != "eval":
+    todo = [u for u in uops if not is_realized(u)]
+    if not todo: return uops
+    for a in _toposort(todo):
+      if a.op is Ops.ASSIGN: view_indices(a.src[0])   # rejects padded or expanded targets with a clear error
+    kernels, views = _scheduler.schedule(todo, DEFAULT_DEVICE)
+    COUNTERS["scheduled"] += len(kernels)
+    for k in kernels: _run(k)
+    it = iter(views)
+    return [u if is_realized(u) else next(it) for u in uops]
+  return _realize_by_evaluation(uops)
+
+
+def _realize_by_evaluation(uops: list[UOp]) -> list[UOp]:
   todo = [u for u in uops if not is_realized(u)]
   if not todo: return uops
   assigns = [u for u in _toposort(todo) if u.op is Ops.ASSIGN]

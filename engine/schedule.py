@@ -102,6 +102,11 @@ class KernelBuilder:
     self.bufs: list[UOp] = []
     self.slots: dict[UOp, UOp] = {}
     self.ranges = 0
+    self.after_reads: set[UOp] = set()   # buffers read as written by an earlier kernel (AFTER)
+
+  def param_after(self, buf: UOp) -> UOp:
+    self.after_reads.add(buf)
+    return self.param(buf)
 
   def param(self, buf: UOp) -> UOp:
     if buf not in self.slots:
@@ -112,6 +117,27 @@ class KernelBuilder:
   def renumber(self, r: UOp) -> UOp:
     self.ranges += 1
     return r.replace(arg=(self.ranges - 1, r.arg[1]), tag="k")
+
+
+def _order(built: list[tuple[Kernel, KernelBuilder, UOp]]) -> list[Kernel]:
+  """Kernels in an order that respects reads after writes (AFTER) and writes after reads:
+  a kernel that overwrites an existing buffer (an assign) runs after every kernel
+  that reads that buffer's old contents."""
+  n = len(built)
+  writer = {buf: i for i, (_, _, buf) in enumerate(built)}
+  deps: list[set[int]] = [set() for _ in range(n)]
+  for i, (_, ctx, out) in enumerate(built):
+    for b in ctx.bufs:
+      if b is out: continue
+      if b in ctx.after_reads and b in writer: deps[i].add(writer[b])         # read after write
+      elif b not in ctx.after_reads and b in writer: deps[writer[b]].add(i)   # the overwrite waits for this read
+  order, done = [], set()
+  while len(order) < n:
+    ready = [i for i in range(n) if i not in done and deps[i] <= done]
+    if not ready: raise RuntimeError("cycle in the kernel graph: two kernels each need the other's buffer first")
+    done.add(ready[0])
+    order.append(ready[0])
+  return [built[i][0] for i in order]
 
 
 def _is_buffer_view(x: UOp) -> bool:
@@ -130,19 +156,23 @@ def schedule(targets: list[UOp], default_device: str = "NUMPY") -> tuple[list[Ke
   staged = choose_stages(sink)
   stage = {u: UOp(Ops.STAGE, u.dtype, (u,), u.device) for u in staged}
   sink = substitute(sink, stage) if stage else sink
-  # every target that is not already a buffer is realized
-  sink = sink.replace(src=tuple(t if _realized_view(t) or t.op is Ops.STAGE
-                                else UOp(Ops.STAGE, t.dtype, (t,), t.device or default_device) for t in sink.src))
+  # every target that is not already a buffer is realized into one of its own (tagged, so no rule folds it away)
+  def target(t: UOp) -> UOp:
+    if _realized_view(t): return t
+    if t.size == 0: return UOp.new_buffer(t.device or default_device, 0, t.dtype).reshape(t.shape)
+    return UOp(Ops.STAGE, t.dtype, (t.src[0] if t.op is Ops.STAGE else t,), t.device or default_device, tag="target")
+  sink = sink.replace(src=tuple(target(t) for t in sink.src))
   sink = _pass("realize", sink, _m("realize"))
   sink = _pass("rangeify", sink, _m("rangeify"), bottom_up=True)
   sink = _pass("symbolic", sink, _m("symbolic"))
-  kernels: list[Kernel] = []
+  built: list[tuple[Kernel, KernelBuilder, UOp]] = []
   to_params, untag = _m("to_params"), _m("untag")
   for u in sink.toposort():
     if u.op is not Ops.AFTER: continue
     ctx = KernelBuilder()
     ast = graph_rewrite(UOp.sink(*u.src[1:]), to_params, ctx=ctx, bottom_up=True)
-    kernels.append(Kernel(graph_rewrite(ast, untag), tuple(ctx.bufs)))
+    built.append((Kernel(graph_rewrite(ast, untag), tuple(ctx.bufs)), ctx, u.src[0]))
+  kernels = _order(built)
   # each target reads its buffer directly from now on (the AFTERs are done)
   views = [substitute(s, {a: a.src[0] for a in s.toposort() if a.op is Ops.AFTER}) for s in sink.src]
   if DEBUG: print(f"[schedule] {len(kernels)} kernels")

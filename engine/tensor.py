@@ -41,6 +41,13 @@ and the default int is int32. Concretely:
 - `int ** negative int` with a Python exponent raises ValueError like numpy;
   with a tensor exponent it gives 1 for base 1, +-1 for base -1, else 0.
 - max/min over an axis of size 0 raise ValueError, as in numpy.
+- `//` on floats is the IR's IDIV, floor(a / b) of the rounded quotient
+  (engine/alu.py); numpy (and Python) compute it from the remainder, so the
+  two can differ by one where the rounding of a / b crosses an integer
+  (1.0 // 0.1 is 10.0 here, 9.0 in numpy). `%` on floats is numpy's.
+- NaNs propagate through maximum, minimum, clip, max, min and max_pool2d as
+  in numpy (the IR's MAX keeps its first operand when the second is NaN and
+  its reduction skips NaNs, so these add explicit NaN checks).
 
 Bad input raises at the call that passes it (ValueError, IndexError, TypeError
 with a message naming the shapes, axes or values involved).
@@ -105,10 +112,10 @@ def _canon_device(device: Any) -> str:
   return d
 
 
-def promote_types(a: DType, b: DType) -> DType:
-  """numpy's promotion of two array dtypes."""
-  if a is b: return a
-  return _TENSOR_DTYPES[np.result_type(np_dtype(a), np_dtype(b)).name]
+def promote_types(*dts: DType) -> DType:
+  """numpy's promotion of array dtypes (all at once: numpy's promotion is not associative)."""
+  if all(d is dts[0] for d in dts): return dts[0]
+  return _TENSOR_DTYPES[np.result_type(*(np_dtype(d) for d in dts)).name]
 
 
 def _is_py_scalar(v: Any) -> bool:
@@ -165,6 +172,15 @@ def _norm_axis(a: Any, ndim: int) -> int:
   return a + ndim if a < 0 else a
 
 
+def _norm_new_axis(a: Any, ndim: int) -> int:
+  """Where a new axis goes in a tensor of ndim dimensions (unsqueeze, stack): -ndim-1 .. ndim."""
+  a = _int_arg(a, "axis")
+  if not -ndim - 1 <= a <= ndim:
+    raise AxisError(f"axis {a} is out of bounds for inserting an axis into a tensor of dimension {ndim} "
+                    f"(allowed {-ndim - 1}..{ndim})")
+  return a + ndim + 1 if a < 0 else a
+
+
 def _norm_axes(axis: Any, ndim: int) -> tuple[int, ...]:
   if axis is None: return tuple(range(ndim))
   axes = tuple(axis) if isinstance(axis, (tuple, list)) else (axis,)
@@ -209,6 +225,21 @@ def _cmp(op: Ops, a: UOp, b: UOp) -> UOp:
   return UOp(op, dtypes.bool, (a, b))
 
 
+def _u_maximum(x: UOp, y: UOp) -> UOp:
+  """numpy's maximum: NaN if either side is NaN (MAX alone keeps x when y is NaN)."""
+  m = _alu(Ops.MAX, x, y)
+  if not x.dtype.is_float: return m
+  return UOp(Ops.WHERE, x.dtype, (_cmp(Ops.CMPNE, y, y), y, m))
+
+
+def _u_max_reduce(u: UOp, axes: tuple[int, ...]) -> UOp:
+  """numpy's max over axes (kept as size 1): NaN where a slice holds a NaN (the MAX reduction skips NaNs)."""
+  r = u.r(Ops.MAX, axes)
+  if not u.dtype.is_float: return r
+  has_nan = _cmp(Ops.CMPNE, u, u).r(Ops.MAX, axes)
+  return UOp(Ops.WHERE, u.dtype, (has_nan, r.const_like(math.nan), r))
+
+
 def _lowest(dt: DType) -> Any:
   if dt.is_bool: return False
   if dt.is_float: return -math.inf
@@ -239,10 +270,17 @@ def _u_sigmoid(x: UOp) -> UOp: return _alu(Ops.RECIPROCAL, _alu(Ops.ADD, x.const
 
 
 def _u_tanh(x: UOp) -> UOp:
-  # tanh(|x|) = (1 - e) / (1 + e) with e = exp(-2|x|) <= 1 (never overflows), sign restored after
-  e = _u_exp(_alu(Ops.MUL, _u_abs(x), x.const_like(-2.0)))
+  # tanh(|x|) = (1 - e) / (1 + e) with e = exp(-2|x|) <= 1 (never overflows), sign restored after.
+  # Near 0, 1 - e cancels; there the series x - x^3/3 + 2x^5/15 is exact to the dtype's precision.
+  ax = _u_abs(x)
+  e = _u_exp(_alu(Ops.MUL, ax, x.const_like(-2.0)))
   t = _alu(Ops.FDIV, _alu(Ops.SUB, x.const_like(1.0), e), _alu(Ops.ADD, x.const_like(1.0), e))
-  return UOp(Ops.WHERE, x.dtype, (_cmp(Ops.CMPLT, x, x.const_like(0)), _u_neg(t), t))
+  t = UOp(Ops.WHERE, x.dtype, (_cmp(Ops.CMPLT, x, x.const_like(0)), _u_neg(t), t))
+  x2 = _alu(Ops.MUL, x, x)
+  series = _alu(Ops.MUL, x, _alu(Ops.ADD, x.const_like(1.0), _alu(Ops.MUL, x2, _alu(
+    Ops.ADD, x.const_like(-1.0 / 3.0), _alu(Ops.MUL, x2, x.const_like(2.0 / 15.0))))))
+  small = _cmp(Ops.CMPLT, ax, x.const_like(1e-3 if x.dtype is dtypes.float64 else 0.05))
+  return UOp(Ops.WHERE, x.dtype, (small, series, t))
 
 
 def _u_floor(x: UOp) -> UOp:
@@ -497,7 +535,9 @@ class Tensor:
       raise ValueError(f"assign: a value of shape {v.shape} does not fit a tensor of shape {self.shape}")
     value = _bcast(v.uop.cast(self.dtype), self.shape)
     target = self.uop
-    if target.base.op is Ops.BUFFER: _engine.view_indices(target)  # raises for padded or expanded views
+    if target.base.op is Ops.BUFFER:
+      try: _engine.view_indices(target)
+      except ValueError as e: raise ValueError(f"assign to a tensor of shape {self.shape}: {e}") from None
     else: target = new_buffer(self.device, self.numel(), self.dtype).reshape(self.shape)
     self.uop = UOp(Ops.ASSIGN, self.dtype, (target, value))
     return self
@@ -623,11 +663,11 @@ class Tensor:
 
   def maximum(self, other: Any) -> Tensor:
     x, y = self._binary(other, "maximum")
-    return self._new(_alu(Ops.MAX, x, y))
+    return self._new(_u_maximum(x, y))
 
   def minimum(self, other: Any) -> Tensor:
     x, y = self._binary(other, "minimum")
-    if x.dtype.is_float: return self._new(_u_neg(_alu(Ops.MAX, _u_neg(x), _u_neg(y))))  # keeps NaNs like numpy
+    if x.dtype.is_float: return self._new(_u_neg(_u_maximum(_u_neg(x), _u_neg(y))))
     if x.dtype.is_bool: return self._new(_alu(Ops.AND, x, y))
     return self._new(UOp(Ops.WHERE, x.dtype, (_cmp(Ops.CMPLT, x, y), x, y)))
 
@@ -703,15 +743,18 @@ class Tensor:
     if self.dtype.is_bool: return self
     return self._new(_alu(Ops.MAX, self.uop, self.uop.const_like(0)))
 
-  def square(self) -> Tensor: return self * self
+  def square(self) -> Tensor:
+    x = self.cast(dtypes.int8) if self.dtype.is_bool else self  # numpy's square of bool is int8
+    return x * x
 
   # *** reductions ***
 
-  def _reduce(self, op: Ops, axis: Any, keepdim: bool, u: UOp | None = None) -> UOp:
+  def _reduce(self, op: Ops, axis: Any, keepdim: bool, u: UOp | None = None, numpy_nan: bool = True) -> UOp:
+    """A reduction (keepdim shape, then a reshape unless keepdim); MAX propagates NaNs like numpy unless numpy_nan=False."""
     u = self.uop if u is None else u
     axes = _norm_axes(axis, len(u.shape))
     shape = u.shape
-    if axes: u = u.r(op, axes)
+    if axes: u = _u_max_reduce(u, axes) if op is Ops.MAX and numpy_nan else u.r(op, axes)
     if not keepdim: u = u.reshape(tuple(d for i, d in enumerate(shape) if i not in axes))
     return u
 
@@ -864,7 +907,7 @@ class Tensor:
     return self.reshape(tuple(d for i, d in enumerate(sh) if i not in axes))
 
   def unsqueeze(self, axis: int) -> Tensor:
-    a = _norm_axis(axis, self.ndim + 1)
+    a = _norm_new_axis(axis, self.ndim)
     sh = self.shape
     return self.reshape(sh[:a] + (1,) + sh[a:])
 
@@ -966,8 +1009,7 @@ class Tensor:
     for s in shapes:
       if len(s) != nd or any(s[i] != shapes[0][i] for i in range(nd) if i != a):
         raise ValueError(f"cat along axis {axis}: shapes {' and '.join(map(str, shapes))} differ off that axis")
-    dt = ts[0].dtype
-    for t in ts[1:]: dt = promote_types(dt, t.dtype)
+    dt = promote_types(*(t.dtype for t in ts))
     total = sum(s[a] for s in shapes)
     out, off = None, 0
     for t in ts:
@@ -986,7 +1028,7 @@ class Tensor:
     shapes = [t.shape for t in ts]
     if any(s != shapes[0] for s in shapes):
       raise ValueError(f"stack needs tensors of one shape, got {' and '.join(map(str, shapes))}")
-    a = _norm_axis(axis, ts[0].ndim + 1)
+    a = _norm_new_axis(axis, ts[0].ndim)
     return Tensor.cat(*[t.unsqueeze(a) for t in ts], axis=a)
 
   # *** linear algebra and nn ***
@@ -1031,14 +1073,14 @@ class Tensor:
   def softmax(self, axis: int = -1) -> Tensor:
     x, out = self._half_up()
     ax = _norm_axis(axis, self.ndim)
-    m = self._new(x._reduce(Ops.MAX, ax, True))
+    m = self._new(x._reduce(Ops.MAX, ax, True, numpy_nan=False))  # (a NaN makes the whole slice NaN anyway)
     e = (x - m).exp()
     return (e / e.sum(ax, keepdim=True)).cast(out)
 
   def log_softmax(self, axis: int = -1) -> Tensor:
     x, out = self._half_up()
     ax = _norm_axis(axis, self.ndim)
-    s = x - self._new(x._reduce(Ops.MAX, ax, True))
+    s = x - self._new(x._reduce(Ops.MAX, ax, True, numpy_nan=False))
     return (s - s.exp().sum(ax, keepdim=True).log()).cast(out)
 
   def layernorm(self, axis: Any = -1, eps: float = 1e-5, weight: Any = None, bias: Any = None) -> Tensor:
@@ -1107,7 +1149,7 @@ class Tensor:
     """Max over kernel windows of the last two axes; padding counts as -inf (the dtype's lowest value)."""
     x, axes = self._pool("max_pool2d", kernel_size, stride, padding, dilation, _lowest(self.dtype))
     sh = x.shape
-    return self._new(x.r(Ops.MAX, axes).reshape(tuple(d for i, d in enumerate(sh) if i not in axes)))
+    return self._new(_u_max_reduce(x, axes).reshape(tuple(d for i, d in enumerate(sh) if i not in axes)))
 
   def avg_pool2d(self, kernel_size: Any = 2, stride: Any = None, padding: Any = 0) -> Tensor:
     """Mean over kernel windows of the last two axes; zero padding is counted (torch's default)."""

@@ -8,21 +8,30 @@ dtype (float16 arithmetic happens in float16, int8 wraps like int8, ...).
 Semantics (they follow `engine/alu.py` and numpy):
 
 - Integer results wrap like numpy's. IDIV and MOD are floor division and floor
-  modulo (numpy's `//` and `%`, also for floats); integer division or modulo
-  by zero gives 0.
+  modulo (numpy's `//` and `%` on integers); integer division or modulo by
+  zero gives 0. On floats, MOD is numpy's / Python's `%` (nan for x % 0) and
+  IDIV is alu.py's floor(a / b) of the rounded quotient (a / 0 is inf with a's
+  sign, 0 / 0 nan), which can differ from numpy's `//` by one when the
+  rounding of a / b crosses an integer (1.0 // 0.1: 10.0 here, 9.0 in numpy).
+- MAX is alu.py's Python max(a, b): a unless b > a, so a NaN in a wins and a
+  NaN in b loses. REDUCE_AXIS MAX folds that from the identity -inf, so NaNs
+  never win a float reduction (np.fmax). (The front end adds NaN checks where
+  numpy propagates NaNs.)
+- SHL / SHR by a negative amount leave the value unchanged; SHL by the bit
+  width or more gives 0, SHR gives 0 or -1 (Python's >>).
 - Comparisons give bool. WHERE picks by the truth of its first source.
 - On bool, ADD is logical or (as in numpy), MUL logical and, SUB is "not
   equal" (True - True wraps to False), NEG is the identity (-True wraps to True).
 - Integer POW with a negative exponent gives 1 for base 1, +-1 for base -1 and
   0 otherwise (numpy refuses; Python's 1/base**n truncated toward zero).
-- EXP2 LOG2 SIN SQRT RECIPROCAL on integers are computed in float64 and
-  converted like FDIV on integers: truncated toward zero, non-finite -> 0
-  (alu.py's `wrap`). The front end never builds these; they are here so any
+- EXP2 LOG2 SIN SQRT RECIPROCAL FDIV on integers are computed in float64 and
+  converted the way alu.py's `wrap` does: truncated toward zero, non-finite
+  -> 0, wrapped around. The front end never builds these; they are here so any
   graph has a value.
 - CAST is numpy's `astype` (float -> int of nan/inf/out-of-range values is
   whatever numpy gives on this machine, e.g. INT_MIN for int32 on x86).
 - BITCAST reinterprets the bytes (itemsizes must match).
-- REDUCE_AXIS keeps reduced axes as size 1; MAX over an empty axis gives the
+- REDUCE_AXIS keeps reduced axes as size 1; over an empty axis MAX gives the
   dtype's lowest value (-inf for floats), ADD 0, MUL 1.
 - PAD fills with zeros (False for bool).
 - CONTIGUOUS is a copy; COPY, DETACH, CONTIGUOUS_BACKWARD are the identity on
@@ -160,8 +169,9 @@ def _reduce(rop: Ops, axes: tuple[int, ...], x: np.ndarray, dtype: DType) -> np.
   if rop is Ops.MUL:
     return np.logical_and.reduce(x, axis=axes, keepdims=True) if dtype.kind == "b" else \
       np.multiply.reduce(x, axis=axes, dtype=nd, keepdims=True)
-  if rop is Ops.MAX:
-    lowest = False if dtype.kind == "b" else -np.inf if dtype.kind == "f" else np.iinfo(nd).min
+  if rop is Ops.MAX:  # alu's max folded from the identity: a NaN never wins (np.fmax)
+    if dtype.kind == "f": return np.fmax.reduce(x, axis=axes, keepdims=True, initial=np.array(-np.inf, dtype=nd))
+    lowest = False if dtype.kind == "b" else np.iinfo(nd).min
     return np.maximum.reduce(x, axis=axes, keepdims=True, initial=np.array(lowest, dtype=nd))
   raise NotImplementedError(f"tensor_eval: REDUCE_AXIS with {rop}")
 
@@ -177,6 +187,8 @@ def _float_to(dtype: DType, f: np.ndarray) -> np.ndarray:
   """A float64 result in an integer or bool dtype the way alu.wrap does it: truncate, non-finite -> 0, wrap."""
   if dtype.kind == "b": return f != 0
   f = np.where(np.isfinite(f), np.trunc(f), 0.0)
+  f = np.fmod(f, 2.0 ** 64)  # exact; then into [-2**63, 2**63) so the int64 conversion is defined
+  f = np.where(f >= 2.0 ** 63, f - 2.0 ** 64, np.where(f < -2.0 ** 63, f + 2.0 ** 64, f))
   return f.astype(np.int64).astype(np_dtype(dtype))
 
 
@@ -194,7 +206,7 @@ def _neg(dtype, x):
 
 def _trunc(dtype, x):
   (x,) = _same(dtype, x)
-  return np.trunc(x) if dtype.kind == "f" else x
+  return np.trunc(x) + np.zeros((), x.dtype) if dtype.kind == "f" else x  # (+ 0.0: never -0.0, like alu's float(trunc))
 
 
 def _add(dtype, a, b):
@@ -219,12 +231,18 @@ def _fdiv(dtype, a, b):
   return _float_to(dtype, np.true_divide(a.astype(np.float64), b.astype(np.float64)))
 
 
-def _int_guarded(fn):
-  """Integer IDIV / MOD: x op 0 is 0. Floats use numpy's floor semantics directly."""
+def _float_idiv(a, b):
+  """alu.py's float IDIV: floor(a / b); a / 0 is inf with a's sign (nan counts as nonzero), 0 / 0 is nan."""
+  by_zero = np.where(a != 0, np.copysign(np.array(np.inf, a.dtype), a), np.array(np.nan, a.dtype))
+  return np.where(b == 0, by_zero, np.floor(np.true_divide(a, b)))
+
+
+def _int_guarded(fn, float_fn):
+  """Integer IDIV / MOD: x op 0 is 0. Floats use float_fn."""
   def run(dtype, a, b):
     if dtype.kind == "f":
       a, b = _same(dtype, a, b)
-      return fn(a, b)
+      return float_fn(a, b)
     if dtype.kind == "b":
       return run_int(np.dtype(np.int8), a, b).astype(bool)
     return run_int(np_dtype(dtype), a, b)
@@ -238,7 +256,7 @@ def _int_guarded(fn):
 
 def _max(dtype, a, b):
   a, b = _same(dtype, a, b)
-  return np.maximum(a, b)
+  return np.where(b > a, b, a) if dtype.kind == "f" else np.maximum(a, b)  # Python's max(a, b)
 
 
 def _pow(dtype, a, b):
@@ -274,11 +292,18 @@ def _bitwise(fn):
   return run
 
 
-def _shift(fn):
+def _shift(left: bool):
+  """Python's << and >> wrapped to the dtype: a negative amount leaves a unchanged."""
   def run(dtype, a, b):
     if dtype.kind not in "iu": raise TypeError(f"tensor_eval: shift on {dtype}")
     a, b = _same(dtype, a, b)
-    return fn(a, b)
+    bits = np_dtype(dtype).itemsize * 8
+    amount = np.clip(b, 0, bits - 1).astype(a.dtype)
+    if left: out = np.where(b >= bits, np.zeros((), a.dtype), np.left_shift(a, amount))
+    else:  # a shift by >= bits leaves the sign: 0 or -1 (for signed types clipping to bits - 1 gives exactly that)
+      out = np.right_shift(a, amount)
+      if a.dtype.kind == "u": out = np.where(b >= bits, np.zeros((), a.dtype), out)
+    return np.where(b < 0, a, out)
   return run
 
 
@@ -291,19 +316,15 @@ def _mulacc(dtype, a, b, c):
   return _add(dtype, _mul(dtype, a, b), c)
 
 
-def _reciprocal(x):
-  return np.reciprocal(x) if x.dtype.kind == "f" else np.true_divide(1.0, x)
-
-
 _ELEMENTWISE = {
   Ops.NEG: _neg, Ops.TRUNC: _trunc,
   Ops.EXP2: _float_unary(np.exp2), Ops.LOG2: _float_unary(np.log2), Ops.SIN: _float_unary(np.sin),
-  Ops.SQRT: _float_unary(np.sqrt), Ops.RECIPROCAL: _float_unary(_reciprocal),
+  Ops.SQRT: _float_unary(np.sqrt), Ops.RECIPROCAL: _float_unary(np.reciprocal),
   Ops.ADD: _add, Ops.SUB: _sub, Ops.MUL: _mul, Ops.FDIV: _fdiv,
-  Ops.IDIV: _int_guarded(np.floor_divide), Ops.MOD: _int_guarded(np.mod),
+  Ops.IDIV: _int_guarded(np.floor_divide, _float_idiv), Ops.MOD: _int_guarded(np.mod, np.mod),
   Ops.MAX: _max, Ops.POW: _pow,
   Ops.CMPLT: _cmp(np.less), Ops.CMPNE: _cmp(np.not_equal), Ops.CMPEQ: _cmp(np.equal),
   Ops.AND: _bitwise(np.bitwise_and), Ops.OR: _bitwise(np.bitwise_or), Ops.XOR: _bitwise(np.bitwise_xor),
-  Ops.SHL: _shift(np.left_shift), Ops.SHR: _shift(np.right_shift),
+  Ops.SHL: _shift(True), Ops.SHR: _shift(False),
   Ops.WHERE: _where, Ops.MULACC: _mulacc,
 }

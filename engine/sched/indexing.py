@@ -60,8 +60,9 @@ def index_through_movement(idx: UOp) -> UOp:
   mop = idx.src[0]
   src = mop.src[0]
   new_idxs, valid = apply_movement_op(mop.op, src.shape, mop.arg, idx.src[1:])
-  ret = src.index(*new_idxs)
-  if valid is None: return ret
+  ret = src.index(*new_idxs, arg=idx.arg)
+  # a store target never shows padding (the front end rejects such views), so it needs no validity
+  if valid is None or idx.arg == "store": return ret
   return valid.where(ret, ret.const_like(0))
 
 
@@ -77,7 +78,7 @@ def store_with_ranges(store: UOp) -> UOp:
   """STORE(target, value) over a shape: loops over every element."""
   target, value = store.src
   rngs = new_ranges(target.shape)
-  st = target.index(*rngs).store(value.index(*rngs))
+  st = target.index(*rngs, arg="store").store(value.index(*rngs))
   return st.end(*[r for r in rngs if r.op is Ops.RANGE])
 
 

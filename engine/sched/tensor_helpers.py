@@ -40,7 +40,7 @@ def split_reduceop(red: UOp, x: UOp) -> UOp | None:
 def stage_to_buffer(stage: UOp) -> UOp:
   """STAGE(x): x stored into a new buffer; the value read back in x's shape."""
   x = stage.src[0]
-  buf = UOp.new_buffer(stage.arg, max(1, x.size), x.dtype)
+  buf = UOp.new_buffer(stage.arg, x.size, x.dtype)
   view = buf.reshape(x.shape)
   return buf.after(view.store(x)).reshape(x.shape)
 
