@@ -41,13 +41,18 @@ def _pass(name: str, sink: UOp, matcher, **kw) -> UOp:
 
 # *** what to realize ***
 
+MAX_RECOMPUTE_READS = int(os.environ.get("RULEC_MAX_RECOMPUTE_READS", 3))
+
+
 def _cheap(u: UOp, staged: set[UOp]) -> bool:
-  """Recomputing u is cheap: no reduce inside, and it reads at most two buffers (realized values count)."""
+  """Recomputing u is cheap: no reduce inside, and it reads at most MAX_RECOMPUTE_READS buffers
+  (realized values count). The seeds' remove-bufferize cost model, with three reads instead of two
+  so a residual add feeding a normalisation (x + y - mean) is recomputed, not stored."""
   reads: set[UOp] = set()
   for x in u.toposort(gate=lambda x: x is u or (x not in staged and x.op not in (Ops.CONTIGUOUS, Ops.BUFFER))):
     if x is not u and (x in staged or x.op in (Ops.CONTIGUOUS, Ops.BUFFER)): reads.add(x)
     elif x.op is Ops.REDUCE_AXIS: return False
-  return len(reads) <= 2
+  return len(reads) <= MAX_RECOMPUTE_READS
 
 
 def _uses(sink: UOp, staged: set[UOp]) -> dict[UOp, float]:
@@ -119,6 +124,17 @@ class KernelBuilder:
     return r.replace(arg=(self.ranges - 1, r.arg[1]), tag="k")
 
 
+def _wrap_stages(sink: UOp, staged: set[UOp]) -> UOp:
+  """Each chosen node wrapped in STAGE, with the stages inside it wrapped too."""
+  if not staged: return sink
+  done: dict[UOp, UOp] = {}
+  for u in sink.toposort():
+    new_src = tuple(done[s] for s in u.src)
+    x = u if new_src == u.src else UOp(u.op, u.dtype, new_src, u.arg, u.tag)
+    done[u] = UOp(Ops.STAGE, x.dtype, (x,), x.device) if u in staged else x
+  return done[sink]
+
+
 def _order(built: list[tuple[Kernel, KernelBuilder, UOp]]) -> list[Kernel]:
   """Kernels in an order that respects reads after writes (AFTER) and writes after reads:
   a kernel that overwrites an existing buffer (an assign) runs after every kernel
@@ -153,9 +169,7 @@ def schedule(targets: list[UOp], default_device: str = "NUMPY") -> tuple[list[Ke
   """Kernels that realize `targets`, in run order, and each target's realized view (a BUFFER reshape)."""
   sink = _pass("earliest", UOp.sink(*targets), _m("earliest"))
   sink = _pass("prepare", sink, _m("prepare"))
-  staged = choose_stages(sink)
-  stage = {u: UOp(Ops.STAGE, u.dtype, (u,), u.device) for u in staged}
-  sink = substitute(sink, stage) if stage else sink
+  sink = _wrap_stages(sink, choose_stages(sink))
   # every target that is not already a buffer is realized into one of its own (tagged, so no rule folds it away)
   def target(t: UOp) -> UOp:
     if _realized_view(t): return t

@@ -193,6 +193,13 @@ class UOp:
     """
     m = self._memo
     if m is not None and key in m: return m[key]
+    for s in self.src:   # fast path: every source already has it (the common case for new nodes)
+      sm = s._memo
+      if sm is None or key not in sm: break
+    else:
+      v = fn(self)
+      self._get_memo()[key] = v
+      return v
     order: list[UOp] = []
     stack: list[tuple[UOp, bool]] = [(self, False)]
     seen: set[int] = set()

@@ -26,10 +26,18 @@ def apply_movement_op(op: Ops, src_shape: tuple[int, ...], arg: Any, idxs: tuple
   """Indices into a movement op's source for indices `idxs` into its result,
   and the validity condition (None = always valid; only PAD makes one)."""
   if op is Ops.RESHAPE:
-    flat = _c(0)
-    for i, st in zip(idxs, strides_of(tuple(arg))): flat = flat + i * st if st != 0 else flat
+    # build only what the symbolic rules would not remove at once: no * 1, no + 0, no // 1, no % of the outer axis
+    flat = None
+    for i, n, st in zip(idxs, arg, strides_of(tuple(arg))):
+      if n == 1: continue
+      term = i if st == 1 else i * st
+      flat = term if flat is None else flat + term
+    if flat is None: flat = _c(0)
     out = []
-    for s, st in zip(src_shape, strides_of(src_shape)): out.append((flat // st) % s if s != 1 else _c(0))
+    for k, (s, st) in enumerate(zip(src_shape, strides_of(src_shape))):
+      if s == 1: out.append(_c(0)); continue
+      q = flat if st == 1 else flat // st
+      out.append(q if all(d == 1 for d in src_shape[:k]) else q % s)
     return tuple(out), None
   if op is Ops.PERMUTE:
     out = [None] * len(arg)
