@@ -1,0 +1,118 @@
+"""The scheduler: kernel counts of canonical programs, no duplicated reduces,
+assign ordering, split reduces, and RULEC_DEBUG output. Values are checked
+against numpy (the programs run on the NUMPY device through the scheduler)."""
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from engine import realize as engine_realize
+from engine.tensor import Tensor
+from runtime.kernel import validate
+
+ROOT = Path(__file__).resolve().parent.parent
+rng = np.random.default_rng(0)
+
+
+def T(*shape): return Tensor(rng.standard_normal(shape).astype(np.float32))
+
+
+def kernels(*ts):
+  ks = Tensor.schedule(*ts)
+  for k in ks: validate(k)
+  return ks
+
+
+def test_elementwise_chain_is_one_kernel():
+  a, b, c = T(4, 5), T(4, 5), T(5)
+  out = ((a * b + c).exp() - a).relu().sqrt() * 2
+  assert len(kernels(out)) == 1
+  want = np.sqrt(np.maximum(np.exp(a.numpy() * b.numpy() + c.numpy()) - a.numpy(), 0)) * 2
+  np.testing.assert_allclose(out.numpy(), want, rtol=1e-5, atol=1e-6)
+
+
+def test_relu_of_matmul_plus_bias_is_one_kernel():
+  a, b, c = T(8, 16), T(16, 4), T(4)
+  out = (a @ b + c).relu()
+  assert len(kernels(out)) == 1
+  np.testing.assert_allclose(out.numpy(), np.maximum(a.numpy() @ b.numpy() + c.numpy(), 0), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("op, most", [("softmax", 3), ("layernorm", 3), ("log_softmax", 3)])
+def test_normalisations_take_at_most_as_many_kernels_as_tinygrad(op, most):
+  x = T(6, 33)
+  out = getattr(x, op)()
+  assert len(kernels(out)) <= most
+  v = x.numpy()
+  if op == "layernorm": want = (v - v.mean(-1, keepdims=True)) / np.sqrt(v.var(-1, keepdims=True) + 1e-5)
+  else:
+    e = np.exp(v - v.max(-1, keepdims=True))
+    want = e / e.sum(-1, keepdims=True)
+    if op == "log_softmax": want = np.log(want)
+  np.testing.assert_allclose(out.numpy(), want, rtol=1e-4, atol=1e-5)
+
+
+def test_mlp_is_two_kernels_and_a_reused_reduce_is_computed_once():
+  x, w1, b1, w2 = T(4, 12), T(12, 8), T(8), T(8, 3)
+  out = (x @ w1 + b1).relu() @ w2
+  assert len(kernels(out)) == 2
+  h = np.maximum(x.numpy() @ w1.numpy() + b1.numpy(), 0)
+  np.testing.assert_allclose(out.numpy(), h @ w2.numpy(), rtol=1e-4, atol=1e-4)
+  # the same sum used by two consumers at different indices is realized once, not recomputed
+  s = x.sum(1, keepdim=True)
+  both = x / s + s.T.sum()
+  ks = kernels(both)
+  # s once (reads x), its total (reads only s), the result (reads x, s and the total): s is never recomputed
+  assert len(ks) == 3 and [len(k.inputs) for k in ks] == [1, 1, 3] and ks[1].bufs[1].arg[2] == 4
+  np.testing.assert_allclose(both.numpy(), x.numpy() / x.numpy().sum(1, keepdims=True) + x.numpy().sum(), rtol=1e-4)
+
+
+def test_already_realized_needs_no_kernel_and_constants_fold():
+  a = T(3, 3).realize()
+  assert kernels(a) == []
+  z = Tensor.zeros(3, 3) * 5 + 1
+  (k,) = kernels(z)
+  assert not k.inputs   # a constant fill reads no buffer
+  assert z.tolist() == [[1.0] * 3] * 3
+
+
+def test_assign_runs_after_the_reads_of_the_old_value():
+  a = Tensor([1.0, 2.0, 3.0]).realize()
+  old_plus = a + 10            # reads a's old contents
+  a.assign(a * 2)
+  Tensor.realize(old_plus, a)
+  assert old_plus.tolist() == [11.0, 12.0, 13.0] and a.tolist() == [2.0, 4.0, 6.0]
+
+
+def test_big_reduce_is_split_in_two(monkeypatch):
+  import engine.sched.tensor_helpers as th
+  monkeypatch.setattr(th, "REDUCE_SPLIT_THRESHOLD", 300)
+  x = T(4096)
+  s = x.sum()
+  assert len(kernels(s)) == 2
+  np.testing.assert_allclose(s.numpy(), x.numpy().sum(), rtol=1e-4)
+
+
+def test_size_zero_and_scalar_outputs():
+  e = Tensor(np.zeros((0, 3), np.float32))
+  assert (e + 1).numpy().shape == (0, 3) and kernels(e + 1) == []
+  assert e.sum(0).tolist() == [0.0, 0.0, 0.0]
+  assert T(5).sum().numpy().shape == ()
+
+
+def test_counters_count_scheduled_and_run_kernels():
+  before = dict(engine_realize.COUNTERS)
+  (T(3) + 1).realize()
+  assert engine_realize.COUNTERS["scheduled"] == before["scheduled"] + 1
+  assert engine_realize.COUNTERS["run"] == before["run"] + 1
+
+
+def test_debug_output_names_every_pass(tmp_path):
+  code = "from engine.tensor import Tensor; import numpy as np; (Tensor(np.ones((4, 4), np.float32)).softmax(-1)).realize()"
+  env = {**os.environ, "RULEC_DEBUG": "1", "PYTHONPATH": str(ROOT)}
+  out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
+  for p in ("earliest", "prepare", "realize", "rangeify", "symbolic"): assert f"[schedule] {p}" in out
+  assert "[schedule] 3 kernels" in out
