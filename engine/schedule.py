@@ -31,12 +31,35 @@ def _m(*names: str):
   return load_library().matcher(*names)
 
 
+class _Counting:
+  """RULEC_DEBUG: a matcher that also counts which rule made each rewrite (slow; debug only)."""
+  def __init__(self, matcher):
+    self.matcher, self.fired = matcher, {}
+  def rewrite(self, u, ctx=None):
+    r = self.matcher.rewrite(u, ctx)
+    if r is not None:
+      name = (self.matcher.which_rule(u, ctx) or ("?", ""))[0]
+      self.fired[name] = self.fired.get(name, 0) + 1
+    return r
+
+
 def _pass(name: str, sink: UOp, matcher, **kw) -> UOp:
+  if not DEBUG: return graph_rewrite(sink, matcher, **kw)
+  counting = _Counting(matcher)
   t0 = time.perf_counter()
-  out = graph_rewrite(sink, matcher, **kw)
-  if DEBUG: print(f"[schedule] {name:<10} {len(sink.toposort()):>6} -> {len(out.toposort()):>6} nodes  "
-                  f"{(time.perf_counter() - t0) * 1e3:7.2f} ms")
+  out = graph_rewrite(sink, counting, **kw)
+  fired = ", ".join(f"{k} x{v}" for k, v in sorted(counting.fired.items(), key=lambda kv: -kv[1]))
+  print(f"[schedule] {name:<10} {len(sink.toposort()):>6} -> {len(out.toposort()):>6} nodes  "
+        f"{(time.perf_counter() - t0) * 1e3:7.2f} ms  {fired or 'no rules fired'}")
   return out
+
+
+def max_kernel_buffers(device: str) -> int:
+  """The most buffers one kernel may take on `device` (0 = no limit); RULEC_MAX_KERNEL_BUFFERS overrides."""
+  return int(os.environ.get("RULEC_MAX_KERNEL_BUFFERS", DEVICE_MAX_BUFFERS.get(device, 0)))
+
+
+DEVICE_MAX_BUFFERS: dict[str, int] = {}   # no current device has a limit
 
 
 # *** what to realize ***
@@ -170,6 +193,7 @@ def schedule(targets: list[UOp], default_device: str = "NUMPY") -> tuple[list[Ke
   sink = _pass("earliest", UOp.sink(*targets), _m("earliest"))
   sink = _pass("prepare", sink, _m("prepare"))
   sink = _wrap_stages(sink, choose_stages(sink))
+  if (limit := max_kernel_buffers(default_device)): sink = _pass("limit", sink, _m("limit_buffers"), ctx=limit)
   # every target that is not already a buffer is realized into one of its own (tagged, so no rule folds it away)
   def target(t: UOp) -> UOp:
     if _realized_view(t): return t

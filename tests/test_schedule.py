@@ -116,3 +116,15 @@ def test_debug_output_names_every_pass(tmp_path):
   out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
   for p in ("earliest", "prepare", "realize", "rangeify", "symbolic"): assert f"[schedule] {p}" in out
   assert "[schedule] 3 kernels" in out
+
+
+def test_kernel_buffer_limit(monkeypatch):
+  monkeypatch.setenv("RULEC_MAX_KERNEL_BUFFERS", "4")
+  ts = [T(3) for _ in range(7)]
+  s = ts[0]
+  for t in ts[1:]: s = s * 2 + t
+  ks = kernels(s)
+  assert len(ks) > 1 and all(len(k.bufs) <= 4 for k in ks)
+  want = ts[0].numpy()
+  for t in ts[1:]: want = want * 2 + t.numpy()
+  np.testing.assert_allclose(s.numpy(), want, rtol=1e-5)

@@ -84,3 +84,16 @@ def broadcast_sources(x: UOp) -> UOp:
   out = tuple(max(dims) if all(d in (1, max(dims)) for d in dims) else -1 for dims in zip(*padded))
   if -1 in out: raise ValueError(f"cannot broadcast shapes {shapes}")
   return x.replace(src=tuple(s.reshape(p).expand(out) for s, p in zip(x.src, padded)))
+
+
+def kernel_inputs(x: UOp) -> int:
+  """How many buffers the kernel computing x would read (realized values count as buffers)."""
+  bufs = {u for u in x.toposort(gate=lambda u: u.op not in (Ops.BUFFER, Ops.STAGE, Ops.CONTIGUOUS))
+          if u.op in (Ops.BUFFER, Ops.STAGE, Ops.CONTIGUOUS)}
+  return len(bufs)
+
+
+def stage_elementwise_sources(x: UOp) -> UOp | None:
+  from engine.ops import ALU
+  srcs = tuple(UOp(Ops.STAGE, s.dtype, (s,), s.device) if s.op in ALU and s.device is not None else s for s in x.src)
+  return None if srcs == x.src else x.replace(src=srcs)
