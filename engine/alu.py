@@ -24,17 +24,33 @@ def _mod(a, b):
   return a % b if b != 0 else 0
 
 
+def _cdiv(a, b):
+  """Division truncated toward zero (C); 0 for a zero divisor, as the backends guard it."""
+  if b == 0: return 0
+  q = abs(a) // abs(b)
+  return q if (a < 0) == (b < 0) else -q
+
+
+def _cmod(a, b):
+  """C remainder: the sign of the dividend (fmod for floats); 0 for a zero integer divisor."""
+  if isinstance(a, float) or isinstance(b, float): return math.fmod(a, b) if b != 0 else math.nan
+  return a - b * _cdiv(a, b) if b != 0 else 0
+
+
 def _fdiv(a, b):
   try: return a / b
   except ZeroDivisionError: return math.nan if a == 0 or a != a else math.copysign(math.inf, a) * math.copysign(1, b)
 
 
 def _pow(a, b):
+  if isinstance(a, int) and isinstance(b, int) and b < 0:   # integer results only: 1/a**|b| truncated
+    return 1 if a == 1 else (1 if b % 2 == 0 else -1) if a == -1 else 0
   try: r = a ** b
   except ZeroDivisionError: return math.inf if isinstance(a, float) or isinstance(b, float) else 0
   except OverflowError: return math.inf
   if isinstance(r, complex): return math.nan
-  if isinstance(a, int) and isinstance(b, int) and b < 0: return 0   # the device's choice for int ** negative
+  if isinstance(a, int) and isinstance(b, int) and b < 0:   # integer results only: 1/a**|b| truncated
+    return 1 if a == 1 else (1 if b % 2 == 0 else -1) if a == -1 else 0
   return r
 
 
@@ -49,7 +65,7 @@ PYTHON_ALU: dict[Ops, Callable[..., Any]] = {
   Ops.NEG: operator.neg, Ops.EXP2: _safe(lambda x: 2.0 ** x), Ops.LOG2: _safe(lambda x: math.log2(x) if x > 0 else (-math.inf if x == 0 else math.nan)),
   Ops.SIN: _safe(math.sin), Ops.SQRT: _safe(lambda x: math.sqrt(x) if x >= 0 else math.nan),
   Ops.RECIPROCAL: lambda x: _fdiv(1.0, x), Ops.TRUNC: lambda x: float(math.trunc(x)) if math.isfinite(x) else x,
-  Ops.ADD: operator.add, Ops.SUB: operator.sub, Ops.MUL: operator.mul, Ops.FDIV: _fdiv, Ops.IDIV: _idiv, Ops.MOD: _mod,
+  Ops.ADD: operator.add, Ops.SUB: operator.sub, Ops.MUL: operator.mul, Ops.FDIV: _fdiv, Ops.IDIV: _idiv, Ops.MOD: _mod, Ops.CDIV: _cdiv, Ops.CMOD: _cmod,
   Ops.MAX: max, Ops.POW: _pow, Ops.CMPLT: operator.lt, Ops.CMPNE: operator.ne, Ops.CMPEQ: operator.eq,
   Ops.AND: operator.and_, Ops.OR: operator.or_, Ops.XOR: operator.xor, Ops.SHL: lambda a, b: a << b if b >= 0 else a, Ops.SHR: lambda a, b: a >> b if b >= 0 else a,
   Ops.WHERE: lambda c, a, b: a if c else b, Ops.MULACC: lambda a, b, c: a * b + c,

@@ -17,6 +17,7 @@ class Ops(enum.IntEnum):
   # binary ALU
   ADD = enum.auto(); SUB = enum.auto(); MUL = enum.auto(); FDIV = enum.auto(); IDIV = enum.auto(); MOD = enum.auto()
   MAX = enum.auto(); POW = enum.auto(); CMPLT = enum.auto(); CMPNE = enum.auto(); CMPEQ = enum.auto()
+  CDIV = enum.auto(); CMOD = enum.auto()   # truncating division and C remainder, for backends (rules/decomp.rules)
   AND = enum.auto(); OR = enum.auto(); XOR = enum.auto(); SHL = enum.auto(); SHR = enum.auto(); THREEFRY = enum.auto()
   # ternary ALU
   WHERE = enum.auto(); MULACC = enum.auto()
@@ -42,7 +43,7 @@ class Ops(enum.IntEnum):
 
 UNARY = frozenset({Ops.NEG, Ops.EXP2, Ops.LOG2, Ops.SIN, Ops.SQRT, Ops.RECIPROCAL, Ops.TRUNC})
 BINARY = frozenset({Ops.ADD, Ops.SUB, Ops.MUL, Ops.FDIV, Ops.IDIV, Ops.MOD, Ops.MAX, Ops.POW, Ops.CMPLT, Ops.CMPNE,
-                    Ops.CMPEQ, Ops.AND, Ops.OR, Ops.XOR, Ops.SHL, Ops.SHR, Ops.THREEFRY})
+                    Ops.CMPEQ, Ops.CDIV, Ops.CMOD, Ops.AND, Ops.OR, Ops.XOR, Ops.SHL, Ops.SHR, Ops.THREEFRY})
 TERNARY = frozenset({Ops.WHERE, Ops.MULACC})
 ALU = UNARY | BINARY | TERNARY
 MOVEMENT = frozenset({Ops.RESHAPE, Ops.PERMUTE, Ops.EXPAND, Ops.PAD, Ops.SHRINK, Ops.FLIP})

@@ -14,7 +14,7 @@ import numpy as np
 
 from engine import schedule as _scheduler
 from engine import tensor_eval
-from runtime import numpy_device
+from runtime.devices import default_device, run_kernel
 from engine.ops import MOVEMENT, Ops
 from engine.uop import UOp
 from runtime.buffer import buffer_of, new_buffer
@@ -24,20 +24,19 @@ __all__ = ["COUNTERS", "schedule", "realize", "is_realized", "device_of", "view_
 # kernels scheduled / compiled / run (the evaluator path runs no kernels, so it counts nothing)
 COUNTERS = {"scheduled": 0, "compiled": 0, "run": 0}
 
-DEFAULT_DEVICE = "NUMPY"
+DEFAULT_DEVICE = default_device()
 
 
 def schedule(uops: Sequence[UOp]):
   """The kernels that realizing `uops` would run."""
-  kernels, _ = _scheduler.schedule(list(uops), DEFAULT_DEVICE)
+  kernels, _ = _scheduler.schedule(list(uops), default_device())
   COUNTERS["scheduled"] += len(kernels)
   return kernels
 
 
 def _run(kernel) -> None:
-  device = kernel.bufs[0].arg[1] if kernel.bufs else DEFAULT_DEVICE
-  if device != "NUMPY": raise ValueError(f"no runtime for device {device!r} yet (known: NUMPY)")
-  numpy_device.run_kernel(kernel)
+  # a kernel runs on the device of the buffer it writes (slot 0: the store target is numbered first)
+  run_kernel(kernel, kernel.bufs[0].arg[1] if kernel.bufs else default_device())
   COUNTERS["run"] += 1
 
 
@@ -102,7 +101,7 @@ def realize(uops: Sequence[UOp]) -> list[UOp]:
     if not todo: return uops
     for a in _toposort(todo):
       if a.op is Ops.ASSIGN: view_indices(a.src[0])   # rejects padded or expanded targets with a clear error
-    kernels, views = _scheduler.schedule(todo, DEFAULT_DEVICE)
+    kernels, views = _scheduler.schedule(todo, default_device())
     COUNTERS["scheduled"] += len(kernels)
     for k in kernels: _run(k)
     it = iter(views)

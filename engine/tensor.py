@@ -68,8 +68,7 @@ from runtime.buffer import buffer_of, new_buffer, np_dtype
 
 __all__ = ["Tensor", "DEVICES", "AxisError", "broadcast_shapes", "promote_types", "to_dtype"]
 
-DEVICES: tuple[str, ...] = ("NUMPY",)
-DEFAULT_DEVICE = "NUMPY"
+from runtime.devices import DEVICES, default_device  # noqa: E402
 
 _TENSOR_DTYPES: dict[str, DType] = {d.name: d for d in (
   dtypes.bool, dtypes.int8, dtypes.uint8, dtypes.int16, dtypes.uint16, dtypes.int32, dtypes.uint32, dtypes.int64,
@@ -105,7 +104,7 @@ def to_dtype(d: Any) -> DType:
 
 
 def _canon_device(device: Any) -> str:
-  if device is None: return DEFAULT_DEVICE
+  if device is None: return default_device()
   if not isinstance(device, str): raise TypeError(f"device must be a string, got {type(device).__name__}")
   d = device.upper()
   if d not in DEVICES: raise ValueError(f"unknown device {device!r}; known devices: {', '.join(DEVICES)}")

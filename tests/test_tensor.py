@@ -13,6 +13,8 @@ import math
 import os
 
 import numpy as np
+
+from runtime.devices import DEVICES, default_device
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -846,12 +848,16 @@ def test_item_tolist_len_iter_bool_repr():
   assert bool(Tensor([1])) and not bool(Tensor(0.0))
   assert "shape=(2, 2)" in repr(t) and "int32" in repr(t)
   assert np.asarray(t).tolist() == [[1, 2], [3, 4]]
-  assert t.ndim == 2 and t.numel() == 4 and t.device == "NUMPY" and t.T.tolist() == [[1, 3], [2, 4]]
+  assert t.ndim == 2 and t.numel() == 4 and t.device == default_device() and t.T.tolist() == [[1, 3], [2, 4]]
 
 
 def test_to_contiguous_detach_schedule_counters():
   t = Tensor([1, 2])
-  assert t.to("NUMPY") is t and t.to("numpy") is t
+  d = default_device()
+  assert t.to(d) is t and t.to(d.lower()) is t
+  other = next(x for x in DEVICES if x != d)
+  moved = (t * 2).to(other)
+  assert moved.device == other and moved.tolist() == [2, 4] and moved.to(d).tolist() == [2, 4]
   c = (t + 1).contiguous()
   assert c.uop.op is Ops.CONTIGUOUS and c.tolist() == [2, 3]
   assert t.detach().uop.op is Ops.DETACH and t.detach().tolist() == [1, 2]
