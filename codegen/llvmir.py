@@ -282,9 +282,15 @@ class LLVMRenderer:
     if d.kind == "f": return b.uitofp(v, to) if sd.kind == "u" else b.sitofp(v, to)
     if sd.kind == "f":
       # engine/alu.py: non-finite -> 0, else truncate toward zero and wrap to the width
-      absv = self._intrinsic("llvm.fabs", [v])
-      ok = b.fcmp_ordered("<", absv, ir.Constant(v.type, 9.2e18))
-      wide = b.fptosi(b.select(ok, v, ir.Constant(v.type, 0.0)), _I64)
+      ty = v.type
+      finite = b.fcmp_ordered("<", self._intrinsic("llvm.fabs", [v]), ir.Constant(ty, math.inf))
+      if sd is not dtypes.float16:
+        # an integer-valued float past int64 wraps: reduce it modulo 2**64 (exact) into [-2**63, 2**63)
+        w = b.frem(v, ir.Constant(ty, 2.0 ** 64))
+        w = b.select(b.fcmp_ordered(">=", w, ir.Constant(ty, 2.0 ** 63)), b.fsub(w, ir.Constant(ty, 2.0 ** 64)),
+                     b.select(b.fcmp_ordered("<", w, ir.Constant(ty, -2.0 ** 63)), b.fadd(w, ir.Constant(ty, 2.0 ** 64)), w))
+        v = b.select(b.fcmp_ordered("<", self._intrinsic("llvm.fabs", [v]), ir.Constant(ty, 2.0 ** 63)), v, w)
+      wide = b.fptosi(b.select(finite, v, ir.Constant(ty, 0.0)), _I64)
       return b.trunc(wide, to) if to.width < 64 else wide
     # int -> int
     if to.width < v.type.width: return b.trunc(v, to)

@@ -75,6 +75,7 @@ def main(argv: list[str] | None = None) -> int:
   k.set_defaults(fn=_cmd_compile)
   d = sub.add_parser("demo", help="run the demo workload")
   d.add_argument("--count", type=int, default=2000, help="number of random index expressions")
+  d.add_argument("--device", default=None, help="device to run on (default: RULEC_DEVICE or CPU)")
   d.set_defaults(fn=_cmd_demo)
   try:
     args = ap.parse_args(argv)

@@ -1,0 +1,139 @@
+"""The CPU (LLVM) device against the NUMPY reference device and numpy: dtype
+edge cases, every cast pair, division by zero, overflow, NaN and inf."""
+import itertools
+import operator
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from engine.dtypes import dtypes
+from engine.tensor import Tensor
+from runtime import cpu_device
+
+DTS = [dtypes.bool, dtypes.uint8, dtypes.int8, dtypes.int32, dtypes.int64, dtypes.float16, dtypes.float32, dtypes.float64]
+NP = {d: np.dtype(d.np_name) for d in DTS}
+
+
+def on(device, data, dtype, fn):
+  return fn(Tensor(data, dtype=dtype, device=device)).numpy()
+
+
+def both(data, dtype, fn):
+  cpu, ref = on("CPU", data, dtype, fn), on("NUMPY", data, dtype, fn)
+  np.testing.assert_array_equal(cpu, ref)   # bit-for-bit the reference semantics (NaN == NaN here)
+  return cpu
+
+
+def sample(d, n=64, seed=0):
+  rng = np.random.default_rng(seed)
+  if d.kind == "b": return rng.integers(0, 2, n).astype(bool)
+  if d.kind == "f":
+    v = rng.standard_normal(n) * 100
+    v[:6] = [np.nan, np.inf, -np.inf, 0.0, -0.0, 1e30 if d is not dtypes.float16 else 6e4]
+    return v.astype(NP[d])
+  info = np.iinfo(NP[d])
+  v = rng.integers(info.min, info.max, n, dtype=NP[d], endpoint=True)
+  v[:4] = [info.min, info.max, 0, 1 if d.kind == "i" or d.kind == "u" else 0]
+  return v
+
+
+@pytest.mark.parametrize("src, dst", list(itertools.product(DTS, DTS)), ids=lambda d: d.name)
+def test_every_cast_matches_the_reference(src, dst):
+  x = sample(src)
+  got = both(x, src, lambda t: t.cast(dst))
+  # where numpy defines the result (finite, in range), it agrees too
+  if src.kind == "f" and dst.kind in "iu":
+    info = np.iinfo(NP[dst])
+    ok = np.isfinite(x) & (x >= info.min) & (x <= info.max)
+    np.testing.assert_array_equal(got[ok], x[ok].astype(NP[dst]))
+  elif not (src.kind == "f" and dst.kind == "f" and src.itemsize > dst.itemsize):
+    with np.errstate(all="ignore"): np.testing.assert_array_equal(got, x.astype(NP[dst]))
+
+
+@pytest.mark.parametrize("d", [dtypes.int8, dtypes.uint8, dtypes.int32, dtypes.int64], ids=lambda d: d.name)
+def test_integer_arithmetic_wraps_and_divides_like_numpy(d):
+  a, b = sample(d, seed=1), sample(d, seed=2)
+  with np.errstate(all="ignore"):
+    for op in (operator.add, operator.sub, operator.mul):
+      got = both(a, d, lambda t: op(t, Tensor(b, dtype=d, device=t.device)))
+      np.testing.assert_array_equal(got, op(a, b))
+    for op in (operator.floordiv, operator.mod):
+      got = both(a, d, lambda t: op(t, Tensor(b, dtype=d, device=t.device)))
+      nz = b != 0
+      np.testing.assert_array_equal(got[nz], op(a, b)[nz])
+      assert (got[~nz] == 0).all()
+
+
+def test_int_min_divided_by_minus_one_wraps():
+  a = np.array([np.iinfo(np.int32).min, 7, -7], np.int32)
+  b = np.array([-1, -1, -1], np.int32)
+  got = both(a, dtypes.int32, lambda t: t // Tensor(b, device=t.device))
+  np.testing.assert_array_equal(got, [np.iinfo(np.int32).min, -7, 7])
+
+
+@pytest.mark.parametrize("d", [dtypes.float16, dtypes.float32, dtypes.float64], ids=lambda d: d.name)
+def test_nan_and_inf_propagate(d):
+  a = sample(d, seed=3)
+  b = sample(d, seed=4)
+  with np.errstate(all="ignore"):
+    for op in (operator.add, operator.mul, operator.truediv):
+      ref = op(a, b)
+      got = both(a, d, lambda t: op(t, Tensor(b, dtype=d, device=t.device)))
+      np.testing.assert_array_equal(np.isnan(got), np.isnan(ref))
+      fin = np.isfinite(ref)
+      np.testing.assert_allclose(got[fin], ref[fin], rtol=1e-3 if d is dtypes.float16 else 1e-6)
+    got = both(a, d, lambda t: t.maximum(Tensor(b, dtype=d, device=t.device)))
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(np.maximum(a, b)))
+    assert np.isnan(both(a, d, lambda t: t.sum()).item()) and np.isnan(both(a, d, lambda t: t.max()).item())
+
+
+def test_bool_ops():
+  a, b = sample(dtypes.bool, seed=5), sample(dtypes.bool, seed=6)
+  for op in (operator.and_, operator.or_, operator.xor):
+    np.testing.assert_array_equal(both(a, dtypes.bool, lambda t: op(t, Tensor(b, device=t.device))), op(a, b))
+  np.testing.assert_array_equal(both(a, dtypes.bool, lambda t: t + Tensor(b, device=t.device)), a + b)
+  np.testing.assert_array_equal(both(a, dtypes.bool, lambda t: (t.reshape(8, 8) @ Tensor(b, device=t.device).reshape(8, 8))),
+                                a.reshape(8, 8) @ b.reshape(8, 8))
+
+
+def test_shifts_and_integer_powers():
+  a = np.array([1, -3, 7, 1 << 20, -1, 2], np.int32)
+  n = np.array([0, 1, 31, 40, -2, 3], np.int32)
+  both(a, dtypes.int32, lambda t: t << Tensor(n, device=t.device))
+  both(a, dtypes.int32, lambda t: t >> Tensor(n, device=t.device))
+  got = both(a, dtypes.int32, lambda t: t ** Tensor(np.array([0, 3, 2, 2, -3, 10], np.int32), device=t.device))
+  assert got.tolist()[:2] == [1, -27] and got[4] == -1 and got[5] == 1024
+
+
+@settings(max_examples=60)
+@given(st.integers(1, 70), st.integers(1, 70), st.sampled_from([1, 2]))
+def test_reductions_and_threads_agree_with_numpy(rows, cols, nthreads):
+  x = np.random.default_rng(rows * 100 + cols).standard_normal((rows, cols)).astype(np.float32)
+  import os
+  old = os.environ.get("RULEC_THREADS")
+  os.environ["RULEC_THREADS"] = str(nthreads)
+  try:
+    for fn, ref in ((lambda t: t.sum(1), x.sum(1)), (lambda t: t.max(0), x.max(0)),
+                    (lambda t: t.softmax(-1), np.exp(x - x.max(-1, keepdims=True)) / np.exp(x - x.max(-1, keepdims=True)).sum(-1, keepdims=True))):
+      np.testing.assert_allclose(on("CPU", x, dtypes.float32, fn), ref, rtol=2e-5, atol=1e-5)
+  finally:
+    if old is None: os.environ.pop("RULEC_THREADS")
+    else: os.environ["RULEC_THREADS"] = old
+
+
+def test_a_kernel_is_compiled_once():
+  x = np.ones((3, 5), np.float32)
+  Tensor(x, device="CPU").exp().sum(0).numpy()
+  before = cpu_device.COUNTERS["compiled"]
+  Tensor(x * 2, device="CPU").exp().sum(0).numpy()
+  assert cpu_device.COUNTERS["compiled"] == before
+
+
+def test_big_kernels_split_across_threads_and_agree(monkeypatch):
+  monkeypatch.setattr(cpu_device, "MIN_SPLIT_WORK", 1)
+  monkeypatch.setenv("RULEC_THREADS", "2")
+  x = np.random.default_rng(7).standard_normal((257, 33)).astype(np.float32)
+  got = on("CPU", x, dtypes.float32, lambda t: (t * 2 + 1).relu().sum(1))
+  np.testing.assert_allclose(got, np.maximum(x * 2 + 1, 0).sum(1), rtol=1e-5, atol=1e-5)
