@@ -80,12 +80,7 @@ def view_indices(target: UOp) -> tuple[UOp, np.ndarray]:
 
 
 def _toposort(roots: Sequence[UOp]) -> list[UOp]:
-  seen: set[int] = set()
-  out: list[UOp] = []
-  for r in roots:
-    for u in r.toposort():
-      if id(u) not in seen: seen.add(id(u)); out.append(u)
-  return out
+  return UOp.sink(*roots).toposort()[:-1]
 
 
 def realize(uops: Sequence[UOp]) -> list[UOp]:

@@ -62,21 +62,8 @@ _IDENTITY_OPS = (Ops.COPY, Ops.DETACH, Ops.CONTIGUOUS_BACKWARD, Ops.FUSE, Ops.NO
 
 
 def _toposort(roots: Sequence[UOp]) -> list[UOp]:
-  """All nodes reachable from roots, sources before users (iterative)."""
-  seen: set[int] = set()
-  out: list[UOp] = []
-  for root in roots:
-    if id(root) in seen: continue
-    stack: list[tuple[UOp, bool]] = [(root, False)]
-    while stack:
-      u, done = stack.pop()
-      if done: out.append(u); continue
-      if id(u) in seen: continue
-      seen.add(id(u))
-      stack.append((u, True))
-      for s in reversed(u.src):
-        if id(s) not in seen: stack.append((s, False))
-  return out
+  """All nodes reachable from roots, sources before users."""
+  return UOp.sink(*roots).toposort()[:-1]
 
 
 def evaluate(uops: Sequence[UOp]) -> list[np.ndarray]:
