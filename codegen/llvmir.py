@@ -308,6 +308,8 @@ class LLVMRenderer:
     cur = self.b.load(acc)
     if d.kind == "f" and op is Ops.ADD: new = self.b.fadd(cur, v, flags=("reassoc", "contract"))
     elif d.kind == "f" and op is Ops.MUL: new = self.b.fmul(cur, v, flags=("reassoc",))
+    # maxnum skips a NaN operand, as a MAX reduce does (engine/alu.py), and unlike select it vectorises
+    elif d.kind == "f" and op is Ops.MAX: new = self._intrinsic("llvm.maxnum", [cur, v])
     else: new = self.alu(op, d, d, [cur, v])
     self.b.store(new, acc)
     for lp in reversed(loops): self.close_loop(lp)

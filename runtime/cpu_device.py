@@ -80,8 +80,14 @@ def _lowered(kernel: Kernel) -> Kernel:
   return Kernel(ast, kernel.bufs)
 
 
+_by_ast: dict = {}   # kernel AST -> (program, split range): ASTs are hash-consed, so equal kernels share one entry
+
+
 def compile_kernel(kernel: Kernel) -> tuple[Program, object]:
-  """The compiled program for a kernel (cached by its IR) and the range it splits across threads."""
+  """The compiled program for a kernel (cached by its AST, then by its IR) and the range it splits across threads."""
+  hit = _by_ast.get(kernel.ast)
+  if hit is not None: return hit
+  validate(kernel)
   from codegen.llvmir import render
   low = _lowered(kernel)
   text, split = render(low, "kernel")
@@ -91,12 +97,12 @@ def compile_kernel(kernel: Kernel) -> tuple[Program, object]:
       name = f"k{next(_names)}"
       prog = _programs[text] = Program(text.replace('@"kernel"', f'@"{name}"').replace("@kernel(", f"@{name}("), name,
                                        len(kernel.bufs))
+    _by_ast[kernel.ast] = (prog, split)
   return prog, split
 
 
 def run_kernel(kernel: Kernel) -> None:
-  validate(kernel)
-  prog, split = compile_kernel(kernel)
+  prog, split = compile_kernel(kernel)   # validates the kernel the first time its AST is seen
   ptrs = [buffer_of(b).numpy_view().ctypes.data for b in kernel.bufs]
   n = split.src[0].arg if split is not None else 1
   work = 1

@@ -14,13 +14,18 @@ def _cpu_run(kernel) -> None:
   cpu_device.run_kernel(kernel)
 
 
+def _cl_run(kernel) -> None:
+  from runtime import cl_device
+  cl_device.run_kernel(kernel)
+
+
 def _numpy_run(kernel) -> None:
   from runtime import numpy_device
   numpy_device.run_kernel(kernel)
 
 
 # every device here keeps its buffers in host memory, so a kernel may read buffers of any of them
-RUNNERS: dict[str, Callable] = {"CPU": _cpu_run, "NUMPY": _numpy_run}
+RUNNERS: dict[str, Callable] = {"CPU": _cpu_run, "NUMPY": _numpy_run, "CL": _cl_run}
 DEVICES: tuple[str, ...] = tuple(RUNNERS)
 
 

@@ -212,7 +212,8 @@ def test_python_scalars_are_weak(shape, dt, op, scalar, reflected, seed):
       want, got = apply_binary(op, ref, scalar), apply_binary(op, t, scalar)
     elif reflected: want, got = apply_binary(op, scalar, ref), apply_binary(op, scalar, t)
     else: want, got = apply_binary(op, ref, scalar), apply_binary(op, t, scalar)
-  assert_same(run(got), want, dtype=want.dtype, exact=True)
+  # float ** is a libm call whose last bit may differ between implementations (LLVM may also expand x**3 to x*x*x)
+  assert_same(run(got), want, dtype=want.dtype, exact=not (op == "**" and rdt.is_float))
 
 
 UNARY = {

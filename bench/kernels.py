@@ -1,0 +1,387 @@
+"""Kernel run time: rulec on its CPU device against numpy and tinygrad 0.14 (CPU), same workloads, same run.
+
+Run:  python bench/kernels.py [--device CPU] [--only NAME ...]
+Needs `pip install '.[bench]'` (tinygrad==0.14.0) and Debian's `clang` (tinygrad's
+CPU device compiles its kernels with it). The whole run takes 2-3 minutes on a
+2-core machine, most of it rulec's conv2d: one run of it takes about a minute
+today (naive loop nest, integer division in the inner loop), so it gets a
+compile-only warm-up and a single timed repetition (the `reps` column says so).
+
+What is timed (all times are medians over the repetitions, in milliseconds):
+
+- rulec: the program is built from Tensors made from numpy arrays and run once
+  (warm-up: compiles every kernel and fills the program cache; for workloads
+  marked slow the warm-up only compiles, `cpu_device.compile_kernel`). Each
+  timed repetition makes fresh inputs (new numpy arrays -> new Tensors), builds
+  the program again, gets its kernels with `engine.schedule.schedule(...,
+  "CPU")` outside the timer, allocates and touches every buffer the kernels use
+  (so page faults of fresh output buffers are not counted), then times
+  `for k in kernels: cpu_device.run_kernel(k)`. That includes run_kernel's own
+  Python work per kernel (validate, decomposition rules, IR rendering, program
+  cache lookup, thread dispatch) but no compilation: the script checks that
+  `cpu_device.COUNTERS["compiled"]` does not grow while timing. A second,
+  small table gives rulec's time when the fresh output buffers are allocated
+  and first touched inside the timer (what a plain `realize()` pays).
+- numpy: the natural expression (np.maximum(a*b+c, 0), a.sum(), softmax with
+  max subtraction, layernorm, a @ b (OpenBLAS, multi-threaded), conv2d as
+  np.pad + sliding_window_view + tensordot to a contiguous NCHW array), on
+  fresh input arrays; its own allocations are included.
+- tinygrad: DEV=CPU (its threaded CPU device), the program wrapped in TinyJit;
+  two warm-up calls (compile, then JIT capture); each timed call gets fresh
+  realized input Tensors (made from new numpy arrays; TinyJit swaps them in as
+  the JIT's inputs, the output buffer is the JIT's own, reused), and is timed
+  up to `Device["CPU"].synchronize()`.
+
+Fresh inputs are copies of one of two pre-generated input sets, alternating, so
+a framework that kept using stale inputs would fail the check. Every result is
+compared with numpy's (np.allclose, float32 tolerances; reductions may
+reassociate, so sums get a tolerance relative to sum(|x|)).
+
+Columns of the table:
+  rulec ms / numpy ms / tinygrad ms   median run time
+  rulec GB/s or GFLOP/s   memory-bound workloads: (bytes of inputs read + bytes
+                          of outputs written) / rulec time; matmul and conv2d:
+                          2*M*N*K flops / rulec time
+  frac copy BW            that GB/s over the machine's copy bandwidth: np.copyto
+                          of a 256 MiB float32 array split across one thread per
+                          core, counted as STREAM does (bytes read + written),
+                          measured at the start and at the end of the run; the
+                          higher of the two is used (the machine may be shared)
+  vs numpy, vs tinygrad   numpy time / rulec time and tinygrad time / rulec time
+                          (> 1: rulec is faster)
+  reps                    timed repetitions for rulec / numpy / tinygrad
+The last line is
+  elementwise_bw_fraction=<frac copy BW of relu(a*b+c) at 16M>
+  matmul_vs_numpy=<rulec GFLOP/s / numpy GFLOP/s for the 1024^3 matmul>
+  geomean_vs_tinygrad=<geometric mean over all workloads of tinygrad time / rulec time>
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from importlib import metadata
+from pathlib import Path
+from typing import Callable
+
+DEVICES = ("CPU",)   # an OpenCL device comes later
+
+
+def parse_args(argv=None):
+  p = argparse.ArgumentParser(description="rulec kernel run time against numpy and tinygrad (see the module docstring)")
+  p.add_argument("--device", default="CPU", help="rulec device to benchmark (only CPU today)")
+  p.add_argument("--only", nargs="*", default=None, metavar="NAME",
+                 help="run only workloads whose name contains one of these strings (the summary line then covers those)")
+  args = p.parse_args(argv)
+  args.device = args.device.upper()
+  if args.device not in DEVICES:
+    p.error(f"--device {args.device}: rulec can only be benchmarked on {', '.join(DEVICES)} for now "
+            f"(an OpenCL device is planned but not there yet)")
+  return args
+
+
+ARGS = parse_args()
+os.environ["DEV"] = "CPU"   # tinygrad's device: always its CPU device, whatever the environment says
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import numpy as np  # noqa: E402
+from numpy.lib.stride_tricks import sliding_window_view  # noqa: E402
+from tinygrad import Device as TGDevice, Tensor as TT, TinyJit  # noqa: E402
+
+from engine.schedule import schedule as rulec_schedule  # noqa: E402
+from engine.tensor import Tensor as RT  # noqa: E402
+from runtime import cpu_device  # noqa: E402
+from runtime.buffer import buffer_of  # noqa: E402
+
+RULEC_DEVICE = ARGS.device
+M1, M16 = 1 << 20, 1 << 24
+
+
+# *** the workloads ***
+
+def np_softmax(x):
+  e = np.exp(x - x.max(axis=-1, keepdims=True))
+  return e / e.sum(axis=-1, keepdims=True)
+
+
+def np_layernorm(x, eps=1e-5):
+  d = x - x.mean(axis=-1, keepdims=True)
+  return d / np.sqrt((d * d).mean(axis=-1, keepdims=True) + eps)
+
+
+def np_conv2d(x, w):
+  xp = np.pad(x, ((0, 0), (0, 0), (1, 1), (1, 1)))
+  win = sliding_window_view(xp, w.shape[2:], axis=(2, 3))              # (N, C, H, W, kh, kw), a view
+  return np.ascontiguousarray(np.tensordot(win, w, axes=([1, 4, 5], [1, 2, 3])).transpose(0, 3, 1, 2))
+
+
+def tg_layernorm(x, eps=1e-5):
+  d = x - x.mean(axis=-1, keepdim=True)
+  return d * (d.square().mean(axis=-1, keepdim=True) + eps).rsqrt()
+
+
+@dataclass
+class Workload:
+  name: str
+  shapes: list[tuple[int, ...]]
+  rulec: Callable          # Tensors -> Tensor (rulec)
+  numpy: Callable          # arrays -> array
+  tinygrad: Callable       # Tensors -> Tensor (tinygrad)
+  nbytes: int = 0          # memory-bound: bytes read + written
+  flops: int = 0           # compute-bound: 2*M*N*K
+  reps: tuple[int, int, int] = (7, 7, 7)   # rulec, numpy, tinygrad
+  rtol: float = 1e-5
+  atol: float = 1e-6
+  sum_tol: float = 0.0     # reductions: |out - ref| <= sum_tol * sum(|x|)
+  slow: bool = False       # rulec warm-up only compiles (one run is very long)
+  results: dict = field(default_factory=dict)
+
+
+def ew(a, b, c): return (a * b + c).relu()
+
+
+CONV = dict(N=32, C=32, O=64, H=56, W=56, k=3)
+_cf = 2 * CONV["N"] * CONV["O"] * CONV["H"] * CONV["W"] * CONV["C"] * CONV["k"] ** 2
+
+WORKLOADS = [
+  Workload("relu(a*b+c) 1M", [(M1,)] * 3, ew, lambda a, b, c: np.maximum(a * b + c, 0), ew, nbytes=16 * M1, reps=(15, 15, 15)),
+  Workload("relu(a*b+c) 16M", [(M16,)] * 3, ew, lambda a, b, c: np.maximum(a * b + c, 0), ew, nbytes=16 * M16, reps=(7, 7, 7)),
+  Workload("sum 1M", [(M1,)], lambda a: a.sum(), lambda a: a.sum(), lambda a: a.sum(), nbytes=4 * M1 + 4,
+           reps=(15, 15, 15), sum_tol=1e-6),
+  Workload("sum 16M", [(M16,)], lambda a: a.sum(), lambda a: a.sum(), lambda a: a.sum(), nbytes=4 * M16 + 4,
+           reps=(7, 7, 7), sum_tol=1e-6),
+  Workload("softmax 4096x1024", [(4096, 1024)], lambda x: x.softmax(-1), np_softmax, lambda x: x.softmax(-1),
+           nbytes=2 * 4 * 4096 * 1024, rtol=1e-4, atol=1e-7),
+  Workload("layernorm 4096x1024", [(4096, 1024)], lambda x: x.layernorm(), np_layernorm, tg_layernorm,
+           nbytes=2 * 4 * 4096 * 1024, rtol=1e-3, atol=1e-4),
+  Workload("matmul 1024^3", [(1024, 1024)] * 2, lambda a, b: a @ b, lambda a, b: a @ b, lambda a, b: a @ b,
+           flops=2 * 1024 ** 3, reps=(3, 7, 5), rtol=1e-3, atol=1e-3),
+  Workload("conv2d 32x32x56x56 k3 ->64", [(CONV["N"], CONV["C"], CONV["H"], CONV["W"]), (CONV["O"], CONV["C"], 3, 3)],
+           lambda x, w: x.conv2d(w, padding=1), np_conv2d, lambda x, w: x.conv2d(w, padding=1),
+           flops=_cf, reps=(1, 3, 3), rtol=1e-3, atol=1e-3, slow=True),
+]
+
+
+# *** helpers ***
+
+class Inputs:
+  """Two pre-generated input sets; fresh(i) gives new arrays holding set i % 2, and numpy's result on it."""
+  def __init__(self, w: Workload, seed: int):
+    rng = np.random.default_rng(seed)
+    self.sets = [[rng.standard_normal(s, dtype=np.float32) for s in w.shapes] for _ in range(2)]
+    self.refs = [w.numpy(*s) for s in self.sets]
+    self.abs_sums = [sum(float(np.abs(a).sum(dtype=np.float64)) for a in s) for s in self.sets]
+
+  def fresh(self, i: int) -> list[np.ndarray]: return [a.copy() for a in self.sets[i % 2]]
+
+
+def check(w: Workload, inp: Inputs, i: int, got: np.ndarray, who: str, failures: list[str]):
+  ref = inp.refs[i % 2]
+  got = np.asarray(got).reshape(np.shape(ref))
+  if w.sum_tol:
+    err, tol = float(np.max(np.abs(got.astype(np.float64) - ref))), w.sum_tol * inp.abs_sums[i % 2]
+    ok = err <= tol
+    detail = f"|err| {err:.3g} > {tol:.3g}"
+  else:
+    ok = bool(np.allclose(got, ref, rtol=w.rtol, atol=w.atol))
+    detail = f"max |err| {float(np.max(np.abs(got - ref))):.3g} (rtol {w.rtol}, atol {w.atol})"
+  if not ok:
+    failures.append(f"{w.name}: {who} differs from numpy: {detail}")
+  return ok
+
+
+def touch_buffers(kernels) -> None:
+  """Allocate every buffer the kernels use and write it once, so fresh outputs do not page-fault in the timer."""
+  for k in kernels:
+    for b in k.bufs:
+      buf = buffer_of(b)
+      if not buf.allocated: buf.numpy_view().fill(0)
+
+
+def rulec_output(out: RT, views) -> np.ndarray:
+  out.uop = views[0]      # the realized view, as Tensor.realize would set it
+  return out.numpy()
+
+
+def time_rulec(w: Workload, inp: Inputs, failures: list[str], prefault: bool = True) -> list[float]:
+  # warm-up: compile (and, unless slow, run once, checked)
+  ts = [RT(a, device=RULEC_DEVICE) for a in inp.fresh(1)]
+  out = w.rulec(*ts)
+  kernels, views = rulec_schedule([out.uop], RULEC_DEVICE)
+  if w.slow:
+    for k in kernels: cpu_device.compile_kernel(k)
+  else:
+    for k in kernels: cpu_device.run_kernel(k)
+    check(w, inp, 1, rulec_output(out, views), "rulec (warm-up)", failures)
+  times = []
+  for i in range(w.reps[0]):
+    ts = [RT(a, device=RULEC_DEVICE) for a in inp.fresh(i)]
+    out = w.rulec(*ts)
+    kernels, views = rulec_schedule([out.uop], RULEC_DEVICE)
+    if prefault: touch_buffers(kernels)
+    compiled = cpu_device.COUNTERS["compiled"]
+    t0 = time.perf_counter()
+    for k in kernels: cpu_device.run_kernel(k)
+    times.append(time.perf_counter() - t0)
+    if cpu_device.COUNTERS["compiled"] != compiled:
+      failures.append(f"{w.name}: rulec compiled {cpu_device.COUNTERS['compiled'] - compiled} kernel(s) while timing")
+    check(w, inp, i, rulec_output(out, views), "rulec", failures)
+  w.results["rulec kernels"] = len(kernels)
+  return times
+
+
+def time_numpy(w: Workload, inp: Inputs, failures: list[str]) -> list[float]:
+  w.numpy(*inp.fresh(1))
+  times = []
+  for i in range(w.reps[1]):
+    arrs = inp.fresh(i)
+    t0 = time.perf_counter()
+    r = w.numpy(*arrs)
+    times.append(time.perf_counter() - t0)
+    check(w, inp, i, r, "numpy", failures)
+  return times
+
+
+def time_tinygrad(w: Workload, inp: Inputs, failures: list[str]) -> list[float]:
+  dev = TGDevice[TGDevice.DEFAULT]
+  jit = TinyJit(lambda *xs: w.tinygrad(*xs).realize())
+  times = []
+  for i in range(-2, w.reps[2]):    # two warm-up calls: compile, then JIT capture
+    ts = [TT(a).realize() for a in inp.fresh(i)]
+    dev.synchronize()
+    t0 = time.perf_counter()
+    out = jit(*ts)
+    dev.synchronize()
+    dt = time.perf_counter() - t0
+    if i >= 0: times.append(dt)
+    check(w, inp, i, out.numpy(), "tinygrad" if i >= 0 else "tinygrad (warm-up)", failures)
+  return times
+
+
+def copy_bandwidth(nbytes: int = 256 << 20, reps: int = 7) -> float:
+  """GB/s of np.copyto split across one thread per core, STREAM counting (read + write)."""
+  n = nbytes // 4
+  src = np.full(n, 1.5, dtype=np.float32)
+  dst = np.empty_like(src)
+  nt = os.cpu_count() or 1
+  bounds = [(n * i // nt, n * (i + 1) // nt) for i in range(nt)]
+  def part(lo_hi):
+    lo, hi = lo_hi
+    np.copyto(dst[lo:hi], src[lo:hi])
+  times = []
+  with ThreadPoolExecutor(max_workers=nt) as pool:
+    for i in range(reps + 1):        # the first copy faults dst's pages in
+      t0 = time.perf_counter()
+      list(pool.map(part, bounds))
+      if i: times.append(time.perf_counter() - t0)
+  assert dst[-1] == 1.5 and dst[0] == 1.5
+  return 2 * nbytes / statistics.median(times) / 1e9
+
+
+def machine_info() -> list[str]:
+  model = "unknown"
+  try:
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+      if line.startswith("model name"):
+        model = line.split(":", 1)[1].strip()
+        break
+  except OSError: pass
+  try: clang = subprocess.run(["clang", "--version"], capture_output=True, text=True).stdout.splitlines()[0]
+  except (OSError, IndexError): clang = "not found"
+  try: blas = np.show_config(mode="dicts")["Build Dependencies"]["blas"]
+  except Exception: blas = {}
+  def ver(p):
+    try: return metadata.version(p)
+    except metadata.PackageNotFoundError: return "not installed"
+  import llvmlite.binding as llvm
+  return [
+    f"machine: {model}, {os.cpu_count()} cores ({platform.machine()}, {platform.system()} {platform.release()})",
+    f"python {platform.python_version()}; numpy {np.__version__} (BLAS: {blas.get('name', '?')} {blas.get('version', '')}); "
+    f"llvmlite {ver('llvmlite')} (LLVM {'.'.join(map(str, llvm.llvm_version_info))}); tinygrad {ver('tinygrad')} "
+    f"(device {TGDevice.DEFAULT}); rulec {ver('rulec')}; {clang}",
+    f"rulec device {RULEC_DEVICE}, {cpu_device.threads()} threads (RULEC_THREADS)",
+  ]
+
+
+def fmt(x: float | None, nd: int = 2) -> str:
+  if x is None or (isinstance(x, float) and math.isnan(x)): return "-"
+  if x >= 100: return f"{x:.0f}"
+  if x >= 10: return f"{x:.1f}"
+  if x < 0.1: return f"{x:.2g}"
+  return f"{x:.{nd}f}"
+
+
+def main():
+  t_start = time.perf_counter()
+  for line in machine_info(): print(line)
+  if TGDevice.DEFAULT != "CPU": sys.exit(f"tinygrad picked device {TGDevice.DEFAULT}, not CPU")
+  bw_start = copy_bandwidth()
+  print(f"copy bandwidth at start: {bw_start:.1f} GB/s (np.copyto, 256 MiB float32, {os.cpu_count()} threads, read + write)")
+  sys.stdout.flush()
+
+  workloads = [w for w in WORKLOADS if not ARGS.only or any(s.lower() in w.name.lower() for s in ARGS.only)]
+  failures: list[str] = []
+  rows = []
+  for seed, w in enumerate(workloads):
+    t0 = time.perf_counter()
+    inp = Inputs(w, seed)
+    r = statistics.median(time_rulec(w, inp, failures))
+    n = statistics.median(time_numpy(w, inp, failures))
+    t = statistics.median(time_tinygrad(w, inp, failures))
+    alloc = statistics.median(time_rulec(w, inp, failures, prefault=False)) if w.nbytes else None
+    rows.append((w, r, n, t, alloc))
+    print(f"  done {w.name}: rulec {r * 1e3:.2f} ms ({w.results['rulec kernels']} kernels), numpy {n * 1e3:.2f} ms, "
+          f"tinygrad {t * 1e3:.2f} ms  [{time.perf_counter() - t0:.0f} s]")
+    sys.stdout.flush()
+    del inp
+
+  bw_end = copy_bandwidth()
+  bw = max(bw_start, bw_end)   # the machine's best: a noisy neighbour during one measurement must not flatter rulec
+  print(f"copy bandwidth at end: {bw_end:.1f} GB/s; fractions below use {bw:.1f} GB/s (the higher)")
+  rows = [(w, r, n, t, (w.nbytes or w.flops) / r / 1e9, (w.nbytes / r / 1e9 / bw) if w.nbytes else None, alloc)
+          for w, r, n, t, alloc in rows]
+  head = ["workload", "rulec ms", "numpy ms", "tinygrad ms", "rulec GB/s|GFLOP/s", "frac copy BW", "vs numpy",
+          "vs tinygrad", "reps r/np/tg"]
+  body = []
+  for w, r, n, t, rate, frac, _ in rows:
+    unit = "GB/s" if w.nbytes else "GFLOP/s"
+    reps = "/".join(map(str, w.reps)) + (" (slow: 1 rep, compile-only warm-up)" if w.slow else "")
+    body.append([w.name, fmt(r * 1e3), fmt(n * 1e3), fmt(t * 1e3), f"{fmt(rate, 1)} {unit}", fmt(frac),
+                 fmt(n / r), fmt(t / r), reps])
+  widths = [max(len(str(x)) for x in col) for col in zip(head, *body)]
+  print()
+  print("  ".join(h.ljust(wd) if i in (0, len(head) - 1) else h.rjust(wd) for i, (h, wd) in enumerate(zip(head, widths))).rstrip())
+  for row in body:
+    print("  ".join(c.ljust(wd) if i == 0 or i == len(row) - 1 else c.rjust(wd)
+                    for i, (c, wd) in enumerate(zip(row, widths))).rstrip())
+  print()
+  print("rulec with fresh output buffers allocated and first touched inside the timer (what realize() pays):")
+  for w, r, n, t, rate, frac, alloc in rows:
+    if alloc is not None:
+      print(f"  {w.name:<22} {alloc * 1e3:8.2f} ms  ({w.nbytes / alloc / 1e9:.1f} GB/s, {w.nbytes / alloc / 1e9 / bw:.2f} of copy BW; "
+            f"kernel-only {r * 1e3:.2f} ms)")
+  print(f"total bench time {time.perf_counter() - t_start:.0f} s")
+  if failures:
+    print("RESULT CHECK FAILURES:")
+    for f in failures: print("  " + f)
+
+  by = {w.name: (r, n, t, frac) for w, r, n, t, rate, frac, _ in rows}
+  ew16 = by.get("relu(a*b+c) 16M")
+  mm = by.get("matmul 1024^3")
+  geo = math.exp(statistics.fmean(math.log(t / r) for _, r, _, t, *_ in rows)) if rows else float("nan")
+  print(f"elementwise_bw_fraction={ew16[3]:.3f}" if ew16 else "elementwise_bw_fraction=nan",
+        f"matmul_vs_numpy={mm[1] / mm[0]:.4f}" if mm else "matmul_vs_numpy=nan",
+        f"geomean_vs_tinygrad={geo:.3f}")
+  sys.stdout.flush()
+  if failures: sys.exit(1)
+
+
+if __name__ == "__main__":
+  main()

@@ -1,0 +1,424 @@
+"""A kernel as OpenCL C source.
+
+The kernel's decompositions (rules/decomp.rules) have run first, so floor
+division and modulo arrive as the truncating CDIV / CMOD and loads that may
+leave their buffer are already clamped. Every op gets the meaning
+engine/alu.py gives it (and the NUMPY reference device computes), the same as
+codegen/llvmir.py: integers wrap (signed arithmetic is done in unsigned C
+types, where C defines the wrap), division by zero and INT_MIN / -1 are
+guarded, shifts past the width or by a negative amount are guarded, float to
+int casts map non-finite values to 0 and wrap modulo 2**64, MAX is
+`b > a ? b : a` (a NaN second operand loses), bools live as uchar in memory.
+
+Shape of the kernel: when the kernel has one store with ranges, its END ranges
+are flattened into a 1-D NDRange (one work-item per element stored, the
+innermost range fastest, so neighbouring work-items touch neighbouring
+memory; each range index is recovered with a constant / and %), and a bound
+check drops the work-items past the end. Each work-item runs every REDUCE of
+its element as a plain accumulator loop (a contiguous chunk per work-item, no
+barriers or local memory: what CPU OpenCL devices run well). A kernel with
+several stores, or a store without ranges, runs as one work-item.
+
+Floats: `#pragma OPENCL FP_CONTRACT OFF` (no a*b+c fusion, as LLVM without
+`contract`); no fast-math options. float16 is stored as `half` and computed in
+`float`, rounded back to half precision after every op with the core
+`vstore_half_rte` / `vload_half` pair: the same bits as per-op half arithmetic
+(float has more than 2*11+2 bits, so the double rounding is innocuous), and it
+works on devices without cl_khr_fp16. float32 exp2 / log2 / sin / pow are
+computed in double and rounded once when the device has cl_khr_fp64 (PoCL's
+float versions are not correctly rounded; this matches libm's, which the CPU
+device calls, almost always). float64 needs cl_khr_fp64; bfloat16 is not
+supported.
+"""
+from __future__ import annotations
+
+import math
+
+import attrs
+import numpy as np
+
+from engine.alu import wrap
+from engine.dtypes import DType, dtypes
+from engine.ops import Ops
+from engine.sched.indexing import identity_element
+from engine.uop import UOp
+from runtime.kernel import Kernel
+
+KERNEL_NAME = "rulec_kernel"
+
+
+@attrs.frozen
+class Target:
+  """What the device can compile: float64 (cl_khr_fp64)."""
+  fp64: bool = True
+
+
+@attrs.frozen
+class Rendered:
+  source: str
+  name: str
+  global_size: int          # work-items to launch (the kernel checks the bound itself)
+  flat_ranges: tuple        # the RANGEs folded into the NDRange, outermost first
+
+
+_INTS = {1: "char", 2: "short", 4: "int", 8: "long"}
+
+
+def ctype(d: DType, target: Target | None = None) -> str:
+  """The C type a value of d is computed in."""
+  if d.kind == "b": return "bool"
+  if d.kind in "ix": return _INTS[d.itemsize]
+  if d.kind == "u": return "u" + _INTS[d.itemsize]
+  if d is dtypes.float16 or d is dtypes.float32: return "float"   # float16: float, rounded to half after every op
+  if d is dtypes.float64:
+    if target is not None and not target.fp64:
+      raise NotImplementedError("the OpenCL device has no cl_khr_fp64: float64 kernels cannot run on it")
+    return "double"
+  raise NotImplementedError(f"the OpenCL backend does not support {d}")
+
+
+def memtype(d: DType, target: Target | None = None) -> str:
+  """The C type of d's elements in a buffer."""
+  if d.kind == "b": return "uchar"
+  if d is dtypes.float16: return "half"
+  return ctype(d, target)
+
+
+def _wide(d: DType) -> str:
+  """The unsigned type integer arithmetic on d wraps in (at least 32 bits: C promotes narrower ones to int)."""
+  return "ulong" if d.itemsize == 8 else "uint"
+
+
+def _flit(v: float, d: DType) -> str:
+  """A float constant, exact: hex literals of the value rounded to d."""
+  c = "double" if d is dtypes.float64 else "float"
+  if math.isnan(v): return f"(({c})NAN)"
+  if math.isinf(v): return f"(({c})INFINITY)" if v > 0 else f"(-({c})INFINITY)"
+  v = float({dtypes.float16: np.float16, dtypes.float32: np.float32}.get(d, np.float64)(v))
+  return f"({v.hex()}{'' if c == 'double' else 'f'})"
+
+
+def _ilit(v: int, d: DType) -> str:
+  v = wrap(v, d)
+  if d.kind == "b": return "((bool)1)" if v else "((bool)0)"
+  t = ctype(d)
+  if d.itemsize == 8 and d.kind != "u" and v == -(1 << 63): return "((long)(-0x7fffffffffffffffL - 1))"
+  return f"(({t}){v}{'UL' if d.kind == 'u' else 'L'})"
+
+
+# helper functions, emitted once per kernel that uses them
+_HELPERS = {
+  # float16: round a float to the nearest half (ties to even), back as a float; the half's bits; bits to value
+  "rh": "float rulec_rh(float x) { ushort h; vstore_half_rte(x, 0, (__private half*)&h); "
+        "return vload_half(0, (__private const half*)&h); }",
+  "rhd": "float rulec_rhd(double x) { ushort h; vstore_half_rte(x, 0, (__private half*)&h); "
+         "return vload_half(0, (__private const half*)&h); }",
+  "hbits": "ushort rulec_hbits(float x) { ushort h; vstore_half_rte(x, 0, (__private half*)&h); return h; }",
+  "hval": "float rulec_hval(ushort h) { return vload_half(0, (__private const half*)&h); }",
+}
+
+
+def _f2i_helper(c: str) -> str:
+  # engine/alu.py: non-finite -> 0; else truncate toward zero, wrapping modulo 2**64 into [-2**63, 2**63) (exact)
+  s = "" if c == "double" else "f"
+  return (f"long rulec_f2i_{c}({c} v) {{\n"
+          f"  {c} a = fabs(v);\n"
+          f"  if (!(a < 0x1p63{s})) {{\n"
+          f"    {c} w = fmod(v, 0x1p64{s});\n"
+          f"    v = w >= 0x1p63{s} ? w - 0x1p64{s} : (w < -0x1p63{s} ? w + 0x1p64{s} : w);\n"
+          f"  }}\n"
+          f"  return (long)(a < INFINITY ? v : 0);\n}}")
+
+
+def _pow_helper(d: DType) -> str:
+  # square and multiply, wrapping; a negative exponent gives 1/a**|e| truncated (engine/alu.py)
+  t, u = ctype(d), _wide(d)
+  lines = [f"{t} rulec_pow_{t}({t} a, {t} e) {{",
+           f"  {u} r = 1, b = ({u})a; {t} x = e;",
+           f"  while (x > 0) {{ if (x & 1) r = r * b; b = b * b; x = ({t})(({u})x >> 1); }}"]
+  if d.kind == "u": lines.append(f"  return ({t})r;")
+  else: lines.append(f"  return e < 0 ? (a == 1 ? ({t})1 : (a == -1 ? ((e & 1) ? ({t})-1 : ({t})1) : ({t})0)) : ({t})r;")
+  return "\n".join(lines + ["}"])
+
+
+class CLRenderer:
+  def __init__(self, kernel: Kernel, target: Target = Target(), name: str = KERNEL_NAME):
+    self.k, self.target, self.name = kernel, target, name
+    self.lines: list[str] = []
+    self.depth = 1
+    self.helpers: dict[str, str] = {}
+    self.scopes: list[dict[UOp, str]] = [{}]
+    self.ranges: dict[UOp, str] = {}
+    self.ptrs: dict[UOp, str] = {}
+    self.count = 0
+    self.uses_fp64 = False
+
+  # *** text ***
+  def line(self, s: str): self.lines.append("  " * self.depth + s)
+
+  def tmp(self, prefix: str = "v") -> str:
+    self.count += 1
+    return f"{prefix}{self.count}"
+
+  def let(self, d: DType, expr: str) -> str:
+    name = self.tmp()
+    self.line(f"{self.ct(d)} {name} = {expr};")
+    return name
+
+  def ct(self, d: DType) -> str:
+    if d is dtypes.float64: self.uses_fp64 = True
+    return ctype(d, self.target)
+
+  def helper(self, key: str, text: str | None = None) -> str:
+    if key not in self.helpers: self.helpers[key] = text if text is not None else _HELPERS[key]
+    return f"rulec_{key}"
+
+  def rh(self, expr: str, d: DType) -> str:
+    """expr (a float) rounded to d: half precision for float16, unchanged otherwise."""
+    return f"{self.helper('rh')}({expr})" if d is dtypes.float16 else expr
+
+  # *** loops ***
+  def open_loop(self, r: UOp):
+    v = f"r{r.arg[0]}"
+    self.line(f"for ({self.ct(r.dtype)} {v} = 0; {v} < {r.src[0].arg}; {v}++) {{")
+    self.depth += 1
+    self.ranges[r] = v
+    self.scopes.append({})
+
+  def close_loop(self, r: UOp):
+    self.depth -= 1
+    self.line("}")
+    self.scopes.pop()
+    del self.ranges[r]
+
+  # *** the kernel ***
+  def render(self) -> Rendered:
+    k = self.k
+    for p in k.params: self.ptrs[p] = f"p{p.arg[0]}"
+    stores = list(k.ast.src)
+    flat: tuple[UOp, ...] = ()
+    if len(stores) == 1 and stores[0].op is Ops.END: flat = tuple(stores[0].src[1:])
+    total = 1
+    for r in flat: total *= r.src[0].arg
+    if flat:
+      self.line("long gid = get_global_id(0);")
+      self.line(f"if (gid >= {total}L) return;")
+      stride = total
+      for i, r in enumerate(flat):
+        n = r.src[0].arg
+        stride //= n
+        e = "gid" if stride == 1 else f"(gid / {stride}L)"
+        if i > 0: e = f"({e} % {n}L)"
+        v = f"r{r.arg[0]}"
+        self.line(f"{self.ct(r.dtype)} {v} = ({self.ct(r.dtype)}){e};")
+        self.ranges[r] = v
+    for st in stores:
+      loops = []
+      if st.op is Ops.END:
+        for r in st.src[1:]:
+          if r not in flat:
+            self.open_loop(r)
+            loops.append(r)
+        st = st.src[0]
+      target, value = st.src
+      p, idx = target.src
+      v = self.value(value)
+      self._store(p, self.value(idx), v, value.dtype)
+      for r in reversed(loops): self.close_loop(r)
+    return Rendered(self._assemble(), self.name, total if flat else 1, flat)
+
+  def _assemble(self) -> str:
+    outs = set(self.k.outputs)
+    distinct = len({id(b) for b in self.k.bufs}) == len(self.k.bufs)
+    args = []
+    for i, b in enumerate(self.k.bufs):
+      if b.dtype is dtypes.float64: self.uses_fp64 = True
+      args.append(f"__global {'' if i in outs else 'const '}{memtype(b.dtype, self.target)}* {'restrict ' if distinct else ''}p{i}")
+    head = ["// generated by rulec (codegen/opencl.py)", "#pragma OPENCL FP_CONTRACT OFF"]
+    if self.uses_fp64 or any("double" in h for h in self.helpers.values()):
+      head.append("#pragma OPENCL EXTENSION cl_khr_fp64 : enable")
+    body = list(self.helpers.values())
+    sig = f"__kernel void {self.name}({', '.join(args) if args else 'void'}) {{"
+    return "\n".join(head + body + [sig] + self.lines + ["}", ""])
+
+  def _store(self, p: UOp, idx: str, v: str, d: DType):
+    ptr = self.ptrs[p]
+    if d.kind == "b": self.line(f"{ptr}[{idx}] = (uchar){v};")
+    elif d is dtypes.float16: self.line(f"vstore_half_rte({v}, {idx}, {ptr});")
+    else: self.line(f"{ptr}[{idx}] = {v};")
+
+  def lookup(self, u: UOp) -> str | None:
+    for sc in reversed(self.scopes):
+      if u in sc: return sc[u]
+    return None
+
+  def value(self, u: UOp) -> str:
+    got = self.lookup(u)
+    if got is not None: return got
+    # sources before users, without recursion; a REDUCE opens its own loops, so it is emitted on its own
+    stack = [(u, False)]
+    while stack:
+      x, ready = stack.pop()
+      if self.lookup(x) is not None: continue
+      if x.op is Ops.REDUCE or not x.src or x.op is Ops.RANGE or ready:
+        self.scopes[-1][x] = self.emit(x)
+        continue
+      stack.append((x, True))
+      for s in (x.src[1:] if x.op is Ops.INDEX else x.src):   # a PARAM is a pointer, not a value
+        if self.lookup(s) is None: stack.append((s, False))
+    return self.lookup(u)
+
+  # *** one node ***
+  def emit(self, u: UOp) -> str:
+    op, d = u.op, u.dtype
+    if op is Ops.CONST: return self.const(u.arg, d)
+    if op is Ops.RANGE:
+      if u not in self.ranges: raise ValueError(f"range r{u.arg[0]} used outside its loop")
+      return self.ranges[u]
+    if op is Ops.INDEX:
+      p, idx = u.src
+      i = self.value(idx)
+      if d.kind == "b": return self.let(d, f"(bool)({self.ptrs[p]}[{i}] & 1)")
+      if d is dtypes.float16: return self.let(d, f"vload_half({i}, {self.ptrs[p]})")
+      return self.let(d, f"{self.ptrs[p]}[{i}]")
+    if op is Ops.REDUCE: return self.reduce(u)
+    s = [self.lookup(x) for x in u.src]
+    if op is Ops.CAST: return self.let(d, self.cast(s[0], u.src[0].dtype, d))
+    if op is Ops.BITCAST: return self.let(d, self.bitcast(s[0], u.src[0].dtype, d))
+    if op is Ops.WHERE: return self.let(d, f"{s[0]} ? {s[1]} : {s[2]}")
+    return self.let(d, self.alu(op, u.src[0].dtype, d, s))
+
+  def const(self, v, d: DType) -> str:
+    if d.kind == "f":
+      if d is dtypes.float64: self.ct(d)
+      return _flit(float(v), d)
+    return _ilit(v, d)
+
+  def alu(self, op: Ops, sd: DType, d: DType, s: list[str]) -> str:
+    if sd.kind == "b": return self._bool_alu(op, s)
+    if op is Ops.CMPLT: return f"{s[0]} < {s[1]}"
+    if op is Ops.CMPNE: return f"{s[0]} != {s[1]}"    # C's != is true for NaN, == and < are false (as LLVM's une / oeq / olt)
+    if op is Ops.CMPEQ: return f"{s[0]} == {s[1]}"
+    if op is Ops.MAX: return f"{s[1]} > {s[0]} ? {s[1]} : {s[0]}"   # the first operand survives a NaN second
+    if sd.kind == "f": return self._float_alu(op, sd, s)
+    return self._int_alu(op, sd, s)
+
+  def _bool_alu(self, op: Ops, s: list[str]) -> str:
+    # bools saturate: + and max are or, * is and; - is arithmetic mod 2 (xor), as LLVM's i1
+    if op in (Ops.ADD, Ops.MAX, Ops.OR): return f"{s[0]} | {s[1]}"
+    if op in (Ops.MUL, Ops.AND): return f"{s[0]} & {s[1]}"
+    if op in (Ops.XOR, Ops.SUB, Ops.CMPNE): return f"{s[0]} != {s[1]}"
+    if op is Ops.CMPEQ: return f"{s[0]} == {s[1]}"
+    if op is Ops.CMPLT: return f"!{s[0]} & {s[1]}"
+    if op is Ops.NEG: return s[0]
+    raise NotImplementedError(f"the OpenCL backend cannot render {op} on bool")
+
+  def _float_alu(self, op: Ops, sd: DType, s: list[str]) -> str:
+    c, rh = self.ct(sd), (lambda e: self.rh(e, sd))
+    if op is Ops.ADD: return rh(f"{s[0]} + {s[1]}")
+    if op is Ops.SUB: return rh(f"{s[0]} - {s[1]}")
+    if op is Ops.MUL: return rh(f"{s[0]} * {s[1]}")
+    if op is Ops.FDIV: return rh(f"{s[0]} / {s[1]}")
+    if op is Ops.NEG: return f"-{s[0]}"
+    if op is Ops.RECIPROCAL: return rh(f"({c})1 / {s[0]}")
+    if op is Ops.SQRT: return rh(f"sqrt({s[0]})")
+    if op is Ops.TRUNC: return f"trunc({s[0]}) + ({c})0"   # + 0: engine/alu.py's trunc never gives -0.0
+    if op is Ops.CMOD: return f"fmod({s[0]}, {s[1]})"       # exact; NaN for a zero divisor
+    if op is Ops.MULACC: return rh(f"{rh(f'{s[0]} * {s[1]}')} + {s[2]}")
+    if op is Ops.IDIV:
+      # floor(a / b) (+ 0: never -0.0); a non-finite quotient passes through; x // 0 is +-inf by x's sign, 0 // 0 NaN
+      # (engine/alu.py: `copysign(inf, a) if a else nan`, so a NaN dividend gives an infinity too)
+      q = self.let(sd, rh(f"{s[0]} / {s[1]}"))
+      return f"{s[1]} == 0 ? ({s[0]} != 0 ? copysign(({c})INFINITY, {s[0]}) : ({c})NAN) : floor({q}) + ({c})0"
+    fns = {Ops.EXP2: "exp2", Ops.LOG2: "log2", Ops.SIN: "sin", Ops.POW: "pow"}
+    if op in fns:
+      call = f"{fns[op]}({', '.join(s)})"
+      if sd is dtypes.float64: return call
+      if self.target.fp64:   # in double, rounded once: as good as libm's float functions
+        self.uses_fp64 = True
+        dcall = f"{fns[op]}({', '.join(f'(double){x}' for x in s)})"
+        return f"{self.helper('rhd')}({dcall})" if sd is dtypes.float16 else f"(float){dcall}"
+      return rh(call)
+    raise NotImplementedError(f"the OpenCL backend cannot render {op} on {sd} (no decomposition rule for it)")
+
+  def _int_alu(self, op: Ops, sd: DType, s: list[str]) -> str:
+    t, u = self.ct(sd), _wide(sd)
+    if sd is dtypes.index and op in (Ops.ADD, Ops.SUB, Ops.MUL):   # index arithmetic never overflows: plain C, so the
+      return f"{s[0]} {'+' if op is Ops.ADD else '-' if op is Ops.SUB else '*'} {s[1]}"   # compiler sees affine addresses
+    if op in (Ops.ADD, Ops.SUB, Ops.MUL):   # in unsigned arithmetic: wraps, as numpy (signed overflow is UB in C)
+      return f"({t})(({u}){s[0]} {'+' if op is Ops.ADD else '-' if op is Ops.SUB else '*'} ({u}){s[1]})"
+    if op is Ops.NEG: return f"({t})(({u})0 - ({u}){s[0]})"
+    if op is Ops.MULACC: return f"({t})(({u}){s[0]} * ({u}){s[1]} + ({u}){s[2]})"
+    if op is Ops.AND: return f"({t})({s[0]} & {s[1]})"
+    if op is Ops.OR: return f"({t})({s[0]} | {s[1]})"
+    if op is Ops.XOR: return f"({t})({s[0]} ^ {s[1]})"
+    if op is Ops.TRUNC: return s[0]
+    if op in (Ops.CDIV, Ops.CMOD): return self._int_div(sd, s[0], s[1], rem=op is Ops.CMOD)
+    if op in (Ops.SHL, Ops.SHR): return self._shift(op, sd, s[0], s[1])
+    if op is Ops.POW: return f"{self.helper(f'pow_{t}', _pow_helper(sd))}({s[0]}, {s[1]})"
+    raise NotImplementedError(f"the OpenCL backend cannot render {op} on {sd} (no decomposition rule for it)")
+
+  def _int_div(self, sd: DType, x: str, y: str, rem: bool) -> str:
+    # division by zero is 0 (numpy's answer); INT_MIN / -1 wraps: both guarded (C leaves them undefined)
+    t, u = self.ct(sd), _wide(sd)
+    if sd.kind == "u":
+      safe = self.let(sd, f"{y} == 0 ? ({t})1 : {y}")
+      return f"{y} == 0 ? ({t})0 : ({t})({x} {'%' if rem else '/'} {safe})"
+    safe = self.let(sd, f"({y} == 0 || {y} == -1) ? ({t})1 : {y}")
+    if rem: return f"({y} == 0 || {y} == -1) ? ({t})0 : ({t})({x} % {safe})"
+    return f"{y} == 0 ? ({t})0 : ({y} == -1 ? ({t})(({u})0 - ({u}){x}) : ({t})({x} / {safe}))"
+
+  def _shift(self, op: Ops, sd: DType, x: str, n: str) -> str:
+    # engine/alu.py: a negative amount leaves x alone; an amount past the width shifts everything out
+    t, u, w = self.ct(sd), _wide(sd), sd.bits
+    neg = f"{n} < 0" if sd.kind != "u" else "0"
+    big = self.let(dtypes.bool, f"({u}){n} >= {w}")
+    safe = self.let(sd, f"({neg}) || {big} ? ({t})0 : {n}")
+    if op is Ops.SHL: shifted, out = f"({t})(({u}){x} << {safe})", f"({t})0"
+    elif sd.kind == "u": shifted, out = f"({t})({x} >> {safe})", f"({t})0"
+    else: shifted, out = f"({t})({x} >> {safe})", f"({t})({x} >> {w - 1})"
+    return f"({neg}) ? {x} : ({big} ? {out} : {shifted})"
+
+  def cast(self, v: str, sd: DType, d: DType) -> str:
+    if sd is d: return v
+    c = self.ct(d)
+    if d.kind == "b": return f"{v} != 0"   # NaN is true (!= is unordered)
+    if sd.kind == "b": return f"({c}){v}"
+    if sd.kind == "f" and d.kind == "f":
+      if d is dtypes.float16: return f"{self.helper('rhd')}({v})" if sd is dtypes.float64 else self.rh(v, d)
+      return f"({c}){v}"
+    if d.kind == "f":   # from an integer; for float16 via float, exact below 2**24 (and inf above 65519 either way)
+      return self.rh(f"(float){v}", d) if d is dtypes.float16 else f"({c}){v}"
+    if sd.kind == "f":
+      src = "double" if sd is dtypes.float64 else "float"
+      return f"({c}){self.helper(f'f2i_{src}', _f2i_helper(src))}({v})"
+    return f"({c}){v}"   # int -> int: C converts by value: truncate, or sign/zero-extend by the source's signedness
+
+  def bitcast(self, v: str, sd: DType, d: DType) -> str:
+    if sd.itemsize != d.itemsize or "b" in (sd.kind, d.kind):
+      raise NotImplementedError(f"the OpenCL backend cannot bitcast {sd} to {d}")
+    if sd is dtypes.float16: v = self.helper("hbits") + f"({v})"
+    if d is dtypes.float16: return f"{self.helper('hval')}(as_ushort({v}))"
+    return f"as_{self.ct(d)}({v})"
+
+  def reduce(self, u: UOp) -> str:
+    op, d = u.arg, u.dtype
+    value, rngs = u.src[0], u.src[1:]
+    acc = self.tmp("acc")
+    self.line(f"{self.ct(d)} {acc} = {self.const(identity_element(op, d), d)};")
+    for r in rngs: self.open_loop(r)
+    v = self.value(value)
+    if d.kind == "f" and op is Ops.ADD: new = self.rh(f"{acc} + {v}", d)
+    elif d.kind == "f" and op is Ops.MUL: new = self.rh(f"{acc} * {v}", d)
+    else: new = self.alu(op, d, d, [acc, v])
+    self.line(f"{acc} = {new};")
+    for r in reversed(rngs): self.close_loop(r)
+    return acc
+
+
+def render(kernel: Kernel, target: Target = Target(), name: str = KERNEL_NAME) -> Rendered:
+  """The kernel (decomposed) as OpenCL C, with the number of work-items to launch."""
+  return CLRenderer(kernel, target, name).render()
+
+
+__all__ = ["Target", "Rendered", "CLRenderer", "render", "ctype", "memtype", "KERNEL_NAME"]

@@ -1,0 +1,211 @@
+"""The CL device: kernels as OpenCL C (codegen/opencl.py), run through pyopencl.
+
+`pip install pyopencl pocl-binary-distribution` (the project's `opencl` extra)
+gives a CPU OpenCL device (PoCL) on any machine. "CL" is the first device of
+the first platform that has one, found at first use; RULEC_CL_DEVICE=n picks
+the n-th device counted across platforms instead.
+
+A kernel is decomposed (rules/decomp.rules), rendered as OpenCL C, built once
+per process per distinct source text (a program cache; PoCL also keeps built
+binaries on disk under POCL_CACHE_DIR), and launched as a 1-D NDRange of one
+work-item per element its store writes (see codegen/opencl.py), with the local
+size taken from the device's and the kernel's work-group limits.
+
+Buffers: rulec's Buffer is host (numpy) memory, shared by every device. This
+device is correctness-first: each run copies every buffer the kernel names to
+fresh device buffers, runs, and copies the buffers it writes back (a store may
+write only part of its buffer, so outputs are copied in too). Device-resident
+buffers (and zero-copy host buffers on CPU devices) are the next step;
+`TIMES` accumulates where the time goes (build, copy in, kernel, copy out).
+"""
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+import warnings
+
+from engine.lang.loader import load_library
+from engine.rewrite import graph_rewrite
+from runtime.buffer import buffer_of
+from runtime.kernel import Kernel, validate
+
+DEVICE = "CL"
+COUNTERS = {"compiled": 0, "run": 0}
+TIMES = {"build_s": 0.0, "copy_in_s": 0.0, "kernel_s": 0.0, "copy_out_s": 0.0}
+
+_lock = threading.RLock()
+_device: "CLDevice | None" = None
+_programs: dict[tuple[int, str], "Program"] = {}
+
+
+class CLUnavailable(RuntimeError):
+  """pyopencl is missing, or no OpenCL device can be found."""
+
+
+class CLBuildError(RuntimeError):
+  """The OpenCL compiler rejected a kernel; the message holds the source and the build log."""
+
+
+def _cl():
+  try:
+    import pyopencl as cl
+  except ImportError as e:
+    raise CLUnavailable(f"the CL device needs pyopencl ({e}); install it with "
+                        "`pip install pyopencl pocl-binary-distribution` (the `opencl` extra; PoCL is a CPU OpenCL device)") from e
+  return cl
+
+
+def all_devices() -> list:
+  """Every OpenCL device, platform by platform (what RULEC_CL_DEVICE indexes)."""
+  cl = _cl()
+  try: platforms = cl.get_platforms()
+  except cl.Error as e:   # the ICD loader found no platform: clGetPlatformIDs fails with PLATFORM_NOT_FOUND_KHR
+    raise CLUnavailable(f"no OpenCL platform found ({e}); `pip install pocl-binary-distribution` gives a CPU device") from e
+  devs = []
+  for p in platforms:
+    try: devs.extend(p.get_devices())
+    except cl.Error: continue   # a platform without devices
+  if not devs:
+    raise CLUnavailable("OpenCL platforms found, but no device: "
+                        f"{', '.join(p.name for p in platforms)}; `pip install pocl-binary-distribution` gives a CPU device")
+  return devs
+
+
+class CLDevice:
+  """One OpenCL device with its context, in-order queue and compile target."""
+  def __init__(self, index: int = 0):
+    from codegen.opencl import Target
+    cl = self.cl = _cl()
+    devs = all_devices()
+    if not 0 <= index < len(devs):
+      raise CLUnavailable(f"RULEC_CL_DEVICE={index}, but there are {len(devs)} OpenCL devices: "
+                          + "; ".join(f"{i}: {d.name} ({d.platform.name})" for i, d in enumerate(devs)))
+    self.index, self.dev = index, devs[index]
+    self.ctx = cl.Context([self.dev])
+    self.queue = cl.CommandQueue(self.ctx)
+    ext = self.dev.extensions.split()
+    self.target = Target(fp64="cl_khr_fp64" in ext)
+    self.max_work_group = self.dev.max_work_group_size
+    self.max_item0 = self.dev.max_work_item_sizes[0]
+    self.units = max(1, self.dev.max_compute_units)
+    self.options: list[str] = []
+    # IEEE division and sqrt in float32 (OpenCL otherwise allows 2.5 / 3 ulp), where the device offers it
+    if self.dev.single_fp_config & cl.device_fp_config.CORRECTLY_ROUNDED_DIVIDE_SQRT:
+      self.options.append("-cl-fp32-correctly-rounded-divide-sqrt")
+
+  def __repr__(self): return f"<CLDevice {self.index}: {self.dev.name.strip()} ({self.dev.platform.name}) {self.dev.version}>"
+
+
+def get_device() -> CLDevice:
+  global _device
+  with _lock:
+    if _device is None:
+      try: index = int(os.environ.get("RULEC_CL_DEVICE", "0") or 0)
+      except ValueError: raise CLUnavailable(f"RULEC_CL_DEVICE={os.environ['RULEC_CL_DEVICE']!r} is not a device number") from None
+      _device = CLDevice(index)
+    return _device
+
+
+def available() -> bool:
+  """Whether a CL device can be opened (pyopencl installed, some OpenCL device present)."""
+  try: get_device()
+  except CLUnavailable: return False
+  return True
+
+
+def _numbered(src: str) -> str:
+  return "\n".join(f"{i + 1:4d}  {line}" for i, line in enumerate(src.splitlines()))
+
+
+class Program:
+  """A built kernel and the work sizes it is launched with."""
+  def __init__(self, dev: CLDevice, rendered):
+    cl = dev.cl
+    self.rendered, self.source = rendered, rendered.source
+    t0 = time.perf_counter()
+    prg = cl.Program(dev.ctx, self.source)
+    try:
+      with warnings.catch_warnings():
+        warnings.simplefilter("ignore", cl.CompilerWarning)   # a non-empty build log (warnings) is not an error
+        prg.build(options=dev.options)
+    except cl.Error as e:
+      try: log = prg.get_build_info(dev.dev, cl.program_build_info.LOG)
+      except cl.Error: log = ""
+      raise CLBuildError(f"OpenCL could not build a kernel for {dev!r}: {str(e).splitlines()[0] if str(e) else type(e).__name__}\n"
+                         f"--- source ---\n{_numbered(self.source)}\n--- build log ---\n{log.strip() or str(e)}") from None
+    self.kernel = cl.Kernel(prg, rendered.name)
+    self.program = prg
+    self.build_s = time.perf_counter() - t0
+    # work sizes: enough work-groups for every compute unit, each as large as the device and the kernel allow
+    n = rendered.global_size
+    limit = min(dev.max_work_group, dev.max_item0,
+                self.kernel.get_work_group_info(cl.kernel_work_group_info.WORK_GROUP_SIZE, dev.dev))
+    per_unit = -(-n // dev.units)
+    local = 1
+    while local < per_unit and local * 2 <= limit: local *= 2
+    self.local = local
+    self.global_ = -(-n // local) * local
+    COUNTERS["compiled"] += 1
+    TIMES["build_s"] += self.build_s
+
+
+def _lowered(kernel: Kernel) -> Kernel:
+  return Kernel(graph_rewrite(kernel.ast, load_library().matcher("decomp")), kernel.bufs)
+
+
+def render(kernel: Kernel):
+  """The kernel as the OpenCL device runs it (a codegen.opencl.Rendered)."""
+  from codegen.opencl import render as render_cl
+  return render_cl(_lowered(kernel), get_device().target)
+
+
+def compile_kernel(kernel: Kernel) -> Program:
+  """The built program for a kernel, cached by its source text."""
+  dev = get_device()
+  rendered = render(kernel)
+  with _lock:
+    prog = _programs.get((dev.index, rendered.source))
+    if prog is None: prog = _programs[(dev.index, rendered.source)] = Program(dev, rendered)
+  return prog
+
+
+def _debug_level() -> int:
+  try: return int(os.environ.get("RULEC_DEBUG", "0") or 0)
+  except ValueError: return 0
+
+
+def run_kernel(kernel: Kernel) -> None:
+  validate(kernel)
+  prog = compile_kernel(kernel)
+  if _debug_level() >= 3: print(f"CL {kernel!r} local={prog.local} global={prog.global_}\n{prog.source}", file=sys.stderr)
+  COUNTERS["run"] += 1
+  if prog.rendered.global_size == 0: return   # an empty range: nothing is stored
+  dev = get_device()
+  cl, mf = dev.cl, dev.cl.mem_flags
+  with _lock:
+    t0 = time.perf_counter()
+    hosts, dbufs, by_buf = [], [], {}
+    for b in kernel.bufs:
+      arr = buffer_of(b).numpy_view()
+      if id(b) not in by_buf:   # a buffer named twice is one device buffer
+        by_buf[id(b)] = cl.Buffer(dev.ctx, mf.READ_WRITE | mf.COPY_HOST_PTR, hostbuf=arr) if arr.nbytes else \
+          cl.Buffer(dev.ctx, mf.READ_WRITE, 1)
+      hosts.append(arr)
+      dbufs.append(by_buf[id(b)])
+    t1 = time.perf_counter()
+    if dbufs: prog.kernel.set_args(*dbufs)
+    cl.enqueue_nd_range_kernel(dev.queue, prog.kernel, (prog.global_,), (prog.local,)).wait()
+    t2 = time.perf_counter()
+    for slot in kernel.outputs:
+      if hosts[slot].nbytes: cl.enqueue_copy(dev.queue, hosts[slot], dbufs[slot], is_blocking=False)
+    dev.queue.finish()
+    t3 = time.perf_counter()
+  TIMES["copy_in_s"] += t1 - t0
+  TIMES["kernel_s"] += t2 - t1
+  TIMES["copy_out_s"] += t3 - t2
+
+
+__all__ = ["DEVICE", "COUNTERS", "TIMES", "CLDevice", "CLUnavailable", "CLBuildError", "Program", "get_device", "available",
+           "all_devices", "render", "compile_kernel", "run_kernel"]

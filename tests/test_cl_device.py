@@ -1,0 +1,324 @@
+"""The CL (OpenCL) device against the NUMPY reference device and numpy: every
+cast pair, integer wrap and division edge cases, NaN and inf, bools, shifts
+and powers, reductions, and small programs (softmax, layernorm, matmul, conv).
+
+Skipped when pyopencl or an OpenCL device is missing
+(`pip install pyopencl pocl-binary-distribution` gives a CPU device).
+PoCL's kernel cache goes to a private temporary directory.
+"""
+import itertools
+import operator
+import os
+import sys
+import tempfile
+
+import numpy as np
+import pytest
+
+if "pyopencl" not in sys.modules:   # PoCL reads its cache directory when the platform starts
+  os.environ["POCL_CACHE_DIR"] = tempfile.mkdtemp(prefix="rulec-test-pocl-")
+
+pytest.importorskip("pyopencl", reason="the CL device needs pyopencl: pip install pyopencl pocl-binary-distribution")
+
+from hypothesis import given, settings   # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from codegen import opencl   # noqa: E402
+from engine.dtypes import dtypes   # noqa: E402
+from engine.tensor import Tensor   # noqa: E402
+from runtime import cl_device   # noqa: E402
+
+try: DEV = cl_device.get_device()
+except cl_device.CLUnavailable as e: pytest.skip(f"no OpenCL device: {e}", allow_module_level=True)
+
+DTS = [dtypes.bool, dtypes.uint8, dtypes.int8, dtypes.int16, dtypes.uint16, dtypes.int32, dtypes.uint32, dtypes.int64,
+       dtypes.uint64, dtypes.float16, dtypes.float32, dtypes.float64]
+if not DEV.target.fp64: DTS.remove(dtypes.float64)
+NP = {d: np.dtype(d.np_name) for d in DTS}
+
+
+def on(device, data, dtype, fn):
+  return fn(Tensor(data, dtype=dtype, device=device)).numpy()
+
+
+def both(data, dtype, fn):
+  cl, ref = on("CL", data, dtype, fn), on("NUMPY", data, dtype, fn)
+  np.testing.assert_array_equal(cl, ref)   # bit-for-bit the reference semantics (NaN == NaN, -0.0 == 0.0 here)
+  return cl
+
+
+def sample(d, n=64, seed=0):
+  rng = np.random.default_rng(seed)
+  if d.kind == "b": return rng.integers(0, 2, n).astype(bool)
+  if d.kind == "f":
+    v = rng.standard_normal(n) * 100
+    v[:10] = [np.nan, np.inf, -np.inf, 0.0, -0.0, 1e30 if d is not dtypes.float16 else 6e4, -2.5, 2.5, 0.5, -1e-7]
+    if d is dtypes.float64: v[10:12] = [3e19, -1.8446744073709552e19 - 4096.0]   # past int64: casts wrap modulo 2**64
+    return v.astype(NP[d])
+  info = np.iinfo(NP[d])
+  v = rng.integers(info.min, info.max, n, dtype=NP[d], endpoint=True)
+  v[:4] = [info.min, info.max, 0, 1]
+  if d.kind == "i": v[4:6] = [-1, info.min + 1]
+  return v
+
+
+# *** casts ***
+
+@pytest.mark.parametrize("src, dst", list(itertools.product(DTS, DTS)), ids=lambda d: d.name)
+def test_every_cast_matches_the_reference(src, dst):
+  x = sample(src)
+  got = both(x, src, lambda t: t.cast(dst))
+  if src.kind == "f" and dst.kind in "iu":   # where numpy defines the result (finite, in range), it agrees too
+    info = np.iinfo(NP[dst])
+    with np.errstate(all="ignore"): ok = np.isfinite(x) & (x >= info.min) & (x <= info.max)
+    np.testing.assert_array_equal(got[ok], x[ok].astype(NP[dst]))
+  elif not (src.kind == "f" and dst.kind == "f" and src.itemsize > dst.itemsize):
+    with np.errstate(all="ignore"): np.testing.assert_array_equal(got, x.astype(NP[dst]))
+
+
+def test_float_to_half_rounds_to_nearest_even_everywhere():
+  # every finite half, and the floats around each midpoint between neighbouring halves (ties go to even)
+  h = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(np.float16).astype(np.float32)
+  bits = h[np.isfinite(h)].view(np.uint32).astype(np.int64)
+  cand = np.concatenate([bits + dx for dx in (-0x1001, -0x1000, -0xfff, -1, 0, 1, 0xfff, 0x1000, 0x1001)])
+  x = cand.astype(np.uint32).view(np.float32)
+  with np.errstate(all="ignore"): want = x.astype(np.float16)
+  got = on("CL", x, dtypes.float32, lambda t: t.cast(dtypes.float16))
+  np.testing.assert_array_equal(got.view(np.uint16)[~np.isnan(want)], want.view(np.uint16)[~np.isnan(want)])
+  if DEV.target.fp64:
+    got = on("CL", x.astype(np.float64) * (1 + 2.0 ** -30), dtypes.float64, lambda t: t.cast(dtypes.float16))
+    with np.errstate(all="ignore"): want = (x.astype(np.float64) * (1 + 2.0 ** -30)).astype(np.float16)
+    np.testing.assert_array_equal(got.view(np.uint16)[~np.isnan(want)], want.view(np.uint16)[~np.isnan(want)])
+
+
+# *** integers ***
+
+@pytest.mark.parametrize("d", [dtypes.int8, dtypes.uint8, dtypes.int16, dtypes.int32, dtypes.uint32, dtypes.int64, dtypes.uint64],
+                         ids=lambda d: d.name)
+def test_integer_arithmetic_wraps_and_divides_like_numpy(d):
+  a, b = sample(d, seed=1), sample(d, seed=2)
+  b[6:10] = [0, 1, 0, 7]
+  if d.kind == "i": b[10:12] = [-1, -1]
+  with np.errstate(all="ignore"):
+    for op in (operator.add, operator.sub, operator.mul):
+      got = both(a, d, lambda t: op(t, Tensor(b, dtype=d, device=t.device)))
+      np.testing.assert_array_equal(got, op(a, b))
+    for op in (operator.floordiv, operator.mod):
+      got = both(a, d, lambda t: op(t, Tensor(b, dtype=d, device=t.device)))
+      nz = b != 0
+      np.testing.assert_array_equal(got[nz], op(a, b)[nz])
+      assert (got[~nz] == 0).all()
+    both(a, d, lambda t: -t)
+    both(a, d, lambda t: t.maximum(Tensor(b, dtype=d, device=t.device)))
+
+
+@pytest.mark.parametrize("d", [dtypes.int8, dtypes.int32, dtypes.int64], ids=lambda d: d.name)
+def test_int_min_divided_by_minus_one_wraps(d):
+  lo = np.iinfo(NP[d]).min
+  a = np.array([lo, 7, -7, lo, 0], NP[d])
+  b = np.array([-1, -1, -1, 1, -1], NP[d])
+  got = both(a, d, lambda t: t // Tensor(b, device=t.device))
+  np.testing.assert_array_equal(got, [lo, -7, 7, lo, 0])
+  got = both(a, d, lambda t: t % Tensor(b, device=t.device))
+  np.testing.assert_array_equal(got, [0, 0, 0, 0, 0])
+
+
+def test_shifts_and_integer_powers():
+  a = np.array([1, -3, 7, 1 << 20, -1, 2], np.int32)
+  n = np.array([0, 1, 31, 40, -2, 3], np.int32)
+  both(a, dtypes.int32, lambda t: t << Tensor(n, device=t.device))
+  both(a, dtypes.int32, lambda t: t >> Tensor(n, device=t.device))
+  got = both(a, dtypes.int32, lambda t: t ** Tensor(np.array([0, 3, 2, 2, -3, 10], np.int32), device=t.device))
+  assert got.tolist()[:2] == [1, -27] and got[4] == -1 and got[5] == 1024
+  # narrow and unsigned types: shifts by the width and past it, negative amounts
+  for d in (dtypes.int8, dtypes.uint8, dtypes.int64, dtypes.uint64):
+    x = sample(d, 16, seed=9)
+    k = np.array([0, 1, 3, d.bits - 1, d.bits, d.bits + 1, 2, 5] * 2, NP[d])
+    if d.kind == "i": k[-3:] = [-1, -5, np.iinfo(NP[d]).min]
+    both(x, d, lambda t: t << Tensor(k, device=t.device))
+    both(x, d, lambda t: t >> Tensor(k, device=t.device))
+
+
+@pytest.mark.parametrize("d", [dtypes.int8, dtypes.uint8, dtypes.int64, dtypes.uint64], ids=lambda d: d.name)
+def test_integer_powers_wrap_like_numpy(d):
+  a = sample(d, 32, seed=11)
+  e = np.random.default_rng(12).integers(0, min(1000, int(np.iinfo(NP[d]).max) + 1), 32).astype(NP[d])
+  e[:3] = [0, 1, (129 if d.kind == "u" else 127) if d.bits == 8 else 1 << 40]   # an unsigned exponent >= 128 is positive
+  got = both(a, d, lambda t: t ** Tensor(e, device=t.device))
+  np.testing.assert_array_equal(got, np.power(a, e))
+  if d.kind == "i":   # negative exponents: 1/a**|e| truncated
+    got = both(np.array([1, -1, -1, 2, 0, -2], NP[d]), d, lambda t: t ** Tensor(np.array([-3, -3, -4, -1, -2, -2], NP[d]), device=t.device))
+    np.testing.assert_array_equal(got, [1, -1, 1, 0, 0, 0])
+
+
+# *** floats ***
+
+@pytest.mark.parametrize("d", [dtypes.float16, dtypes.float32, dtypes.float64], ids=lambda d: d.name)
+def test_nan_and_inf_propagate(d):
+  if d not in DTS: pytest.skip("no cl_khr_fp64")
+  a = sample(d, seed=3)
+  b = sample(d, seed=4)
+  b[20:24] = [0.0, -0.0, 0.0, np.inf]
+  a[20:24] = [np.nan, 1.0, -0.0, np.nan]
+  with np.errstate(all="ignore"):
+    for op in (operator.add, operator.sub, operator.mul, operator.truediv, operator.floordiv, operator.mod):
+      ref = op(a, b)
+      got = both(a, d, lambda t: op(t, Tensor(b, dtype=d, device=t.device)))
+      if op in (operator.floordiv,): continue   # engine/alu.py gives NaN // 0 an infinity; numpy gives NaN
+      np.testing.assert_array_equal(np.isnan(got), np.isnan(ref))
+      fin = np.isfinite(ref)
+      np.testing.assert_allclose(got[fin], ref[fin], rtol=1e-3 if d is dtypes.float16 else 1e-6)
+    got = both(a, d, lambda t: t.maximum(Tensor(b, dtype=d, device=t.device)))
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(np.maximum(a, b)))
+    assert np.isnan(both(a, d, lambda t: t.sum()).item()) and np.isnan(both(a, d, lambda t: t.max()).item())
+    for fn in (lambda t: t.trunc(), lambda t: t.floor(), lambda t: t.ceil(), lambda t: -t, lambda t: t.abs(), lambda t: t.relu(),
+               lambda t: t.sqrt(), lambda t: t.reciprocal(), lambda t: t.where(t, Tensor(b, dtype=d, device=t.device))):
+      both(a, d, fn)
+    both(a, d, lambda t: t < Tensor(b, dtype=d, device=t.device))
+    both(a, d, lambda t: t == Tensor(b, dtype=d, device=t.device))
+    both(a, d, lambda t: t != Tensor(b, dtype=d, device=t.device))
+
+
+@pytest.mark.parametrize("d", [dtypes.float16, dtypes.float32, dtypes.float64], ids=lambda d: d.name)
+@pytest.mark.parametrize("fn", ["exp2", "log2", "sin", "pow"])
+def test_transcendentals_are_close_to_correctly_rounded(d, fn):
+  if d not in DTS: pytest.skip("no cl_khr_fp64")
+  rng = np.random.default_rng(13)
+  x = (rng.standard_normal(4096) * (8 if fn != "log2" else 1e3)).astype(NP[d])
+  y = (rng.standard_normal(4096) * 3).astype(NP[d])
+  if fn == "log2": x = np.abs(x)
+  x[:6] = [0.0, -0.0, np.inf, -np.inf, np.nan, 1.0]
+  tensor_fn = {"exp2": lambda t: t.exp2(), "log2": lambda t: t.log2(), "sin": lambda t: t.sin(),
+               "pow": lambda t: t ** Tensor(y, dtype=d, device=t.device)}[fn]
+  np_fn = {"exp2": np.exp2, "log2": np.log2, "sin": np.sin, "pow": lambda v: np.power(v, y.astype(np.float64))}[fn]
+  got = on("CL", x, d, tensor_fn)
+  with np.errstate(all="ignore"): exact = np_fn(x.astype(np.float64)).astype(NP[d])   # (to float64's accuracy)
+  same = (got == exact) | (np.isnan(got) & np.isnan(exact))
+  if d is dtypes.float64:   # the device's libm: within a few ulp
+    np.testing.assert_allclose(got[~same], exact[~same], rtol=1e-14)
+  else:   # float32 and float16: computed in double, rounded once
+    assert same.all(), f"{(~same).sum()} of {same.size} differ, e.g. x={x[~same][:4]}: {got[~same][:4]} vs {exact[~same][:4]}"
+
+
+# *** bools ***
+
+def test_bool_ops():
+  a, b = sample(dtypes.bool, seed=5), sample(dtypes.bool, seed=6)
+  for op in (operator.and_, operator.or_, operator.xor, operator.eq, operator.ne, operator.lt):
+    np.testing.assert_array_equal(both(a, dtypes.bool, lambda t: op(t, Tensor(b, device=t.device))), op(a, b))
+  np.testing.assert_array_equal(both(a, dtypes.bool, lambda t: t + Tensor(b, device=t.device)), a + b)
+  np.testing.assert_array_equal(both(a, dtypes.bool, lambda t: t * Tensor(b, device=t.device)), a * b)
+  np.testing.assert_array_equal(both(a, dtypes.bool, lambda t: t.maximum(Tensor(b, device=t.device))), np.maximum(a, b))
+  np.testing.assert_array_equal(both(a, dtypes.bool, lambda t: ~t), ~a)
+  np.testing.assert_array_equal(both(a, dtypes.bool, lambda t: (t.reshape(8, 8) @ Tensor(b, device=t.device).reshape(8, 8))),
+                                a.reshape(8, 8) @ b.reshape(8, 8))
+  assert both(a, dtypes.bool, lambda t: t.any()).item() and not both(a, dtypes.bool, lambda t: t.all()).item()
+
+
+# *** reductions and programs ***
+
+@settings(max_examples=25)
+@given(st.integers(1, 70), st.integers(1, 70))
+def test_reductions_agree_with_numpy(rows, cols):
+  x = np.random.default_rng(rows * 100 + cols).standard_normal((rows, cols)).astype(np.float32)
+  e = np.exp(x - x.max(-1, keepdims=True))
+  for fn, ref in ((lambda t: t.sum(1), x.sum(1)), (lambda t: t.max(0), x.max(0)), (lambda t: t.softmax(-1), e / e.sum(-1, keepdims=True))):
+    np.testing.assert_allclose(on("CL", x, dtypes.float32, fn), ref, rtol=2e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("d", [dtypes.int8, dtypes.uint8, dtypes.int32, dtypes.int64, dtypes.bool], ids=lambda d: d.name)
+def test_integer_reductions_are_exact(d):
+  x = sample(d, 60, seed=14).reshape(6, 10)
+  for fn in (lambda t: t.sum(1), lambda t: t.max(0), lambda t: t.min(1), lambda t: t.prod(0), lambda t: t.sum()):
+    both(x, d, fn)
+
+
+def test_small_programs_agree_with_numpy():
+  rng = np.random.default_rng(15)
+  x = rng.standard_normal((4, 6, 8)).astype(np.float32)
+  got = on("CL", x, dtypes.float32, lambda t: t.layernorm(-1))   # float sums: by rounding, not bit for bit
+  mu, var = x.mean(-1, keepdims=True), x.var(-1, keepdims=True)
+  np.testing.assert_allclose(got, (x - mu) / np.sqrt(var + 1e-5), rtol=1e-4, atol=1e-5)
+  a, b = rng.standard_normal((17, 33)).astype(np.float32), rng.standard_normal((33, 9)).astype(np.float32)
+  got = on("CL", a, dtypes.float32, lambda t: t @ Tensor(b, device="CL"))
+  np.testing.assert_allclose(got, a @ b, rtol=1e-4, atol=1e-4)
+  ai, bi = rng.integers(-50, 50, (7, 5)).astype(np.int32), rng.integers(-50, 50, (5, 3)).astype(np.int32)
+  np.testing.assert_array_equal(both(ai, dtypes.int32, lambda t: t @ Tensor(bi, device=t.device)), ai @ bi)
+  img, w = rng.standard_normal((2, 3, 9, 9)).astype(np.float32), rng.standard_normal((4, 3, 3, 3)).astype(np.float32)
+  got = on("CL", img, dtypes.float32, lambda t: t.conv2d(Tensor(w, device="CL"), padding=1, stride=2).relu())
+  ref = on("NUMPY", img, dtypes.float32, lambda t: t.conv2d(Tensor(w, device="NUMPY"), padding=1, stride=2).relu())
+  np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-5)
+  got = on("CL", img, dtypes.float32, lambda t: t.max_pool2d(2))
+  np.testing.assert_array_equal(got, on("NUMPY", img, dtypes.float32, lambda t: t.max_pool2d(2)))
+  h = rng.standard_normal((5, 40)).astype(np.float16)
+  got = on("CL", h, dtypes.float16, lambda t: t.softmax(-1))
+  np.testing.assert_allclose(got.astype(np.float32), on("NUMPY", h, dtypes.float16, lambda t: t.softmax(-1)).astype(np.float32),
+                             rtol=1e-2, atol=1e-3)
+
+
+def test_padding_reads_outside_the_buffer_safely():
+  x = np.arange(1, 13, dtype=np.int32).reshape(3, 4)
+  got = both(x, dtypes.int32, lambda t: t.pad(((2, 3), (1, 5))).sum(0)[3:7] + t.flip(1).pad(((0, 0), (4, 0)))[:, 2:6].sum(0))
+  np.testing.assert_array_equal(got, np.pad(x, ((2, 3), (1, 5))).sum(0)[3:7] + np.pad(x[:, ::-1], ((0, 0), (4, 0)))[:, 2:6].sum(0))
+  both(x, dtypes.int32, lambda t: t.pad(((1, 1), (1, 1)), value=-7).max_pool2d(2))
+
+
+def test_empty_tensors_and_partial_assigns():
+  e = np.zeros((0, 3), np.float32)
+  assert on("CL", e, dtypes.float32, lambda t: (t + 1).sum(0)).tolist() == [0.0, 0.0, 0.0]
+  assert on("CL", e, dtypes.float32, lambda t: t * 2).shape == (0, 3)
+  t = Tensor(np.arange(10, dtype=np.int64), device="CL")
+  t[2:5] = Tensor(np.array([-1, -2, -3], np.int64), device="CL")   # a store into part of a buffer keeps the rest
+  assert t.numpy().tolist() == [0, 1, -1, -2, -3, 5, 6, 7, 8, 9]
+  t.assign(t * 3 + 1).realize()
+  assert t.numpy().tolist() == [1, 4, -2, -5, -8, 16, 19, 22, 25, 28]
+
+
+def test_a_big_kernel_spans_many_work_groups():
+  x = np.random.default_rng(16).standard_normal((300, 1001)).astype(np.float32)
+  got = on("CL", x, dtypes.float32, lambda t: (t * 2 + 1).relu())
+  np.testing.assert_array_equal(got, np.maximum(x * 2 + 1, 0))
+  np.testing.assert_allclose(on("CL", x, dtypes.float32, lambda t: t.sum(1)), x.sum(1), rtol=1e-4, atol=1e-4)
+
+
+# *** the device ***
+
+def test_a_kernel_is_compiled_once():
+  x = np.ones((3, 5), np.float32)
+  Tensor(x, device="CL").exp().sum(0).numpy()
+  before = cl_device.COUNTERS["compiled"]
+  Tensor(x * 2, device="CL").exp().sum(0).numpy()
+  assert cl_device.COUNTERS["compiled"] == before
+
+
+def test_work_sizes_come_from_the_device_limits():
+  for shape in [(1,), (3, 7), (1000, 3), (4099,)]:
+    t = Tensor(np.ones(shape, np.float32), device="CL") + 1
+    (k,) = t.schedule()
+    prog = cl_device.compile_kernel(k)
+    n = prog.rendered.global_size
+    assert n == int(np.prod(shape)) and prog.global_ >= n and prog.global_ % prog.local == 0
+    assert prog.local <= min(DEV.max_work_group, DEV.max_item0) and prog.global_ - n < prog.local
+    assert -(-n // prog.local) >= min(DEV.units, n)    # every compute unit gets a work-group when there is work for it
+
+
+def test_a_build_failure_shows_the_source_and_the_log():
+  bad = opencl.Rendered("__kernel void rulec_kernel(__global float* p0) { p0[0] = undefined_name; }\n", "rulec_kernel", 1, ())
+  with pytest.raises(cl_device.CLBuildError) as e:
+    cl_device.Program(DEV, bad)
+  msg = str(e.value)
+  assert "--- source ---" in msg and "undefined_name" in msg and "--- build log ---" in msg
+
+
+def test_unsupported_dtypes_raise_clearly():
+  with pytest.raises(NotImplementedError, match="bfloat16"): opencl.ctype(dtypes.bfloat16)
+  (k,) = (Tensor(np.ones(3), dtype=dtypes.float64, device="CL") + 1).schedule()
+  with pytest.raises(NotImplementedError, match="cl_khr_fp64"):
+    opencl.render(cl_device._lowered(k), opencl.Target(fp64=False))
+  # float16 needs no cl_khr_fp16: it is stored as half and computed in float
+  assert "half" in cl_device.render((Tensor(np.ones(3), dtype=dtypes.float16, device="CL") + 1).schedule()[0]).source
+
+
+def test_a_missing_device_says_how_to_get_one(monkeypatch):
+  monkeypatch.setenv("RULEC_CL_DEVICE", "999")
+  with pytest.raises(cl_device.CLUnavailable, match="RULEC_CL_DEVICE=999"): cl_device.CLDevice(999)
