@@ -300,20 +300,24 @@ class LLVMRenderer:
   def reduce(self, u: UOp):
     op, d = u.arg, u.dtype
     value, rngs = u.src[0], u.src[1:]
-    ty = lltype(d)
-    acc = self._alloca(ty, "acc")
-    self.b.store(self.const(identity_element(op, d), d), acc)
+    # half sums and products accumulate in float, as numpy's do, then round once
+    wide = d is dtypes.float16 and op in (Ops.ADD, Ops.MUL)
+    ad = dtypes.float32 if wide else d
+    acc = self._alloca(lltype(ad), "acc")
+    self.b.store(self.const(identity_element(op, d), ad), acc)
     loops = [self.open_loop(r) for r in rngs]
     v = self.value(value)
+    if wide: v = self.b.fpext(v, lltype(ad))
     cur = self.b.load(acc)
-    if d.kind == "f" and op is Ops.ADD: new = self.b.fadd(cur, v, flags=("reassoc", "contract"))
-    elif d.kind == "f" and op is Ops.MUL: new = self.b.fmul(cur, v, flags=("reassoc",))
+    if ad.kind == "f" and op is Ops.ADD: new = self.b.fadd(cur, v, flags=("reassoc", "contract"))
+    elif ad.kind == "f" and op is Ops.MUL: new = self.b.fmul(cur, v, flags=("reassoc",))
     # maxnum skips a NaN operand, as a MAX reduce does (engine/alu.py), and unlike select it vectorises
-    elif d.kind == "f" and op is Ops.MAX: new = self._intrinsic("llvm.maxnum", [cur, v])
-    else: new = self.alu(op, d, d, [cur, v])
+    elif ad.kind == "f" and op is Ops.MAX: new = self._intrinsic("llvm.maxnum", [cur, v])
+    else: new = self.alu(op, ad, ad, [cur, v])
     self.b.store(new, acc)
     for lp in reversed(loops): self.close_loop(lp)
-    return self.b.load(acc)
+    out = self.b.load(acc)
+    return self.b.fptrunc(out, lltype(d)) if wide else out
 
 
 def _fbits(d: DType) -> int: return d.itemsize * 8

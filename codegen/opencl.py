@@ -45,6 +45,7 @@ from engine.uop import UOp
 from runtime.kernel import Kernel
 
 KERNEL_NAME = "rulec_kernel"
+LANES = 8   # accumulators per float reduce (PoCL: vectors wider than 8 break it; see docs)
 
 
 @attrs.frozen
@@ -401,19 +402,56 @@ class CLRenderer:
     if d is dtypes.float16: return f"{self.helper('hval')}(as_ushort({v}))"
     return f"as_{self.ct(d)}({v})"
 
+  def _combine(self, op: Ops, d: DType, acc: str, v: str) -> str:
+    if d.kind == "f" and op is Ops.ADD: return self.rh(f"{acc} + {v}", d)
+    if d.kind == "f" and op is Ops.MUL: return self.rh(f"{acc} * {v}", d)
+    return self.alu(op, d, d, [acc, v])
+
   def reduce(self, u: UOp) -> str:
     op, d = u.arg, u.dtype
     value, rngs = u.src[0], u.src[1:]
-    acc = self.tmp("acc")
-    self.line(f"{self.ct(d)} {acc} = {self.const(identity_element(op, d), d)};")
-    for r in rngs: self.open_loop(r)
-    v = self.value(value)
-    if d.kind == "f" and op is Ops.ADD: new = self.rh(f"{acc} + {v}", d)
-    elif d.kind == "f" and op is Ops.MUL: new = self.rh(f"{acc} * {v}", d)
-    else: new = self.alu(op, d, d, [acc, v])
-    self.line(f"{acc} = {new};")
-    for r in reversed(rngs): self.close_loop(r)
-    return acc
+    ident = self.const(identity_element(op, d), d)
+    inner = rngs[-1] if rngs else None
+    if d.kind != "f" or inner is None or inner.src[0].arg < 2 * LANES or any(x.op is Ops.REDUCE for x in value.toposort()):
+      acc = self.tmp("acc")
+      self.line(f"{self.ct(d)} {acc} = {ident};")
+      for r in rngs: self.open_loop(r)
+      self.line(f"{acc} = {self._combine(op, d, acc, self.value(value))};")
+      for r in reversed(rngs): self.close_loop(r)
+      return acc
+    # a float reduce: LANES accumulators over interleaved elements of the innermost range, summed as a tree at the end.
+    # Independent chains instead of one (the compiler may not reassociate floats): the order changes, as the CPU
+    # device's `reassoc` lets LLVM change it; a MAX gives the same value in any order.
+    accs = [self.tmp("acc") for _ in range(LANES)]
+    self.line(f"{self.ct(d)} {', '.join(f'{a} = {ident}' for a in accs)};")
+    for r in rngs[:-1]: self.open_loop(r)
+    n, k, rt = inner.src[0].arg, f"r{inner.arg[0]}", self.ct(inner.dtype)
+    main = n - n % LANES
+    self.line(f"for ({rt} {k} = 0; {k} < {main}; {k} += {LANES}) {{")
+    self.depth += 1
+    for j, a in enumerate(accs):
+      self.ranges[inner] = k if j == 0 else f"({k} + {j})"
+      self.scopes.append({})
+      self.line(f"{a} = {self._combine(op, d, a, self.value(value))};")
+      self.scopes.pop()
+    self.depth -= 1
+    self.line("}")
+    if main < n:
+      self.ranges[inner] = k
+      self.line(f"for ({rt} {k} = {main}; {k} < {n}; {k}++) {{")
+      self.depth += 1
+      self.scopes.append({})
+      self.line(f"{accs[0]} = {self._combine(op, d, accs[0], self.value(value))};")
+      self.scopes.pop()
+      self.depth -= 1
+      self.line("}")
+    del self.ranges[inner]
+    for r in reversed(rngs[:-1]): self.close_loop(r)
+    step = 1
+    while step < LANES:
+      for i in range(0, LANES, 2 * step): self.line(f"{accs[i]} = {self._combine(op, d, accs[i], accs[i + step])};")
+      step *= 2
+    return accs[0]
 
 
 def render(kernel: Kernel, target: Target = Target(), name: str = KERNEL_NAME) -> Rendered:

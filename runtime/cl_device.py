@@ -161,13 +161,22 @@ def render(kernel: Kernel):
   return render_cl(_lowered(kernel), get_device().target)
 
 
+_by_ast: dict[tuple, Program] = {}   # (AST, buffer aliasing) -> program: ASTs are hash-consed, equal kernels share one entry
+
+
 def compile_kernel(kernel: Kernel) -> Program:
-  """The built program for a kernel, cached by its source text."""
+  """The built program for a kernel (validated and rendered the first time its AST is seen), cached by its source text."""
+  ids = [id(b) for b in kernel.bufs]
+  key = (kernel.ast, tuple(ids.index(i) for i in ids) if len(set(ids)) < len(ids) else None)
+  hit = _by_ast.get(key)
+  if hit is not None: return hit
+  validate(kernel)
   dev = get_device()
   rendered = render(kernel)
   with _lock:
     prog = _programs.get((dev.index, rendered.source))
     if prog is None: prog = _programs[(dev.index, rendered.source)] = Program(dev, rendered)
+    _by_ast[key] = prog
   return prog
 
 
@@ -177,8 +186,7 @@ def _debug_level() -> int:
 
 
 def run_kernel(kernel: Kernel) -> None:
-  validate(kernel)
-  prog = compile_kernel(kernel)
+  prog = compile_kernel(kernel)   # validates the kernel the first time its AST is seen
   if _debug_level() >= 3: print(f"CL {kernel!r} local={prog.local} global={prog.global_}\n{prog.source}", file=sys.stderr)
   COUNTERS["run"] += 1
   if prog.rendered.global_size == 0: return   # an empty range: nothing is stored

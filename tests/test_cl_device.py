@@ -226,6 +226,25 @@ def test_reductions_agree_with_numpy(rows, cols):
     np.testing.assert_allclose(on("CL", x, dtypes.float32, fn), ref, rtol=2e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("n", [15, 16, 17, 64, 71])
+def test_float_reductions_in_lanes_keep_nan_inf_and_max_exact(n):
+  # float reduces of 16+ elements run as 8 interleaved accumulators (codegen/opencl.py): every element counts once
+  rng = np.random.default_rng(n)
+  x = rng.standard_normal((3, n)).astype(np.float32)
+  x[1, n - 1] = np.inf
+  x[2, n // 2] = np.nan
+  for fn in (lambda t: t.sum(1), lambda t: t.prod(1), lambda t: t.mean(1)):
+    got, ref = on("CL", x, dtypes.float32, fn), on("NUMPY", x, dtypes.float32, fn)
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(ref))
+    np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-6)
+  for fn in (lambda t: t.max(1), lambda t: t.min(1), lambda t: (t * 0 + 1).sum(1), lambda t: t.argmax(1)):
+    both(x, dtypes.float32, fn)
+  h = (rng.standard_normal((2, n)) * 4).astype(np.float16)
+  np.testing.assert_allclose(on("CL", h, dtypes.float16, lambda t: t.sum(1)).astype(np.float32),
+                             h.astype(np.float32).sum(1), rtol=1e-2, atol=2e-2)
+  both(h, dtypes.float16, lambda t: t.max(1))
+
+
 @pytest.mark.parametrize("d", [dtypes.int8, dtypes.uint8, dtypes.int32, dtypes.int64, dtypes.bool], ids=lambda d: d.name)
 def test_integer_reductions_are_exact(d):
   x = sample(d, 60, seed=14).reshape(6, 10)
