@@ -311,8 +311,8 @@ class LLVMRenderer:
     cur = self.b.load(acc)
     if ad.kind == "f" and op is Ops.ADD: new = self.b.fadd(cur, v, flags=("reassoc", "contract"))
     elif ad.kind == "f" and op is Ops.MUL: new = self.b.fmul(cur, v, flags=("reassoc",))
-    # maxnum skips a NaN operand, as a MAX reduce does (engine/alu.py), and unlike select it vectorises
-    elif ad.kind == "f" and op is Ops.MAX: new = self._intrinsic("llvm.maxnum", [cur, v])
+    # MAX stays a compare-and-select: llvm.maxnum would vectorise, but LLVM 22's loop vectoriser (as
+    # built in llvmlite 0.50, assertions on) aborts the process on some maxnum reductions
     else: new = self.alu(op, ad, ad, [cur, v])
     self.b.store(new, acc)
     for lp in reversed(loops): self.close_loop(lp)

@@ -403,9 +403,14 @@ class CLRenderer:
     return f"as_{self.ct(d)}({v})"
 
   def _combine(self, op: Ops, d: DType, acc: str, v: str) -> str:
-    if d.kind == "f" and op is Ops.ADD: return self.rh(f"{acc} + {v}", d)
-    if d.kind == "f" and op is Ops.MUL: return self.rh(f"{acc} * {v}", d)
+    # (float16 sums and products accumulate in float, unrounded, as numpy's and the CPU device's do)
+    if d.kind == "f" and op is Ops.ADD: return f"{acc} + {v}"
+    if d.kind == "f" and op is Ops.MUL: return f"{acc} * {v}"
     return self.alu(op, d, d, [acc, v])
+
+  def _reduced(self, op: Ops, d: DType, acc: str) -> str:
+    """The accumulator's final value: float16 sums and products round to half precision once, here."""
+    return self.let(d, self.rh(acc, d)) if d is dtypes.float16 and op in (Ops.ADD, Ops.MUL) else acc
 
   def reduce(self, u: UOp) -> str:
     op, d = u.arg, u.dtype
@@ -418,7 +423,7 @@ class CLRenderer:
       for r in rngs: self.open_loop(r)
       self.line(f"{acc} = {self._combine(op, d, acc, self.value(value))};")
       for r in reversed(rngs): self.close_loop(r)
-      return acc
+      return self._reduced(op, d, acc)
     # a float reduce: LANES accumulators over interleaved elements of the innermost range, summed as a tree at the end.
     # Independent chains instead of one (the compiler may not reassociate floats): the order changes, as the CPU
     # device's `reassoc` lets LLVM change it; a MAX gives the same value in any order.
@@ -451,7 +456,7 @@ class CLRenderer:
     while step < LANES:
       for i in range(0, LANES, 2 * step): self.line(f"{accs[i]} = {self._combine(op, d, accs[i], accs[i + step])};")
       step *= 2
-    return accs[0]
+    return self._reduced(op, d, accs[0])
 
 
 def render(kernel: Kernel, target: Target = Target(), name: str = KERNEL_NAME) -> Rendered:

@@ -184,7 +184,8 @@ def test_binary_ops_broadcast_like_numpy(shapes, da, db, op, seed, special):
   with np.errstate(all="ignore"):
     want = apply_binary(op, a, b)
   got = run(apply_binary(op, ta, tb))
-  assert_same(got, want, dtype=want.dtype, exact=True)
+  # float ** is libm's pow, whose last bit differs between implementations
+  assert_same(got, want, dtype=want.dtype, exact=not (op == "**" and dt.is_float))
 
 
 @settings(max_examples=examples(120), **SETTINGS)

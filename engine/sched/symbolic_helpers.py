@@ -20,3 +20,41 @@ def bounds_const(x: UOp) -> UOp | None:
   if x.op is Ops.CONST or not x.dtype.is_int: return None
   lo, hi = x.vmin, x.vmax
   return UOp.const(x.dtype, lo) if isinstance(lo, int) and lo == hi else None
+
+
+def _terms(x: UOp) -> tuple[list[tuple[int, UOp]], int]:
+  """x as sum(coef * node) + const, looking through ADD and multiplication by constants."""
+  terms: list[tuple[int, UOp]] = []
+  const = 0
+  stack = [(1, x)]
+  while stack:
+    k, u = stack.pop()
+    if u.op is Ops.ADD: stack += [(k, u.src[0]), (k, u.src[1])]
+    elif u.op is Ops.CONST: const += k * u.arg
+    elif u.op is Ops.MUL and u.src[1].op is Ops.CONST: stack.append((k * u.src[1].arg, u.src[0]))
+    elif u.op is Ops.MUL and u.src[0].op is Ops.CONST: stack.append((k * u.src[0].arg, u.src[1]))
+    else: terms.append((k, u))
+  return terms, const
+
+
+def divmod_parts(x: UOp, c: int, div: bool) -> UOp | None:
+  """x // c or x % c without division, when x = c*Q + R with R provably in [0, c).
+
+  Each coefficient (and the constant) splits as q*c + r; if the bounds of the
+  remainder part R = sum(r_i * v_i) + r_k stay inside [0, c), then x // c is
+  the quotient part and x % c is R."""
+  terms, k = _terms(x)
+  if not terms: return None
+  qk, rk = divmod(k, c)
+  lo = hi = rk
+  quot, rem = UOp.const(x.dtype, qk), UOp.const(x.dtype, rk)
+  for coef, v in terms:
+    q, r = divmod(coef, c)
+    if r:
+      a, b = r * v.vmin, r * v.vmax
+      if not (isinstance(a, int) and isinstance(b, int)): return None
+      lo, hi = lo + min(a, b), hi + max(a, b)
+      rem = rem + (v if r == 1 else v * r)
+    if q: quot = quot + (v if q == 1 else v * q)
+  if lo < 0 or hi >= c: return None
+  return quot if div else rem
