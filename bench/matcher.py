@@ -92,6 +92,32 @@ def tg_bounds_const(x: UOp) -> UOp | None:
   return UOp.const(lo, x.dtype) if isinstance(lo, int) and lo == hi else None
 
 
+def tg_divmod_parts(x: UOp, c: int, div: bool):
+  """engine.sched.symbolic_helpers.divmod_parts, step for step, on tinygrad UOps (same term order)."""
+  terms, const, stack = [], 0, [(1, x)]
+  while stack:
+    k, u = stack.pop()
+    if u.op is TOps.ADD: stack += [(k, u.src[0]), (k, u.src[1])]
+    elif u.op is TOps.CONST: const += k * u.arg
+    elif u.op is TOps.MUL and u.src[1].op is TOps.CONST: stack.append((k * u.src[1].arg, u.src[0]))
+    elif u.op is TOps.MUL and u.src[0].op is TOps.CONST: stack.append((k * u.src[0].arg, u.src[1]))
+    else: terms.append((k, u))
+  if not terms: return None
+  qk, rk = divmod(const, c)
+  lo = hi = rk
+  quot, rem = x.const_like(qk), x.const_like(rk)
+  for coef, v in terms:
+    q, r = divmod(coef, c)
+    if r:
+      a, b = r * v.vmin, r * v.vmax
+      if not (isinstance(a, int) and isinstance(b, int)): return None
+      lo, hi = lo + min(a, b), hi + max(a, b)
+      rem = rem + (v if r == 1 else v * r)
+    if q: quot = quot + (v if q == 1 else v * q)
+  if lo < 0 or hi >= c: return None
+  return quot if div else rem
+
+
 def _add(a, b): return UPat(TOps.ADD, src=[a, b])
 def _mul(a, b): return UPat(TOps.MUL, src=[a, b])
 def _idiv(a, b): return UPat(TOps.FLOORDIV, src=(a, b))
@@ -144,6 +170,8 @@ tinygrad_symbolic = PatternMatcher([
   (_mod(_add(_x, _c1), _c2),                                                                         # add_const_mod
    lambda x, c1, c2: (x + c1.arg % c2.arg) % c2 if c2.arg > 0 and not 0 <= c1.arg < c2.arg else None),
   (_add(_mul(_idiv(_x, _c), _c), _mod(_x, _c)), lambda x, c: x),                                    # divmod_recombine
+  (_idiv(_xi, _c), lambda x, c: tg_divmod_parts(x, c.arg, True) if c.arg > 0 else None),             # fold_div_parts
+  (_mod(_xi, _c), lambda x, c: tg_divmod_parts(x, c.arg, False) if c.arg > 0 else None),             # fold_mod_parts
   # value bounds decide
   (_idiv(_x, _c), lambda x, c: x.const_like(0) if c.arg > 0 and 0 <= x.vmin and x.vmax < c.arg else None),  # div_small
   (_mod(_x, _c), lambda x, c: x if c.arg > 0 and 0 <= x.vmin and x.vmax < c.arg else None),                 # mod_small
