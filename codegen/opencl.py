@@ -3,31 +3,43 @@
 The kernel's decompositions (rules/decomp.rules) have run first, so floor
 division and modulo arrive as the truncating CDIV / CMOD and loads that may
 leave their buffer are already clamped. Every op gets the meaning
-engine/alu.py gives it (and the NUMPY reference device computes), the same as
-codegen/llvmir.py: integers wrap (signed arithmetic is done in unsigned C
-types, where C defines the wrap), division by zero and INT_MIN / -1 are
-guarded, shifts past the width or by a negative amount are guarded, float to
-int casts map non-finite values to 0 and wrap modulo 2**64, MAX is
-`b > a ? b : a` (a NaN second operand loses), bools live as uchar in memory.
+engine/alu.py gives it (and the NUMPY reference device computes), as
+codegen/llvmir.py does: integers wrap (signed arithmetic is done in unsigned C
+types, where C defines the wrap; `index` arithmetic, which cannot overflow,
+stays signed so the compiler sees affine addresses), division by zero and
+INT_MIN / -1 are guarded, shifts past the width or by a negative amount are
+guarded, float to int casts map non-finite values to 0 and wrap modulo 2**64,
+MAX is `b > a ? b : a` (a NaN second operand loses), bools live as uchar in
+memory. Where codegen/llvmir.py departs from engine/alu.py this file follows
+engine/alu.py: TRUNC and float // never give -0.0, NaN // 0 is an infinity
+(`copysign(inf, a) if a else nan`), and an unsigned integer power with an
+exponent whose top bit is set still multiplies.
 
 Shape of the kernel: when the kernel has one store with ranges, its END ranges
 are flattened into a 1-D NDRange (one work-item per element stored, the
 innermost range fastest, so neighbouring work-items touch neighbouring
 memory; each range index is recovered with a constant / and %), and a bound
 check drops the work-items past the end. Each work-item runs every REDUCE of
-its element as a plain accumulator loop (a contiguous chunk per work-item, no
-barriers or local memory: what CPU OpenCL devices run well). A kernel with
-several stores, or a store without ranges, runs as one work-item.
+its element as a loop over a contiguous chunk (no barriers or local memory:
+what CPU OpenCL devices run well). A float REDUCE whose innermost range has at
+least 2 * LANES elements keeps LANES accumulators over interleaved elements
+and combines them as a tree at the end: independent chains, since the compiler
+may not reassociate floats itself; like the CPU device's `reassoc`, this
+changes sums and products by rounding only. A kernel with several stores, or a
+store without ranges, runs as one work-item.
 
 Floats: `#pragma OPENCL FP_CONTRACT OFF` (no a*b+c fusion, as LLVM without
-`contract`); no fast-math options. float16 is stored as `half` and computed in
+`contract`); no fast-math options. float16 is stored as its bits and computed in
 `float`, rounded back to half precision after every op with the core
-`vstore_half_rte` / `vload_half` pair: the same bits as per-op half arithmetic
+`vstore_half_rte` / `vload_half` pair (NaNs by hand, keeping their payload):
+the same bits as per-op half arithmetic
 (float has more than 2*11+2 bits, so the double rounding is innocuous), and it
-works on devices without cl_khr_fp16. float32 exp2 / log2 / sin / pow are
-computed in double and rounded once when the device has cl_khr_fp64 (PoCL's
-float versions are not correctly rounded; this matches libm's, which the CPU
-device calls, almost always). float64 needs cl_khr_fp64; bfloat16 is not
+works on devices without cl_khr_fp16 (native `half` arithmetic is left for
+devices that have it). float16 sums and products accumulate in float and round
+once, as numpy's and the CPU device's do. float32 and float16 exp2 / log2 / sin
+/ pow are computed in double and rounded once when the device has cl_khr_fp64
+(PoCL's float versions are not correctly rounded; libm's, which the CPU device
+calls, nearly always are). float64 needs cl_khr_fp64; bfloat16 is not
 supported.
 """
 from __future__ import annotations
@@ -45,7 +57,7 @@ from engine.uop import UOp
 from runtime.kernel import Kernel
 
 KERNEL_NAME = "rulec_kernel"
-LANES = 8   # accumulators per float reduce (PoCL: vectors wider than 8 break it; see docs)
+LANES = 8   # accumulators per float reduce
 
 
 @attrs.frozen
@@ -81,7 +93,7 @@ def ctype(d: DType, target: Target | None = None) -> str:
 def memtype(d: DType, target: Target | None = None) -> str:
   """The C type of d's elements in a buffer."""
   if d.kind == "b": return "uchar"
-  if d is dtypes.float16: return "half"
+  if d is dtypes.float16: return "ushort"   # its bits: see rulec_h2f / rulec_f2h
   return ctype(d, target)
 
 
@@ -93,9 +105,9 @@ def _wide(d: DType) -> str:
 def _flit(v: float, d: DType) -> str:
   """A float constant, exact: hex literals of the value rounded to d."""
   c = "double" if d is dtypes.float64 else "float"
+  with np.errstate(over="ignore"): v = float({dtypes.float16: np.float16, dtypes.float32: np.float32}.get(d, np.float64)(v))
   if math.isnan(v): return f"(({c})NAN)"
   if math.isinf(v): return f"(({c})INFINITY)" if v > 0 else f"(-({c})INFINITY)"
-  v = float({dtypes.float16: np.float16, dtypes.float32: np.float32}.get(d, np.float64)(v))
   return f"({v.hex()}{'' if c == 'double' else 'f'})"
 
 
@@ -107,16 +119,33 @@ def _ilit(v: int, d: DType) -> str:
   return f"(({t}){v}{'UL' if d.kind == 'u' else 'L'})"
 
 
-# helper functions, emitted once per kernel that uses them
+# helper functions, emitted once per kernel that uses them (after the helpers they call).
+# float16 lives in memory as its bits (ushort). vload_half / vstore_half_rte (core OpenCL, no cl_khr_fp16) convert
+# and round to nearest even; NaNs are converted by hand, keeping sign and the top payload bits as numpy does (PoCL's
+# vstore_half turns every NaN into 0x7fff), so a half NaN loaded and stored again keeps its bits.
 _HELPERS = {
-  # float16: round a float to the nearest half (ties to even), back as a float; the half's bits; bits to value
+  "h2f": "float rulec_h2f(ushort h) {\n"
+         "  if ((h & 0x7c00) == 0x7c00 && (h & 0x3ff)) return as_float(((uint)(h & 0x8000) << 16) | 0x7f800000u | ((uint)(h & 0x3ff) << 13));\n"
+         "  return vload_half(0, (__private const half*)&h);\n}",
+  "f2h": "ushort rulec_f2h(float x) {\n"
+         "  uint b = as_uint(x);\n"
+         "  if (isnan(x)) return (ushort)(((b >> 16) & 0x8000) | 0x7c00 | (((b >> 13) & 0x3ff) ? (b >> 13) & 0x3ff : 1));\n"
+         "  ushort h; vstore_half_rte(x, 0, (__private half*)&h); return h;\n}",
+  "d2h": "ushort rulec_d2h(double x) {\n"
+         "  ulong b = as_ulong(x);\n"
+         "  if (isnan(x)) return (ushort)(((b >> 48) & 0x8000) | 0x7c00 | (((b >> 42) & 0x3ff) ? (b >> 42) & 0x3ff : 1));\n"
+         "  ushort h; vstore_half_rte(x, 0, (__private half*)&h); return h;\n}",
+  # a float rounded to the nearest half, back as a float (a NaN stays as it is: only its top payload bits reach memory)
   "rh": "float rulec_rh(float x) { ushort h; vstore_half_rte(x, 0, (__private half*)&h); "
-        "return vload_half(0, (__private const half*)&h); }",
-  "rhd": "float rulec_rhd(double x) { ushort h; vstore_half_rte(x, 0, (__private half*)&h); "
-         "return vload_half(0, (__private const half*)&h); }",
-  "hbits": "ushort rulec_hbits(float x) { ushort h; vstore_half_rte(x, 0, (__private half*)&h); return h; }",
-  "hval": "float rulec_hval(ushort h) { return vload_half(0, (__private const half*)&h); }",
+        "return isnan(x) ? x : vload_half(0, (__private const half*)&h); }",
+  "rhd": "float rulec_rhd(double x) { return rulec_h2f(rulec_d2h(x)); }",
+  # a float16 value (held in a float) to double, a NaN keeping its payload and signalling bit (a C cast would quiet it)
+  "h2d": "double rulec_h2d(float x) {\n"
+         "  uint b = as_uint(x);\n"
+         "  if (isnan(x)) return as_double(((ulong)(b & 0x80000000u) << 32) | 0x7ff0000000000000UL | ((ulong)(b & 0x7fffff) << 29));\n"
+         "  return (double)x;\n}",
 }
+_HELPER_DEPS = {"rhd": ("h2f", "d2h")}
 
 
 def _f2i_helper(c: str) -> str:
@@ -171,7 +200,9 @@ class CLRenderer:
     return ctype(d, self.target)
 
   def helper(self, key: str, text: str | None = None) -> str:
-    if key not in self.helpers: self.helpers[key] = text if text is not None else _HELPERS[key]
+    if key not in self.helpers:
+      for dep in _HELPER_DEPS.get(key, ()): self.helper(dep)
+      self.helpers[key] = text if text is not None else _HELPERS[key]
     return f"rulec_{key}"
 
   def rh(self, expr: str, d: DType) -> str:
@@ -245,7 +276,7 @@ class CLRenderer:
   def _store(self, p: UOp, idx: str, v: str, d: DType):
     ptr = self.ptrs[p]
     if d.kind == "b": self.line(f"{ptr}[{idx}] = (uchar){v};")
-    elif d is dtypes.float16: self.line(f"vstore_half_rte({v}, {idx}, {ptr});")
+    elif d is dtypes.float16: self.line(f"{ptr}[{idx}] = {self.helper('f2h')}({v});")
     else: self.line(f"{ptr}[{idx}] = {v};")
 
   def lookup(self, u: UOp) -> str | None:
@@ -280,13 +311,15 @@ class CLRenderer:
       p, idx = u.src
       i = self.value(idx)
       if d.kind == "b": return self.let(d, f"(bool)({self.ptrs[p]}[{i}] & 1)")
-      if d is dtypes.float16: return self.let(d, f"vload_half({i}, {self.ptrs[p]})")
+      if d is dtypes.float16: return self.let(d, f"{self.helper('h2f')}({self.ptrs[p]}[{i}])")
       return self.let(d, f"{self.ptrs[p]}[{i}]")
     if op is Ops.REDUCE: return self.reduce(u)
     s = [self.lookup(x) for x in u.src]
     if op is Ops.CAST: return self.let(d, self.cast(s[0], u.src[0].dtype, d))
     if op is Ops.BITCAST: return self.let(d, self.bitcast(s[0], u.src[0].dtype, d))
     if op is Ops.WHERE: return self.let(d, f"{s[0]} ? {s[1]} : {s[2]}")
+    if op in (Ops.CDIV, Ops.CMOD) and d.kind in "iux" and u.src[1].op is Ops.CONST:   # a constant divisor needs no guard
+      return self.let(d, self._int_div_const(op, d, s[0], wrap(u.src[1].arg, d)))
     return self.let(d, self.alu(op, u.src[0].dtype, d, s))
 
   def const(self, v, d: DType) -> str:
@@ -369,6 +402,12 @@ class CLRenderer:
     if rem: return f"({y} == 0 || {y} == -1) ? ({t})0 : ({t})({x} % {safe})"
     return f"{y} == 0 ? ({t})0 : ({y} == -1 ? ({t})(({u})0 - ({u}){x}) : ({t})({x} / {safe}))"
 
+  def _int_div_const(self, op: Ops, sd: DType, x: str, y: int) -> str:
+    t, u = self.ct(sd), _wide(sd)
+    if y == 0 or (y == -1 and op is Ops.CMOD): return f"({t})0"
+    if y == -1: return f"({t})(({u})0 - ({u}){x})"
+    return f"({t})({x} {'/' if op is Ops.CDIV else '%'} {_ilit(y, sd)})"
+
   def _shift(self, op: Ops, sd: DType, x: str, n: str) -> str:
     # engine/alu.py: a negative amount leaves x alone; an amount past the width shifts everything out
     t, u, w = self.ct(sd), _wide(sd), sd.bits
@@ -387,6 +426,7 @@ class CLRenderer:
     if sd.kind == "b": return f"({c}){v}"
     if sd.kind == "f" and d.kind == "f":
       if d is dtypes.float16: return f"{self.helper('rhd')}({v})" if sd is dtypes.float64 else self.rh(v, d)
+      if sd is dtypes.float16 and d is dtypes.float64: return f"{self.helper('h2d')}({v})"
       return f"({c}){v}"
     if d.kind == "f":   # from an integer; for float16 via float, exact below 2**24 (and inf above 65519 either way)
       return self.rh(f"(float){v}", d) if d is dtypes.float16 else f"({c}){v}"
@@ -398,8 +438,8 @@ class CLRenderer:
   def bitcast(self, v: str, sd: DType, d: DType) -> str:
     if sd.itemsize != d.itemsize or "b" in (sd.kind, d.kind):
       raise NotImplementedError(f"the OpenCL backend cannot bitcast {sd} to {d}")
-    if sd is dtypes.float16: v = self.helper("hbits") + f"({v})"
-    if d is dtypes.float16: return f"{self.helper('hval')}(as_ushort({v}))"
+    if sd is dtypes.float16: v = self.helper("f2h") + f"({v})"
+    if d is dtypes.float16: return f"{self.helper('h2f')}(as_ushort({v}))"
     return f"as_{self.ct(d)}({v})"
 
   def _combine(self, op: Ops, d: DType, acc: str, v: str) -> str:

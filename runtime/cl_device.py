@@ -90,7 +90,7 @@ class CLDevice:
     self.max_work_group = self.dev.max_work_group_size
     self.max_item0 = self.dev.max_work_item_sizes[0]
     self.units = max(1, self.dev.max_compute_units)
-    self.options: list[str] = []
+    self.options: list[str] = ["-w"]   # no warnings: a generated kernel's are noise (PoCL prints them to stderr)
     # IEEE division and sqrt in float32 (OpenCL otherwise allows 2.5 / 3 ulp), where the device offers it
     if self.dev.single_fp_config & cl.device_fp_config.CORRECTLY_ROUNDED_DIVIDE_SQRT:
       self.options.append("-cl-fp32-correctly-rounded-divide-sqrt")

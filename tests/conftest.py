@@ -11,6 +11,8 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 # keep generated-matcher caches out of the user's home during tests
 os.environ.setdefault("RULEC_CACHE_DIR", tempfile.mkdtemp(prefix="rulec-test-cache-"))
+# and PoCL's kernel cache (the CL device on CPU machines) out of the shared ~/.cache/pocl
+os.environ.setdefault("POCL_CACHE_DIR", tempfile.mkdtemp(prefix="rulec-test-pocl-"))
 
 
 @pytest.fixture

@@ -91,6 +91,30 @@ def test_float_to_half_rounds_to_nearest_even_everywhere():
     np.testing.assert_array_equal(got.view(np.uint16)[~np.isnan(want)], want.view(np.uint16)[~np.isnan(want)])
 
 
+def test_constants_round_to_their_dtype():
+  # constants past a dtype's range become inf; tiny ones round to subnormals or zero, as the reference rounds them
+  for d, big, tiny in ((dtypes.float16, 7e4, 6e-8), (dtypes.float32, 1e39, 1.4e-45), (dtypes.float64, 1e308, 5e-324)):
+    if d not in DTS: continue
+    x = np.array([1, -2, 0.5, 3], NP[d])
+    for fn in (lambda t: t * big, lambda t: t + big, lambda t: t * tiny, lambda t: t - 1e-300, lambda t: t.maximum(-big * 10)):
+      both(x, d, fn)
+
+
+def test_half_nans_keep_their_bits():
+  # float16 is held in float registers; loads, stores, casts and bitcasts keep a NaN's sign and payload as numpy does
+  x = np.array([0x7c01, 0xfd55, 0x7e00, 0x7fff, 0xfe00, 0x3c00, 0x8001, 0x0001, 0x7c00, 0xfc00], np.uint16).view(np.float16)
+  u16, u32, u64 = dtypes.uint16, dtypes.uint32, dtypes.uint64
+  for fn in (lambda t: t.bitcast(u16), lambda t: t.flip(0).contiguous().bitcast(u16), lambda t: (t + 1).bitcast(u16),
+             lambda t: t.cast(dtypes.float32).bitcast(u32), lambda t: t.cast(dtypes.float32).cast(dtypes.float16).bitcast(u16),
+             lambda t: t.bitcast(dtypes.int16).bitcast(dtypes.float16).bitcast(u16)):
+    both(x, dtypes.float16, fn)
+  if DEV.target.fp64:
+    both(x, dtypes.float16, lambda t: t.cast(dtypes.float64).bitcast(u64))
+    both(x, dtypes.float16, lambda t: t.cast(dtypes.float64).cast(dtypes.float16).bitcast(u16))
+  f = np.array([0x7f800001, 0xffa00000, 0x7fc00001, 0x7fffffff, 0x7f802001], np.uint32).view(np.float32)
+  both(f, dtypes.float32, lambda t: t.cast(dtypes.float16).bitcast(u16))
+
+
 # *** integers ***
 
 @pytest.mark.parametrize("d", [dtypes.int8, dtypes.uint8, dtypes.int16, dtypes.int32, dtypes.uint32, dtypes.int64, dtypes.uint64],
@@ -121,6 +145,13 @@ def test_int_min_divided_by_minus_one_wraps(d):
   np.testing.assert_array_equal(got, [lo, -7, 7, lo, 0])
   got = both(a, d, lambda t: t % Tensor(b, device=t.device))
   np.testing.assert_array_equal(got, [0, 0, 0, 0, 0])
+  for k in (-1, 0, 1, 3, -7, 64):   # constant divisors
+    both(a, d, lambda t: t // k)
+    both(a, d, lambda t: t % k)
+  u = sample(dtypes.uint8, 16, seed=8)
+  for k in (0, 1, 3, 255):
+    both(u, dtypes.uint8, lambda t: t // k)
+    both(u, dtypes.uint8, lambda t: t % k)
 
 
 def test_shifts_and_integer_powers():
@@ -339,5 +370,63 @@ def test_unsupported_dtypes_raise_clearly():
 
 
 def test_a_missing_device_says_how_to_get_one(monkeypatch):
-  monkeypatch.setenv("RULEC_CL_DEVICE", "999")
+  import pyopencl as cl
   with pytest.raises(cl_device.CLUnavailable, match="RULEC_CL_DEVICE=999"): cl_device.CLDevice(999)
+
+  def no_platform(): raise cl.LogicError("clGetPlatformIDs failed: PLATFORM_NOT_FOUND_KHR")
+  monkeypatch.setattr(cl, "get_platforms", no_platform)
+  with pytest.raises(cl_device.CLUnavailable, match="no OpenCL platform found.*pip install pocl-binary-distribution"):
+    cl_device.all_devices()
+
+
+def test_a_device_without_fp64_gets_float_code():
+  # float32 transcendentals fall back to the float builtins; nothing mentions double
+  x = Tensor(np.ones((4, 4)), dtype=dtypes.float32, device="CL")
+  h = Tensor(np.ones((4, 4)), dtype=dtypes.float16, device="CL")
+  for t in (x.exp2().sin().log2() ** x, (h.exp2() ** h).sum(1), x.cast(dtypes.int64) // 3):
+    for k in t.schedule():
+      r = opencl.render(cl_device._lowered(k), opencl.Target(fp64=False))
+      assert "double" not in r.source and "fp64" not in r.source
+      cl_device.Program(DEV, r)   # builds
+
+
+# *** kernels built by hand: shapes the scheduler does not make today ***
+
+def _hand_kernels(device):
+  from engine.ops import Ops
+  from engine.uop import UOp
+  from runtime.buffer import buffer_of, new_buffer
+  from runtime.kernel import Kernel
+
+  def buf(arr, dt):
+    b = new_buffer(device, arr.size, dt)
+    buffer_of(b).copyin(arr)
+    return b
+  x = np.arange(-12, 36, dtype=np.float32) / 4
+  ins, mid, out, scal = buf(x, dtypes.float32), buf(np.zeros(6, np.float32), dtypes.float32), \
+    buf(np.zeros(6, np.float32), dtypes.float32), buf(np.zeros(1, np.int32), dtypes.int32)
+  bufs = (mid, out, ins, scal)
+  pm, po, pi, ps = (UOp(Ops.PARAM, b.dtype, (), (i, b.arg[2])) for i, b in enumerate(bufs))
+  r0, r1, r2, r3, r4 = (UOp.range(n, i) for i, n in enumerate((6, 8, 6, 2, 4)))
+  red = lambda v, op, *rs: UOp(Ops.REDUCE, v.dtype, (v, *rs), op)
+  # store 1: mid[i] = sum_j x[i*8+j]; store 2 (reads store 1's output): out[i] = max over (a, b) of mid[i] * x[a*4+b]
+  # minus the sum over j of a nested reduce; store 3, no ranges: scal[0] = 42
+  s1 = pm.index(r0).store(red(pi.index(r0 * 8 + r1), Ops.ADD, r1)).end(r0)
+  inner = red(pi.index(r3 * 4 + r4), Ops.ADD, r4)
+  s2 = po.index(r2).store(red(pm.index(r2) * pi.index(r3 * 4 + r4), Ops.MAX, r3, r4) - red(inner, Ops.ADD, r3)).end(r2)
+  s3 = ps.index(UOp.const(dtypes.index, 0)).store(UOp.const(dtypes.int32, 42))
+  return Kernel(UOp.sink(s1, s2, s3), bufs), bufs
+
+
+def test_a_kernel_with_several_stores_runs_them_in_order():
+  from runtime.buffer import buffer_of
+  from runtime.devices import run_kernel
+  got = {}
+  for device in ("CL", "NUMPY"):
+    k, bufs = _hand_kernels(device)
+    run_kernel(k, device)
+    got[device] = [buffer_of(b).numpy_view().copy() for b in bufs]
+  for a, b in zip(got["CL"], got["NUMPY"]): np.testing.assert_allclose(a, b, rtol=1e-6)
+  assert got["CL"][3].tolist() == [42]
+  prog = cl_device.compile_kernel(_hand_kernels("CL")[0])
+  assert prog.rendered.global_size == 1 and prog.global_ == 1   # several stores: one work-item runs them in order
