@@ -18,6 +18,13 @@ _ucache: dict[tuple, weakref.ref] = {}
 _buffer_uids = itertools.count()   # one counter for every BUFFER, so two buffers never hash-cons into one
 
 
+def _arg_kind(arg: Any) -> Any:
+  """What keeps equal-hashing args apart in the cache key: CONST 0, 0.0 and False, and 0.0 and -0.0."""
+  t = type(arg)
+  if t is float and arg == 0.0 and math.copysign(1.0, arg) < 0: return "-0.0"
+  return t
+
+
 def prod(xs: Iterable[int]) -> int:
   out = 1
   for x in xs: out *= x
@@ -33,8 +40,7 @@ class UOp:
   tag: Any
 
   def __new__(cls, op: Ops, dtype: DType = dtypes.void, src: tuple[UOp, ...] = (), arg: Any = None, tag: Any = None):
-    # type(arg) keeps CONST 0, 0.0 and False apart even though they hash alike
-    key = (op, dtype, src, arg, type(arg), tag)
+    key = (op, dtype, src, arg, _arg_kind(arg), tag)
     wr = _ucache.get(key)
     if wr is not None and (ret := wr()) is not None: return ret
     self = object.__new__(cls)
@@ -52,7 +58,7 @@ class UOp:
 
   def __del__(self):
     try:
-      key = (self.op, self.dtype, self.src, self.arg, type(self.arg), self.tag)
+      key = (self.op, self.dtype, self.src, self.arg, _arg_kind(self.arg), self.tag)
       wr = _ucache.get(key)
       if wr is not None and wr() in (self, None): del _ucache[key]
     except Exception: pass  # interpreter shutdown or an unhashable arg that never entered the cache

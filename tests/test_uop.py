@@ -71,3 +71,10 @@ def test_value_bounds():
   assert ((r * 4 + v) // 4).vmax == (15 * 4 + 5) // 4
   assert (r % 4).vmax == 3 and (r % 32).vmax == 15
   assert (r - v).vmin == -5
+
+
+def test_negative_zero_is_its_own_constant():
+  # 0.0 == -0.0 and they hash alike, but x / -0.0 is -inf: the cache must keep them apart
+  pos, neg = UOp.const(dtypes.float32, 0.0), UOp.const(dtypes.float32, -0.0)
+  assert pos is not neg and str(neg.arg) == "-0.0"
+  assert UOp.const(dtypes.float32, -0.0) is neg
