@@ -127,7 +127,10 @@ def test_matmul(m, n, k, dt, data):
   prod = p1.index(r0 * k + r2) * p2.index(r2 * n + r1)
   run([out, pa, pb], p0.index(r0 * n + r1).store(red(prod, Ops.ADD, r2)).end(r0, r1))
   want = (a.astype(np.float64) @ b.astype(np.float64)).reshape(-1)
-  if dt.is_float: np.testing.assert_allclose(read(out), want, rtol=1e-4, atol=1e-2)
+  if dt.is_float:
+    # the device sums in float32: allow the float32 error of the sum, which scales with sum |a||b| (cancellation)
+    bound = (np.abs(a.astype(np.float64)) @ np.abs(b.astype(np.float64))).reshape(-1) * k * 1.2e-7 + 1e-2
+    assert (np.abs(read(out) - want) <= bound + 1e-4 * np.abs(want)).all(), (read(out), want)
   else: np.testing.assert_array_equal(read(out), want.astype(np.int32))
 
 
