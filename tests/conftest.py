@@ -4,8 +4,10 @@ import tempfile
 import pytest
 from hypothesis import settings
 
-# CI runs the full example budgets; a developer can lower them with HYPOTHESIS_PROFILE=dev
-settings.register_profile("ci", deadline=None, print_blob=True)
+# CI runs the full example budgets, derandomized so a landing never depends on luck; a developer
+# explores new examples with HYPOTHESIS_PROFILE=explore, or runs fewer with HYPOTHESIS_PROFILE=dev
+settings.register_profile("ci", deadline=None, print_blob=True, derandomize=True)
+settings.register_profile("explore", deadline=None, print_blob=True)
 settings.register_profile("dev", deadline=None, max_examples=50)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
