@@ -14,6 +14,7 @@ import numpy as np
 
 from engine import schedule as _scheduler
 from engine import tensor_eval
+from engine.sched.tensor_helpers import is_buffer_view
 from runtime.devices import default_device, run_kernel
 from engine.ops import MOVEMENT, Ops
 from engine.uop import UOp
@@ -40,22 +41,13 @@ def _run(kernel) -> None:
   COUNTERS["run"] += 1
 
 
-def is_realized(u: UOp) -> bool:
-  """A whole buffer, or a plain reshape of one: the value is stored, nothing to compute."""
-  return u.op is Ops.BUFFER or (u.op is Ops.RESHAPE and u.src[0].op is Ops.BUFFER)
+# a whole buffer, or a plain reshape of one: the value is stored, nothing to compute
+is_realized = is_buffer_view
 
 
 def device_of(u: UOp, default: str = DEFAULT_DEVICE) -> str:
-  """Where u's value lives: a COPY's target device, else the device of the buffers it reads."""
-  stack, seen = [u], set()
-  while stack:
-    x = stack.pop()
-    if id(x) in seen: continue
-    seen.add(id(x))
-    if x.op is Ops.COPY: return x.arg
-    if x.op is Ops.BUFFER: return x.arg[1]
-    stack.extend(x.src)
-  return default
+  """Where u's value lives (UOp.device), or `default` for a constant."""
+  return u.device or default
 
 
 def view_indices(target: UOp) -> tuple[UOp, np.ndarray]:

@@ -21,6 +21,7 @@ from typing import Any
 from engine.lang.loader import load_library
 from engine.ops import ALU, MOVEMENT, Ops
 from engine.rewrite import graph_rewrite, substitute
+from engine.sched.tensor_helpers import is_buffer_view
 from engine.uop import UOp, prod
 from runtime.kernel import Kernel
 
@@ -179,13 +180,9 @@ def _order(built: list[tuple[Kernel, KernelBuilder, UOp]]) -> list[Kernel]:
   return [built[i][0] for i in order]
 
 
-def _is_buffer_view(x: UOp) -> bool:
-  return x.op is Ops.BUFFER or (x.op is Ops.RESHAPE and x.src[0].op is Ops.BUFFER)
-
-
 def _realized_view(t: UOp) -> bool:
   """Already stored: a whole buffer, or a view of a buffer after an assign's store."""
-  return _is_buffer_view(t) or t.base.op is Ops.AFTER
+  return is_buffer_view(t) or t.base.op is Ops.AFTER
 
 
 def schedule(targets: list[UOp], default_device: str = "NUMPY") -> tuple[list[Kernel], list[UOp]]:

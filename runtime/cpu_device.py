@@ -17,6 +17,7 @@ import llvmlite.binding as llvm
 
 from engine.lang.loader import load_library
 from engine.rewrite import graph_rewrite
+from engine.uop import prod
 from runtime.buffer import buffer_of
 from runtime.kernel import Kernel, validate
 
@@ -80,6 +81,7 @@ def _lowered(kernel: Kernel) -> Kernel:
   return Kernel(ast, kernel.bufs)
 
 
+_work: dict = {}     # kernel AST -> loop iterations, which decides the thread split
 _by_ast: dict = {}   # kernel AST -> (program, split range): ASTs are hash-consed, so equal kernels share one entry
 
 
@@ -105,8 +107,9 @@ def run_kernel(kernel: Kernel) -> None:
   prog, split = compile_kernel(kernel)   # validates the kernel the first time its AST is seen
   ptrs = [buffer_of(b).numpy_view().ctypes.data for b in kernel.bufs]
   n = split.src[0].arg if split is not None else 1
-  work = 1
-  for r in kernel.ranges: work *= r.src[0].arg
+  work = _work.get(kernel.ast)
+  if work is None:   # loop iterations, counted once per AST rather than on every launch
+    work = _work[kernel.ast] = prod(r.src[0].arg for r in kernel.ranges)
   t = threads()
   if split is None or t == 1 or n < 2 or work < MIN_SPLIT_WORK:
     prog.fn(*ptrs, 0, n)
