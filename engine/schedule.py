@@ -18,6 +18,7 @@ import os
 import time
 from typing import Any
 
+from engine import trace as _trace
 from engine.lang.loader import load_library
 from engine.ops import ALU, MOVEMENT, Ops
 from engine.rewrite import graph_rewrite, substitute
@@ -44,14 +45,30 @@ class _Counting:
     return r
 
 
-def _pass(name: str, sink: UOp, matcher, **kw) -> UOp:
-  if not DEBUG: return graph_rewrite(sink, matcher, **kw)
+def _pass(name: str, sink: UOp, matcher, quiet: bool = False, **kw) -> UOp:
+  if _trace.ACTIVE: return _traced_pass(name, sink, matcher, quiet, **kw)
+  return _run_pass(name, sink, matcher, quiet, **kw)
+
+
+def _run_pass(name: str, sink: UOp, matcher, quiet: bool, **kw) -> UOp:
+  if not DEBUG or quiet: return graph_rewrite(sink, matcher, **kw)
   counting = _Counting(matcher)
   t0 = time.perf_counter()
   out = graph_rewrite(sink, counting, **kw)
   fired = ", ".join(f"{k} x{v}" for k, v in sorted(counting.fired.items(), key=lambda kv: -kv[1]))
   print(f"[schedule] {name:<10} {len(sink.toposort()):>6} -> {len(out.toposort()):>6} nodes  "
         f"{(time.perf_counter() - t0) * 1e3:7.2f} ms  {fired or 'no rules fired'}")
+  return out
+
+
+def _traced_pass(name: str, sink: UOp, matcher, quiet: bool, **kw) -> UOp:
+  """RULEC_TRACE / engine.trace.tracing(): the pass with every rewrite recorded (see engine/trace.py)."""
+  rec = _trace.Recorder(name, sink, matcher, kw.get("ctx"))
+  try: out = _run_pass(name, sink, rec, quiet, **kw)
+  except BaseException as e:
+    rec.finish(None, e)
+    raise
+  rec.finish(out)
   return out
 
 
@@ -187,6 +204,7 @@ def _realized_view(t: UOp) -> bool:
 
 def schedule(targets: list[UOp], default_device: str = "NUMPY") -> tuple[list[Kernel], list[UOp]]:
   """Kernels that realize `targets`, in run order, and each target's realized view (a BUFFER reshape)."""
+  if _trace.ACTIVE: _trace.begin_schedule(default_device, len(targets))
   sink = _pass("earliest", UOp.sink(*targets), _m("earliest"))
   sink = _pass("prepare", sink, _m("prepare"))
   sink = _wrap_stages(sink, choose_stages(sink))
@@ -205,8 +223,8 @@ def schedule(targets: list[UOp], default_device: str = "NUMPY") -> tuple[list[Ke
   for u in sink.toposort():
     if u.op is not Ops.AFTER: continue
     ctx = KernelBuilder()
-    ast = graph_rewrite(UOp.sink(*u.src[1:]), to_params, ctx=ctx, bottom_up=True)
-    built.append((Kernel(graph_rewrite(ast, untag), tuple(ctx.bufs)), ctx, u.src[0]))
+    ast = _pass("to_params", UOp.sink(*u.src[1:]), to_params, quiet=True, ctx=ctx, bottom_up=True)
+    built.append((Kernel(_pass("untag", ast, untag, quiet=True), tuple(ctx.bufs)), ctx, u.src[0]))
   kernels = _order(built)
   # each target reads its buffer directly from now on (the AFTERs are done)
   views = [substitute(s, {a: a.src[0] for a in s.toposort() if a.op is Ops.AFTER}) for s in sink.src]
