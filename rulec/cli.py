@@ -60,6 +60,11 @@ def _cmd_demo(args) -> int:
   return run_demo(args)
 
 
+def _cmd_trace(args) -> int:
+  from rulec.trace_view import trace_program
+  return trace_program(args.program, args.args, args.output)
+
+
 def main(argv: list[str] | None = None) -> int:
   ap = argparse.ArgumentParser(prog="rulec", description="rulec: a tensor compiler whose rewrites are .rules files")
   sub = ap.add_subparsers(dest="cmd", required=True)
@@ -77,6 +82,11 @@ def main(argv: list[str] | None = None) -> int:
   d.add_argument("--count", type=int, default=2000, help="number of random index expressions")
   d.add_argument("--device", default=None, help="device to run on (default: RULEC_DEVICE or CPU)")
   d.set_defaults(fn=_cmd_demo)
+  t = sub.add_parser("trace", help="run a Python program, record every scheduler pass and rewrite, write an HTML viewer")
+  t.add_argument("program", help="the Python program to run (as `python PROGRAM ARGS...`)")
+  t.add_argument("args", nargs="*", help="arguments for the program (after --: `rulec trace p.py -- --n 3`)")
+  t.add_argument("-o", "--output", default="trace.html", help="the HTML file to write (default: trace.html)")
+  t.set_defaults(fn=_cmd_trace)
   try:
     args = ap.parse_args(argv)
   except SystemExit as e:

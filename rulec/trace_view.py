@@ -359,3 +359,44 @@ window.addEventListener("hashchange", fromHash);
 buildPassList();
 fromHash();
 """
+
+
+def trace_program(program: str, argv: list[str], out: str | Path) -> int:
+  """`rulec trace`: run a Python program with tracing on (as `python PROGRAM ARGS...` would) and write the page.
+
+  Returns 0, 1 when the program raised or exited non-zero (the trace so far is still written),
+  2 when there is no such program."""
+  import runpy
+  import sys
+  import traceback
+  from engine.trace import tracing
+  path = Path(program)
+  if not path.is_file():
+    print(f"rulec trace: no such file: {program}", file=sys.stderr)
+    return 2
+  fname = str(path)
+  old_argv, old_path = sys.argv, list(sys.path)
+  sys.argv = [fname, *argv]
+  sys.path.insert(0, str(path.resolve().parent))
+  rc = 0
+  with tracing(f"rulec trace {program}") as t:
+    try:
+      runpy.run_path(fname, run_name="__main__")
+    except SystemExit as e:
+      if e.code not in (None, 0):
+        rc = e.code if isinstance(e.code, int) else 1
+        print(f"rulec trace: {program} exited with {e.code}", file=sys.stderr)
+    except Exception as e:
+      tb = e.__traceback__
+      while tb is not None and tb.tb_frame.f_code.co_filename != fname: tb = tb.tb_next   # from the program's frames on
+      lines = traceback.format_exception(type(e), e, tb) if tb is not None else traceback.format_exception_only(type(e), e)
+      print("".join(lines).rstrip(), file=sys.stderr)
+      print(f"rulec trace: {program} raised {type(e).__name__}; writing the trace recorded so far", file=sys.stderr)
+      rc = 1
+    finally:
+      sys.argv = old_argv
+      sys.path[:] = old_path
+  out = write_html(t, out)
+  print(f"rulec trace: {t.summary()} -> {out}")
+  if not t.passes: print("rulec trace: the program scheduled nothing (realize a Tensor to record passes)", file=sys.stderr)
+  return rc
