@@ -496,7 +496,7 @@ class Tensor:
     self.realize()
     u = self.uop
     base = u if u.op is Ops.BUFFER else u.src[0]
-    return buffer_of(base).numpy_view().reshape(self.shape).copy()
+    return buffer_of(base).host_view().reshape(self.shape).copy()
 
   def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
     a = self.numpy()

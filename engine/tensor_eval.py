@@ -94,7 +94,7 @@ def evaluate(uops: Sequence[UOp]) -> list[np.ndarray]:
 
 def _eval_node(u: UOp, xs: list[np.ndarray]) -> np.ndarray:
   op = u.op
-  if op is Ops.BUFFER: out = buffer_of(u).numpy_view()
+  if op is Ops.BUFFER: out = buffer_of(u).host_view()
   elif op is Ops.CONST: out = _const(u.arg, u.dtype)
   elif op in _ELEMENTWISE: out = _ELEMENTWISE[op](u.dtype, *xs)
   elif op is Ops.CAST: out = xs[0].astype(np_dtype(u.dtype))

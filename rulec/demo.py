@@ -84,7 +84,7 @@ def run_demo(args) -> int:
       times.append((t1 - t0, t2 - t1))
     from runtime.buffer import buffer_of
     v = views[0]
-    got = buffer_of(v.base).numpy_view().reshape(out.shape)
+    got = buffer_of(v.base).host_view().reshape(out.shape)
     err = float(np.abs(got - want).max())
     ok = err <= 1e-3 * max(1.0, float(np.abs(want).max()))
     failed |= not ok

@@ -3,6 +3,14 @@
 A BUFFER UOp (arg = (uid, device, size)) names storage; the storage itself is
 a Buffer, found with `buffer_of(uop)`. Buffers are allocated lazily, on first
 use, and live as long as the UOp that names them.
+
+Every device can read every buffer, so a Buffer keeps its host (numpy) copy
+and at most one device-side copy (a Mirror: e.g. an OpenCL buffer on a GPU),
+with a validity flag each. Host readers call `host_view()` (read-only: the
+device copy stays valid), host writers `numpy_view()` (the device copy becomes
+stale); a device that writes the buffer marks the host copy stale, and the
+next host access copies the data back. A chain of kernels on one device thus
+never round-trips through host memory.
 """
 from __future__ import annotations
 
@@ -22,24 +30,54 @@ def np_dtype(dtype: DType) -> np.dtype:
   return np.dtype(dtype.np_name)
 
 
+class Mirror:
+  """A device-side copy of a Buffer. Devices subclass it; `valid` says it holds the current contents."""
+  owner: object = None   # which device (object) holds it
+  valid: bool = False
+  def read_into(self, host: np.ndarray) -> None: raise NotImplementedError
+
+
 class Buffer:
   """Flat storage of `size` elements of `dtype` on `device`."""
   def __init__(self, device: str, size: int, dtype: DType):
     self.device, self.size, self.dtype = device, size, dtype
     self._data: np.ndarray | None = None
+    self.mirror: Mirror | None = None
+    self.host_valid = True    # False: the mirror was written after the host copy
 
   @property
-  def allocated(self) -> bool: return self._data is not None
+  def allocated(self) -> bool: return self._data is not None or self.mirror is not None
+
+  def _host(self) -> np.ndarray:
+    if self._data is None: self._data = np.zeros(self.size, dtype=np_dtype(self.dtype))
+    if not self.host_valid:
+      assert self.mirror is not None and self.mirror.valid
+      self.mirror.read_into(self._data)
+      self.host_valid = True
+    return self._data
+
+  def host_view(self) -> np.ndarray:
+    """The contents as a read-only 1-D numpy array (no copy unless a device holds newer data)."""
+    v = self._host().view()
+    v.flags.writeable = False
+    return v
 
   def numpy_view(self) -> np.ndarray:
-    """The contents as a 1-D numpy array (no copy on host devices)."""
-    if self._data is None: self._data = np.zeros(self.size, dtype=np_dtype(self.dtype))
-    return self._data
+    """The contents as a writable 1-D numpy array; a device copy becomes stale (the caller may write)."""
+    arr = self._host()
+    if self.mirror is not None: self.mirror.valid = False
+    return arr
 
   def copyin(self, data: np.ndarray):
     arr = np.ascontiguousarray(data, dtype=np_dtype(self.dtype)).reshape(-1)
     if arr.size != self.size: raise ValueError(f"copyin of {arr.size} elements into a buffer of {self.size}")
     self._data = arr.copy() if arr.base is not None or not arr.flags.writeable else arr
+    self.host_valid = True
+    if self.mirror is not None: self.mirror.valid = False
+
+  def device_wrote(self, mirror: Mirror):
+    """A device kernel wrote `mirror`: it is now the only current copy."""
+    self.mirror, mirror.valid, self.host_valid = mirror, True, False
 
   def __repr__(self): return f"<Buffer {self.device} {self.size} x {self.dtype.name}>"
 
@@ -60,4 +98,4 @@ def buffer_of(u: UOp) -> Buffer:
   return buf
 
 
-__all__ = ["Buffer", "new_buffer", "buffer_of", "np_dtype", "dtypes"]
+__all__ = ["Buffer", "Mirror", "new_buffer", "buffer_of", "np_dtype", "dtypes"]

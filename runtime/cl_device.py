@@ -11,12 +11,12 @@ binaries on disk under POCL_CACHE_DIR), and launched as a 1-D NDRange of one
 work-item per element its store writes (see codegen/opencl.py), with the local
 size taken from the device's and the kernel's work-group limits.
 
-Buffers: rulec's Buffer is host (numpy) memory, shared by every device. This
-device is correctness-first: each run copies every buffer the kernel names to
-fresh device buffers, runs, and copies the buffers it writes back (a store may
-write only part of its buffer, so outputs are copied in too). Device-resident
-buffers (and zero-copy host buffers on CPU devices) are the next step;
-`TIMES` accumulates where the time goes (build, copy in, kernel, copy out).
+Buffers: a kernel's buffers live on the device (runtime/buffer.py's Mirror):
+the first kernel that names a buffer uploads its host contents, a kernel's
+outputs stay on the device, and the host copy is refreshed only when the host
+reads it (Tensor.numpy(), a CPU kernel). Kernels are enqueued without waiting
+on an in-order queue; a host read waits for them. `TIMES` accumulates build
+and upload/download time; `synchronize()` waits for every queued kernel.
 """
 from __future__ import annotations
 
@@ -28,12 +28,12 @@ import warnings
 
 from engine.lang.loader import load_library
 from engine.rewrite import graph_rewrite
-from runtime.buffer import buffer_of
+from runtime.buffer import Buffer, Mirror, buffer_of, np_dtype
 from runtime.kernel import Kernel, validate
 
 DEVICE = "CL"
 COUNTERS = {"compiled": 0, "run": 0}
-TIMES = {"build_s": 0.0, "copy_in_s": 0.0, "kernel_s": 0.0, "copy_out_s": 0.0}
+TIMES = {"build_s": 0.0, "upload_s": 0.0, "download_s": 0.0}
 
 _lock = threading.RLock()
 _device: "CLDevice | None" = None
@@ -185,35 +185,54 @@ def _debug_level() -> int:
   except ValueError: return 0
 
 
+class CLMirror(Mirror):
+  """A buffer's copy in one CL device's memory."""
+  def __init__(self, dev: CLDevice, nbytes: int):
+    self.owner, self.nbytes = dev, nbytes
+    self.mem = dev.cl.Buffer(dev.ctx, dev.cl.mem_flags.READ_WRITE, max(1, nbytes))
+
+  def read_into(self, host) -> None:
+    if not self.nbytes: return
+    t0 = time.perf_counter()
+    with _lock: self.owner.cl.enqueue_copy(self.owner.queue, host, self.mem, is_blocking=True)
+    TIMES["download_s"] += time.perf_counter() - t0
+
+
+def device_memory(buf: Buffer, dev: CLDevice) -> CLMirror:
+  """`buf`'s copy on `dev`, uploaded from the host if the device's copy is missing or stale."""
+  m = buf.mirror
+  if m is None or m.owner is not dev:
+    nbytes = buf.size * np_dtype(buf.dtype).itemsize
+    if m is not None and not buf.host_valid: buf.host_view()   # another device holds the data: bring it home first
+    m = buf.mirror = CLMirror(dev, nbytes)
+  if not m.valid:
+    host = buf.host_view()
+    if host.nbytes:
+      t0 = time.perf_counter()
+      dev.cl.enqueue_copy(dev.queue, m.mem, host, is_blocking=True)
+      TIMES["upload_s"] += time.perf_counter() - t0
+    m.valid = True
+  return m
+
+
+def synchronize() -> None:
+  """Wait until every kernel enqueued so far has finished."""
+  if _device is not None:
+    with _lock: _device.queue.finish()
+
+
 def run_kernel(kernel: Kernel) -> None:
   prog = compile_kernel(kernel)   # validates the kernel the first time its AST is seen
   if _debug_level() >= 3: print(f"CL {kernel!r} local={prog.local} global={prog.global_}\n{prog.source}", file=sys.stderr)
   COUNTERS["run"] += 1
   if prog.rendered.global_size == 0: return   # an empty range: nothing is stored
   dev = get_device()
-  cl, mf = dev.cl, dev.cl.mem_flags
   with _lock:
-    t0 = time.perf_counter()
-    hosts, dbufs, by_buf = [], [], {}
-    for b in kernel.bufs:
-      arr = buffer_of(b).numpy_view()
-      if id(b) not in by_buf:   # a buffer named twice is one device buffer
-        by_buf[id(b)] = cl.Buffer(dev.ctx, mf.READ_WRITE | mf.COPY_HOST_PTR, hostbuf=arr) if arr.nbytes else \
-          cl.Buffer(dev.ctx, mf.READ_WRITE, 1)
-      hosts.append(arr)
-      dbufs.append(by_buf[id(b)])
-    t1 = time.perf_counter()
-    if dbufs: prog.kernel.set_args(*dbufs)
-    cl.enqueue_nd_range_kernel(dev.queue, prog.kernel, (prog.global_,), (prog.local,)).wait()
-    t2 = time.perf_counter()
-    for slot in kernel.outputs:
-      if hosts[slot].nbytes: cl.enqueue_copy(dev.queue, hosts[slot], dbufs[slot], is_blocking=False)
-    dev.queue.finish()
-    t3 = time.perf_counter()
-  TIMES["copy_in_s"] += t1 - t0
-  TIMES["kernel_s"] += t2 - t1
-  TIMES["copy_out_s"] += t3 - t2
+    mems = [device_memory(buffer_of(b), dev) for b in kernel.bufs]   # a buffer named twice is one device buffer
+    if mems: prog.kernel.set_args(*[m.mem for m in mems])
+    dev.cl.enqueue_nd_range_kernel(dev.queue, prog.kernel, (prog.global_,), (prog.local,))
+    for slot in kernel.outputs: buffer_of(kernel.bufs[slot]).device_wrote(mems[slot])
 
 
 __all__ = ["DEVICE", "COUNTERS", "TIMES", "CLDevice", "CLUnavailable", "CLBuildError", "Program", "get_device", "available",
-           "all_devices", "render", "compile_kernel", "run_kernel"]
+           "all_devices", "render", "compile_kernel", "run_kernel", "synchronize", "device_memory", "CLMirror"]

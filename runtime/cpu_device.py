@@ -105,7 +105,8 @@ def compile_kernel(kernel: Kernel) -> tuple[Program, object]:
 
 def run_kernel(kernel: Kernel) -> None:
   prog, split = compile_kernel(kernel)   # validates the kernel the first time its AST is seen
-  ptrs = [buffer_of(b).numpy_view().ctypes.data for b in kernel.bufs]
+  outs = kernel.outputs
+  ptrs = [(buffer_of(b).numpy_view() if i in outs else buffer_of(b).host_view()).ctypes.data for i, b in enumerate(kernel.bufs)]
   n = split.src[0].arg if split is not None else 1
   work = _work.get(kernel.ast)
   if work is None:   # loop iterations, counted once per AST rather than on every launch

@@ -10,6 +10,7 @@ ValueError naming every problem it finds.
 """
 from __future__ import annotations
 
+import weakref
 from typing import Iterable
 
 import attrs
@@ -42,6 +43,9 @@ def _range_name(r: UOp) -> str:
   return f"r{axis}[{_range_size(r)}]"
 
 
+_OUTPUTS: "weakref.WeakKeyDictionary[UOp, tuple[int, ...]]" = weakref.WeakKeyDictionary()
+
+
 @attrs.frozen(repr=False)
 class Kernel:
   ast: UOp
@@ -62,12 +66,15 @@ class Kernel:
 
   @property
   def outputs(self) -> tuple[int, ...]:
-    """The slots the STOREs write, in store order, each once."""
-    out: list[int] = []
-    for st in self.stores:
-      slot = st.src[0].src[0].arg[0]
-      if slot not in out: out.append(slot)
-    return tuple(out)
+    """The slots the STOREs write, in store order, each once (asked on every launch: memoised per AST)."""
+    hit = _OUTPUTS.get(self.ast)
+    if hit is None:
+      out: list[int] = []
+      for st in self.stores:
+        slot = st.src[0].src[0].arg[0]
+        if slot not in out: out.append(slot)
+      hit = _OUTPUTS[self.ast] = tuple(out)
+    return hit
 
   @property
   def inputs(self) -> tuple[int, ...]:

@@ -194,7 +194,8 @@ class _Run:
     self.val: dict[int, np.ndarray] = {}
     self.poison: dict[int, tuple[np.ndarray, frozenset[int]]] = {}  # out-of-bounds reads: (mask, slots)
     self.reads: dict[int, frozenset[int]] = {}                       # slots a node loads from
-    self.views = {slot: buffer_of(b).numpy_view() for slot, b in enumerate(kernel.bufs)}
+    self.views = {slot: buffer_of(b).numpy_view() if slot in kernel.outputs else buffer_of(b).host_view()
+                  for slot, b in enumerate(kernel.bufs)}
 
   def run(self):
     for e in self.kernel.ast.src:
