@@ -48,6 +48,11 @@ class Buffer:
   @property
   def allocated(self) -> bool: return self._data is not None or self.mirror is not None
 
+  @property
+  def untouched(self) -> bool:
+    """Never written by anyone: the contents are zeros (a device may fill its copy instead of uploading)."""
+    return self._data is None and self.host_valid
+
   def _host(self) -> np.ndarray:
     if self._data is None: self._data = np.zeros(self.size, dtype=np_dtype(self.dtype))
     if not self.host_valid:

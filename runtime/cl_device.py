@@ -26,13 +26,15 @@ import threading
 import time
 import warnings
 
+import numpy as np
+
 from engine.lang.loader import load_library
 from engine.rewrite import graph_rewrite
 from runtime.buffer import Buffer, Mirror, buffer_of, np_dtype
 from runtime.kernel import Kernel, validate
 
 DEVICE = "CL"
-COUNTERS = {"compiled": 0, "run": 0}
+COUNTERS = {"compiled": 0, "run": 0, "uploads": 0, "downloads": 0}
 TIMES = {"build_s": 0.0, "upload_s": 0.0, "download_s": 0.0}
 
 _lock = threading.RLock()
@@ -195,6 +197,7 @@ class CLMirror(Mirror):
     if not self.nbytes: return
     t0 = time.perf_counter()
     with _lock: self.owner.cl.enqueue_copy(self.owner.queue, host, self.mem, is_blocking=True)
+    COUNTERS["downloads"] += 1
     TIMES["download_s"] += time.perf_counter() - t0
 
 
@@ -205,11 +208,15 @@ def device_memory(buf: Buffer, dev: CLDevice) -> CLMirror:
     nbytes = buf.size * np_dtype(buf.dtype).itemsize
     if m is not None and not buf.host_valid: buf.host_view()   # another device holds the data: bring it home first
     m = buf.mirror = CLMirror(dev, nbytes)
+  if not m.valid and buf.untouched:
+    if m.nbytes: dev.cl.enqueue_fill_buffer(dev.queue, m.mem, np.zeros(1, np.uint8), 0, m.nbytes)   # never written: zeros
+    m.valid = True
   if not m.valid:
     host = buf.host_view()
     if host.nbytes:
       t0 = time.perf_counter()
       dev.cl.enqueue_copy(dev.queue, m.mem, host, is_blocking=True)
+      COUNTERS["uploads"] += 1
       TIMES["upload_s"] += time.perf_counter() - t0
     m.valid = True
   return m

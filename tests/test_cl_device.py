@@ -430,3 +430,34 @@ def test_a_kernel_with_several_stores_runs_them_in_order():
   assert got["CL"][3].tolist() == [42]
   prog = cl_device.compile_kernel(_hand_kernels("CL")[0])
   assert prog.rendered.global_size == 1 and prog.global_ == 1   # several stores: one work-item runs them in order
+
+
+def _storage(t: Tensor):
+  from runtime.buffer import buffer_of
+  u = t.uop
+  return buffer_of(u if u.op.name == "BUFFER" else u.src[0])
+
+
+def test_buffers_stay_on_the_device_and_move_only_when_another_side_reads():
+  x = np.arange(12, dtype=np.float32).reshape(3, 4)
+  c0 = dict(cl_device.COUNTERS)
+  a = Tensor(x, device="CL")
+  b = (a * 2).realize()
+  assert cl_device.COUNTERS["uploads"] - c0["uploads"] == 1          # a went up once
+  assert not _storage(b).host_valid and _storage(b).mirror.valid     # b lives on the device only
+  c = (b + 1).realize()
+  assert cl_device.COUNTERS["uploads"] - c0["uploads"] == 1 and cl_device.COUNTERS["downloads"] == c0["downloads"]
+  np.testing.assert_array_equal(c.numpy(), x * 2 + 1)
+  assert cl_device.COUNTERS["downloads"] - c0["downloads"] == 1
+  np.testing.assert_array_equal(c.numpy(), x * 2 + 1)                # the host copy is current now: no second download
+  assert cl_device.COUNTERS["downloads"] - c0["downloads"] == 1
+  # CL -> CPU -> CL: the CPU kernel reads b's data from the device, the CL kernel sees the CPU's result
+  d = (b.to("CPU") * 3).realize()
+  e = (d.to("CL") - 1).realize()
+  np.testing.assert_array_equal(e.numpy(), x * 6 - 1)
+  # a host write makes the device copy stale: the next CL kernel sees the new contents
+  _storage(a).numpy_view()[:] = 5
+  np.testing.assert_array_equal((a + 1).numpy(), np.full((3, 4), 6, np.float32))
+  # an assign on the device writes the device copy; the host sees it on the next read
+  a.assign(a * 10).realize()
+  np.testing.assert_array_equal(a.numpy(), np.full((3, 4), 50, np.float32))
