@@ -14,7 +14,7 @@ def _cmd_check(args) -> int:
   if missing:
     print(f"rulec check: no such file or directory: {', '.join(missing)}", file=sys.stderr)
     return 2
-  lib, sources = check_paths(args.paths or None)
+  lib, sources = check_paths(args.paths or None, examples=not args.no_examples)
   diags = lib.diagnostics
   if args.format == "json":
     print(json.dumps({"files": len(sources), "rulesets": len(lib.rulesets),
@@ -71,6 +71,7 @@ def main(argv: list[str] | None = None) -> int:
   c = sub.add_parser("check", help="check .rules files (default: the rules/ library)")
   c.add_argument("paths", nargs="*", help="files or directories (default: rules/)")
   c.add_argument("--format", choices=("human", "json"), default="human")
+  c.add_argument("--no-examples", action="store_true", help="do not run the rules' examples")
   c.set_defaults(fn=_cmd_check)
   k = sub.add_parser("compile", help="compile rule sets to matchers")
   k.add_argument("ruleset", nargs="+", help="rule set name(s); several are combined in order")
@@ -84,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
   d.set_defaults(fn=_cmd_demo)
   t = sub.add_parser("trace", help="run a Python program, record every scheduler pass and rewrite, write an HTML viewer")
   t.add_argument("program", help="the Python program to run (as `python PROGRAM ARGS...`)")
-  t.add_argument("args", nargs="*", help="arguments for the program (after --: `rulec trace p.py -- --n 3`)")
+  t.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the program (after --: `rulec trace p.py -o t.html -- --n 3`)")
   t.add_argument("-o", "--output", default="trace.html", help="the HTML file to write (default: trace.html)")
   t.set_defaults(fn=_cmd_trace)
   try:

@@ -361,15 +361,31 @@ fromHash();
 """
 
 
+def split_args(tokens: list[str], out: str) -> tuple[list[str], str]:
+  """The words after `rulec trace PROGRAM`: `-o FILE` / `--output FILE` / `--output=FILE` are rulec's,
+  everything after `--` and every other word goes to the program."""
+  args: list[str] = []
+  i = 0
+  while i < len(tokens):
+    t = tokens[i]
+    if t == "--": return args + tokens[i + 1:], out
+    if t in ("-o", "--output") and i + 1 < len(tokens): out, i = tokens[i + 1], i + 2; continue
+    if t.startswith("--output="): out = t.split("=", 1)[1]
+    else: args.append(t)
+    i += 1
+  return args, out
+
+
 def trace_program(program: str, argv: list[str], out: str | Path) -> int:
   """`rulec trace`: run a Python program with tracing on (as `python PROGRAM ARGS...` would) and write the page.
 
-  Returns 0, 1 when the program raised or exited non-zero (the trace so far is still written),
-  2 when there is no such program."""
+  Returns 0; 1 when the program raised, or its exit code when it exited non-zero (the trace so far is
+  still written either way); 2 when there is no such program."""
   import runpy
   import sys
   import traceback
   from engine.trace import tracing
+  argv, out = split_args(list(argv), str(out))   # `rulec trace p.py -o t.html`: argparse leaves -o to the program
   path = Path(program)
   if not path.is_file():
     print(f"rulec trace: no such file: {program}", file=sys.stderr)
