@@ -227,7 +227,7 @@ function drawGraph(k) {
   }
   for (const i of L.ids) {
     const n = N[i], b = L.pos.get(i);
-    const line2 = n.arg !== undefined ? short(n.arg, 21) : (n.shape ? "(" + n.shape.join(",") + ")" : "");
+    const line2 = n.arg !== undefined ? short(n.arg, 21) : (n.shape && n.shape.length ? "(" + n.shape.join(",") + ")" : "");
     s += `<g class="node${i === p.sink ? " sink" : ""}" id="gnode-${i}" data-id="${i}" transform="translate(${b.x},${b.y})">`
        + `<title>${esc(nodeTitle(i, n))}</title><rect width="${BW}" height="${BH}"/>`
        + `<text class="opname" x="6" y="15">${esc(short(n.op, 12))}</text><text x="${BW - 6}" y="15" text-anchor="end">${esc(short(n.dtype, 8))}</text>`

@@ -24,7 +24,7 @@ from engine.rewrite import RewriteLoopError  # noqa: E402
 from engine.uop import UOp  # noqa: E402
 from rulec import Tensor  # noqa: E402
 from rulec.cli import main as cli_main  # noqa: E402
-from rulec.trace_view import render_html, write_html  # noqa: E402
+from rulec.trace_view import MAX_DRAWN, render_html, write_html  # noqa: E402
 
 PROGRAM = "from rulec import Tensor\n(Tensor.rand(4, 4) + 1).relu().sum().realize()\n"
 PASS_NAMES = ["earliest", "prepare", "realize", "rangeify", "symbolic", "to_params", "untag"]
@@ -155,6 +155,7 @@ class _Dom(HTMLParser):
     self.by_id: dict[str, dict] = {}
     self.touched: list[list[str]] = []
     self.open: list[tuple[str, str | None]] = []
+    self.raw = text
     self.feed(text)
 
   def handle_starttag(self, tag, attrs):
@@ -205,8 +206,19 @@ def test_viewer_in_headless_chromium(traced, tmp_path):
   # a copy whose last script presses the Next button once after the page opened at the fragment
   clicked = tmp_path / "clicked.html"
   clicked.write_text(page.read_text().replace("</body>", "<script>document.getElementById('next').click();</script></body>"))
+  # a graph over the drawing cap: a chain of 600 nodes
+  big = tmp_path / "big.html"
+  nodes = [{"op": "CONST", "dtype": "int32", "src": [], "arg": "0"}] + [{"op": "NEG", "dtype": "int32", "src": [i]} for i in range(599)]
+  nodes.append({"op": "SINK", "dtype": "void", "src": [599]})
+  write_html({"title": "big", "schedules": [{"index": 0, "device": "CPU", "targets": 1, "caller": "", "passes": [0]}],
+              "passes": [{"name": "chain", "index": 0, "schedule": 0, "kernel": None, "ruleset": "x", "nodes": nodes,
+                          "rewrites": [], "n_rewrites": 0, "graph": list(range(601)), "sink": 600, "input_nodes": 601,
+                          "ms": 0, "error": None}]}, big)
   doms = _dump_doms([f"{page.as_uri()}#pass={k}&step={j}", f"{page.as_uri()}#pass={k}&step={j + 1}",
-                     f"{clicked.as_uri()}#pass={k}&step={j}"], tmp_path)
+                     f"{clicked.as_uri()}#pass={k}&step={j}", f"{big.as_uri()}#pass=0&step=0"], tmp_path)
+  big_dom = doms.pop()
+  assert big_dom.text("graph-note") == f"large graph: drawing {MAX_DRAWN} of 601 nodes (those nearest the sink)"
+  assert len(re.findall(r'id="gnode-\d+"', big_dom.raw)) == MAX_DRAWN and big_dom.text("step-counter") == "rewrite 0 of 0"
   for dom, step in zip(doms, (j, j + 1, j + 1)):
     r = p["rewrites"][step - 1]
     assert dom.text("step-counter") == f"rewrite {step} of {n}"
