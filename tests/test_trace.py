@@ -278,3 +278,16 @@ def test_env_var_writes_a_trace_at_exit(tmp_path):
   assert [p["name"] for p in _data_of(out.read_text())["passes"]] == PASS_NAMES
   r = subprocess.run([sys.executable, str(prog)], cwd=tmp_path, env={**_env(), "RULEC_TRACE": "1"}, capture_output=True, text=True, timeout=120)
   assert r.returncode == 0 and (tmp_path / "rulec-trace.html").is_file(), r.stderr
+
+
+def test_docs_example_prints_what_docs_trace_md_says(tmp_path, capsys, monkeypatch):
+  """docs/trace.md's example: its program, traced, prints the lines its console block shows."""
+  doc = (REPO / "docs" / "trace.md").read_text()
+  program = re.search(r"A program \(`(\S+)`\):\n\n```python\n(.*?)```", doc, re.S)
+  console = re.search(r"```console\n\$ rulec trace (\S+) -o (\S+)\n(.*?)```", doc, re.S)
+  assert program and console and program.group(1) == console.group(1)
+  monkeypatch.chdir(tmp_path)
+  (tmp_path / program.group(1)).write_text(program.group(2))
+  assert cli_main(["trace", program.group(1), "-o", console.group(2)]) == 0
+  assert capsys.readouterr().out.strip() == console.group(3).strip(), "docs/trace.md's example output is out of date"
+  assert (tmp_path / console.group(2)).is_file()
