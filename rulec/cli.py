@@ -14,7 +14,7 @@ def _cmd_check(args) -> int:
   if missing:
     print(f"rulec check: no such file or directory: {', '.join(missing)}", file=sys.stderr)
     return 2
-  lib, sources = check_paths(args.paths or None)
+  lib, sources = check_paths(args.paths or None, examples=not args.no_examples)
   diags = lib.diagnostics
   if args.format == "json":
     print(json.dumps({"files": len(sources), "rulesets": len(lib.rulesets),
@@ -71,6 +71,7 @@ def main(argv: list[str] | None = None) -> int:
   c = sub.add_parser("check", help="check .rules files (default: the rules/ library)")
   c.add_argument("paths", nargs="*", help="files or directories (default: rules/)")
   c.add_argument("--format", choices=("human", "json"), default="human")
+  c.add_argument("--no-examples", action="store_true", help="do not run the rules' examples")
   c.set_defaults(fn=_cmd_check)
   k = sub.add_parser("compile", help="compile rule sets to matchers")
   k.add_argument("ruleset", nargs="+", help="rule set name(s); several are combined in order")

@@ -3,7 +3,8 @@
 Conventions in docs/rules.md (also described at the top of that file):
 
 * A fenced block whose info string starts with `rules` is a complete .rules
-  file. It must check with no diagnostics at all (no errors, no warnings),
+  file. It must check with no diagnostics at all (no errors, no warnings, no
+  failing rule examples),
   unless the info string says `expect=R201` (or `expect=R201,R202`): then the
   set of codes reported must be exactly that set.
   `extends=rules/symbolic.rules` means "the block is appended to that file
@@ -125,7 +126,7 @@ def isolated(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("ex", RULES_EXAMPLES, ids=lambda e: e.id)
 def test_rules_block_checks(ex: Example):
-  lib = check_sources({os.path.basename(ex.rules_path()): ex.rules_text()})
+  lib = check_sources({os.path.basename(ex.rules_path()): ex.rules_text()}, examples=True)
   got = {d.code for d in lib.diagnostics}
   shown = "\n".join(d.render(ex.rules_text()) for d in lib.diagnostics)
   if ex.rules.expect:

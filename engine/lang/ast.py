@@ -186,6 +186,18 @@ class EWalrus:                # likewise
 # *** file structure ***
 
 @attrs.frozen
+class Example:
+  """`example: INPUT => EXPECTED` under a rule: concrete graphs in pattern syntax.
+
+  `expected` is None for `=> unchanged`. Checked by `rulec check`
+  (engine/lang/examples.py), never when a matcher is loaded."""
+  span: Span
+  input: Pattern
+  expected: Pattern | None
+  expected_span: Span
+
+
+@attrs.frozen
 class Rule:
   span: Span
   name: str
@@ -195,6 +207,7 @@ class Rule:
   replacement: Any
   ruleset: str
   source_line: str           # the rule's first line, for error messages and generated comments
+  examples: tuple[Example, ...] = ()
 
 
 @attrs.frozen

@@ -34,7 +34,15 @@ CODES: dict[str, str] = {
   "R503": "unknown ruleset in includes",
   "R504": "includes form a cycle",
   "R505": "rule is shadowed by an earlier rule that always matches first",
+  "R601": "example gives a different graph than expected",
+  "R602": "rule does not fire on its example",
+  "R603": "rule fires on an example marked `unchanged`",
+  "R604": "example graph cannot be built",
+  "R605": "rewriting an example raised an error",
 }
+
+# Reported only when examples are run (`rulec check`, check_sources(..., examples=True)), never when loading.
+EXAMPLE_CODES = frozenset({"R601", "R602", "R603", "R604", "R605"})
 
 
 @attrs.frozen

@@ -155,18 +155,24 @@ class RuleLibrary:
     return src, ns
 
 
-def check_sources(sources: dict[str, str]) -> CheckedLibrary:
+def check_sources(sources: dict[str, str], examples: bool = False) -> CheckedLibrary:
+  """Parse and check rule sources; with examples=True (and no errors) also run the rules' examples."""
   files, diags = [], []
   for path, text in sources.items():
     rf, d = parse_rules(text, path)
     diags += d
     if rf is not None: files.append(rf)
-  return check_library(files, diags)
+  lib = check_library(files, diags)
+  if examples and not lib.errors:
+    from engine.lang.examples import run_examples
+    lib.diagnostics += run_examples(lib)
+    lib.diagnostics.sort(key=lambda d: (d.span.file, d.span.line, d.span.col, d.code))
+  return lib
 
 
-def check_paths(paths: list[str | Path] | None = None) -> tuple[CheckedLibrary, dict[str, str]]:
+def check_paths(paths: list[str | Path] | None = None, examples: bool = False) -> tuple[CheckedLibrary, dict[str, str]]:
   sources = {str(f): f.read_text() for f in rule_files(paths)}
-  return check_sources(sources), sources
+  return check_sources(sources, examples=examples), sources
 
 
 def _exec(src: str, names) -> dict:

@@ -26,21 +26,26 @@ class RuleLayout:
   A newline is dropped (the line continues) inside brackets, or when the next
   line is indented deeper than the line that started the current logical line.
   A line ending in ':' (a ruleset header) always ends, so its rules may be indented.
+  A line that starts with `example:` (outside brackets) always starts a logical
+  line, whatever its indentation: its first token becomes EXAMPLE.
   """
   always_accept = ("_NL",)
   OPEN, CLOSE = {"LPAR", "LSQB", "LBRACE"}, {"RPAR", "RSQB", "RBRACE"}
 
   def process(self, stream):
     depth, base, pending, prev = 0, None, None, None
-    for tok in stream:
+    for tok, nxt in _with_next(stream):
       if tok.type == "_NL":
         pending = tok
         continue
       if base is None: base = tok.column - 1
       if pending is not None:
-        indent = len(pending.value) - len(pending.value.rstrip(" \t")) if not pending.value.endswith("\n") else 0
         indent = len(pending.value.rsplit("\n", 1)[-1])
-        if depth > 0: pass
+        if depth == 0 and tok.type == "NAME" and tok.value == "example" and nxt is not None and nxt.type == "COLON":
+          tok = Token.new_borrow_pos("EXAMPLE", tok.value, tok)
+          if prev is not None: yield pending
+          base = indent
+        elif depth > 0: pass
         elif prev is not None and prev.type == "COLON":
           yield pending; base = indent
         elif indent > base: pass
@@ -54,6 +59,15 @@ class RuleLayout:
       yield tok
     if prev is not None:
       yield Token("_NL", "\n", line=prev.end_line, column=prev.end_column, end_line=prev.end_line, end_column=prev.end_column)
+
+
+def _with_next(stream):
+  """(token, the token after it or None); lexer errors surface one token early, with their own position."""
+  prev = None
+  for tok in stream:
+    if prev is not None: yield prev, tok
+    prev = tok
+  if prev is not None: yield prev, None
 
 
 @functools.cache
@@ -183,6 +197,11 @@ class _Builder(Transformer):
     includes, rules = (), []
     for c in ch[1:]:
       if isinstance(c, tuple) and c and c[0] == "includes": includes = c[1]
+      elif isinstance(c, A.Example):
+        if rules: rules[-1] = attrs.evolve(rules[-1], examples=rules[-1].examples + (c,))
+        else: self.diags.append(Diagnostic("R001", "error", A.Span(self.path, c.span.line, c.span.col, c.span.line,
+                                                                   c.span.col + len("example")),
+                                           "an example must follow the rule it shows"))
       elif c is not None: rules.append(c)
     rules = tuple(attrs.evolve(r, ruleset=name) for r in rules)
     return A.RuleSet(self.tsp(ch[0]), name, includes, rules)
@@ -199,6 +218,12 @@ class _Builder(Transformer):
     span = self.sp(m)
     if name is None: name = f"{self.base}:{span.line}"
     return A.Rule(span, name, named, pattern, guard, rest[0], "", self.lines[span.line - 1].strip())
+
+  def example(self, m, ch):
+    tok, given, expected = ch
+    span = A.Span(self.path, tok.line, tok.column, expected.span.end_line, expected.span.end_col)
+    unchanged = isinstance(expected, A.PName) and expected.name == "unchanged" and expected.dtypes is None
+    return A.Example(span, given, None if unchanged else expected, expected.span)
 
   # *** patterns ***
   def p_binop(self, m, ch):

@@ -1,0 +1,287 @@
+"""Examples in rule files: `example: INPUT => EXPECTED` lines under a rule.
+
+An example's graphs are written in pattern syntax with concrete leaves:
+literals are constants (`3`, `3{int32}`, `0.5{float16}`), `x:DEFINE_VAR[(0, 10)]`
+is the index variable `x` with bounds 0..10 (bare `x` after that is the same
+node), `RANGE(10)` is a loop over 0..9 (`RANGE(10)[1]` on axis 1), and any
+other node is `OP(SOURCES)[ARG]{DTYPE}`. `=> unchanged` says the rule set
+leaves the graph as it is.
+
+`rulec check` (check_sources(..., examples=True)) builds the input, rewrites it
+with the rule's rule set (the whole set, to a fixed point, with graph_rewrite),
+and compares the result with the expected graph by identity (UOps are
+hash-consed). The rule itself must fire at least once on the input, and must
+not fire on an `unchanged` example. Loading a library never runs examples.
+"""
+from __future__ import annotations
+
+import difflib
+import math
+from typing import Any
+
+from engine.dtypes import DType, dtype_set, dtypes
+from engine.lang import ast as A
+from engine.lang.checker import CheckedLibrary
+from engine.lang.compiler import generate, per_rule_functions
+from engine.lang.diagnostics import Diagnostic
+from engine.lang.parser import _PATTERN_OPS
+from engine.lang.runtime import RuleAbort, RuleRuntimeError
+from engine.ops import ALU, COMPARISON, FIXED_ARITY, GROUPS, OPS_BY_NAME, Ops
+from engine.rewrite import RewriteLoopError, graph_rewrite
+from engine.uop import UOp
+
+# rewrites allowed for one example before it counts as a loop (R605)
+MAX_STEPS = 10_000
+_SHOW_LIMIT = 300
+
+
+class ExampleError(Exception):
+  """An example graph that cannot be built (R604)."""
+  def __init__(self, span: A.Span, message: str):
+    super().__init__(message)
+    self.span, self.message = span, message
+
+
+# *** building concrete graphs from pattern syntax ***
+
+def _default_dtype(value: Any) -> DType:
+  if isinstance(value, bool): return dtypes.bool
+  if isinstance(value, int): return dtypes.index
+  if isinstance(value, float): return dtypes.float32
+  return dtypes.void
+
+
+def _one_dtype(dts, span: A.Span) -> DType | None:
+  if dts is None: return None
+  if len(dts) != 1 or len(dtype_set(dts[0][0]) or ()) != 1:
+    names = ", ".join(n for n, _ in dts)
+    raise ExampleError(dts[0][1], f"an example node has one dtype, not {{{names}}}")
+  return next(iter(dtype_set(dts[0][0])))
+
+
+def _is_untyped_literal(p) -> bool: return isinstance(p, A.PConst) and p.dtypes is None
+
+
+class GraphBuilder:
+  """Pattern AST -> UOp, for example graphs. `env` holds the names bound so far."""
+  def __init__(self, env: dict[str, UOp] | None = None):
+    self.env: dict[str, UOp] = {} if env is None else env
+
+  def bind(self, name: str | None, span: A.Span | None, u: UOp) -> UOp:
+    if name is None or name == "_": return u
+    if name in self.env and self.env[name] is not u:
+      raise ExampleError(span, f"'{name}' is already bound to another node in this example")
+    self.env[name] = u
+    return u
+
+  def build(self, p, ctx_dtype: DType | None = None) -> UOp:
+    if isinstance(p, A.PName):
+      if p.name == "_": raise ExampleError(p.span, "'_' stands for any node; an example needs a concrete graph")
+      if p.name == "unchanged" and p.name not in self.env:
+        raise ExampleError(p.span, "'unchanged' is the whole expected side: `example: INPUT => unchanged`")
+      if p.name not in self.env:
+        raise ExampleError(p.span, f"unbound name '{p.name}' in an example",)
+      if p.dtypes is not None: raise ExampleError(p.dtypes[0][1], f"'{p.name}' is bound already: its dtype is fixed")
+      return self.env[p.name]
+    if isinstance(p, A.PConst):
+      dt = _one_dtype(p.dtypes, p.span) or ctx_dtype or _default_dtype(p.value)
+      try: u = UOp.const(dt, p.value)
+      except (TypeError, ValueError): raise ExampleError(p.span, f"{p.value!r} is not a constant of dtype {dt.name}") from None
+      return self.bind(p.name, p.name_span, u)
+    return self.node(p)
+
+  def node(self, p: A.PNode) -> UOp:
+    if len(p.ops) != 1 or p.ops[0][0] not in OPS_BY_NAME:
+      name, span = p.ops[0] if len(p.ops) == 1 else (" | ".join(n for n, _ in p.ops), p.span)
+      if len(p.ops) != 1 or name in GROUPS: raise ExampleError(span, f"an example node has one op, not '{name}'")
+      close = difflib.get_close_matches(name, list(OPS_BY_NAME), n=1)
+      raise ExampleError(span, f"unknown op '{name}'" + (f"; did you mean '{close[0]}'?" if close else ""))
+    op = OPS_BY_NAME[p.ops[0][0]]
+    if p.each is not None or p.tail is not None:
+      raise ExampleError(p.tail_span or p.span, "'..', '*rest' and 'each' match many sources; an example lists them")
+    pats = p.srcs or ()
+    if (n := FIXED_ARITY.get(op)) is not None and n != len(pats):
+      raise ExampleError(p.ops[0][1], f"{op.name} takes {n} source{'s' if n != 1 else ''}, the example gives {len(pats)}")
+    given = _one_dtype(p.dtypes, p.span)
+    srcs = self.sources(op, pats, given)
+    dtype = given or self.infer_dtype(op, srcs, p)
+    arg = self.arg(op, p)
+    try: u = UOp.const(dtype, arg) if op is Ops.CONST and not srcs else UOp(op, dtype, srcs, arg)
+    except Exception as e: raise ExampleError(p.span, f"cannot build {op.name}: {e}") from None
+    return self.bind(p.name, p.name_span, u)
+
+  def sources(self, op: Ops, pats, given: DType | None) -> tuple[UOp, ...]:
+    """Sources in order; a literal with no dtype in an ALU op takes the dtype of the typed operands."""
+    if op is Ops.RANGE: return tuple(self.build(s, dtypes.index) for s in pats)
+    if op not in ALU: return tuple(self.build(s) for s in pats)
+    built: dict[int, UOp] = {i: self.build(s) for i, s in enumerate(pats) if not _is_untyped_literal(s)}
+    if op is Ops.WHERE:
+      value = next((built[i].dtype for i in (1, 2) if i in built), given)
+      ctx = {0: dtypes.bool, 1: value, 2: value}
+    else:
+      operand = next(iter(built.values())).dtype if built else (None if op in COMPARISON else given)
+      ctx = {i: operand for i in range(len(pats))}
+    for i, s in enumerate(pats):
+      if i not in built: built[i] = self.build(s, ctx.get(i))
+    return tuple(built[i] for i in range(len(pats)))
+
+  @staticmethod
+  def infer_dtype(op: Ops, srcs: tuple[UOp, ...], p: A.PNode) -> DType:
+    if op in COMPARISON: return dtypes.bool
+    if op is Ops.WHERE: return srcs[1].dtype
+    if op in ALU: return srcs[0].dtype
+    if op in (Ops.CAST, Ops.BITCAST): raise ExampleError(p.ops[0][1], f"{op.name} in an example needs its dtype: {op.name}(x){{int32}}")
+    if op in (Ops.RANGE, Ops.DEFINE_VAR): return dtypes.index
+    if op is Ops.SINK or not srcs: return dtypes.void
+    return srcs[0].dtype
+
+  def arg(self, op: Ops, p: A.PNode) -> Any:
+    arg = p.arg if p.has_arg else None
+    if op is Ops.DEFINE_VAR:
+      if isinstance(arg, tuple) and len(arg) == 2 and p.name is not None: return (p.name, *arg)
+      if isinstance(arg, tuple) and len(arg) == 3: return arg
+      raise ExampleError(p.span, "a variable in an example is NAME:DEFINE_VAR[(LO, HI)], e.g. x:DEFINE_VAR[(0, 10)]")
+    if op is Ops.RANGE:
+      if arg is None: return (0, "loop")
+      if isinstance(arg, int) and not isinstance(arg, bool): return (arg, "loop")
+    return arg
+
+
+# *** printing graphs in example syntax ***
+
+_SUGAR = {OPS_BY_NAME[name]: sym for sym, name in _PATTERN_OPS.items()}
+
+
+def show(u: UOp, names: dict[UOp, str] | None = None, limit: int = _SHOW_LIMIT) -> str:
+  """`u` in example syntax; nodes in `names` print as their name. Cut off after `limit` characters."""
+  names = dict(names or {})
+
+  def lit(c: UOp, ctx: DType | None) -> str:
+    v = c.arg
+    text = repr(v) if not (isinstance(v, float) and (math.isnan(v) or math.isinf(v))) else f"float({str(v)!r})"
+    return text if c.dtype is (ctx or _default_dtype(v)) else f"{text}{{{c.dtype.name}}}"
+
+  def typed(s: UOp) -> bool: return not (s.op is Ops.CONST and not s.src)
+
+  def go(u: UOp, ctx: DType | None = None, top: bool = False) -> str:
+    if u in names: return names[u]
+    if u.op is Ops.CONST and not u.src: return lit(u, ctx)
+    if u.op is Ops.DEFINE_VAR and isinstance(u.arg, tuple) and len(u.arg) == 3 and isinstance(u.arg[0], str):
+      names[u] = u.arg[0]
+      return f"{u.arg[0]}:DEFINE_VAR[{(u.arg[1], u.arg[2])!r}]" + ("" if u.dtype is dtypes.index else f"{{{u.dtype.name}}}")
+    if u.op is Ops.RANGE and u.dtype is dtypes.index and len(u.src) == 1 and isinstance(u.arg, tuple) and len(u.arg) == 2:
+      axis, kind = u.arg
+      tail = "" if (axis, kind) == (0, "loop") else f"[{axis}]" if kind == "loop" and isinstance(axis, int) else f"[{u.arg!r}]"
+      return f"RANGE({go(u.src[0], dtypes.index, True)}){tail}"
+    ctxs: list[DType | None] = [None] * len(u.src)
+    if u.op in ALU:
+      if u.op is Ops.WHERE and len(u.src) == 3:
+        value = next((u.src[i].dtype for i in (1, 2) if typed(u.src[i])), None)
+        ctxs = [dtypes.bool, value, value]
+      else:
+        operand = next((s.dtype for s in u.src if typed(s)), None)
+        ctxs = [operand] * len(u.src)
+    want = None
+    try: want = GraphBuilder.infer_dtype(u.op, u.src, None) if u.src or u.op not in ALU else None
+    except Exception: want = None
+    if u.op in _SUGAR and len(u.src) == 2 and u.arg is None and u.dtype is want:
+      s = f"{go(u.src[0], ctxs[0])} {_SUGAR[u.op]} {go(u.src[1], ctxs[1])}"
+      return s if top else f"({s})"
+    if u.op is Ops.NEG and len(u.src) == 1 and u.arg is None and u.dtype is want: return f"-{go(u.src[0], ctxs[0])}"
+    out = u.op.name
+    if u.src: out += "(" + ", ".join(go(s, c, True) for s, c in zip(u.src, ctxs)) + ")"
+    if u.arg is not None: out += f"[{u.arg!r}]"
+    if u.dtype is not want: out += f"{{{u.dtype.name}}}"
+    return out
+
+  text = go(u, None, True)
+  return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+# *** running examples ***
+
+class ExampleMatcher:
+  """A rule set compiled in its counting (RULEC_STATS) variant: same rewrites, plus how often each rule fired."""
+  def __init__(self, lib: CheckedLibrary, ruleset: str):
+    self.lib, self.rules = lib, lib.flat_rules(ruleset)
+    ns: dict[str, Any] = {"__name__": f"rulec_examples_{ruleset}"}
+    exec(compile(generate(self.rules, lib.helpers_of, stats=True, title=ruleset), f"<rulec examples {ruleset}>", "exec"), ns)
+    self.dispatch, self.stats, self.rule_info = ns["DISPATCH"], ns["STATS"], ns["RULES"]
+    self._per_rule = None
+
+  def reset(self):
+    for st in self.stats: st[:] = [0, 0, 0.0]
+
+  def fired(self, rule: A.Rule) -> int:
+    return next(self.stats[k][1] for k, r in enumerate(self.rules) if r is rule)
+
+  def rewrite(self, node: UOp, ctx: Any = None):
+    fn = self.dispatch.get(node.op)
+    return None if fn is None else fn(node, ctx)
+
+  def which_rule(self, node: UOp, ctx: Any = None):
+    if self._per_rule is None:
+      ns: dict[str, Any] = {"__name__": "rulec_examples_per_rule"}
+      exec(compile(per_rule_functions(self.rules, self.lib.helpers_of), "<rulec examples>", "exec"), ns)
+      self._per_rule = ns["RULE_FNS"]
+    for k, fn in enumerate(self._per_rule):
+      if fn(node, ctx) is not None: return self.rule_info[k][0], self.rule_info[k][1]
+    return None
+
+
+def run_example(lib: CheckedLibrary, rule: A.Rule, ex: A.Example, m: ExampleMatcher) -> list[Diagnostic]:
+  """The diagnostics of one example (empty when it holds)."""
+  b = GraphBuilder()
+  try:
+    given = b.build(ex.input)
+    inputs = dict(b.env)
+    expected = GraphBuilder(b.env).build(ex.expected) if ex.expected is not None else None
+  except ExampleError as e:
+    return [Diagnostic("R604", "error", e.span, e.message)]
+  named = {u: n for n, u in reversed(list(inputs.items()))}
+  m.reset()
+  try: got = graph_rewrite(given, m, max_steps=MAX_STEPS)
+  except (RuleRuntimeError, RewriteLoopError, RuleAbort) as e:
+    what = str(e).split("\n")[0] or type(e).__name__
+    return [Diagnostic("R605", "error", ex.input.span, f"rewriting the example of rule '{rule.name}' failed: {what}")]
+  fired = m.fired(rule)
+  got_s = show(got, named)
+  if expected is None:
+    if fired:
+      return [Diagnostic("R603", "error", ex.input.span,
+                         f"rule '{rule.name}' fires on an example marked unchanged ({fired}x)",
+                         note=f"ruleset '{rule.ruleset}' rewrites {show(given, {})} to {got_s}")]
+    if got is not given:
+      return [Diagnostic("R601", "error", ex.expected_span, f"example of rule '{rule.name}' is not unchanged",
+                         note=f"expected {show(given, named)}, got {got_s}")]
+    return []
+  if not fired:
+    if got is not expected: note = f"expected {show(expected, named)}, got {got_s}"
+    elif got is given: note = "the rule set leaves the graph as it is; to say the rule does not rewrite it, write '=> unchanged'"
+    else: note = f"the result {got_s} is as expected, but other rules of '{rule.ruleset}' made it"
+    return [Diagnostic("R602", "error", ex.input.span, f"rule '{rule.name}' does not fire on its example", note=note)]
+  if got is not expected:
+    return [Diagnostic("R601", "error", ex.expected_span, f"example of rule '{rule.name}' gives a different graph",
+                       note=f"expected {show(expected, named)}, got {got_s}")]
+  return []
+
+
+def run_examples(lib: CheckedLibrary) -> list[Diagnostic]:
+  """Run every example of a checked library with no errors; the diagnostics of those that fail."""
+  out: list[Diagnostic] = []
+  matchers: dict[str, ExampleMatcher] = {}
+  for f in lib.files:
+    for rs in f.rulesets:
+      if lib.rulesets.get(rs.name) is not rs: continue
+      for rule in rs.rules:
+        for ex in rule.examples:
+          if rs.name not in matchers: matchers[rs.name] = ExampleMatcher(lib, rs.name)
+          out += run_example(lib, rule, ex, matchers[rs.name])
+  return out
+
+
+def count_examples(lib: CheckedLibrary) -> int:
+  return sum(len(r.examples) for rs in lib.rulesets.values() for r in rs.rules)
+
+
+__all__ = ["ExampleError", "GraphBuilder", "show", "run_example", "run_examples", "count_examples", "ExampleMatcher"]
