@@ -65,6 +65,35 @@ def _cmd_trace(args) -> int:
   return trace_program(args.program, args.args, args.output)
 
 
+def _cmd_verify(args) -> int:
+  try:
+    from engine.verify import format_human, format_json, verify_library
+  except ImportError as e:
+    print(f"rulec verify needs hypothesis ({e}): pip install hypothesis", file=sys.stderr)
+    return 2
+  from engine.lang.diagnostics import RuleError
+  from engine.lang.loader import load_library
+  missing = [p for p in args.rules or () if not Path(p).exists()]
+  if missing:
+    print(f"rulec verify: no such file or directory: {', '.join(missing)}", file=sys.stderr)
+    return 2
+  lib = load_library(args.rules or None)
+  try:
+    known = lib.ruleset_names()
+    lib.require_clean()
+  except RuleError as e:
+    print(e, file=sys.stderr)
+    return 1
+  unknown = [n for n in args.ruleset if n not in known]
+  if unknown:
+    print(f"rulec verify: unknown ruleset {', '.join(unknown)}; known: {', '.join(known)}", file=sys.stderr)
+    return 2
+  results = verify_library(lib, args.ruleset, examples=args.examples)
+  out = format_json(results) if args.format == "json" else None
+  print(json.dumps(out, indent=2) if out is not None else format_human(results))
+  return 1 if any(r.status == "refuted" for rs in results for r in rs.rules) else 0
+
+
 def main(argv: list[str] | None = None) -> int:
   ap = argparse.ArgumentParser(prog="rulec", description="rulec: a tensor compiler whose rewrites are .rules files")
   sub = ap.add_subparsers(dest="cmd", required=True)
@@ -88,6 +117,12 @@ def main(argv: list[str] | None = None) -> int:
   t.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the program (after --: `rulec trace p.py -o t.html -- --n 3`)")
   t.add_argument("-o", "--output", default="trace.html", help="the HTML file to write (default: trace.html)")
   t.set_defaults(fn=_cmd_trace)
+  v = sub.add_parser("verify", help="check every rule's soundness on random graphs that match it (needs hypothesis)")
+  v.add_argument("ruleset", nargs="*", help="rule sets to verify, with the sets they include (default: all)")
+  v.add_argument("--examples", type=int, default=100, help="examples per rule (default: 100)")
+  v.add_argument("--rules", action="append", help="rule files or directories (default: rules/)")
+  v.add_argument("--format", choices=("human", "json"), default="human")
+  v.set_defaults(fn=_cmd_verify)
   try:
     args = ap.parse_args(argv)
   except SystemExit as e:
