@@ -264,7 +264,8 @@ class Gen:
   def filler(self, dt: DType, shape, broadcast: bool = False, depth: int = 2) -> UOp:
     """A random expression of dtype dt (of that shape, in tensor mode) for a free name."""
     if self.mode == "tensor": return self._tensor_filler(dt, shape, broadcast, depth)
-    kind = self.pick(("leaf", "const", "expr") if depth else ("leaf", "const"))
+    # a free name of the pattern is a leaf or an expression (a counterexample shrinks to a leaf, not a constant)
+    kind = self.pick(("leaf", "expr") if depth == 2 else ("leaf", "const", "expr") if depth else ("leaf", "const"))
     if kind == "const": return UOp.const(dt, self.pick(const_values(dt)))
     if kind == "leaf":
       same = [u for u in self.leaves if u.dtype is dt]
