@@ -55,6 +55,16 @@ def _cmd_compile(args) -> int:
   return 0
 
 
+def _cmd_explain(args) -> int:
+  from engine.lang.explain import explain_program
+  missing = [p for p in args.rules or () if not Path(p).exists()]
+  if missing:
+    print(f"rulec explain: no such file or directory: {', '.join(missing)}", file=sys.stderr)
+    return 2
+  argv = args.args[1:] if args.args[:1] == ["--"] else args.args
+  return explain_program(args.rule, args.program, argv, args.rules, shown=args.show)
+
+
 def _cmd_demo(args) -> int:
   from rulec.demo import run_demo
   return run_demo(args)
@@ -108,6 +118,13 @@ def main(argv: list[str] | None = None) -> int:
   k.add_argument("--stats", action="store_true", help="generate the instrumented (RULEC_STATS) variant")
   k.add_argument("--rules", action="append", help="rule files or directories (default: rules/)")
   k.set_defaults(fn=_cmd_compile)
+  e = sub.add_parser("explain", help="run a Python program and explain why a rule never fired on it")
+  e.add_argument("rule", help="the rule's name")
+  e.add_argument("program", help="the Python program to run (as `python PROGRAM ARGS...`)")
+  e.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the program")
+  e.add_argument("--rules", action="append", help="rule files or directories (default: rules/)")
+  e.add_argument("--show", type=int, default=5, help="nodes to explain (default: 5)")
+  e.set_defaults(fn=_cmd_explain)
   d = sub.add_parser("demo", help="run the demo workload")
   d.add_argument("--count", type=int, default=2000, help="number of random index expressions")
   d.add_argument("--device", default=None, help="device to run on (default: RULEC_DEVICE or CPU)")

@@ -1,0 +1,366 @@
+"""`rulec explain RULE PROGRAM.py`: why a rule never fired on a program.
+
+Two parts:
+
+* `Explainer`: an explain-mode walk over a rule's pattern AST (the same
+  semantics as engine/lang/interp.py's `match`, commutative source orders
+  from compiler.child_orders) that keeps the deepest test that failed: which
+  sub-pattern, what it wanted, what the node had. When the whole pattern
+  matches, the guard is evaluated (by the reference Evaluator) and reported
+  when it is false.
+* `explain_program`: runs a program (runpy, with sys.argv set) while every
+  graph_rewrite call whose matcher contains the rule is recorded: the nodes
+  the matcher was asked about whose op the rule's root can match, which rule
+  rewrote each, and how often the rule itself fired. graph_rewrite is wrapped
+  for the run (in engine.rewrite and in every module that imported it); the
+  compiled matchers are not touched: the recorded calls use the rule set's
+  counting (RULEC_STATS) variant, which rewrites the same way.
+"""
+from __future__ import annotations
+
+import difflib
+import os
+import sys
+import traceback
+from typing import Any, Iterator
+
+import attrs
+
+from engine.dtypes import dtype_set
+from engine.lang import ast as A
+from engine.lang.compiler import ALL_OPS, child_orders, pattern_ops
+from engine.lang.interp import Evaluator
+from engine.uop import UOp
+
+GUARD_SCORE = 1 << 20        # a false guard is deeper than any pattern test: the whole pattern matched
+MAX_EXPLAINED = 2000         # distinct nodes explained per rule; more are only counted
+SHOWN = 5
+
+
+@attrs.frozen
+class Failure:
+  score: int                 # tests passed before this one failed (deeper is higher)
+  span: A.Span | None        # the sub-pattern (or guard) that failed
+  message: str
+
+
+MATCHES = "matches"
+
+
+def _where(path: tuple[int, ...]) -> str:
+  return "the node" if not path else "source " + ".".join(str(i) for i in path)
+
+
+def _ops_text(p) -> str:
+  if isinstance(p, A.PConst): return "CONST"
+  names = [n for n, _ in p.ops]
+  return names[0] if len(names) == 1 else "one of " + ", ".join(names)
+
+
+def _dtypes_text(dts) -> str: return "{" + ", ".join(n for n, _ in dts) + "}"
+
+
+def _dt_ok(u: UOp, dts) -> bool:
+  return dts is None or any(u.dtype in (dtype_set(n) or ()) for n, _ in dts)
+
+
+def span_text(span: A.Span, source: str | None) -> str:
+  """The text a span covers, on one line (whitespace runs collapsed)."""
+  if source is None: return ""
+  lines = source.split("\n")
+  if span.line == span.end_line: text = lines[span.line - 1][span.col - 1:span.end_col - 1]
+  else: text = "\n".join([lines[span.line - 1][span.col - 1:]] + lines[span.line:span.end_line - 1] +
+                         [lines[span.end_line - 1][:span.end_col - 1]])
+  return " ".join(text.split())
+
+
+class Explainer:
+  """Explains, node by node, how far a rule's pattern (and guard) got."""
+  def __init__(self, rule: A.Rule, helpers: dict[str, tuple[str, str]], source: str | None = None):
+    self.rule, self.source = rule, source
+    self.evaluator = Evaluator(helpers)
+    self.root_ops = pattern_ops(rule.pattern)
+    self.best: Failure | None = None
+
+  def fail(self, score: int, span: A.Span | None, message: str):
+    if self.best is None or score > self.best.score: self.best = Failure(score, span, message)
+
+  def explain(self, u: UOp, ctx: Any = None) -> Failure | str:
+    """MATCHES when pattern and guard pass on `u`; else the deepest failure."""
+    self.best = None
+    if u.op not in self.root_ops:
+      return Failure(0, self.rule.pattern.span, f"the node: expected {_ops_text(self.rule.pattern)}, got {u.op.name}")
+    g = self.rule.guard
+    for env, score in self.walk(self.rule.pattern, u, {}, (), 0):
+      if g is None: return MATCHES
+      try: ok = self.evaluator(g, {**env, "ctx": ctx})
+      except Exception as e:
+        self.fail(GUARD_SCORE + score, g.span, f"guard `{span_text(g.span, self.source)}` raised {type(e).__name__}: {e}")
+        continue
+      if ok: return MATCHES
+      self.fail(GUARD_SCORE + score, g.span, f"guard `{span_text(g.span, self.source)}` was False")
+    assert self.best is not None
+    return self.best
+
+  def walk(self, p, u: UOp, env: dict, path: tuple[int, ...], score: int) -> Iterator[tuple[dict, int]]:
+    """Every (binding, score) of p against u, as interp.match; failures go to self.fail."""
+    where = _where(path)
+    if isinstance(p, A.PName):
+      if p.dtypes is not None:
+        if not _dt_ok(u, p.dtypes):
+          return self.fail(score, p.span, f"{where}: dtype {u.dtype.name} not in {_dtypes_text(p.dtypes)}")
+        score += 1
+      if p.name == "_": yield env, score; return
+      if p.name in env:
+        if env[p.name] is u: yield env, score + 1
+        else: self.fail(score, p.span, f"{where}: '{p.name}' must be the same node as before, got another node")
+        return
+      yield {**env, p.name: u}, score
+      return
+    if pattern_ops(p) != ALL_OPS:
+      if u.op not in pattern_ops(p): return self.fail(score, p.span, f"{where}: expected {_ops_text(p)}, got {u.op.name}")
+      score += 1
+    if p.dtypes is not None:
+      if not _dt_ok(u, p.dtypes): return self.fail(score, p.span, f"{where}: dtype {u.dtype.name} not in {_dtypes_text(p.dtypes)}")
+      score += 1
+    if isinstance(p, A.PConst):
+      if not (u.arg == p.value): return self.fail(score, p.span, f"{where}: expected the constant {p.value!r}, got {u.arg!r}")
+      yield from self.bind(p, u, env, where, score + 1)
+      return
+    if p.each is not None:
+      for i, s in enumerate(u.src):
+        if not any(True for _ in self.walk(p.each, s, {}, path + (i,), score)):
+          return self.fail(score, p.each.span, f"{_where(path + (i,))} does not match the 'each' pattern")
+      score += 1
+    elif p.srcs is not None:
+      if p.tail is None and len(u.src) != len(p.srcs):
+        return self.fail(score, p.span, f"{where}: source count {len(u.src)} != {len(p.srcs)}")
+      if p.tail is not None and len(u.src) < len(p.srcs):
+        return self.fail(score, p.span, f"{where}: source count {len(u.src)} < {len(p.srcs)}")
+      score += 1
+    if p.has_arg:
+      if not (u.arg == p.arg): return self.fail(score, p.span, f"{where}: arg mismatch: expected {p.arg!r}, got {u.arg!r}")
+      score += 1
+    for env1, score1 in self.bind(p, u, env, where, score):
+      if p.tail not in (None, "any"): env1 = {**env1, p.tail: u.src[len(p.srcs):]}
+      for order, restrict in child_orders(p):
+        if restrict is not None and u.op not in restrict: continue
+        pairs = [(c, u.src[i], path + (i,)) for c, i in zip(p.srcs or (), order)]
+        yield from self.children(pairs, env1, score1)
+
+  def bind(self, p, u: UOp, env: dict, where: str, score: int):
+    if p.name is None: yield env, score
+    elif p.name in env:
+      if env[p.name] is u: yield env, score + 1
+      else: self.fail(score, p.name_span, f"{where}: '{p.name}' must be the same node as before, got another node")
+    else: yield {**env, p.name: u}, score
+
+  def children(self, pairs, env, score):
+    if not pairs: yield env, score; return
+    (p, u, path), rest = pairs[0], pairs[1:]
+    for env1, score1 in self.walk(p, u, env, path, score): yield from self.children(rest, env1, score1)
+
+
+# *** recording a program's rewrites ***
+
+@attrs.define
+class Seen:
+  node: UOp
+  order: int
+  outcome: Failure | str | None      # None: not explained (over MAX_EXPLAINED)
+  rewritten_by: str | None = None     # the rule that rewrote the node instead, if any
+
+
+class _Recording:
+  """What one run saw of one rule."""
+  def __init__(self, rule: A.Rule, helpers, source: str | None):
+    self.rule = rule
+    self.explainer = Explainer(rule, helpers, source)
+    self.fired = 0
+    self.calls = 0
+    self.rulesets: list[str] = []
+    self.nodes: dict[UOp, Seen] = {}
+    self.other_calls = 0
+
+
+def _same_file(a: str, b: str) -> bool:
+  try: return os.path.realpath(a) == os.path.realpath(b)
+  except OSError: return a == b
+
+
+class _RecordingMatcher:
+  """Stands in for a Matcher in one graph_rewrite call: the counting variant of its rule set, watched."""
+  def __init__(self, rec: _Recording, matcher, k: int, ns: dict):
+    self.rec, self.matcher, self.k = rec, matcher, k
+    stats, info = ns["STATS"], ns["RULES"]
+    root = rec.explainer.root_ops
+    self.dispatch = {op: (self._watch(fn, stats, info) if op in root else fn) for op, fn in ns["DISPATCH"].items()}
+
+  def _watch(self, fn, stats, info):
+    rec, k = self.rec, self.k
+    def watched(n, ctx):
+      seen = rec.nodes.get(n)
+      if seen is None and len(rec.nodes) < MAX_EXPLAINED:
+        seen = rec.nodes[n] = Seen(n, len(rec.nodes), rec.explainer.explain(n, ctx))
+      elif seen is None:
+        seen = rec.nodes[n] = Seen(n, len(rec.nodes), None)
+      before = [st[1] for st in stats]
+      r = fn(n, ctx)
+      if r is not None:
+        hit = next((j for j, st in enumerate(stats) if st[1] != before[j]), None)
+        if hit == k: rec.fired += 1
+        elif hit is not None and seen.rewritten_by is None: seen.rewritten_by = f"'{info[hit][0]}' ({info[hit][1]})"
+      return r
+    return watched
+
+  def rewrite(self, node, ctx=None):
+    fn = self.dispatch.get(node.op)
+    return None if fn is None else fn(node, ctx)
+
+  def which_rule(self, node, ctx=None): return self.matcher.which_rule(node, ctx)
+
+
+class RewriteRecorder:
+  """While active, every graph_rewrite call with a Matcher that holds `rule` is recorded."""
+  def __init__(self, rule: A.Rule, helpers, source: str | None):
+    self.rec = _Recording(rule, helpers, source)
+    self._variants: dict[int, tuple[Any, int, dict] | None] = {}
+    self._orig = None
+    self._patched: list = []
+
+  def _variant(self, matcher):
+    from engine.lang.loader import Matcher
+    if not isinstance(matcher, Matcher): return None
+    key = id(matcher)
+    if key not in self._variants:
+      rule, found = self.rec.rule, None
+      for k, (name, loc, _) in enumerate(matcher.rule_info):
+        if name == rule.name and _same_file(loc.rsplit(":", 2)[0], rule.span.file): found = k; break
+      if found is None: self._variants[key] = None
+      else:
+        _, ns = matcher.library._compiled(matcher.names, True)
+        self._variants[key] = (matcher, found, ns)
+    v = self._variants[key]
+    return None if v is None or v[0] is not matcher else v
+
+  def graph_rewrite(self, sink, matcher, ctx=None, bottom_up=False, max_steps=None):
+    v = self._variant(matcher)
+    if v is None:
+      self.rec.other_calls += 1
+      return self._orig(sink, matcher, ctx=ctx, bottom_up=bottom_up, max_steps=max_steps)
+    self.rec.calls += 1
+    if matcher.title not in self.rec.rulesets: self.rec.rulesets.append(matcher.title)
+    return self._orig(sink, _RecordingMatcher(self.rec, matcher, v[1], v[2]), ctx=ctx, bottom_up=bottom_up, max_steps=max_steps)
+
+  def __enter__(self):
+    import engine.rewrite as R
+    self._orig = orig = R.graph_rewrite
+    wrapper = self.graph_rewrite
+    for mod in list(sys.modules.values()):
+      if getattr(mod, "graph_rewrite", None) is orig:
+        setattr(mod, "graph_rewrite", wrapper)
+        self._patched.append(mod)
+    return self
+
+  def __exit__(self, *exc):
+    for mod in list(sys.modules.values()):
+      try:
+        if getattr(mod, "graph_rewrite", None) == self.graph_rewrite: setattr(mod, "graph_rewrite", self._orig)
+      except Exception: pass
+    return False
+
+
+# *** the report ***
+
+def _caret(span: A.Span, source: str | None, indent: str = "    ") -> list[str]:
+  lines = source.split("\n") if source is not None else []
+  if not 1 <= span.line <= len(lines): return []
+  text = lines[span.line - 1].rstrip("\r").expandtabs(1)
+  width = max(1, (span.end_col - span.col) if span.end_line == span.line else len(text) - span.col + 1)
+  return [f"{indent}{span.line:>4} | {text}", f"{indent}     | {' ' * (span.col - 1)}{'^' * width}"]
+
+
+def report(rec: _Recording, source: str | None, shown: int = SHOWN) -> tuple[str, int]:
+  """(text, exit status): 0 when the rule fired, 1 when it never did."""
+  from engine.lang.examples import show
+  rule = rec.rule
+  head = f"rule '{rule.name}' ({rule.span})"
+  calls = f"{rec.calls} graph_rewrite call{'s' if rec.calls != 1 else ''} with {', '.join(rec.rulesets)}"
+  if rec.fired:
+    return f"{head} fired {rec.fired} time{'s' if rec.fired != 1 else ''} in {calls}", 0
+  if rec.calls == 0:
+    return (f"{head} never fired: no graph_rewrite call used a matcher with this rule "
+            f"({rec.other_calls} call{'s' if rec.other_calls != 1 else ''} with other matchers)"), 1
+  nodes = list(rec.nodes.values())
+  if not nodes:
+    ops = "any op" if rule.pattern and pattern_ops(rule.pattern) == ALL_OPS else \
+      ", ".join(sorted(o.name for o in pattern_ops(rule.pattern)))
+    return f"{head} never fired: {calls}, but none of them saw a node of {ops}", 1
+  out = [f"{head} never fired: tried on {len(nodes)} node{'s' if len(nodes) != 1 else ''} in {calls}"]
+  def depth(s: Seen): return s.outcome.score if isinstance(s.outcome, Failure) else (GUARD_SCORE * 2 if s.outcome else -1)
+  ranked = sorted(nodes, key=lambda s: (-depth(s), s.order))
+  for i, s in enumerate(ranked[:shown]):
+    out.append(f"node {show(s.node, limit=160)}")
+    if s.outcome is None: out.append("  (not explained: too many nodes)")
+    elif s.outcome == MATCHES:
+      if s.rewritten_by: out.append(f"  pattern and guard match, but rule {s.rewritten_by} rewrote the node first")
+      else: out.append("  pattern and guard match, but the replacement gave None or the node itself")
+      out += _caret(rule.replacement.span, source)
+    else:
+      f = s.outcome
+      out.append(f"  {f.span}: {f.message}" if f.span is not None else f"  {f.message}")
+      if f.span is not None: out += _caret(f.span, source)
+  if len(ranked) > shown: out.append(f"... and {len(ranked) - shown} more node{'s' if len(ranked) - shown != 1 else ''}")
+  return "\n".join(out), 1
+
+
+def find_rule(lib, name: str) -> tuple[A.Rule | None, list[str]]:
+  """The rule named `name` in a checked library, or (None, close names)."""
+  rules = {r.name: r for rs in lib.checked.rulesets.values() for r in rs.rules}
+  if name in rules: return rules[name], []
+  return None, difflib.get_close_matches(name, list(rules), n=5, cutoff=0.6)
+
+
+def explain_program(rule_name: str, program: str, argv: list[str], rules: list[str] | None = None, out=None,
+                    shown: int = SHOWN) -> int:
+  """`rulec explain`: 0 the rule fired, 1 it never did, 2 a usage error."""
+  import runpy
+  from pathlib import Path
+
+  from engine.lang.diagnostics import RuleError
+  from engine.lang.loader import load_library
+  out = out or sys.stdout
+  err = sys.stderr
+  if not Path(program).is_file():
+    print(f"rulec explain: no such program: {program}", file=err); return 2
+  lib = load_library(rules or None)
+  try: lib.require_clean()
+  except RuleError as e:
+    print(e, file=err); return 1
+  rule, close = find_rule(lib, rule_name)
+  if rule is None:
+    hint = f"; did you mean {', '.join(close)}?" if close else "; `rulec compile NAME --emit` lists a rule set's rules"
+    print(f"rulec explain: unknown rule '{rule_name}'{hint}", file=err)
+    return 2
+  source = lib.sources.get(rule.span.file)
+  recorder = RewriteRecorder(rule, lib.checked.helpers_of(rule), source)
+  old_argv, old_path = sys.argv, list(sys.path)
+  sys.argv = [program, *argv]
+  sys.path.insert(0, str(Path(program).resolve().parent))
+  try:
+    with recorder:
+      try: runpy.run_path(program, run_name="__main__")
+      except SystemExit as e:
+        if e.code not in (None, 0): print(f"rulec explain: {program} exited with status {e.code}", file=err)
+      except Exception:
+        traceback.print_exc(file=err)
+        print(f"rulec explain: {program} raised; what ran before is explained below", file=err)
+  finally:
+    sys.argv = old_argv
+    sys.path[:] = old_path
+  text, status = report(recorder.rec, source, shown)
+  print(text, file=out)
+  return status
+
+
+__all__ = ["Explainer", "Failure", "MATCHES", "RewriteRecorder", "report", "explain_program", "find_rule"]
