@@ -118,6 +118,12 @@ def test_a_rule_in_no_matcher_used(files, capsys):
   assert "rule 'neg_neg' (s.rules:9:3) never fired: no graph_rewrite call used a matcher with this rule (1 call with other matchers)" in out
 
 
+def test_a_rule_of_that_name_in_another_file_is_pointed_out(files, capsys):
+  assert rulec(["explain", "add_zero", str(files / "prog.py"), str(files / "s.rules")]) == 1   # default library: rules/
+  out = capsys.readouterr().out.replace(str(files) + "/", "")
+  assert "  the program's matchers have a rule 'add_zero' at s.rules:2:3: pass --rules" in out.splitlines()
+
+
 def test_unknown_rule_lists_close_names(files, capsys):
   status, out, err = explain(files, "add_zeroo", capsys)
   assert status == 2 and out == ""
@@ -185,3 +191,28 @@ def test_walk_matches_when_pattern_and_guard_pass():
 def test_walk_guard_that_raises():
   f = rule_of("  rule r: x + c:CONST if c.src[3] => x\n").explain(X + 3)
   assert f.message == "guard `c.src[3]` raised IndexError: tuple index out of range"
+
+
+# *** docs/explain.md ***
+
+def test_docs_example_runs_as_shown(tmp_path, capsys, monkeypatch):
+  """docs/explain.md: its rules file and program, explained, print what its console block shows."""
+  import re
+  import shlex
+  doc = (REPO / "docs" / "explain.md").read_text()
+  blocks = re.findall(r"^```(\w+)\n(.*?)^```$", doc, re.M | re.S)
+  rules = next(b for lang, b in blocks if lang == "rules")
+  program = next(b for lang, b in blocks if lang == "python")
+  console = next(b for lang, b in blocks if lang == "console")
+  (tmp_path / "mine.rules").write_text(rules)
+  (tmp_path / "prog.py").write_text(program)
+  monkeypatch.chdir(tmp_path)
+  runs = re.split(r"^\$ ", console, flags=re.M)[1:]
+  assert len(runs) == 5
+  for run in runs:
+    cmd, _, expected = run.partition("\n")
+    argv = shlex.split(cmd)
+    assert argv[0] == "rulec"
+    rulec(argv[1:])
+    out = capsys.readouterr()
+    assert (out.out + out.err).rstrip("\n") == expected.rstrip("\n"), f"docs/explain.md: `{cmd}` is out of date"

@@ -181,6 +181,7 @@ class _Recording:
     self.rulesets: list[str] = []
     self.nodes: dict[UOp, Seen] = {}
     self.other_calls = 0
+    self.same_name: list[str] = []    # where matchers the program used have a rule of this name in another file
 
 
 def _same_file(a: str, b: str) -> bool:
@@ -236,6 +237,7 @@ class RewriteRecorder:
       rule, found = self.rec.rule, None
       for k, (name, loc, _) in enumerate(matcher.rule_info):
         if name == rule.name and _same_file(loc.rsplit(":", 2)[0], rule.span.file): found = k; break
+        if name == rule.name and loc not in self.rec.same_name: self.rec.same_name.append(loc)
       if found is None: self._variants[key] = None
       else:
         _, ns = matcher.library._compiled(matcher.names, True)
@@ -289,8 +291,10 @@ def report(rec: _Recording, source: str | None, shown: int = SHOWN) -> tuple[str
   if rec.fired:
     return f"{head} fired {rec.fired} time{'s' if rec.fired != 1 else ''} in {calls}", 0
   if rec.calls == 0:
-    return (f"{head} never fired: no graph_rewrite call used a matcher with this rule "
-            f"({rec.other_calls} call{'s' if rec.other_calls != 1 else ''} with other matchers)"), 1
+    text = (f"{head} never fired: no graph_rewrite call used a matcher with this rule "
+            f"({rec.other_calls} call{'s' if rec.other_calls != 1 else ''} with other matchers)")
+    if rec.same_name: text += f"\n  the program's matchers have a rule '{rule.name}' at {', '.join(rec.same_name)}: pass --rules"
+    return text, 1
   nodes = list(rec.nodes.values())
   if not nodes:
     ops = "any op" if rule.pattern and pattern_ops(rule.pattern) == ALL_OPS else \
