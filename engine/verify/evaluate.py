@@ -73,7 +73,7 @@ def eval_scalar(root: UOp, env: dict[UOp, object], exact: bool = False):
   vals: dict[UOp, object] = {}
   for u in root.toposort():
     if u in env: v = env[u]
-    elif u.op is Ops.CONST: v = canon(u.arg, u.dtype)
+    elif u.op is Ops.CONST: v = u.arg if exact and u.dtype.is_int else canon(u.arg, u.dtype)
     elif u.op in (Ops.RANGE, Ops.DEFINE_VAR): raise NoValue(f"{u!r} has no value here")
     elif u.op is Ops.CAST: v = vals[u.src[0]]
     elif u.op in SCALAR_EVAL_OPS:
@@ -117,6 +117,8 @@ class TensorEval:
         elif u.op is Ops.AFTER:
           if u.src[0].op is not Ops.BUFFER: raise NotModelled("AFTER of something other than a BUFFER")
           v = self.buf(u.src[0]).copy()
+        elif u.op is Ops.ASSIGN and any(m.op in (Ops.EXPAND, Ops.PAD) for m in u.src[0].toposort(lambda m: m.op in MOVEMENT)):
+          raise NoValue("an ASSIGN into an expanded or padded view (the front end refuses these)")
         elif u.op in _TENSOR_EVAL_OPS:
           if any(x is None for x in xs): raise NotModelled(f"{u.op.name} of a STORE")
           try: v = tensor_eval._eval_node(u, xs)
