@@ -21,7 +21,11 @@ innermost range fastest, so neighbouring work-items touch neighbouring
 memory; each range index is recovered with a constant / and %), and a bound
 check drops the work-items past the end. Each work-item runs every REDUCE of
 its element as a loop over a contiguous chunk (no barriers or local memory:
-what CPU OpenCL devices run well). A float REDUCE whose innermost range has at
+what CPU OpenCL devices run well). On GPUs (Target.group > 0), a kernel with
+one store, few outputs (at most GROUP_MAX_OUTPUTS) and long reductions runs
+one work-group per output instead: the group's work-items stride through the
+reduction together, so neighbouring work-items read neighbouring memory, and
+combine their partial results as a tree in local memory (_group_reduce). A float REDUCE whose innermost range has at
 least 2 * LANES elements keeps LANES accumulators over interleaved elements
 and combines them as a tree at the end: independent chains, since the compiler
 may not reassociate floats itself; like the CPU device's `reassoc`, this
@@ -62,8 +66,17 @@ LANES = 8   # accumulators per float reduce
 
 @attrs.frozen
 class Target:
-  """What the device can compile: float64 (cl_khr_fp64)."""
+  """What the device can compile and how to shape kernels for it.
+
+  fp64: cl_khr_fp64. group: the most work-items of one work-group that may
+  cooperate on a reduction through local memory (0: never; CPU devices, where
+  a work-item reducing a contiguous chunk is faster)."""
   fp64: bool = True
+  group: int = 0
+
+
+GROUP_MIN_REDUCE = 32          # a group reduction needs at least this many elements per output ...
+GROUP_MAX_OUTPUTS = 1 << 16    # ... and at most this many outputs (beyond, one work-item per output fills the device)
 
 
 @attrs.frozen
@@ -72,6 +85,7 @@ class Rendered:
   name: str
   global_size: int          # work-items to launch (the kernel checks the bound itself)
   flat_ranges: tuple        # the RANGEs folded into the NDRange, outermost first
+  local_size: int = 0       # a group-reduction kernel's work-group size (0: the runtime picks one)
 
 
 _INTS = {1: "char", 2: "short", 4: "int", 8: "long"}
@@ -182,6 +196,7 @@ class CLRenderer:
     self.ptrs: dict[UOp, str] = {}
     self.count = 0
     self.uses_fp64 = False
+    self.group = 0   # work-items per output in a group-reduction kernel (0: one work-item per output)
 
   # *** text ***
   def line(self, s: str): self.lines.append("  " * self.depth + s)
@@ -232,9 +247,15 @@ class CLRenderer:
     if len(stores) == 1 and stores[0].op is Ops.END: flat = tuple(stores[0].src[1:])
     total = 1
     for r in flat: total *= r.src[0].arg
-    if flat:
+    self.group = self._group_size(stores, total)
+    if self.group:   # (the launch size is in the source: the program cache is keyed by the source text)
+      self.line(f"// {total} work-groups of {self.group}")
+      self.line("long gid = get_group_id(0);")
+      self.line("int lane = get_local_id(0);")
+    elif flat:
       self.line("long gid = get_global_id(0);")
       self.line(f"if (gid >= {total}L) return;")
+    if flat:
       stride = total
       for i, r in enumerate(flat):
         n = r.src[0].arg
@@ -255,9 +276,34 @@ class CLRenderer:
       target, value = st.src
       p, idx = target.src
       v = self.value(value)
-      self._store(p, self.value(idx), v, value.dtype)
+      i = self.value(idx)
+      if self.group:   # every lane computed the value (the reductions need them all); one stores it
+        self.line("if (lane == 0) {")
+        self.depth += 1
+      self._store(p, i, v, value.dtype)
+      if self.group:
+        self.depth -= 1
+        self.line("}")
       for r in reversed(loops): self.close_loop(r)
+    if self.group: return Rendered(self._assemble(), self.name, total * self.group, flat, self.group)
     return Rendered(self._assemble(), self.name, total if flat else 1, flat)
+
+  def _group_size(self, stores: list[UOp], outputs: int) -> int:
+    """Work-items per output when the kernel's reductions should be shared by a work-group, else 0.
+
+    Only for one store whose REDUCEs are not nested in each other (each is then
+    emitted once, at the kernel's top level, where every work-item reaches its
+    barriers), over a non-bool dtype (bools have no local-memory type here)."""
+    if not self.target.group or len(stores) != 1 or outputs > GROUP_MAX_OUTPUTS: return 0
+    if stores[0].op is Ops.END and any(r.src[0].arg == 0 for r in stores[0].src[1:]): return 0
+    reduces = [u for u in stores[0].toposort() if u.op is Ops.REDUCE]
+    if not reduces or any(u.dtype.kind == "b" for u in reduces): return 0
+    if any(x.op is Ops.REDUCE for u in reduces for x in u.src[0].toposort()): return 0
+    size = max(math.prod(r.src[0].arg for r in u.src[1:]) for u in reduces)
+    if size < GROUP_MIN_REDUCE: return 0
+    g = 32
+    while g * 2 <= self.target.group and g * 2 * 4 <= size: g *= 2   # at least 4 elements per work-item
+    return g
 
   def _assemble(self) -> str:
     outs = set(self.k.outputs)
@@ -456,6 +502,7 @@ class CLRenderer:
     op, d = u.arg, u.dtype
     value, rngs = u.src[0], u.src[1:]
     ident = self.const(identity_element(op, d), d)
+    if self.group: return self._group_reduce(u, ident)
     inner = rngs[-1] if rngs else None
     if d.kind != "f" or inner is None or inner.src[0].arg < 2 * LANES or any(x.op is Ops.REDUCE for x in value.toposort()):
       acc = self.tmp("acc")
@@ -497,6 +544,43 @@ class CLRenderer:
       for i in range(0, LANES, 2 * step): self.line(f"{accs[i]} = {self._combine(op, d, accs[i], accs[i + step])};")
       step *= 2
     return self._reduced(op, d, accs[0])
+
+
+  def _group_reduce(self, u: UOp, ident: str) -> str:
+    """The work-group reduces together: work-item `lane` takes elements lane, lane + G, lane + 2G, ... of the
+    flattened reduce ranges (neighbouring work-items read neighbouring memory when the innermost range is
+    contiguous), then the G partial results are combined as a tree in local memory. Every work-item gets the result."""
+    op, d, G = u.arg, u.dtype, self.group
+    value, rngs = u.src[0], u.src[1:]
+    c = self.ct(d)
+    acc, i, part = self.tmp("acc"), self.tmp("i"), self.tmp("part")
+    size = math.prod(r.src[0].arg for r in rngs)
+    self.line(f"{c} {acc} = {ident};")
+    self.line(f"for (long {i} = lane; {i} < {size}L; {i} += {G}) {{")
+    self.depth += 1
+    self.scopes.append({})
+    stride = size
+    for r in rngs:
+      n = r.src[0].arg
+      stride //= n
+      e = i if stride == 1 else f"({i} / {stride}L)"
+      if stride * n != size: e = f"({e} % {n}L)"
+      v = f"r{r.arg[0]}"
+      self.line(f"{self.ct(r.dtype)} {v} = ({self.ct(r.dtype)}){e};")
+      self.ranges[r] = v
+    self.line(f"{acc} = {self._combine(op, d, acc, self.value(value))};")
+    for r in rngs: del self.ranges[r]
+    self.scopes.pop()
+    self.depth -= 1
+    self.line("}")
+    self.line(f"__local {c} {part}[{G}];")
+    self.line(f"{part}[lane] = {acc};")
+    self.line("barrier(CLK_LOCAL_MEM_FENCE);")
+    self.line(f"for (int s = {G // 2}; s > 0; s >>= 1) {{")
+    self.line(f"  if (lane < s) {part}[lane] = {self._combine(op, d, f'{part}[lane]', f'{part}[lane + s]')};")
+    self.line("  barrier(CLK_LOCAL_MEM_FENCE);")
+    self.line("}")
+    return self._reduced(op, d, self.let(d, f"{part}[0]"))
 
 
 def render(kernel: Kernel, target: Target = Target(), name: str = KERNEL_NAME) -> Rendered:

@@ -88,7 +88,7 @@ class CLDevice:
     self.ctx = cl.Context([self.dev])
     self.queue = cl.CommandQueue(self.ctx)
     ext = self.dev.extensions.split()
-    self.target = Target(fp64="cl_khr_fp64" in ext)
+    self.target = Target(fp64="cl_khr_fp64" in ext, group=group_size(self.dev))
     self.max_work_group = self.dev.max_work_group_size
     self.max_item0 = self.dev.max_work_item_sizes[0]
     self.units = max(1, self.dev.max_compute_units)
@@ -98,6 +98,18 @@ class CLDevice:
       self.options.append("-cl-fp32-correctly-rounded-divide-sqrt")
 
   def __repr__(self): return f"<CLDevice {self.index}: {self.dev.name.strip()} ({self.dev.platform.name}) {self.dev.version}>"
+
+
+def group_size(dev) -> int:
+  """Work-items that may share one reduction (codegen/opencl.py's group reductions): on GPUs up to 512 (and the
+  device's work-group limit); 0 on CPU devices, where one work-item per output reducing a contiguous chunk is
+  faster. RULEC_CL_GROUP=n overrides (0 turns them off; tests use it to run group reductions on PoCL)."""
+  env = os.environ.get("RULEC_CL_GROUP", "")
+  if env:
+    try: want = int(env)
+    except ValueError: raise CLUnavailable(f"RULEC_CL_GROUP={env!r} is not a number") from None
+  else: want = 512 if dev.type & _cl().device_type.GPU else 0
+  return min(want, dev.max_work_group_size, dev.max_work_item_sizes[0])
 
 
 def get_device() -> CLDevice:
@@ -144,11 +156,17 @@ class Program:
     n = rendered.global_size
     limit = min(dev.max_work_group, dev.max_item0,
                 self.kernel.get_work_group_info(cl.kernel_work_group_info.WORK_GROUP_SIZE, dev.dev))
-    per_unit = -(-n // dev.units)
-    local = 1
-    while local < per_unit and local * 2 <= limit: local *= 2
-    self.local = local
-    self.global_ = -(-n // local) * local
+    if rendered.local_size:   # a group reduction: the work-group size is part of the kernel
+      if rendered.local_size > limit:
+        raise CLBuildError(f"a group-reduction kernel needs work-groups of {rendered.local_size}, but {dev!r} allows "
+                           f"{limit} for it; set RULEC_CL_GROUP={limit}\n--- source ---\n{_numbered(self.source)}")
+      self.local, self.global_ = rendered.local_size, n
+    else:
+      per_unit = -(-n // dev.units)
+      local = 1
+      while local < per_unit and local * 2 <= limit: local *= 2
+      self.local = local
+      self.global_ = -(-n // local) * local
     COUNTERS["compiled"] += 1
     TIMES["build_s"] += self.build_s
 

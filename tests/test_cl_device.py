@@ -20,7 +20,7 @@ if "pyopencl" not in sys.modules:   # PoCL reads its cache directory when the pl
 
 pytest.importorskip("pyopencl", reason="the CL device needs pyopencl: pip install pyopencl pocl-binary-distribution")
 
-from hypothesis import given, settings   # noqa: E402
+from hypothesis import HealthCheck, given, settings   # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 from codegen import opencl   # noqa: E402
@@ -461,3 +461,47 @@ def test_buffers_stay_on_the_device_and_move_only_when_another_side_reads():
   # an assign on the device writes the device copy; the host sees it on the next read
   a.assign(a * 10).realize()
   np.testing.assert_array_equal(a.numpy(), np.full((3, 4), 50, np.float32))
+
+
+# *** group reductions (what GPUs run; forced on here) ***
+
+@pytest.fixture
+def group_reductions():
+  """Kernels rendered with work-group reductions of up to 64 work-items, as on a GPU (PoCL runs them too)."""
+  import attrs
+  old = DEV.target
+  DEV.target = attrs.evolve(old, group=64)
+  cl_device._by_ast.clear()
+  yield
+  DEV.target = old
+  cl_device._by_ast.clear()
+
+
+def test_group_reductions_are_used_and_agree_with_numpy(group_reductions):
+  x = np.random.default_rng(21).standard_normal((5, 300)).astype(np.float32)
+  src = cl_device.render(Tensor.schedule(Tensor(x, device="CL").sum(1))[0]).source
+  assert "barrier(CLK_LOCAL_MEM_FENCE)" in src and "__local float" in src
+  np.testing.assert_allclose(on("CL", x, dtypes.float32, lambda t: t.sum(1)), x.sum(1), rtol=1e-5, atol=1e-5)
+
+
+@settings(max_examples=30, suppress_health_check=[HealthCheck.function_scoped_fixture])   # the fixture holds for all
+@given(st.integers(1, 9), st.integers(1, 600), st.sampled_from(["sum1", "max1", "sum0", "softmax", "layernorm", "sum", "argmax"]))
+def test_group_reductions_agree_with_numpy_for_any_shape(group_reductions, rows, cols, fn):
+  # shapes below, at and above the thresholds (32 elements, 4 per work-item), sizes not multiples of the group
+  x = np.random.default_rng(rows * 1000 + cols).standard_normal((rows, cols)).astype(np.float32)
+  x[0, cols // 2] = 7.5   # a unique maximum for argmax
+  f = {"sum1": lambda t: t.sum(1), "max1": lambda t: t.max(1), "sum0": lambda t: t.sum(0), "softmax": lambda t: t.softmax(-1),
+       "layernorm": lambda t: t.layernorm(-1), "sum": lambda t: t.sum(), "argmax": lambda t: t.argmax(1)}[fn]
+  got, ref = on("CL", x, dtypes.float32, f), on("NUMPY", x, dtypes.float32, f)
+  if fn in ("max1", "argmax"): np.testing.assert_array_equal(got, ref)
+  else: np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-4 * max(1, cols) ** 0.5)
+
+
+@pytest.mark.parametrize("d", [dtypes.int8, dtypes.int32, dtypes.uint64, dtypes.float16, dtypes.bool], ids=lambda d: d.name)
+def test_group_reductions_keep_exact_integer_and_half_semantics(group_reductions, d):
+  x = sample(d, 3 * 200, seed=22).reshape(3, 200)
+  for fn in (lambda t: t.sum(1), lambda t: t.max(1), lambda t: t.min(1)):
+    if d is dtypes.float16:
+      np.testing.assert_allclose(on("CL", x, d, fn).astype(np.float32), on("NUMPY", x, d, fn).astype(np.float32),
+                                 rtol=1e-2, atol=0.5)
+    else: both(x, d, fn)
