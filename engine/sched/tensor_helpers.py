@@ -81,8 +81,12 @@ def broadcast_sources(x: UOp) -> UOp:
   shapes = [s.shape for s in x.src]
   nd = max(len(sh) for sh in shapes)
   padded = [(1,) * (nd - len(sh)) + sh for sh in shapes]
-  out = tuple(max(dims) if all(d in (1, max(dims)) for d in dims) else -1 for dims in zip(*padded))
-  if -1 in out: raise ValueError(f"cannot broadcast shapes {shapes}")
+  out = []
+  for dims in zip(*padded):
+    sizes = {d for d in dims if d != 1}   # 1 broadcasts to any size, 0 included
+    if len(sizes) > 1: raise ValueError(f"cannot broadcast shapes {shapes}")
+    out.append(sizes.pop() if sizes else 1)
+  out = tuple(out)
   return x.replace(src=tuple(s.reshape(p).expand(out) for s, p in zip(x.src, padded)))
 
 
