@@ -32,8 +32,9 @@ def _cdiv(a, b):
 
 
 def _cmod(a, b):
-  """C remainder: the sign of the dividend (fmod for floats); 0 for a zero integer divisor."""
-  if isinstance(a, float) or isinstance(b, float): return math.fmod(a, b) if b != 0 else math.nan
+  """C remainder: the sign of the dividend (fmod for floats: NaN for a zero divisor or an infinite dividend, as
+  C's fmod and LLVM's frem give, where math.fmod raises); 0 for a zero integer divisor."""
+  if isinstance(a, float) or isinstance(b, float): return math.fmod(a, b) if b != 0 and not math.isinf(a) else math.nan
   return a - b * _cdiv(a, b) if b != 0 else 0
 
 

@@ -59,8 +59,6 @@ def canon(v, dt: DType):
 
 
 def _alu(op: Ops, dt: DType, xs: list, exact: bool = False):
-  if op is Ops.CMOD and any(isinstance(x, float) for x in xs) and xs[1] != 0 and math.isinf(xs[0]):
-    return math.nan   # C's fmod(inf, y) (math.fmod raises)
   if dt.is_int and all(isinstance(x, int) for x in xs):
     if op is Ops.SHL: return xs[0] << min(xs[1], dt.bits + 1) if xs[1] >= 0 else xs[0]
     if op is Ops.POW and xs[1] >= 0: return pow(xs[0], xs[1], 1 << dt.bits)
