@@ -11,6 +11,7 @@ import math
 import weakref
 from typing import Any, Callable, Iterable
 
+from engine.alu import wrap
 from engine.dtypes import DType, dtypes
 from engine.ops import ALU, BINARY, MOVEMENT, Ops
 
@@ -322,8 +323,19 @@ def _infer_device(u: UOp) -> str | None:
 
 
 def _infer_bounds(u: UOp):
+  """Bounds of u's value. Integers wrap around (engine/alu.py), so for an integer dtype (index included: it
+  wraps at 64 bits) bounds computed from the sources' bounds that leave the dtype's range give way to that
+  whole range: the op may have wrapped, and its value can be anything the dtype holds."""
+  lo, hi = _op_bounds(u)
+  d = u.dtype
+  if d.kind in "iux" and isinstance(lo, int) and isinstance(hi, int) and (lo < d.min() or hi > d.max()):
+    return (d.min(), d.max())
+  return (lo, hi)
+
+
+def _op_bounds(u: UOp):
   op, src = u.op, u.src
-  if op is Ops.CONST: return (u.arg, u.arg)
+  if op is Ops.CONST: return (wrap(u.arg, u.dtype),) * 2 if u.dtype.kind in "iux" and isinstance(u.arg, int) else (u.arg, u.arg)
   if op is Ops.DEFINE_VAR: return (u.arg[1], u.arg[2])
   if op is Ops.RANGE:
     hi = src[0]._get_memo()["bounds"][1]

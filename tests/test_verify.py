@@ -101,14 +101,10 @@ def test_cli_exit_codes_and_json(tmp_path, capsys):
   assert main(["verify", "--rules", str(tmp_path / "missing.rules")]) == 2
 
 
-# Shipped rules verify found wrong, reported (not yet fixed). Most assume that integers do not wrap
-# around (mul_div, mul_mod, add_multiple_mod, add_multiple_div, add_const_mod, div_div, fold_div_parts,
-# fold_mod_parts), some through value bounds that ignore wrap-around (lt_bounds, max_bounds, idiv_nonneg,
-# mod_nonneg); mod_mod and divmod_recombine are wrong for a zero constant ((x % 0) % c is 0, x % c is not);
-# expand_broadcast crashes on a size-0 axis. Remove a name here when its rule is fixed.
-KNOWN_REFUTED = {"mul_div", "mul_mod", "add_multiple_mod", "add_multiple_div", "add_const_mod", "div_div", "fold_div_parts",
-                 "fold_mod_parts", "lt_bounds", "max_bounds", "idiv_nonneg", "mod_nonneg", "mod_mod", "divmod_recombine",
-                 "expand_broadcast"}
+# Shipped rules verify finds wrong, reported and not yet fixed (a name here lets its rule be refuted).
+# Empty: the fifteen it once refuted (wrap-around, zero constants, a size-0 broadcast) are fixed, with
+# regressions in tests/test_rule_soundness.py.
+KNOWN_REFUTED: set[str] = set()
 
 
 @pytest.mark.parametrize("examples", [8])

@@ -37,14 +37,38 @@ def _terms(x: UOp) -> tuple[list[tuple[int, UOp]], int]:
   return terms, const
 
 
+def _linear_bounds(x: UOp) -> tuple[int, int] | None:
+  """Bounds of sum(coef * node) + const (x's terms) computed without wrap-around; None when a term is not an integer."""
+  terms, k = _terms(x)
+  lo = hi = k
+  for coef, v in terms:
+    a, b = coef * v.vmin, coef * v.vmax
+    if not (isinstance(a, int) and isinstance(b, int)): return None
+    lo, hi = lo + min(a, b), hi + max(a, b)
+  return lo, hi
+
+
+def no_wrap(*xs: UOp) -> bool:
+  """Each x (an integer expression) has its exact value: x is built from its terms with ADD and MUL, which
+  wrap around (modulo 2**bits), so when the exact sum of its terms provably fits x's dtype, x holds that sum
+  whatever intermediate results wrapped. Rules that rely on integer identities (x*c // c == x) check this."""
+  for x in xs:
+    if not x.dtype.is_int: return False
+    b = _linear_bounds(x)
+    if b is None or b[0] < x.dtype.min() or b[1] > x.dtype.max(): return False
+  return True
+
+
 def divmod_parts(x: UOp, c: int, div: bool) -> UOp | None:
   """x // c or x % c without division, when x = c*Q + R with R provably in [0, c).
 
   Each coefficient (and the constant) splits as q*c + r; if the bounds of the
   remainder part R = sum(r_i * v_i) + r_k stay inside [0, c), then x // c is
-  the quotient part and x % c is R."""
+  the quotient part and x % c is R. Only when x holds the exact sum of its
+  terms (no_wrap): then the parts, built with wrapping ADD and MUL, are
+  exact too (both lie in x's dtype's range: 0 <= R < c and Q = x // c)."""
   terms, k = _terms(x)
-  if not terms: return None
+  if not terms or not no_wrap(x): return None
   qk, rk = divmod(k, c)
   lo = hi = rk
   quot, rem = UOp.const(x.dtype, qk), UOp.const(x.dtype, rk)

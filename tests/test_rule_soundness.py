@@ -1,0 +1,90 @@
+"""Regressions for rules that `rulec verify` refuted: each program below was miscompiled (the simplified kernel
+gave another value than numpy) until the rule or the bounds it relies on took integer wrap-around into account."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from engine.alu import exec_alu
+from engine.dtypes import dtypes
+from engine.ops import Ops
+from engine.uop import UOp
+from rulec import Tensor
+
+DEVICES = ("NUMPY", "CPU")
+
+A32 = np.array([-2 ** 31, -7, 5, 2 ** 30, 2 ** 31 - 1], dtype=np.int32)
+
+
+def _np(f):
+  with np.errstate(all="ignore"): return f()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_int8_mul_then_div_wraps(device):
+  # mul_div / fold_div_parts turned (x * 2) // 2 into x: 100 * 2 wraps to -56 in int8, and -56 // 2 is -28
+  xv = np.array([100, -100, 3, 127, -128], dtype=np.int8)
+  x = Tensor(xv, device=device)
+  np.testing.assert_array_equal(((x * 2) // 2).numpy(), _np(lambda: (xv * np.int8(2)) // np.int8(2)))
+  np.testing.assert_array_equal(((x * 6) % 3).numpy(), _np(lambda: (xv * np.int8(6)) % np.int8(3)))
+  np.testing.assert_array_equal(((x + 100) % 7).numpy(), _np(lambda: (xv + np.int8(100)) % np.int8(7)))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_int32_bounds_after_wrap(device):
+  # b's bounds were [2**31, 2**32 - 2] (no wrap-around): max_bounds took MAX(b, a) for b and lt_bounds folded b < 0
+  # to False, but b = 2**30 * 2 wraps to -2**31
+  a = Tensor(A32, device=device)
+  b = a.maximum(2 ** 30) * 2
+  bn = _np(lambda: np.maximum(A32, np.int32(2 ** 30)) * np.int32(2))
+  np.testing.assert_array_equal(b.maximum(a).numpy(), np.maximum(bn, A32))
+  np.testing.assert_array_equal((b < 0).numpy(), bn < 0)
+  # a + 1 wraps for a = 2**31 - 1; its bounds said it was at least -2**31 + 1
+  np.testing.assert_array_equal(((a + 1) < -2 ** 31 + 1).numpy(), _np(lambda: (A32 + np.int32(1)) < -2 ** 31 + 1))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_int32_division_of_wrapped_value(device):
+  # idiv_nonneg / mod_nonneg (decomp.rules, CPU) used the truncating CDIV / CMOD for a "non-negative" value that wraps
+  a = Tensor(A32, device=device)
+  b = a.maximum(2 ** 30) * 2
+  bn = _np(lambda: np.maximum(A32, np.int32(2 ** 30)) * np.int32(2))
+  np.testing.assert_array_equal((b // 3).numpy(), bn // np.int32(3))
+  np.testing.assert_array_equal((b % 3).numpy(), bn % np.int32(3))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_size_zero_broadcast(device):
+  # the front end broadcasts itself, so this never reached expand_broadcast's failure (see the helper test below)
+  x = Tensor.zeros(1, 0, dtype=dtypes.int32, device=device)
+  assert (x + Tensor([[3]], dtype=dtypes.int32, device=device)).numpy().shape == (1, 0)
+
+
+def test_index_arithmetic_still_simplifies():
+  # the no-wrap guards hold for index expressions: kernel indexing keeps its simplifications
+  from engine.lang.loader import load_library
+  from engine.rewrite import graph_rewrite
+  m = load_library().matcher("symbolic")
+  r, s = UOp.range(16, 0), UOp.range(8, 1)
+  assert graph_rewrite((r * 6) // 3, m) is r * 2
+  assert graph_rewrite(((r * 8 + s) // 8) * 8 + (r * 8 + s) % 8, m) is r * 8 + s
+  assert graph_rewrite((r * 8 + s) % 8, m) is s
+  big = UOp.variable("n", 0, 2 ** 62)   # n * 4 may exceed int64: no longer simplified
+  assert graph_rewrite((big * 4) // 4, m) is not big
+
+
+def test_broadcast_helper_size_zero():
+  # expand_broadcast raised "cannot broadcast shapes": 1 and 0 broadcast to 0, not to max(1, 0)
+  from engine.sched.tensor_helpers import broadcast_sources
+  z = UOp.const(dtypes.int32, 0)
+  x = UOp(Ops.ADD, dtypes.int32, (z.reshape((1, 1, 1)).expand((1, 1, 0)), z))
+  assert [s.shape for s in broadcast_sources(x).src] == [(1, 1, 0), (1, 1, 0)]
+
+
+def test_cmod_of_infinity_is_nan():
+  # C's fmod and LLVM's frem give NaN; math.fmod raises
+  assert math.isnan(exec_alu(Ops.CMOD, dtypes.float32, [math.inf, 2.0]))
+  assert math.isnan(exec_alu(Ops.CMOD, dtypes.float32, [-math.inf, 2.0]))
+  assert exec_alu(Ops.CMOD, dtypes.float32, [-7.5, math.inf]) == -7.5
