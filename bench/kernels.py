@@ -1,6 +1,9 @@
 """Kernel run time: rulec on its CPU device against numpy and tinygrad 0.14 (CPU), same workloads, same run.
 
 Run:  python bench/kernels.py [--device CPU] [--only NAME ...]
+      python bench/kernels.py --device CL     (an OpenCL device against torch on CUDA: bench/cl_kernels.py;
+                                                bench/h200.sh runs it, and the CL test suite, on an H200)
+The workloads, their numpy references and the result checks are in bench/workloads.py.
 Needs `pip install '.[bench]'` (tinygrad==0.14.0) and Debian's `clang` (tinygrad's
 CPU device compiles its kernels with it). The whole run takes 2-3 minutes on a
 2-core machine, most of it rulec's conv2d: one run of it takes about a minute
@@ -66,34 +69,37 @@ import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
-from typing import Callable
 
-DEVICES = ("CPU",)   # an OpenCL device comes later
+DEVICES = ("CPU", "CL")
 
 
 def parse_args(argv=None):
-  p = argparse.ArgumentParser(description="rulec kernel run time against numpy and tinygrad (see the module docstring)")
-  p.add_argument("--device", default="CPU", help="rulec device to benchmark (only CPU today)")
+  p = argparse.ArgumentParser(description="rulec kernel run time against its peers (see the module docstring)")
+  p.add_argument("--device", default="CPU", help="rulec device to benchmark: CPU (against numpy and tinygrad) or CL "
+                 "(an OpenCL device, against torch on CUDA where there is one: bench/cl_kernels.py)")
   p.add_argument("--only", nargs="*", default=None, metavar="NAME",
                  help="run only workloads whose name contains one of these strings (the summary line then covers those)")
+  p.add_argument("--scale", type=int, default=1, help="CL only: divide every workload's size by this (a quick check on PoCL)")
   args = p.parse_args(argv)
   args.device = args.device.upper()
-  if args.device not in DEVICES:
-    p.error(f"--device {args.device}: rulec can only be benchmarked on {', '.join(DEVICES)} for now "
-            f"(an OpenCL device is planned but not there yet)")
+  if args.device not in DEVICES: p.error(f"--device {args.device}: rulec can be benchmarked on {', '.join(DEVICES)}")
   return args
 
 
 ARGS = parse_args()
-os.environ["DEV"] = "CPU"   # tinygrad's device: always its CPU device, whatever the environment says
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+if ARGS.device == "CL":
+  import cl_kernels
+  cl_kernels.main(ARGS)
+  sys.exit(0)
+os.environ["DEV"] = "CPU"   # tinygrad's device: always its CPU device, whatever the environment says
 
 import numpy as np  # noqa: E402
-from numpy.lib.stride_tricks import sliding_window_view  # noqa: E402
 from tinygrad import Device as TGDevice, Tensor as TT, TinyJit  # noqa: E402
+from workloads import WORKLOADS, Inputs, Workload, check, fmt, print_table  # noqa: E402
 
 from engine.schedule import schedule as rulec_schedule  # noqa: E402
 from engine.tensor import Tensor as RT  # noqa: E402
@@ -101,101 +107,9 @@ from runtime import cpu_device  # noqa: E402
 from runtime.buffer import buffer_of  # noqa: E402
 
 RULEC_DEVICE = ARGS.device
-M1, M16 = 1 << 20, 1 << 24
 
 
-# *** the workloads ***
-
-def np_softmax(x):
-  e = np.exp(x - x.max(axis=-1, keepdims=True))
-  return e / e.sum(axis=-1, keepdims=True)
-
-
-def np_layernorm(x, eps=1e-5):
-  d = x - x.mean(axis=-1, keepdims=True)
-  return d / np.sqrt((d * d).mean(axis=-1, keepdims=True) + eps)
-
-
-def np_conv2d(x, w):
-  xp = np.pad(x, ((0, 0), (0, 0), (1, 1), (1, 1)))
-  win = sliding_window_view(xp, w.shape[2:], axis=(2, 3))              # (N, C, H, W, kh, kw), a view
-  return np.ascontiguousarray(np.tensordot(win, w, axes=([1, 4, 5], [1, 2, 3])).transpose(0, 3, 1, 2))
-
-
-def tg_layernorm(x, eps=1e-5):
-  d = x - x.mean(axis=-1, keepdim=True)
-  return d * (d.square().mean(axis=-1, keepdim=True) + eps).rsqrt()
-
-
-@dataclass
-class Workload:
-  name: str
-  shapes: list[tuple[int, ...]]
-  rulec: Callable          # Tensors -> Tensor (rulec)
-  numpy: Callable          # arrays -> array
-  tinygrad: Callable       # Tensors -> Tensor (tinygrad)
-  nbytes: int = 0          # memory-bound: bytes read + written
-  flops: int = 0           # compute-bound: 2*M*N*K
-  reps: tuple[int, int, int] = (7, 7, 7)   # rulec, numpy, tinygrad
-  rtol: float = 1e-5
-  atol: float = 1e-6
-  sum_tol: float = 0.0     # reductions: |out - ref| <= sum_tol * sum(|x|)
-  slow: bool = False       # rulec warm-up only compiles (one run is very long)
-  results: dict = field(default_factory=dict)
-
-
-def ew(a, b, c): return (a * b + c).relu()
-
-
-CONV = dict(N=32, C=32, O=64, H=56, W=56, k=3)
-_cf = 2 * CONV["N"] * CONV["O"] * CONV["H"] * CONV["W"] * CONV["C"] * CONV["k"] ** 2
-
-WORKLOADS = [
-  Workload("relu(a*b+c) 1M", [(M1,)] * 3, ew, lambda a, b, c: np.maximum(a * b + c, 0), ew, nbytes=16 * M1, reps=(15, 15, 15)),
-  Workload("relu(a*b+c) 16M", [(M16,)] * 3, ew, lambda a, b, c: np.maximum(a * b + c, 0), ew, nbytes=16 * M16, reps=(7, 7, 7)),
-  Workload("sum 1M", [(M1,)], lambda a: a.sum(), lambda a: a.sum(), lambda a: a.sum(), nbytes=4 * M1 + 4,
-           reps=(15, 15, 15), sum_tol=1e-6),
-  Workload("sum 16M", [(M16,)], lambda a: a.sum(), lambda a: a.sum(), lambda a: a.sum(), nbytes=4 * M16 + 4,
-           reps=(7, 7, 7), sum_tol=1e-6),
-  Workload("softmax 4096x1024", [(4096, 1024)], lambda x: x.softmax(-1), np_softmax, lambda x: x.softmax(-1),
-           nbytes=2 * 4 * 4096 * 1024, rtol=1e-4, atol=1e-7),
-  Workload("layernorm 4096x1024", [(4096, 1024)], lambda x: x.layernorm(), np_layernorm, tg_layernorm,
-           nbytes=2 * 4 * 4096 * 1024, rtol=1e-3, atol=1e-4),
-  Workload("matmul 1024^3", [(1024, 1024)] * 2, lambda a, b: a @ b, lambda a, b: a @ b, lambda a, b: a @ b,
-           flops=2 * 1024 ** 3, reps=(3, 7, 5), rtol=1e-3, atol=1e-3),
-  Workload("conv2d 32x32x56x56 k3 ->64", [(CONV["N"], CONV["C"], CONV["H"], CONV["W"]), (CONV["O"], CONV["C"], 3, 3)],
-           lambda x, w: x.conv2d(w, padding=1), np_conv2d, lambda x, w: x.conv2d(w, padding=1),
-           flops=_cf, reps=(1, 3, 3), rtol=1e-3, atol=1e-3, slow=True),
-]
-
-
-# *** helpers ***
-
-class Inputs:
-  """Two pre-generated input sets; fresh(i) gives new arrays holding set i % 2, and numpy's result on it."""
-  def __init__(self, w: Workload, seed: int):
-    rng = np.random.default_rng(seed)
-    self.sets = [[rng.standard_normal(s, dtype=np.float32) for s in w.shapes] for _ in range(2)]
-    self.refs = [w.numpy(*s) for s in self.sets]
-    self.abs_sums = [sum(float(np.abs(a).sum(dtype=np.float64)) for a in s) for s in self.sets]
-
-  def fresh(self, i: int) -> list[np.ndarray]: return [a.copy() for a in self.sets[i % 2]]
-
-
-def check(w: Workload, inp: Inputs, i: int, got: np.ndarray, who: str, failures: list[str]):
-  ref = inp.refs[i % 2]
-  got = np.asarray(got).reshape(np.shape(ref))
-  if w.sum_tol:
-    err, tol = float(np.max(np.abs(got.astype(np.float64) - ref))), w.sum_tol * inp.abs_sums[i % 2]
-    ok = err <= tol
-    detail = f"|err| {err:.3g} > {tol:.3g}"
-  else:
-    ok = bool(np.allclose(got, ref, rtol=w.rtol, atol=w.atol))
-    detail = f"max |err| {float(np.max(np.abs(got - ref))):.3g} (rtol {w.rtol}, atol {w.atol})"
-  if not ok:
-    failures.append(f"{w.name}: {who} differs from numpy: {detail}")
-  return ok
-
+# *** rulec ***
 
 def touch_buffers(kernels) -> None:
   """Allocate every buffer the kernels use and write it once, so fresh outputs do not page-fault in the timer."""
@@ -310,14 +224,6 @@ def machine_info() -> list[str]:
   ]
 
 
-def fmt(x: float | None, nd: int = 2) -> str:
-  if x is None or (isinstance(x, float) and math.isnan(x)): return "-"
-  if x >= 100: return f"{x:.0f}"
-  if x >= 10: return f"{x:.1f}"
-  if x < 0.1: return f"{x:.2g}"
-  return f"{x:.{nd}f}"
-
-
 def main():
   t_start = time.perf_counter()
   for line in machine_info(): print(line)
@@ -355,12 +261,8 @@ def main():
     reps = "/".join(map(str, w.reps)) + (" (slow: 1 rep, compile-only warm-up)" if w.slow else "")
     body.append([w.name, fmt(r * 1e3), fmt(n * 1e3), fmt(t * 1e3), f"{fmt(rate, 1)} {unit}", fmt(frac),
                  fmt(n / r), fmt(t / r), reps])
-  widths = [max(len(str(x)) for x in col) for col in zip(head, *body)]
   print()
-  print("  ".join(h.ljust(wd) if i in (0, len(head) - 1) else h.rjust(wd) for i, (h, wd) in enumerate(zip(head, widths))).rstrip())
-  for row in body:
-    print("  ".join(c.ljust(wd) if i == 0 or i == len(row) - 1 else c.rjust(wd)
-                    for i, (c, wd) in enumerate(zip(row, widths))).rstrip())
+  print_table(head, body)
   print()
   print("rulec with fresh output buffers allocated and first touched inside the timer (what realize() pays):")
   for w, r, n, t, rate, frac, alloc in rows:

@@ -37,6 +37,8 @@ DEVICE = "CL"
 COUNTERS = {"compiled": 0, "run": 0, "uploads": 0, "downloads": 0}
 TIMES = {"build_s": 0.0, "upload_s": 0.0, "download_s": 0.0}
 
+EVENTS: list = []   # with RULEC_CL_PROFILE=1: every launch's event (the caller clears it)
+
 _lock = threading.RLock()
 _device: "CLDevice | None" = None
 _programs: dict[tuple[int, str], "Program"] = {}
@@ -86,7 +88,10 @@ class CLDevice:
                           + "; ".join(f"{i}: {d.name} ({d.platform.name})" for i, d in enumerate(devs)))
     self.index, self.dev = index, devs[index]
     self.ctx = cl.Context([self.dev])
-    self.queue = cl.CommandQueue(self.ctx)
+    # RULEC_CL_PROFILE=1: each launch's event is kept in EVENTS, for device-side kernel times (bench/)
+    self.profile = os.environ.get("RULEC_CL_PROFILE", "") not in ("", "0")
+    props = cl.command_queue_properties.PROFILING_ENABLE if self.profile else 0
+    self.queue = cl.CommandQueue(self.ctx, properties=props)
     ext = self.dev.extensions.split()
     self.target = Target(fp64="cl_khr_fp64" in ext, group=group_size(self.dev))
     self.max_work_group = self.dev.max_work_group_size
@@ -255,7 +260,8 @@ def run_kernel(kernel: Kernel) -> None:
   with _lock:
     mems = [device_memory(buffer_of(b), dev) for b in kernel.bufs]   # a buffer named twice is one device buffer
     if mems: prog.kernel.set_args(*[m.mem for m in mems])
-    dev.cl.enqueue_nd_range_kernel(dev.queue, prog.kernel, (prog.global_,), (prog.local,))
+    ev = dev.cl.enqueue_nd_range_kernel(dev.queue, prog.kernel, (prog.global_,), (prog.local,))
+    if dev.profile: EVENTS.append(ev)
     for slot in kernel.outputs: buffer_of(kernel.bufs[slot]).device_wrote(mems[slot])
 
 

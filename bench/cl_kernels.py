@@ -1,0 +1,230 @@
+"""Kernel run time on an OpenCL device: rulec's CL device against torch on CUDA, same workloads, same run.
+
+Run:  python bench/kernels.py --device CL [--only NAME ...] [--scale N]
+(bench/h200.sh sets up an H200 machine and runs this there.) Without a CUDA GPU
+torch's columns are empty; `--scale 64` shrinks every workload for a quick check
+on PoCL.
+
+What is timed (medians over the repetitions, milliseconds):
+
+- rulec: fresh input Tensors on "CL" each repetition; the kernels come from
+  `engine.schedule.schedule` outside the timer, and every buffer they use is
+  made resident on the device outside the timer (inputs uploaded, outputs
+  allocated), as tinygrad's and torch's inputs already live on the GPU. Then
+    wall   = `for k in kernels: cl_device.run_kernel(k)` + `synchronize()`:
+             Python launch work included (program-cache lookups, argument setting)
+    kernel = the sum of the launches' OpenCL profiling-event times (device time)
+  No compilation happens while timing (checked).
+- torch: CUDA tensors made from the same inputs before the timer, TF32 off (plain
+  float32, as rulec computes). wall = the op up to `torch.cuda.synchronize()`;
+  kernel = CUDA events recorded around the op (its kernels and the gaps between them).
+
+Bandwidth: the device's copy bandwidth is measured in the same run with an
+OpenCL float4 copy kernel over 256 MiB (profiling events; bytes read + written),
+and torch's `copy_` of 256 MiB (CUDA events). Memory-bound workloads report
+(bytes read + written) / rulec kernel time and its fraction of the OpenCL copy
+bandwidth; matmul and conv2d report GFLOP/s.
+
+The last line is
+  cl_elementwise_bw_fraction=<relu(a*b+c) 16M>  cl_reduction_bw_fraction=<sum 16M>
+  softmax_vs_torch=<torch kernel / rulec kernel>  layernorm_vs_torch=<...>  matmul_vs_torch=<...>
+"""
+from __future__ import annotations
+
+import os
+import platform
+import statistics
+import sys
+import time
+from importlib import metadata
+
+os.environ.setdefault("RULEC_CL_PROFILE", "1")   # device-side kernel times, before the CL device opens
+
+import numpy as np  # noqa: E402
+
+from engine.schedule import schedule as rulec_schedule  # noqa: E402
+from engine.tensor import Tensor as RT  # noqa: E402
+from runtime import cl_device  # noqa: E402
+from runtime.buffer import buffer_of  # noqa: E402
+from workloads import WORKLOADS, Inputs, Workload, check, fmt, print_table  # noqa: E402
+
+try:
+  import torch
+  TORCH = torch if torch.cuda.is_available() else None
+except ImportError:
+  TORCH = None
+
+
+def scaled(w: Workload, k: int) -> Workload:
+  """w with every dimension's size divided by about k**(1/rank) (at least 1), for quick runs."""
+  if k == 1: return w
+  import dataclasses
+  shapes = [tuple(max(1, int(d / k ** (1 / len(s)))) for d in s) for s in w.shapes]
+  if w.name.startswith("conv2d"): shapes = [(2, 8, 14, 14), (16, 8, 3, 3)]
+  if w.name.startswith("matmul"): shapes = [(shapes[0][0], shapes[0][1]), (shapes[0][1], shapes[0][0])]
+  f = shapes[0][0] / w.shapes[0][0]
+  return dataclasses.replace(w, name=w.name + f" /{k}", shapes=shapes, nbytes=int(w.nbytes * f * (1 if len(w.shapes[0]) == 1 else f)),
+                             flops=int(w.flops / k), results={})
+
+
+# *** rulec ***
+
+def resident(kernels) -> None:
+  """Every buffer the kernels use on the device (inputs uploaded, outputs allocated), then wait."""
+  dev = cl_device.get_device()
+  for k in kernels:
+    for b in k.bufs: cl_device.device_memory(buffer_of(b), dev)
+  cl_device.synchronize()
+
+
+def event_ms(events) -> float:
+  return sum(e.profile.end - e.profile.start for e in events) / 1e6
+
+
+def time_rulec(w: Workload, inp: Inputs, failures: list[str], reps: int) -> tuple[list[float], list[float]]:
+  walls, kerns = [], []
+  for i in range(-1, reps):   # one warm-up: compiles every kernel
+    ts = [RT(a, device="CL") for a in inp.fresh(i)]
+    out = w.rulec(*ts)
+    kernels, views = rulec_schedule([out.uop], "CL")
+    resident(kernels)
+    compiled = cl_device.COUNTERS["compiled"]
+    cl_device.EVENTS.clear()
+    t0 = time.perf_counter()
+    for k in kernels: cl_device.run_kernel(k)
+    cl_device.synchronize()
+    dt = time.perf_counter() - t0
+    if i >= 0:
+      walls.append(dt * 1e3)
+      kerns.append(event_ms(cl_device.EVENTS))
+      if cl_device.COUNTERS["compiled"] != compiled:
+        failures.append(f"{w.name}: rulec compiled {cl_device.COUNTERS['compiled'] - compiled} kernel(s) while timing")
+    out.uop = views[0]
+    check(w, inp, i, out.numpy(), "rulec" if i >= 0 else "rulec (warm-up)", failures)
+  w.results["kernels"] = len(kernels)
+  return walls, kerns
+
+
+# *** torch ***
+
+def time_torch(w: Workload, inp: Inputs, failures: list[str], reps: int) -> tuple[list[float], list[float]]:
+  torch = TORCH
+  walls, kerns = [], []
+  for i in range(-2, reps):
+    ts = [torch.from_numpy(a).cuda() for a in inp.fresh(i)]
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    t0 = time.perf_counter()
+    start.record()
+    out = w.torch(*ts)
+    end.record()
+    torch.cuda.synchronize()
+    dt = time.perf_counter() - t0
+    if i >= 0:
+      walls.append(dt * 1e3)
+      kerns.append(start.elapsed_time(end))
+    check(w, inp, i, out.cpu().numpy(), "torch" if i >= 0 else "torch (warm-up)", failures)
+  return walls, kerns
+
+
+# *** bandwidth ***
+
+def cl_copy_bandwidth(nbytes: int = 256 << 20, reps: int = 10) -> float:
+  """GB/s of a float4 copy kernel on the CL device (read + write), by profiling events."""
+  dev = cl_device.get_device()
+  cl = dev.cl
+  prg = cl.Program(dev.ctx, "__kernel void copy4(__global const float4* a, __global float4* b) "
+                            "{ size_t i = get_global_id(0); b[i] = a[i]; }").build()
+  src = cl.Buffer(dev.ctx, cl.mem_flags.READ_WRITE, nbytes)
+  dst = cl.Buffer(dev.ctx, cl.mem_flags.READ_WRITE, nbytes)
+  cl.enqueue_fill_buffer(dev.queue, src, np.float32(1.5), 0, nbytes)
+  knl = cl.Kernel(prg, "copy4")
+  knl.set_args(src, dst)
+  n = nbytes // 16
+  local = min(256, dev.max_work_group)
+  times = []
+  for i in range(reps + 1):
+    ev = cl.enqueue_nd_range_kernel(dev.queue, knl, (n,), (local,) if n % local == 0 else None)
+    ev.wait()
+    if i: times.append((ev.profile.end - ev.profile.start) / 1e9)
+  return 2 * nbytes / statistics.median(times) / 1e9
+
+
+def torch_copy_bandwidth(nbytes: int = 256 << 20, reps: int = 10) -> float:
+  torch = TORCH
+  a = torch.full((nbytes // 4,), 1.5, device="cuda")
+  b = torch.empty_like(a)
+  times = []
+  for i in range(reps + 1):
+    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    s.record()
+    b.copy_(a)
+    e.record()
+    torch.cuda.synchronize()
+    if i: times.append(s.elapsed_time(e) / 1e3)
+  return 2 * nbytes / statistics.median(times) / 1e9
+
+
+def machine_info() -> list[str]:
+  dev = cl_device.get_device()
+  def ver(p):
+    try: return metadata.version(p)
+    except metadata.PackageNotFoundError: return "not installed"
+  gpu = TORCH.cuda.get_device_name(0) if TORCH is not None else "no CUDA device (torch columns empty)"
+  return [f"machine: {platform.machine()}, {os.cpu_count()} cores; OpenCL device: {dev!r}, {dev.units} compute units, "
+          f"group reductions up to {dev.target.group} work-items",
+          f"python {platform.python_version()}; numpy {np.__version__}; pyopencl {ver('pyopencl')}; rulec {ver('rulec')}; "
+          f"torch {ver('torch')} on {gpu}"]
+
+
+def main(args) -> None:
+  t_start = time.perf_counter()
+  if TORCH is not None:
+    TORCH.backends.cuda.matmul.allow_tf32 = False
+    TORCH.backends.cudnn.allow_tf32 = False
+  for line in machine_info(): print(line)
+  bw = cl_copy_bandwidth() if args.scale == 1 else cl_copy_bandwidth(16 << 20)
+  tbw = torch_copy_bandwidth() if TORCH is not None else None
+  print(f"copy bandwidth: OpenCL float4 copy {bw:.0f} GB/s; torch copy_ {fmt(tbw, 0)} GB/s (256 MiB, read + write)")
+  sys.stdout.flush()
+  workloads = [scaled(w, args.scale) for w in WORKLOADS if not args.only or any(s.lower() in w.name.lower() for s in args.only)]
+  failures: list[str] = []
+  rows = []
+  for seed, w in enumerate(workloads):
+    t0 = time.perf_counter()
+    inp = Inputs(w, seed)
+    reps = 20 if not w.flops else 7
+    rw, rk = time_rulec(w, inp, failures, reps)
+    tw, tk = time_torch(w, inp, failures, reps) if TORCH is not None else ([float("nan")], [float("nan")])
+    r = (statistics.median(rw), statistics.median(rk), statistics.median(tw), statistics.median(tk))
+    rows.append((w, *r))
+    print(f"  done {w.name}: rulec {r[1]:.3f} ms kernel / {r[0]:.3f} ms wall ({w.results['kernels']} kernels), "
+          f"torch {r[3]:.3f} / {r[2]:.3f} ms  [{time.perf_counter() - t0:.0f} s]")
+    sys.stdout.flush()
+  head = ["workload", "rulec kernel ms", "rulec wall ms", "torch kernel ms", "torch wall ms", "rulec GB/s|GFLOP/s",
+          "frac CL copy BW", "vs torch (kernel)", "vs torch (wall)", "kernels"]
+  body = []
+  for w, rwall, rk, twall, tk in rows:
+    rate = (w.nbytes or w.flops) / (rk / 1e3) / 1e9
+    body.append([w.name, fmt(rk, 3), fmt(rwall, 3), fmt(tk, 3), fmt(twall, 3),
+                 f"{fmt(rate, 1)} {'GB/s' if w.nbytes else 'GFLOP/s'}", fmt(rate / bw) if w.nbytes else "-",
+                 fmt(tk / rk), fmt(twall / rwall), str(w.results["kernels"])])
+  print()
+  print_table(head, body)
+  print()
+  print(f"total bench time {time.perf_counter() - t_start:.0f} s")
+  if failures:
+    print("RESULT CHECK FAILURES:")
+    for f in failures: print("  " + f)
+  by = {w.name.split(" /")[0]: (w, rk, tk) for w, _, rk, _, tk in rows}
+  def frac(name):
+    if name not in by: return "nan"
+    w, rk, _ = by[name]
+    return f"{w.nbytes / (rk / 1e3) / 1e9 / bw:.3f}"
+  def vs(name):
+    return f"{by[name][2] / by[name][1]:.3f}" if name in by else "nan"
+  print(f"cl_elementwise_bw_fraction={frac('relu(a*b+c) 16M')} cl_reduction_bw_fraction={frac('sum 16M')} "
+        f"softmax_vs_torch={vs('softmax 4096x1024')} layernorm_vs_torch={vs('layernorm 4096x1024')} "
+        f"matmul_vs_torch={vs('matmul 1024^3')}")
+  sys.stdout.flush()
+  if failures: sys.exit(1)

@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# The CL device on an NVIDIA H200 (the `device` tool's nvidia-h200 machine): set up, then run
+#   bench/h200.sh bench     bench/kernels.py --device CL, side by side with torch on CUDA
+#   bench/h200.sh tests     the CL device tests and the tensor-program suite on CL
+#   bench/h200.sh all       both (default)
+# Logs go to $OUT (or ./h200-out). That machine has numpy, attrs, llvmlite, hypothesis, pytest and torch, but no
+# network: pyopencl and the rest travel as cp312 wheels in .whl/ (see docs/architecture.md, "Running on a GPU"):
+#   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+#     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 -d .whl pyopencl pytools siphash24 platformdirs lark
+set -uo pipefail
+cd "$(dirname "$0")/.."
+what=${1:-all}
+out=${OUT:-h200-out}
+mkdir -p "$out"
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 RULEC_CACHE_DIR=/tmp/rulec-cache
+# NVIDIA's OpenCL driver is in the driver folder, but no ICD file names it
+mkdir -p /etc/OpenCL/vendors && echo /usr/local/nvidia/lib64/libnvidia-opencl.so.1 > /etc/OpenCL/vendors/nvidia.icd
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+python3 -c "from runtime import cl_device; print(cl_device.get_device(), cl_device.get_device().target)" || exit 1
+if [[ $what == bench || $what == all ]]; then
+  python3 bench/kernels.py --device CL 2>&1 | tee "$out/bench.log"
+fi
+if [[ $what == tests || $what == all ]]; then
+  timeout "${TEST_TIMEOUT:-420}" python3 -m pytest -q -p no:cacheprovider tests/test_cl_device.py 2>&1 | tee "$out/tests_cl_device.log"
+  RULEC_DEVICE=CL timeout "${TEST_TIMEOUT:-420}" python3 -m pytest -q -p no:cacheprovider tests/test_tensor.py tests/test_schedule.py \
+    2>&1 | tee "$out/tests_tensor_on_cl.log"
+fi
