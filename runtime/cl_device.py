@@ -26,6 +26,7 @@ import threading
 import time
 import warnings
 
+import attrs
 import numpy as np
 
 from engine.lang.loader import load_library
@@ -138,6 +139,11 @@ def _numbered(src: str) -> str:
   return "\n".join(f"{i + 1:4d}  {line}" for i, line in enumerate(src.splitlines()))
 
 
+class _GroupTooLarge(Exception):
+  """A group-reduction kernel was built, but the device runs it only in smaller work-groups (registers, barriers)."""
+  def __init__(self, limit: int): self.limit = limit
+
+
 class Program:
   """A built kernel and the work sizes it is launched with."""
   def __init__(self, dev: CLDevice, rendered):
@@ -162,9 +168,7 @@ class Program:
     limit = min(dev.max_work_group, dev.max_item0,
                 self.kernel.get_work_group_info(cl.kernel_work_group_info.WORK_GROUP_SIZE, dev.dev))
     if rendered.local_size:   # a group reduction: the work-group size is part of the kernel
-      if rendered.local_size > limit:
-        raise CLBuildError(f"a group-reduction kernel needs work-groups of {rendered.local_size}, but {dev!r} allows "
-                           f"{limit} for it; set RULEC_CL_GROUP={limit}\n--- source ---\n{_numbered(self.source)}")
+      if rendered.local_size > limit: raise _GroupTooLarge(limit)
       self.local, self.global_ = rendered.local_size, n
     else:
       per_unit = -(-n // dev.units)
@@ -180,10 +184,10 @@ def _lowered(kernel: Kernel) -> Kernel:
   return Kernel(graph_rewrite(kernel.ast, load_library().matcher("decomp")), kernel.bufs)
 
 
-def render(kernel: Kernel):
+def render(kernel: Kernel, target=None):
   """The kernel as the OpenCL device runs it (a codegen.opencl.Rendered)."""
   from codegen.opencl import render as render_cl
-  return render_cl(_lowered(kernel), get_device().target)
+  return render_cl(_lowered(kernel), target if target is not None else get_device().target)
 
 
 _by_ast: dict[tuple, Program] = {}   # (AST, buffer aliasing) -> program: ASTs are hash-consed, equal kernels share one entry
@@ -197,12 +201,18 @@ def compile_kernel(kernel: Kernel) -> Program:
   if hit is not None: return hit
   validate(kernel)
   dev = get_device()
-  rendered = render(kernel)
-  with _lock:
-    prog = _programs.get((dev.index, rendered.source))
-    if prog is None: prog = _programs[(dev.index, rendered.source)] = Program(dev, rendered)
-    _by_ast[key] = prog
-  return prog
+  target = dev.target
+  while True:
+    rendered = render(kernel, target)
+    try:
+      with _lock:
+        prog = _programs.get((dev.index, rendered.source))
+        if prog is None: prog = _programs[(dev.index, rendered.source)] = Program(dev, rendered)
+        _by_ast[key] = prog
+      return prog
+    except _GroupTooLarge as e:   # render it again for the work-group size the device allows this kernel
+      if e.limit < 32: target = attrs.evolve(target, group=0)
+      else: target = attrs.evolve(target, group=1 << (e.limit.bit_length() - 1))
 
 
 def _debug_level() -> int:
