@@ -68,17 +68,18 @@ def divmod_parts(x: UOp, c: int, div: bool) -> UOp | None:
   terms (no_wrap): then the parts, built with wrapping ADD and MUL, are
   exact too (both lie in x's dtype's range: 0 <= R < c and Q = x // c)."""
   terms, k = _terms(x)
-  if not terms or not no_wrap(x): return None
+  if not terms: return None
   qk, rk = divmod(k, c)
-  lo = hi = rk
-  quot, rem = UOp.const(x.dtype, qk), UOp.const(x.dtype, rk)
+  lo = hi = rk          # bounds of R
+  xlo = xhi = k         # bounds of x's exact value (no_wrap, in the same pass)
+  parts = []
   for coef, v in terms:
+    vmin, vmax = v.vmin, v.vmax
+    if not (isinstance(vmin, int) and isinstance(vmax, int)): return None
     q, r = divmod(coef, c)
-    if r:
-      a, b = r * v.vmin, r * v.vmax
-      if not (isinstance(a, int) and isinstance(b, int)): return None
-      lo, hi = lo + min(a, b), hi + max(a, b)
-      rem = rem + (v if r == 1 else v * r)
-    if q: quot = quot + (v if q == 1 else v * q)
-  if lo < 0 or hi >= c: return None
-  return quot if div else rem
+    if r: lo, hi = lo + min(r * vmin, r * vmax), hi + max(r * vmin, r * vmax)
+    xlo, xhi = xlo + min(coef * vmin, coef * vmax), xhi + max(coef * vmin, coef * vmax)
+    parts.append((q, r, v))
+  if lo < 0 or hi >= c or xlo < x.dtype.min() or xhi > x.dtype.max(): return None
+  if not div: return sum(((v if r == 1 else v * r) for q, r, v in parts if r), UOp.const(x.dtype, rk))
+  return sum(((v if q == 1 else v * q) for q, r, v in parts if q), UOp.const(x.dtype, qk))
