@@ -62,8 +62,14 @@ REPEATS = 7
 # - Helpers (fold, bounds_const) follow engine/sched/symbolic_helpers.py:
 #   floor // and %, x // 0 == x % 0 == 0, and index results wrapped to int64
 #   (rulec's `index` is 8 bytes; tinygrad's weakint would not wrap).
+# - The no-wrap guards (no_wrap, div_div's c1*c2) use int64's range for weakint.
+#   rulec's vmin/vmax also widen to int64's whole range where an index op may
+#   wrap; tinygrad's do not, a difference only bounds beyond 2**63 could show.
 
 INTS = tuple(tdtypes.ints) + (tdtypes.weakint,)   # rulec's {ints} class: every int dtype and index
+
+
+_I64 = (-(1 << 63), (1 << 63) - 1)
 
 
 def _wrap_i64(v: int) -> int: return ((v + (1 << 63)) & ((1 << 64) - 1)) - (1 << 63)
@@ -92,8 +98,7 @@ def tg_bounds_const(x: UOp) -> UOp | None:
   return UOp.const(lo, x.dtype) if isinstance(lo, int) and lo == hi else None
 
 
-def tg_divmod_parts(x: UOp, c: int, div: bool):
-  """engine.sched.symbolic_helpers.divmod_parts, step for step, on tinygrad UOps (same term order)."""
+def _tg_terms(x: UOp):
   terms, const, stack = [], 0, [(1, x)]
   while stack:
     k, u = stack.pop()
@@ -102,20 +107,42 @@ def tg_divmod_parts(x: UOp, c: int, div: bool):
     elif u.op is TOps.MUL and u.src[1].op is TOps.CONST: stack.append((k * u.src[1].arg, u.src[0]))
     elif u.op is TOps.MUL and u.src[0].op is TOps.CONST: stack.append((k * u.src[0].arg, u.src[1]))
     else: terms.append((k, u))
+  return terms, const
+
+
+def tg_no_wrap(*xs: UOp) -> bool:
+  """engine.sched.symbolic_helpers.no_wrap: the exact sum of x's terms fits x's dtype (int64 for index)."""
+  for x in xs:
+    if x.dtype not in INTS: return False
+    terms, lo = _tg_terms(x)
+    hi = lo
+    for coef, v in terms:
+      a, b = coef * v.vmin, coef * v.vmax
+      if not (isinstance(a, int) and isinstance(b, int)): return False
+      lo, hi = lo + min(a, b), hi + max(a, b)
+    if not _I64[0] <= lo <= hi <= _I64[1] if x.dtype is tdtypes.weakint else not x.dtype.min <= lo <= hi <= x.dtype.max:
+      return False
+  return True
+
+
+def tg_divmod_parts(x: UOp, c: int, div: bool):
+  """engine.sched.symbolic_helpers.divmod_parts, step for step, on tinygrad UOps (same term order)."""
+  terms, const = _tg_terms(x)
   if not terms: return None
   qk, rk = divmod(const, c)
   lo = hi = rk
-  quot, rem = x.const_like(qk), x.const_like(rk)
+  xlo = xhi = const
+  parts = []
   for coef, v in terms:
+    vmin, vmax = v.vmin, v.vmax
+    if not (isinstance(vmin, int) and isinstance(vmax, int)): return None
     q, r = divmod(coef, c)
-    if r:
-      a, b = r * v.vmin, r * v.vmax
-      if not (isinstance(a, int) and isinstance(b, int)): return None
-      lo, hi = lo + min(a, b), hi + max(a, b)
-      rem = rem + (v if r == 1 else v * r)
-    if q: quot = quot + (v if q == 1 else v * q)
-  if lo < 0 or hi >= c: return None
-  return quot if div else rem
+    if r: lo, hi = lo + min(r * vmin, r * vmax), hi + max(r * vmin, r * vmax)
+    xlo, xhi = xlo + min(coef * vmin, coef * vmax), xhi + max(coef * vmin, coef * vmax)
+    parts.append((q, r, v))
+  if lo < 0 or hi >= c or xlo < _I64[0] or xhi > _I64[1]: return None
+  if not div: return sum(((v if r == 1 else v * r) for q, r, v in parts if r), x.const_like(rk))
+  return sum(((v if q == 1 else v * q) for q, r, v in parts if q), x.const_like(qk))
 
 
 def _add(a, b): return UPat(TOps.ADD, src=[a, b])
@@ -155,21 +182,23 @@ tinygrad_symbolic = PatternMatcher([
   (_add(_x, _mul(_x, _c)), lambda x, c: x * (c.arg + 1)),                                            # add_scaled_self
   (_add(_mul(_x, _c1), _mul(_x, _c2)), lambda x, c1, c2: x * (c1.arg + c2.arg)),                     # add_scaled_pair
   # division and modulo by positive constants
-  (_idiv(_mul(_x, _c1), _c2),                                                                        # mul_div
-   lambda x, c1, c2: x * (c1.arg // c2.arg) if c2.arg > 0 and c1.arg % c2.arg == 0 else None),
-  (_mod(_mul(_x, _c1), _c2),                                                                         # mul_mod
-   lambda x, c1, c2: x.const_like(0) if c2.arg > 0 and c1.arg % c2.arg == 0 else None),
+  (_idiv(_mul(_x, _c1).named("m"), _c2),                                                             # mul_div
+   lambda m, x, c1, c2: x * (c1.arg // c2.arg) if c2.arg > 0 and c1.arg % c2.arg == 0 and tg_no_wrap(m) else None),
+  (_mod(_mul(_x, _c1).named("m"), _c2),                                                              # mul_mod
+   lambda m, x, c1, c2: x.const_like(0) if c2.arg > 0 and c1.arg % c2.arg == 0 and tg_no_wrap(m) else None),
   (_idiv(_idiv(_x, _c1), _c2),                                                                       # div_div
-   lambda x, c1, c2: x // (c1.arg * c2.arg) if c1.arg > 0 and c2.arg > 0 else None),
+   lambda x, c1, c2: x // (c1.arg * c2.arg) if c1.arg > 0 and c2.arg > 0 and c1.arg * c2.arg <= _I64[1] else None),
   (_mod(_mod(_x, _c1), _c2),                                                                         # mod_mod
-   lambda x, c1, c2: x % c2 if c2.arg > 0 and c1.arg % c2.arg == 0 else None),
-  (_mod(_add(_x, _mul(UPat(), _c1)), _c2),                                                           # add_multiple_mod
-   lambda x, c1, c2: x % c2 if c2.arg > 0 and c1.arg % c2.arg == 0 else None),
-  (_idiv(_add(_x, _mul(_y, _c1)), _c2),                                                              # add_multiple_div
-   lambda x, y, c1, c2: x // c2 + y * (c1.arg // c2.arg) if c2.arg > 0 and c1.arg % c2.arg == 0 else None),
-  (_mod(_add(_x, _c1), _c2),                                                                         # add_const_mod
-   lambda x, c1, c2: (x + c1.arg % c2.arg) % c2 if c2.arg > 0 and not 0 <= c1.arg < c2.arg else None),
-  (_add(_mul(_idiv(_x, _c), _c), _mod(_x, _c)), lambda x, c: x),                                    # divmod_recombine
+   lambda x, c1, c2: x % c2 if c2.arg > 0 and c1.arg != 0 and c1.arg % c2.arg == 0 else None),
+  (_mod(_add(_x, _mul(UPat(), _c1)).named("s"), _c2),                                                # add_multiple_mod
+   lambda s, x, c1, c2: x % c2 if c2.arg > 0 and c1.arg % c2.arg == 0 and tg_no_wrap(s, x) else None),
+  (_idiv(_add(_x, _mul(_y, _c1)).named("s"), _c2),                                                   # add_multiple_div
+   lambda s, x, y, c1, c2: x // c2 + y * (c1.arg // c2.arg) if c2.arg > 0 and c1.arg % c2.arg == 0 and tg_no_wrap(s, x)
+   else None),
+  (_mod(_add(_x, _c1).named("s"), _c2),                                                              # add_const_mod
+   lambda s, x, c1, c2: (x + c1.arg % c2.arg) % c2 if c2.arg > 0 and not 0 <= c1.arg < c2.arg
+   and tg_no_wrap(s, x + c1.arg % c2.arg) else None),
+  (_add(_mul(_idiv(_x, _c), _c), _mod(_x, _c)), lambda x, c: x if c.arg != 0 else None),            # divmod_recombine
   (_idiv(_xi, _c), lambda x, c: tg_divmod_parts(x, c.arg, True) if c.arg > 0 else None),             # fold_div_parts
   (_mod(_xi, _c), lambda x, c: tg_divmod_parts(x, c.arg, False) if c.arg > 0 else None),             # fold_mod_parts
   # value bounds decide
@@ -177,7 +206,7 @@ tinygrad_symbolic = PatternMatcher([
   (_mod(_x, _c), lambda x, c: x if c.arg > 0 and 0 <= x.vmin and x.vmax < c.arg else None),                 # mod_small
   (UPat(TOps.CMPLT, src=(_x, _c)),                                                                   # lt_bounds
    lambda x, c: UOp.const(x.vmax < c.arg, tdtypes.bool) if x.vmax < c.arg or x.vmin >= c.arg else None),
-  (UPat(TOps.MAX, src=[_x, _y]), lambda x, y: x if x.vmin >= y.vmax else None),                     # max_bounds
+  (UPat(TOps.MAX, src=[_x, _y]), lambda x, y: x if not tdtypes.is_float(x.dtype) and x.vmin >= y.vmax else None),  # max_bounds
   (UPat(GroupOp.All, dtype=tdtypes.weakint, name="x"), tg_bounds_const),                             # single_value
 ])
 
