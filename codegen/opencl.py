@@ -73,10 +73,12 @@ class Target:
   a work-item reducing a contiguous chunk is faster)."""
   fp64: bool = True
   group: int = 0
+  items: int = 1   # elements per work-item in elementwise kernels (of at least 1024 * items elements)
 
 
 GROUP_MIN_REDUCE = 32          # a group reduction needs at least this many elements per output ...
 GROUP_MAX_OUTPUTS = 1 << 16    # ... and at most this many outputs (beyond, one work-item per output fills the device)
+GROUP_ACCS = 4                 # accumulators per work-item in a long group reduction (loads in flight)
 
 
 @attrs.frozen
@@ -252,6 +254,18 @@ class CLRenderer:
       self.line(f"// {total} work-groups of {self.group}")
       self.line("long gid = get_group_id(0);")
       self.line("int lane = get_local_id(0);")
+    items = self.target.items if flat and not self.group and total >= self.target.items * 1024 and \
+      not any(u.op is Ops.REDUCE for u in stores[0].toposort()) else 1
+    launched = -(-total // items)
+    if self.group: pass
+    elif items > 1:   # each work-item stores `items` elements, `launched` apart: every pass is coalesced
+      self.line("long wid = get_global_id(0);")
+      self.line(f"if (wid >= {launched}L) return;")
+      self.line(f"for (int item = 0; item < {items}; item++) {{")
+      self.depth += 1
+      self.line(f"long gid = wid + item * {launched}L;")
+      if launched * items != total: self.line(f"if (gid >= {total}L) break;")
+      self.scopes.append({})
     elif flat:
       self.line("long gid = get_global_id(0);")
       self.line(f"if (gid >= {total}L) return;")
@@ -285,8 +299,12 @@ class CLRenderer:
         self.depth -= 1
         self.line("}")
       for r in reversed(loops): self.close_loop(r)
+    if items > 1:
+      self.scopes.pop()
+      self.depth -= 1
+      self.line("}")
     if self.group: return Rendered(self._assemble(), self.name, total * self.group, flat, self.group)
-    return Rendered(self._assemble(), self.name, total if flat else 1, flat)
+    return Rendered(self._assemble(), self.name, launched if flat else 1, flat)
 
   def _group_size(self, stores: list[UOp], outputs: int) -> int:
     """Work-items per output when the kernel's reductions should be shared by a work-group, else 0.
@@ -549,23 +567,49 @@ class CLRenderer:
   def _group_reduce(self, u: UOp, ident: str) -> str:
     """The work-group reduces together: work-item `lane` takes elements lane, lane + G, lane + 2G, ... of the
     flattened reduce ranges (neighbouring work-items read neighbouring memory when the innermost range is
-    contiguous), then the G partial results are combined as a tree in local memory. Every work-item gets the result."""
+    contiguous), into GROUP_ACCS accumulators in turn so that many loads are in flight at once; then the G
+    partial results are combined as a tree in local memory. Every work-item gets the result."""
     op, d, G = u.arg, u.dtype, self.group
     value, rngs = u.src[0], u.src[1:]
     c = self.ct(d)
-    acc, i, part = self.tmp("acc"), self.tmp("i"), self.tmp("part")
     size = math.prod(r.src[0].arg for r in rngs)
-    self.line(f"{c} {acc} = {ident};")
-    self.line(f"for (long {i} = lane; {i} < {size}L; {i} += {G}) {{")
+    n_acc = GROUP_ACCS if size >= 2 * GROUP_ACCS * G else 1
+    accs, i, part = [self.tmp("acc") for _ in range(n_acc)], self.tmp("i"), self.tmp("part")
+    self.line(f"{c} {', '.join(f'{a} = {ident}' for a in accs)};")
+    self.line(f"long {i} = lane;")
+    if n_acc > 1:
+      self.line(f"for (; {i} + {(n_acc - 1) * G} < {size}L; {i} += {n_acc * G}) {{")
+      self.depth += 1
+      for j, a in enumerate(accs): self._group_step(op, d, a, value, rngs, i if j == 0 else f"({i} + {j * G})", size)
+      self.depth -= 1
+      self.line("}")
+    self.line(f"for (; {i} < {size}L; {i} += {G}) {{")
+    self.depth += 1
+    self._group_step(op, d, accs[0], value, rngs, i, size)
+    self.depth -= 1
+    self.line("}")
+    for a in accs[1:]: self.line(f"{accs[0]} = {self._combine(op, d, accs[0], a)};")
+    self.line(f"__local {c} {part}[{G}];")
+    self.line(f"{part}[lane] = {accs[0]};")
+    self.line("barrier(CLK_LOCAL_MEM_FENCE);")
+    self.line(f"for (int s = {G // 2}; s > 0; s >>= 1) {{")
+    self.line(f"  if (lane < s) {part}[lane] = {self._combine(op, d, f'{part}[lane]', f'{part}[lane + s]')};")
+    self.line("  barrier(CLK_LOCAL_MEM_FENCE);")
+    self.line("}")
+    return self._reduced(op, d, self.let(d, f"{part}[0]"))
+
+  def _group_step(self, op: Ops, d: DType, acc: str, value: UOp, rngs, flat: str, size: int):
+    """acc combined with the reduce's value at flat index `flat` of its ranges (in a scope of its own)."""
+    self.line("{")
     self.depth += 1
     self.scopes.append({})
     stride = size
     for r in rngs:
       n = r.src[0].arg
       stride //= n
-      e = i if stride == 1 else f"({i} / {stride}L)"
+      e = flat if stride == 1 else f"({flat} / {stride}L)"
       if stride * n != size: e = f"({e} % {n}L)"
-      v = f"r{r.arg[0]}"
+      v = self.tmp("r")
       self.line(f"{self.ct(r.dtype)} {v} = ({self.ct(r.dtype)}){e};")
       self.ranges[r] = v
     self.line(f"{acc} = {self._combine(op, d, acc, self.value(value))};")
@@ -573,14 +617,6 @@ class CLRenderer:
     self.scopes.pop()
     self.depth -= 1
     self.line("}")
-    self.line(f"__local {c} {part}[{G}];")
-    self.line(f"{part}[lane] = {acc};")
-    self.line("barrier(CLK_LOCAL_MEM_FENCE);")
-    self.line(f"for (int s = {G // 2}; s > 0; s >>= 1) {{")
-    self.line(f"  if (lane < s) {part}[lane] = {self._combine(op, d, f'{part}[lane]', f'{part}[lane + s]')};")
-    self.line("  barrier(CLK_LOCAL_MEM_FENCE);")
-    self.line("}")
-    return self._reduced(op, d, self.let(d, f"{part}[0]"))
 
 
 def render(kernel: Kernel, target: Target = Target(), name: str = KERNEL_NAME) -> Rendered:

@@ -1,5 +1,8 @@
-"""Shared test helpers: compile rules from text without touching the default library."""
+"""Shared test helpers: compile rules from text without touching the default library; subprocess environments."""
 from __future__ import annotations
+
+import os
+from pathlib import Path
 
 from engine.lang.compiler import generate
 from engine.lang.interp import InterpretedMatcher
@@ -21,3 +24,12 @@ class TextMatcher:
   def rewrite(self, node, ctx=None):
     fn = self.dispatch.get(node.op)
     return None if fn is None else fn(node, ctx)
+
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def subprocess_env(**extra: str) -> dict:
+  """os.environ for a child Python that imports this checkout first (keeping any PYTHONPATH already set)."""
+  path = os.pathsep.join([str(REPO)] + [p for p in [os.environ.get("PYTHONPATH")] if p])
+  return {**os.environ, "PYTHONPATH": path, **extra}

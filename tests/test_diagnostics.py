@@ -14,7 +14,6 @@ Columns are 1-based and `end_col` is exclusive, as in `engine.lang.ast.Span`.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -28,6 +27,7 @@ from engine.lang.diagnostics import CODES, EXAMPLE_CODES, Diagnostic, RuleError 
 from engine.lang.loader import RuleLibrary, check_sources, load_library  # noqa: E402
 from engine.uop import UOp  # noqa: E402
 from rulec.cli import main as rulec  # noqa: E402
+from tests.helpers import subprocess_env
 
 H = "engine.sched.symbolic_helpers"    # real helper module: fold_constants(alu), bounds_const(x)
 
@@ -514,8 +514,7 @@ def test_shipped_rules_are_the_default(capsys):
 
 
 def test_rulec_check_command_line_on_shipped_rules(isolated_env):
-  env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
-         "RULEC_CACHE_DIR": str(isolated_env)}
+  env = subprocess_env(RULEC_CACHE_DIR=str(isolated_env))
   r = subprocess.run([sys.executable, "-m", "rulec.cli", "check", "rules"], cwd=REPO, env=env, capture_output=True,
                      text=True, timeout=120)
   assert r.returncode == 0, r.stdout + r.stderr

@@ -51,6 +51,7 @@ from engine.lang.runtime import RuleRuntimeError  # noqa: E402
 from engine.ops import COMMUTATIVE, GROUPS, Ops  # noqa: E402
 from engine.rewrite import RewriteLoopError, graph_rewrite  # noqa: E402
 from engine.uop import UOp  # noqa: E402
+from tests.helpers import subprocess_env  # noqa: E402
 
 DOC = REPO / "docs" / "rules.md"
 # a fenced block, possibly indented (inside a list item); the closing fence has the same indentation
@@ -187,8 +188,7 @@ def _matches(expected: str, actual: str) -> bool:
 @pytest.mark.parametrize("ex", RUN_EXAMPLES, ids=lambda e: e.id)
 def test_example_runs(ex: Example, isolated: Path):
   ns = _namespace(ex, isolated)
-  env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO)] + [p for p in [os.environ.get("PYTHONPATH")] if p]),
-         "PYTHONUNBUFFERED": "1", "PATH": f"{_shims(isolated)}{os.pathsep}{os.environ['PATH']}"}
+  env = subprocess_env(PYTHONUNBUFFERED="1", PATH=f"{_shims(isolated)}{os.pathsep}{os.environ['PATH']}")
   for block in ex.checks:
     if block.lang == "python":
       code = compile(block.body, f"docs/rules.md:{block.line}", "exec")

@@ -1,5 +1,4 @@
 """Loading rule libraries: the disk cache, RULEC_STATS, and the CLI's compile command."""
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -11,6 +10,7 @@ from engine.lang.diagnostics import RuleError
 from engine.lang.loader import RuleLibrary, default_rules_dir, load_library
 from engine.uop import UOp
 from rulec.cli import main
+from tests.helpers import subprocess_env
 
 ROOT = Path(__file__).resolve().parent.parent
 RULES = "ruleset s:\n  rule add_zero: x + 0 => x\n  rule mul_one: x * 1 => x\n"
@@ -93,7 +93,7 @@ def test_stats_are_printed_at_exit(tmp_path):
   code = ("from engine.lang.loader import load_library; from engine.rewrite import graph_rewrite; "
           "from engine.uop import UOp; a = UOp.variable('a', 0, 3); "
           f"b = UOp.variable('b', 0, 3); graph_rewrite(((a + 0) * (b + 0)) * 1, load_library([{str(p)!r}]).matcher('s'))")
-  env = {**os.environ, "RULEC_STATS": "1", "RULEC_CACHE_DIR": str(tmp_path / "c"), "PYTHONPATH": str(ROOT)}
+  env = subprocess_env(RULEC_STATS="1", RULEC_CACHE_DIR=str(tmp_path / "c"))
   out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
   lines = out.stderr.splitlines()
   assert lines[0] == "rule statistics for s:"

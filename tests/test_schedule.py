@@ -1,7 +1,6 @@
 """The scheduler: kernel counts of canonical programs, no duplicated reduces,
 assign ordering, split reduces, and RULEC_DEBUG output. Values are checked
 against numpy (the programs run on the NUMPY device through the scheduler)."""
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -12,6 +11,7 @@ import pytest
 from engine import realize as engine_realize
 from engine.tensor import Tensor
 from runtime.kernel import validate
+from tests.helpers import subprocess_env
 
 ROOT = Path(__file__).resolve().parent.parent
 rng = np.random.default_rng(0)
@@ -112,7 +112,7 @@ def test_counters_count_scheduled_and_run_kernels():
 
 def test_debug_output_names_every_pass(tmp_path):
   code = "from engine.tensor import Tensor; import numpy as np; (Tensor(np.ones((4, 4), np.float32)).softmax(-1)).realize()"
-  env = {**os.environ, "RULEC_DEBUG": "1", "PYTHONPATH": str(ROOT)}
+  env = subprocess_env(RULEC_DEBUG="1")
   out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
   for p in ("earliest", "prepare", "realize", "rangeify", "symbolic"): assert f"[schedule] {p}" in out
   assert "[schedule] 3 kernels" in out

@@ -25,13 +25,14 @@ from engine.uop import UOp  # noqa: E402
 from rulec import Tensor  # noqa: E402
 from rulec.cli import main as cli_main  # noqa: E402
 from rulec.trace_view import MAX_DRAWN, render_html, write_html  # noqa: E402
+from tests.helpers import subprocess_env  # noqa: E402
 
 PROGRAM = "from rulec import Tensor\n(Tensor.rand(4, 4) + 1).relu().sum().realize()\n"
 PASS_NAMES = ["earliest", "prepare", "realize", "rangeify", "symbolic", "to_params", "untag"]
 
 
 def _env() -> dict:
-  return {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO)] + [p for p in [os.environ.get("PYTHONPATH")] if p])}
+  return subprocess_env()
 
 
 @pytest.fixture(scope="module")
