@@ -3,6 +3,7 @@
 #   bench/h200.sh bench     bench/kernels.py --device CL, side by side with torch on CUDA
 #   bench/h200.sh tests     the CL device tests and the tensor-program suite on CL
 #   bench/h200.sh all       both (default)
+#   bench/h200.sh bench --only relu    (anything after the first word goes to bench/kernels.py)
 # Logs go to $OUT (or ./h200-out). That machine has numpy, attrs, llvmlite, hypothesis, pytest and torch, but no
 # network: pyopencl and the rest travel as cp312 wheels in .whl/ (see docs/architecture.md, "Running on a GPU"):
 #   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
@@ -10,6 +11,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 what=${1:-all}
+shift || true
 out=${OUT:-h200-out}
 mkdir -p "$out"
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
@@ -19,7 +21,7 @@ mkdir -p /etc/OpenCL/vendors && echo /usr/local/nvidia/lib64/libnvidia-opencl.so
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 python3 -c "from runtime import cl_device; print(cl_device.get_device(), cl_device.get_device().target)" || exit 1
 if [[ $what == bench || $what == all ]]; then
-  python3 bench/kernels.py --device CL 2>&1 | tee "$out/bench.log"
+  python3 bench/kernels.py --device CL "$@" 2>&1 | tee "$out/bench${RULEC_CL_ITEMS:+-items$RULEC_CL_ITEMS}.log"
 fi
 if [[ $what == tests || $what == all ]]; then
   timeout "${TEST_TIMEOUT:-420}" python3 -m pytest -q -p no:cacheprovider tests/test_cl_device.py 2>&1 | tee "$out/tests_cl_device.log"
