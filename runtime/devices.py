@@ -29,6 +29,16 @@ RUNNERS: dict[str, Callable] = {"CPU": _cpu_run, "NUMPY": _numpy_run, "CL": _cl_
 DEVICES: tuple[str, ...] = tuple(RUNNERS)
 
 
+def split_parts(device) -> int:
+  """The most partial results a big reduction is split into on `device` (engine/sched/tensor_helpers.py
+  split_reduceop): 256 fills a CPU's cores; a GPU wants thousands of work-groups (asks the CL device, opening it)."""
+  if device == "CL":
+    from runtime import cl_device
+    try: return cl_device.get_device().split_parts
+    except cl_device.CLUnavailable: return 256   # the error surfaces when a kernel runs, with its own message
+  return 256
+
+
 def default_device() -> str:
   d = os.environ.get("RULEC_DEVICE", "CPU").upper()
   if d not in RUNNERS: raise ValueError(f"RULEC_DEVICE={d!r} is not a device; known devices: {', '.join(DEVICES)}")

@@ -542,3 +542,13 @@ def test_several_elements_per_work_item(monkeypatch):
       np.testing.assert_array_equal(Tensor(a, device="CL").flip(0).contiguous().numpy(), a[::-1])
   finally:
     cl_device._by_ast.clear()
+
+
+def test_big_reductions_split_into_the_devices_number_of_parts(monkeypatch):
+  monkeypatch.setattr(DEV, "split_parts", 4096)   # what a GPU asks for
+  x = np.random.default_rng(24).standard_normal(1 << 16).astype(np.float32)
+  t = Tensor(x, device="CL").sum()
+  assert [k.bufs[0].arg[2] for k in t.schedule()] == [4096, 1]
+  np.testing.assert_allclose(t.numpy(), x.sum(dtype=np.float64), rtol=1e-5, atol=1e-3)
+  monkeypatch.setattr(DEV, "split_parts", 256)    # a CPU device
+  assert [k.bufs[0].arg[2] for k in Tensor(x, device="CL").sum().schedule()] == [256, 1]

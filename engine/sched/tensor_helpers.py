@@ -11,6 +11,7 @@ from engine.uop import UOp, prod
 REDUCE_SPLIT_THRESHOLD = int(os.environ.get("RULEC_REDUCE_SPLIT_THRESHOLD", 32768))
 
 
+
 def reduce_identity(red: UOp) -> UOp:
   """A reduce over nothing: its identity element, in the reduce's shape."""
   return red.const_like(identity_element(red.arg[0], red.dtype))
@@ -19,13 +20,16 @@ def reduce_identity(red: UOp) -> UOp:
 def split_reduceop(red: UOp, x: UOp) -> UOp | None:
   """A large reduce with few outputs as two reduces, so the first can run in parallel.
 
-  One reduced axis of x (size divisible by d, 8 <= d <= 256) is split into
-  (d, size/d); the inner part is reduced into a realized buffer of d partial
-  results per output, which a second, small reduce combines."""
+  One reduced axis of x (size divisible by d, 8 <= d <= the device's
+  SPLIT_PARTS, 256 by default) is split into (d, size/d); the inner part is
+  reduced into a realized buffer of d partial results per output, which a
+  second, small reduce combines."""
   op, axes = red.arg
   if red.tag == "split" or 0 in x.shape or prod(x.shape) // max(1, prod(red.shape)) < REDUCE_SPLIT_THRESHOLD: return None
+  from runtime.devices import split_parts
+  parts = split_parts(x.device)
   for ax in axes:
-    for d in range(min(256, max(8, (1 << 22) // max(1, prod(red.shape)))), 7, -1):
+    for d in range(min(parts, max(8, (1 << 22) // max(1, prod(red.shape)))), 7, -1):
       if x.shape[ax] % d == 0 and x.shape[ax] // d > 1: break
     else: continue
     shape = x.shape[:ax] + (d, x.shape[ax] // d) + x.shape[ax + 1:]
