@@ -2,6 +2,7 @@
 rules/realize.rules): the parts that are arithmetic or create new storage."""
 from __future__ import annotations
 
+import math
 import os
 
 from engine.ops import MOVEMENT, Ops
@@ -20,8 +21,8 @@ def reduce_identity(red: UOp) -> UOp:
 def split_reduceop(red: UOp, x: UOp) -> UOp | None:
   """A large reduce with few outputs as two reduces, so the first can run in parallel.
 
-  One reduced axis of x (size divisible by d, 8 <= d <= the device's
-  SPLIT_PARTS, 256 by default) is split into (d, size/d); the inner part is
+  One reduced axis of x (size divisible by d, 8 <= d <= sqrt(size) and the
+  device's split_parts, 256 but thousands on a GPU) is split into (d, size/d); the inner part is
   reduced into a realized buffer of d partial results per output, which a
   second, small reduce combines."""
   op, axes = red.arg
@@ -29,7 +30,9 @@ def split_reduceop(red: UOp, x: UOp) -> UOp | None:
   from runtime.devices import split_parts
   parts = split_parts(x.device)
   for ax in axes:
-    for d in range(min(parts, max(8, (1 << 22) // max(1, prod(red.shape)))), 7, -1):
+    # at most sqrt(size) parts, so that the second reduce is no bigger than the first (and is not split again)
+    top = min(parts, math.isqrt(x.shape[ax]), max(8, (1 << 22) // max(1, prod(red.shape))))
+    for d in range(top, 7, -1):
       if x.shape[ax] % d == 0 and x.shape[ax] // d > 1: break
     else: continue
     shape = x.shape[:ax] + (d, x.shape[ax] // d) + x.shape[ax + 1:]
