@@ -31,7 +31,7 @@ def split_reduceop(red: UOp, x: UOp) -> UOp | None:
   parts = split_parts(x.device)
   for ax in axes:
     # at most sqrt(size) parts, so that the second reduce is no bigger than the first (and is not split again)
-    top = min(parts, math.isqrt(x.shape[ax]), max(8, (1 << 22) // max(1, prod(red.shape))))
+    top = min(parts, max(8, math.isqrt(x.shape[ax])), max(8, (1 << 22) // max(1, prod(red.shape))))
     for d in range(top, 7, -1):
       if x.shape[ax] % d == 0 and x.shape[ax] // d > 1: break
     else: continue
