@@ -10,10 +10,20 @@ does not depend on it.
 The function is `void kernel(ptr p0, ..., ptr pN, i64 start, i64 end)`: the
 outermost range of the (single) store runs over [start, end), so the runtime
 can split it across threads.
+
+Upcast: when a kernel's value holds reductions that read its innermost store
+range (matmul's output column, a convolution's output x), that range is
+unrolled into 16, 8 or 4 lanes that share one reduce loop nest: each lane's
+value is emitted side by side in the loop body, with a scope of its own (a
+value that depends on the range differs per lane). The loop carries
+`llvm.loop.vectorize.enable false`, so LLVM's SLP vectoriser packs the lanes
+into vector loads and arithmetic instead of the loop vectoriser gathering along
+the reduction.
 """
 from __future__ import annotations
 
 import math
+import re
 
 from llvmlite import ir
 
@@ -62,6 +72,14 @@ class LLVMRenderer:
     self.scopes: list[dict[UOp, ir.Value]] = [{}]
     self.ranges: dict[UOp, ir.Value] = {}
     self.split_range: UOp | None = None
+    # the upcast (see _upcast_range): its range, its lane count, the lane being emitted, and each REDUCE's
+    # per-lane results once the fused loop has computed them
+    self.up: UOp | None = None
+    self.up_lanes = 1
+    self.up_vals: list = []
+    self._novec_md = None
+    self.lane = 0
+    self.lane_results: dict[UOp, list] = {}
 
   # *** loops ***
   def open_loop(self, r: UOp, lo=None, hi=None) -> _Loop:
@@ -80,13 +98,19 @@ class LLVMRenderer:
     self.scopes.append({})
     return _Loop(r, var, header, body, exit_)
 
-  def close_loop(self, lp: _Loop):
+  def close_loop(self, lp: _Loop, no_vectorize: bool = False):
     i = self.b.load(lp.var)
     self.b.store(self.b.add(i, ir.Constant(_I64, 1)), lp.var)
-    self.b.branch(lp.header)
+    br = self.b.branch(lp.header)
+    if no_vectorize: br.set_metadata(_NOVEC_TAG, self._novec())
     self.b.position_at_end(lp.exit)
     self.scopes.pop()
     del self.ranges[lp.r]
+
+  def _novec(self):
+    if self._novec_md is None:
+      self._novec_md = self.module.add_metadata([ir.MetaDataString(self.module, "llvm.loop.vectorize.enable"), _I1(0)])
+    return self._novec_md
 
   def _alloca(self, ty, name):
     with self.b.goto_block(self.entry):
@@ -99,20 +123,40 @@ class LLVMRenderer:
     with_ranges = [s for s in stores if s.op is Ops.END]
     # thread-split the first range of a kernel with exactly one looping store
     if len(stores) == 1 and with_ranges: self.split_range = stores[0].src[1]
+    if len(stores) == 1: self.up, self.up_lanes = _upcast_range(stores[0], self.split_range)
     for st in stores:
       loops = []
       if st.op is Ops.END:
         for r in st.src[1:]:
           if r is self.split_range: loops.append(self.open_loop(r, self.start, self.end))
+          elif r is self.up: loops.append(self._open_upcast(r))
           else: loops.append(self.open_loop(r))
         st = st.src[0]
       target, value = st.src
       p, idx = target.src
-      v = self.value(value)
-      self._store(p, self.value(idx), v, value.dtype)
+      for lane in range(self.up_lanes if self.up is not None else 1):
+        if self.up is not None: self._enter_lane(lane)
+        v = self.value(value)
+        self._store(p, self.value(idx), v, value.dtype)
+        if self.up is not None: self.scopes.pop()
       for lp in reversed(loops): self.close_loop(lp)
     self.b.ret_void()
-    return str(self.module)
+    return _with_loop_metadata(str(self.module))
+
+  # *** upcasting: a store range unrolled into lanes that share their reduce loops ***
+  def _open_upcast(self, r: UOp) -> _Loop:
+    """The loop over r in steps of up_lanes (a hidden range of r's size / up_lanes), and each lane's value of r."""
+    base_r = UOp(Ops.RANGE, r.dtype, (UOp.const(dtypes.index, r.src[0].arg // self.up_lanes),), (r.arg[0], "upcast"))
+    lp = self.open_loop(base_r)
+    base = self.b.mul(self.ranges[base_r], ir.Constant(_I64, self.up_lanes))
+    self.up_vals = [base] + [self.b.add(base, ir.Constant(_I64, lane)) for lane in range(1, self.up_lanes)]
+    return lp
+
+  def _enter_lane(self, lane: int):
+    """A scope of its own for one lane: values that depend on the upcast range differ between lanes."""
+    self.lane = lane
+    self.scopes.append({})
+    self.ranges[self.up] = self.up_vals[lane]
 
   def _store(self, p: UOp, idx, v, d: DType):
     ptr = self.b.gep(self.ptrs[p], [idx], inbounds=True, source_etype=memtype(d))
@@ -299,29 +343,87 @@ class LLVMRenderer:
     return v
 
   def reduce(self, u: UOp):
+    if self.up is not None:   # one loop nest computes every lane's result; each lane takes its own
+      if u not in self.lane_results: self.lane_results[u] = self._reduce_lanes(u, self.up_lanes)
+      return self.lane_results[u][self.lane]
+    return self._reduce_lanes(u, 1)[0]
+
+  def _reduce_lanes(self, u: UOp, lanes: int) -> list:
+    """The REDUCE for `lanes` values of the upcast range (lane l: its base + l) in one loop nest: each lane's
+    value is emitted side by side in the body, so LLVM's SLP vectoriser turns the lanes into vector operations
+    and loads that do not depend on the lane are shared."""
     op, d = u.arg, u.dtype
     value, rngs = u.src[0], u.src[1:]
     # half sums and products accumulate in float, as numpy's do, then round once
     wide = d is dtypes.float16 and op in (Ops.ADD, Ops.MUL)
     ad = dtypes.float32 if wide else d
-    acc = self._alloca(lltype(ad), "acc")
-    self.b.store(self.const(identity_element(op, d), ad), acc)
+    accs = [self._alloca(lltype(ad), "acc") for _ in range(lanes)]
+    for acc in accs: self.b.store(self.const(identity_element(op, d), ad), acc)
+    # the calling lane's scope is set aside: what it holds may depend on the upcast range, which other lanes differ in
+    outer_lane, lane_scope = self.lane, (self.scopes.pop() if lanes > 1 else None)
     loops = [self.open_loop(r) for r in rngs]
-    v = self.value(value)
-    if wide: v = self.b.fpext(v, lltype(ad))
-    cur = self.b.load(acc)
-    if ad.kind == "f" and op is Ops.ADD: new = self.b.fadd(cur, v, flags=("reassoc", "contract"))
-    elif ad.kind == "f" and op is Ops.MUL: new = self.b.fmul(cur, v, flags=("reassoc",))
-    # MAX stays a compare-and-select: llvm.maxnum would vectorise, but LLVM 22's loop vectoriser (as
-    # built in llvmlite 0.50, assertions on) aborts the process on some maxnum reductions
-    else: new = self.alu(op, ad, ad, [cur, v])
-    self.b.store(new, acc)
-    for lp in reversed(loops): self.close_loop(lp)
-    out = self.b.load(acc)
-    return self.b.fptrunc(out, lltype(d)) if wide else out
+    for lane, acc in enumerate(accs):
+      if lanes > 1: self._enter_lane(lane)
+      v = self.value(value)
+      if wide: v = self.b.fpext(v, lltype(ad))
+      cur = self.b.load(acc)
+      if ad.kind == "f" and op is Ops.ADD: new = self.b.fadd(cur, v, flags=("reassoc", "contract"))
+      elif ad.kind == "f" and op is Ops.MUL: new = self.b.fmul(cur, v, flags=("reassoc",))
+      # MAX stays a compare-and-select: llvm.maxnum would vectorise, but LLVM 22's loop vectoriser (as
+      # built in llvmlite 0.50, assertions on) aborts the process on some maxnum reductions
+      else: new = self.alu(op, ad, ad, [cur, v])
+      self.b.store(new, acc)
+      if lanes > 1: self.scopes.pop()
+    # the lanes are the vector: keep the loop vectoriser from vectorising the reduce loop itself (it would
+    # gather along the reduction) so that the SLP vectoriser packs the lanes
+    for lp in reversed(loops): self.close_loop(lp, no_vectorize=lanes > 1)
+    if lanes > 1:
+      self.scopes.append(lane_scope)
+      self.lane, self.ranges[self.up] = outer_lane, self.up_vals[outer_lane]
+    outs = [self.b.load(acc) for acc in accs]
+    return [self.b.fptrunc(o, lltype(d)) for o in outs] if wide else outs
 
 
 def _fbits(d: DType) -> int: return d.itemsize * 8
+
+
+_NOVEC_TAG = "rulec.novec"
+
+
+def _with_loop_metadata(text: str) -> str:
+  """Loop metadata needs a distinct node that names itself, which llvmlite.ir cannot build: branches tagged
+  `!rulec.novec !N` become `!llvm.loop !L` with `!L = distinct !{!L, !N}` (one L per loop)."""
+  out, extra, next_id = [], [], 1 + max([int(m) for m in re.findall(r"^!(\d+) =", text, re.M)] or [-1])
+  for line in text.splitlines():
+    m = re.search(r"!" + re.escape(_NOVEC_TAG) + r" (!\d+)", line)
+    if m:
+      line = line.replace(m.group(0), f"!llvm.loop !{next_id}")
+      extra.append(f"!{next_id} = distinct !{{!{next_id}, {m.group(1)}}}")
+      next_id += 1
+    out.append(line)
+  return "\n".join(out + extra) + "\n"
+
+
+UPCAST_LANES = (16, 8, 4)   # tried in order: the first that divides the range
+
+
+def _upcast_range(end: UOp, split: UOp | None) -> tuple[UOp | None, int]:
+  """The store range to unroll into lanes that share one reduce loop nest, and how many lanes.
+
+  Pays where a reduction's inner loop reads memory that neighbouring outputs share or that lies side by side
+  for them: matmul (B's row segment, A's element) and convolutions. Chosen: the store's innermost range,
+  when the stored value holds a REDUCE that reads it, no REDUCE is nested in another, and it is not the range
+  split across threads (the runtime splits that one by its size)."""
+  if end.op is not Ops.END or len(end.src) < 2: return None, 1
+  r = end.src[-1]
+  if r is split: return None, 1
+  reduces = [x for x in end.src[0].toposort() if x.op is Ops.REDUCE]
+  if not reduces or any(y.op is Ops.REDUCE for x in reduces for y in x.src[0].toposort()): return None, 1
+  if not any(r in x.src[0].toposort() for x in reduces): return None, 1
+  n = r.src[0].arg
+  for lanes in UPCAST_LANES:
+    if n % lanes == 0: return r, lanes
+  return None, 1
 
 
 def render(kernel: Kernel, name: str = "kernel") -> tuple[str, UOp | None]:

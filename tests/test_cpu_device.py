@@ -137,3 +137,49 @@ def test_big_kernels_split_across_threads_and_agree(monkeypatch):
   x = np.random.default_rng(7).standard_normal((257, 33)).astype(np.float32)
   got = on("CPU", x, dtypes.float32, lambda t: (t * 2 + 1).relu().sum(1))
   np.testing.assert_allclose(got, np.maximum(x * 2 + 1, 0).sum(1), rtol=1e-5, atol=1e-5)
+
+
+# *** upcast: a store range unrolled into lanes that share one reduce loop (codegen/llvmir.py) ***
+
+def test_matmul_kernels_are_upcast():
+  from codegen.llvmir import _upcast_range, render
+  (k,) = (Tensor(np.ones((4, 32), np.float32)) @ Tensor(np.ones((32, 48), np.float32))).schedule()
+  text, split = render(cpu_device._lowered(k))
+  assert "llvm.loop.vectorize.enable" in text and "distinct" in text   # the shared reduce loop is marked
+  end = k.ast.src[0]
+  assert _upcast_range(end, split) == (end.src[-1], 16)                 # the output column range, 16 lanes
+  (e,) = (Tensor(np.ones((4, 48), np.float32)) + 1).schedule()          # no reduce: nothing to share
+  assert _upcast_range(e.ast.src[0], e.ast.src[0].src[1]) == (None, 1)
+
+
+@settings(max_examples=40)
+@given(st.integers(1, 9), st.integers(1, 40), st.integers(1, 70), st.sampled_from(["mm", "mm_bias_relu", "mm_t", "rowdot"]))
+def test_upcast_reductions_agree_with_numpy(m, k, n, kind):
+  # n covers multiples of 16, 8 and 4 (upcast with that many lanes) and others (no upcast); values that depend on
+  # the upcast range outside the reduce (the bias) must not leak between lanes
+  rng = np.random.default_rng(m * 10000 + k * 100 + n)
+  a, b = rng.standard_normal((m, k)).astype(np.float32), rng.standard_normal((k, n)).astype(np.float32)
+  bias = rng.standard_normal(n).astype(np.float32)
+  f = {"mm": lambda x, y, z: x @ y, "mm_bias_relu": lambda x, y, z: (x @ y + z).relu(),
+       "mm_t": lambda x, y, z: (y.T @ x.T), "rowdot": lambda x, y, z: (x.reshape(m, k, 1) * y.reshape(1, k, n)).sum(1) * z}[kind]
+  got = f(Tensor(a), Tensor(b), Tensor(bias)).numpy()
+  ref = f(Tensor(a, device="NUMPY"), Tensor(b, device="NUMPY"), Tensor(bias, device="NUMPY")).numpy()
+  np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5 * k)
+
+
+@pytest.mark.parametrize("d", [dtypes.int32, dtypes.int8, dtypes.float16, dtypes.float64], ids=lambda d: d.name)
+def test_upcast_keeps_dtype_semantics(d):
+  a, b = sample(d, 3 * 20, seed=31).reshape(3, 20), sample(d, 20 * 32, seed=32).reshape(20, 32)
+  if d.kind == "f": a, b = np.nan_to_num(a, posinf=1, neginf=-1) / 50, np.nan_to_num(b, posinf=1, neginf=-1) / 50
+  got = (Tensor(a, dtype=d) @ Tensor(b, dtype=d)).numpy()
+  ref = (Tensor(a, dtype=d, device="NUMPY") @ Tensor(b, dtype=d, device="NUMPY")).numpy()
+  if d.kind == "f": np.testing.assert_allclose(got.astype(np.float64), ref.astype(np.float64), rtol=1e-2, atol=1e-2)
+  else: np.testing.assert_array_equal(got, ref)   # integer matmul wraps exactly
+
+
+def test_upcast_conv_agrees_with_numpy():
+  rng = np.random.default_rng(33)
+  x, w = rng.standard_normal((2, 3, 10, 16)).astype(np.float32), rng.standard_normal((5, 3, 3, 3)).astype(np.float32)
+  got = Tensor(x).conv2d(Tensor(w), padding=1).numpy()
+  ref = Tensor(x, device="NUMPY").conv2d(Tensor(w, device="NUMPY"), padding=1).numpy()
+  np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-4)
