@@ -13,15 +13,18 @@ can split it across threads.
 
 Upcast: when a kernel's value holds reductions that read its innermost store
 range (matmul's output column, a convolution's output x), that range is
-unrolled into 16, 8 or 4 lanes that share one reduce loop nest: each lane's
-value is emitted side by side in the loop body, with a scope of its own (a
-value that depends on the range differs per lane). The loop carries
+unrolled into 16, 8 or 4 lanes, and the range before it into 8 more, all
+sharing one reduce loop nest (a register tile: 8 rows x 16 columns of
+accumulators for matmul): each lane's value is emitted side by side in the
+loop body, with a scope of its own (a value that depends on the ranges differs
+per lane); a sum of products fuses into fma (`contract`). The loop carries
 `llvm.loop.vectorize.enable false`, so LLVM's SLP vectoriser packs the lanes
 into vector loads and arithmetic instead of the loop vectoriser gathering along
 the reduction.
 """
 from __future__ import annotations
 
+import itertools
 import math
 import re
 
@@ -72,14 +75,15 @@ class LLVMRenderer:
     self.scopes: list[dict[UOp, ir.Value]] = [{}]
     self.ranges: dict[UOp, ir.Value] = {}
     self.split_range: UOp | None = None
-    # the upcast (see _upcast_range): its range, its lane count, the lane being emitted, and each REDUCE's
-    # per-lane results once the fused loop has computed them
-    self.up: UOp | None = None
-    self.up_lanes = 1
-    self.up_vals: list = []
+    # the upcast (see _upcast_ranges): each upcast range with its lane count, each one's value per lane, the lanes
+    # (tuples of one index per upcast range), the lane being emitted, and each REDUCE's per-lane results once the
+    # shared loop nest has computed them
+    self.ups: dict[UOp, int] = {}
+    self.up_vals: dict[UOp, list] = {}
+    self.lanes: list[tuple[int, ...]] = [()]
     self._novec_md = None
-    self.lane = 0
-    self.lane_results: dict[UOp, list] = {}
+    self.lane: tuple[int, ...] = ()
+    self.lane_results: dict[UOp, dict] = {}
 
   # *** loops ***
   def open_loop(self, r: UOp, lo=None, hi=None) -> _Loop:
@@ -123,40 +127,50 @@ class LLVMRenderer:
     with_ranges = [s for s in stores if s.op is Ops.END]
     # thread-split the first range of a kernel with exactly one looping store
     if len(stores) == 1 and with_ranges: self.split_range = stores[0].src[1]
-    if len(stores) == 1: self.up, self.up_lanes = _upcast_range(stores[0], self.split_range)
+    if len(stores) == 1:
+      self.ups = _upcast_ranges(stores[0])
+      self.lanes = list(itertools.product(*[range(n) for n in self.ups.values()]))
     for st in stores:
       loops = []
       if st.op is Ops.END:
         for r in st.src[1:]:
-          if r is self.split_range: loops.append(self.open_loop(r, self.start, self.end))
-          elif r is self.up: loops.append(self._open_upcast(r))
+          if r in self.ups: loops.append(self._open_upcast(r, r is self.split_range))
+          elif r is self.split_range: loops.append(self.open_loop(r, self.start, self.end))
           else: loops.append(self.open_loop(r))
         st = st.src[0]
       target, value = st.src
       p, idx = target.src
-      for lane in range(self.up_lanes if self.up is not None else 1):
-        if self.up is not None: self._enter_lane(lane)
+      for lane in self.lanes:
+        if self.ups: self._enter_lane(lane)
         v = self.value(value)
         self._store(p, self.value(idx), v, value.dtype)
-        if self.up is not None: self.scopes.pop()
+        if self.ups: self.scopes.pop()
       for lp in reversed(loops): self.close_loop(lp)
     self.b.ret_void()
     return _with_loop_metadata(str(self.module))
 
   # *** upcasting: a store range unrolled into lanes that share their reduce loops ***
-  def _open_upcast(self, r: UOp) -> _Loop:
-    """The loop over r in steps of up_lanes (a hidden range of r's size / up_lanes), and each lane's value of r."""
-    base_r = UOp(Ops.RANGE, r.dtype, (UOp.const(dtypes.index, r.src[0].arg // self.up_lanes),), (r.arg[0], "upcast"))
-    lp = self.open_loop(base_r)
-    base = self.b.mul(self.ranges[base_r], ir.Constant(_I64, self.up_lanes))
-    self.up_vals = [base] + [self.b.add(base, ir.Constant(_I64, lane)) for lane in range(1, self.up_lanes)]
+  def _open_upcast(self, r: UOp, split: bool) -> _Loop:
+    """The loop over r in steps of its lane count (a hidden range of r's size / lanes), and each lane's value of r.
+    If r is the range split across threads, the hidden range is split instead (the runtime splits by its size)."""
+    n = self.ups[r]
+    base_r = UOp(Ops.RANGE, r.dtype, (UOp.const(dtypes.index, r.src[0].arg // n),), (r.arg[0], "upcast"))
+    if split:
+      self.split_range = base_r
+      lp = self.open_loop(base_r, self.start, self.end)
+    else: lp = self.open_loop(base_r)
+    base = self.b.mul(self.ranges[base_r], ir.Constant(_I64, n))
+    self.up_vals[r] = [base] + [self.b.add(base, ir.Constant(_I64, lane)) for lane in range(1, n)]
     return lp
 
-  def _enter_lane(self, lane: int):
-    """A scope of its own for one lane: values that depend on the upcast range differ between lanes."""
+  def _set_lane(self, lane: tuple[int, ...]):
     self.lane = lane
+    for r, i in zip(self.ups, lane): self.ranges[r] = self.up_vals[r][i]
+
+  def _enter_lane(self, lane: tuple[int, ...]):
+    """A scope of its own for one lane: values that depend on the upcast ranges differ between lanes."""
     self.scopes.append({})
-    self.ranges[self.up] = self.up_vals[lane]
+    self._set_lane(lane)
 
   def _store(self, p: UOp, idx, v, d: DType):
     ptr = self.b.gep(self.ptrs[p], [idx], inbounds=True, source_etype=memtype(d))
@@ -343,12 +357,12 @@ class LLVMRenderer:
     return v
 
   def reduce(self, u: UOp):
-    if self.up is not None:   # one loop nest computes every lane's result; each lane takes its own
-      if u not in self.lane_results: self.lane_results[u] = self._reduce_lanes(u, self.up_lanes)
+    if self.ups:   # one loop nest computes every lane's result; each lane takes its own
+      if u not in self.lane_results: self.lane_results[u] = dict(zip(self.lanes, self._reduce_lanes(u, self.lanes)))
       return self.lane_results[u][self.lane]
-    return self._reduce_lanes(u, 1)[0]
+    return self._reduce_lanes(u, [()])[0]
 
-  def _reduce_lanes(self, u: UOp, lanes: int) -> list:
+  def _reduce_lanes(self, u: UOp, lanes: list[tuple[int, ...]]) -> list:
     """The REDUCE for `lanes` values of the upcast range (lane l: its base + l) in one loop nest: each lane's
     value is emitted side by side in the body, so LLVM's SLP vectoriser turns the lanes into vector operations
     and loads that do not depend on the lane are shared."""
@@ -357,14 +371,18 @@ class LLVMRenderer:
     # half sums and products accumulate in float, as numpy's do, then round once
     wide = d is dtypes.float16 and op in (Ops.ADD, Ops.MUL)
     ad = dtypes.float32 if wide else d
-    accs = [self._alloca(lltype(ad), "acc") for _ in range(lanes)]
+    accs = [self._alloca(lltype(ad), "acc") for _ in lanes]
     for acc in accs: self.b.store(self.const(identity_element(op, d), ad), acc)
-    # the calling lane's scope is set aside: what it holds may depend on the upcast range, which other lanes differ in
-    outer_lane, lane_scope = self.lane, (self.scopes.pop() if lanes > 1 else None)
+    many = len(lanes) > 1
+    # the calling lane's scope is set aside: what it holds may depend on the upcast ranges, which other lanes differ in
+    outer_lane, lane_scope = self.lane, (self.scopes.pop() if many else None)
     loops = [self.open_loop(r) for r in rngs]
-    for lane, acc in enumerate(accs):
-      if lanes > 1: self._enter_lane(lane)
-      v = self.value(value)
+    # a float sum of products may fuse each product into the sum (fma): `contract` on both, as numpy's BLAS does
+    fuse = ad.kind == "f" and op is Ops.ADD and not wide and value.op is Ops.MUL
+    for lane, acc in zip(lanes, accs):
+      if many: self._enter_lane(lane)
+      if fuse: v = self.b.fmul(self.value(value.src[0]), self.value(value.src[1]), flags=("contract",))
+      else: v = self.value(value)
       if wide: v = self.b.fpext(v, lltype(ad))
       cur = self.b.load(acc)
       if ad.kind == "f" and op is Ops.ADD: new = self.b.fadd(cur, v, flags=("reassoc", "contract"))
@@ -373,13 +391,13 @@ class LLVMRenderer:
       # built in llvmlite 0.50, assertions on) aborts the process on some maxnum reductions
       else: new = self.alu(op, ad, ad, [cur, v])
       self.b.store(new, acc)
-      if lanes > 1: self.scopes.pop()
+      if many: self.scopes.pop()
     # the lanes are the vector: keep the loop vectoriser from vectorising the reduce loop itself (it would
     # gather along the reduction) so that the SLP vectoriser packs the lanes
-    for lp in reversed(loops): self.close_loop(lp, no_vectorize=lanes > 1)
-    if lanes > 1:
+    for lp in reversed(loops): self.close_loop(lp, no_vectorize=many)
+    if many:
       self.scopes.append(lane_scope)
-      self.lane, self.ranges[self.up] = outer_lane, self.up_vals[outer_lane]
+      self._set_lane(outer_lane)
     outs = [self.b.load(acc) for acc in accs]
     return [self.b.fptrunc(o, lltype(d)) for o in outs] if wide else outs
 
@@ -405,25 +423,31 @@ def _with_loop_metadata(text: str) -> str:
 
 
 UPCAST_LANES = (16, 8, 4)   # tried in order: the first that divides the range
+UPCAST_ROWS = 8             # 8 x 16 accumulators: measured best of 4/8/16 rows x 16/32/64 columns (1024^3 matmul)
 
 
-def _upcast_range(end: UOp, split: UOp | None) -> tuple[UOp | None, int]:
-  """The store range to unroll into lanes that share one reduce loop nest, and how many lanes.
+def _upcast_ranges(end: UOp) -> dict[UOp, int]:
+  """The store ranges to unroll into lanes that share one reduce loop nest, with their lane counts.
 
   Pays where a reduction's inner loop reads memory that neighbouring outputs share or that lies side by side
-  for them: matmul (B's row segment, A's element) and convolutions. Chosen: the store's innermost range,
-  when the stored value holds a REDUCE that reads it, no REDUCE is nested in another, and it is not the range
-  split across threads (the runtime splits that one by its size)."""
-  if end.op is not Ops.END or len(end.src) < 2: return None, 1
-  r = end.src[-1]
-  if r is split: return None, 1
+  for them: matmul (a register tile of UPCAST_ROWS rows of A by up to 16 columns of B) and convolutions. Chosen:
+  the store's innermost range (16, 8 or 4 lanes), and the one before it (UPCAST_ROWS lanes), each when the stored
+  value's REDUCEs read it and its size is a multiple of the lane count; only when no REDUCE is nested in another."""
+  if end.op is not Ops.END or len(end.src) < 2: return {}
   reduces = [x for x in end.src[0].toposort() if x.op is Ops.REDUCE]
-  if not reduces or any(y.op is Ops.REDUCE for x in reduces for y in x.src[0].toposort()): return None, 1
-  if not any(r in x.src[0].toposort() for x in reduces): return None, 1
-  n = r.src[0].arg
-  for lanes in UPCAST_LANES:
-    if n % lanes == 0: return r, lanes
-  return None, 1
+  if not reduces or any(y.op is Ops.REDUCE for x in reduces for y in x.src[0].toposort()): return {}
+  read = set().union(*[x.src[0].toposort() for x in reduces])
+  out: dict[UOp, int] = {}
+  col = end.src[-1]
+  if col in read:
+    for lanes in UPCAST_LANES:
+      if col.src[0].arg % lanes == 0:
+        out[col] = lanes
+        break
+  if out and len(end.src) >= 3 and (row := end.src[-2]) in read and row.src[0].arg % UPCAST_ROWS == 0 and \
+     row.src[0].arg > UPCAST_ROWS:
+    out = {row: UPCAST_ROWS, **out}
+  return out
 
 
 def render(kernel: Kernel, name: str = "kernel") -> tuple[str, UOp | None]:

@@ -142,21 +142,24 @@ def test_big_kernels_split_across_threads_and_agree(monkeypatch):
 # *** upcast: a store range unrolled into lanes that share one reduce loop (codegen/llvmir.py) ***
 
 def test_matmul_kernels_are_upcast():
-  from codegen.llvmir import _upcast_range, render
-  (k,) = (Tensor(np.ones((4, 32), np.float32)) @ Tensor(np.ones((32, 48), np.float32))).schedule()
+  from codegen.llvmir import UPCAST_ROWS, _upcast_ranges, render
+  (k,) = (Tensor(np.ones((16, 32), np.float32)) @ Tensor(np.ones((32, 48), np.float32))).schedule()
   text, split = render(cpu_device._lowered(k))
   assert "llvm.loop.vectorize.enable" in text and "distinct" in text   # the shared reduce loop is marked
   end = k.ast.src[0]
-  assert _upcast_range(end, split) == (end.src[-1], 16)                 # the output column range, 16 lanes
+  assert _upcast_ranges(end) == {end.src[-2]: UPCAST_ROWS, end.src[-1]: 16}   # a tile of rows x 16 columns
+  assert split.src[0].arg == 16 // UPCAST_ROWS                         # threads split the blocks of rows
   (e,) = (Tensor(np.ones((4, 48), np.float32)) + 1).schedule()          # no reduce: nothing to share
-  assert _upcast_range(e.ast.src[0], e.ast.src[0].src[1]) == (None, 1)
+  assert _upcast_ranges(e.ast.src[0]) == {}
 
 
 @settings(max_examples=40)
-@given(st.integers(1, 9), st.integers(1, 40), st.integers(1, 70), st.sampled_from(["mm", "mm_bias_relu", "mm_t", "rowdot"]))
+@given(st.sampled_from([1, 3, 8, 9, 16, 24, 32]), st.integers(1, 40), st.integers(1, 70),
+       st.sampled_from(["mm", "mm_bias_relu", "mm_t", "rowdot"]))
 def test_upcast_reductions_agree_with_numpy(m, k, n, kind):
-  # n covers multiples of 16, 8 and 4 (upcast with that many lanes) and others (no upcast); values that depend on
-  # the upcast range outside the reduce (the bias) must not leak between lanes
+  # n covers multiples of 16, 8 and 4 (upcast with that many lanes) and others (no upcast), m multiples of the 8 rows
+  # of a tile and others; values that depend on an upcast range outside the reduce (the bias) must not leak
+  # between lanes
   rng = np.random.default_rng(m * 10000 + k * 100 + n)
   a, b = rng.standard_normal((m, k)).astype(np.float32), rng.standard_normal((k, n)).astype(np.float32)
   bias = rng.standard_normal(n).astype(np.float32)
