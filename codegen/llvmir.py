@@ -436,18 +436,35 @@ def _upcast_ranges(end: UOp) -> dict[UOp, int]:
   if end.op is not Ops.END or len(end.src) < 2: return {}
   reduces = [x for x in end.src[0].toposort() if x.op is Ops.REDUCE]
   if not reduces or any(y.op is Ops.REDUCE for x in reduces for y in x.src[0].toposort()): return {}
-  read = set().union(*[x.src[0].toposort() for x in reduces])
+  loads = [x.src[1] for u in reduces for x in u.src[0].toposort() if x.op is Ops.INDEX]
+  ranges = [x for x in end.toposort() if x.op is Ops.RANGE]
   out: dict[UOp, int] = {}
+  # columns: every load that depends on the range reads neighbouring elements for neighbouring lanes (vector loads)
   col = end.src[-1]
-  if col in read:
+  strides = [_stride(i, col, ranges) for i in loads if col in i.toposort()]
+  if strides and all(st == 1 for st in strides):
     for lanes in UPCAST_LANES:
       if col.src[0].arg % lanes == 0:
         out[col] = lanes
         break
-  if out and len(end.src) >= 3 and (row := end.src[-2]) in read and row.src[0].arg % UPCAST_ROWS == 0 and \
-     row.src[0].arg > UPCAST_ROWS:
+  # rows: some load does not depend on the range, so the lanes share it (matmul's B, a convolution's weights)
+  if out and len(end.src) >= 3 and _row_ok(row := end.src[-2]) and any(row not in i.toposort() for i in loads) and \
+     any(row in i.toposort() for i in loads):
     out = {row: UPCAST_ROWS, **out}
   return out
+
+
+def _row_ok(r: UOp) -> bool: return r.src[0].arg % UPCAST_ROWS == 0 and r.src[0].arg > UPCAST_ROWS
+
+
+def _stride(idx: UOp, r: UOp, ranges: list[UOp]) -> int | None:
+  """How far idx moves when r steps by one, probed around the middle of every range (None: not evenly)."""
+  from engine.index_expr import evaluate
+  env = {x: x.src[0].arg // 2 for x in ranges}
+  try:
+    vals = [evaluate(idx, {**env, r: env[r] + k}) for k in range(3)]
+  except Exception: return None   # an op the probe cannot evaluate: no claim
+  return vals[1] - vals[0] if vals[2] - vals[1] == vals[1] - vals[0] else None
 
 
 def render(kernel: Kernel, name: str = "kernel") -> tuple[str, UOp | None]:

@@ -151,6 +151,8 @@ def test_matmul_kernels_are_upcast():
   assert split.src[0].arg == 16 // UPCAST_ROWS                         # threads split the blocks of rows
   (e,) = (Tensor(np.ones((4, 48), np.float32)) + 1).schedule()          # no reduce: nothing to share
   assert _upcast_ranges(e.ast.src[0]) == {}
+  s = Tensor(np.ones((64, 4096), np.float32)).sum(1)                     # row sums: lanes would read 16 rows apart
+  assert _upcast_ranges(s.schedule()[0].ast.src[0]) == {}
 
 
 @settings(max_examples=40)
