@@ -5,9 +5,8 @@ Run:  python bench/kernels.py [--device CPU] [--only NAME ...]
                                                 bench/h200.sh runs it, and the CL test suite, on an H200)
 The workloads, their numpy references and the result checks are in bench/workloads.py.
 Needs `pip install '.[bench]'` (tinygrad==0.14.0) and Debian's `clang` (tinygrad's
-CPU device compiles its kernels with it). The whole run takes 2-3 minutes on a
-2-core machine, most of it rulec's conv2d: one run of it takes about a minute
-today (naive loop nest, integer division in the inner loop), so it gets a
+CPU device compiles its kernels with it). The whole run takes about a minute on
+a 2-core machine. rulec's conv2d (and numpy's) is slow enough to get a
 compile-only warm-up and a single timed repetition (the `reps` column says so).
 
 What is timed (all times are medians over the repetitions, in milliseconds):
