@@ -29,24 +29,32 @@ def _cmd_check(args) -> int:
   return 1 if diags else 0
 
 
-def _cmd_compile(args) -> int:
+def _library_with(cmd: str, rules: list[str] | None, rulesets: list[str]):
+  """The rule library (default rules/, or --rules paths) when it is clean and has every named rule set,
+  else the exit status after saying why: 2 for a missing path or an unknown rule set, 1 for rule errors."""
   from engine.lang.diagnostics import RuleError
   from engine.lang.loader import load_library
-  missing = [p for p in args.rules or () if not Path(p).exists()]
+  missing = [p for p in rules or () if not Path(p).exists()]
   if missing:
-    print(f"rulec compile: no such file or directory: {', '.join(missing)}", file=sys.stderr)
+    print(f"rulec {cmd}: no such file or directory: {', '.join(missing)}", file=sys.stderr)
     return 2
-  lib = load_library(args.rules or None)
+  lib = load_library(rules or None)
   try:
     known = lib.ruleset_names()
     lib.require_clean()
   except RuleError as e:
     print(e, file=sys.stderr)
     return 1
-  unknown = [n for n in args.ruleset if n not in known]
+  unknown = [n for n in rulesets if n not in known]
   if unknown:
-    print(f"rulec compile: unknown ruleset {', '.join(unknown)}; known: {', '.join(known)}", file=sys.stderr)
+    print(f"rulec {cmd}: unknown ruleset {', '.join(unknown)}; known: {', '.join(known)}", file=sys.stderr)
     return 2
+  return lib
+
+
+def _cmd_compile(args) -> int:
+  lib = _library_with("compile", args.rules, args.ruleset)
+  if isinstance(lib, int): return lib
   src = lib.emit(*args.ruleset, stats=args.stats)
   if args.emit: print(src, end="")
   else:
@@ -81,23 +89,8 @@ def _cmd_verify(args) -> int:
   except ImportError as e:
     print(f"rulec verify needs hypothesis ({e}): pip install hypothesis", file=sys.stderr)
     return 2
-  from engine.lang.diagnostics import RuleError
-  from engine.lang.loader import load_library
-  missing = [p for p in args.rules or () if not Path(p).exists()]
-  if missing:
-    print(f"rulec verify: no such file or directory: {', '.join(missing)}", file=sys.stderr)
-    return 2
-  lib = load_library(args.rules or None)
-  try:
-    known = lib.ruleset_names()
-    lib.require_clean()
-  except RuleError as e:
-    print(e, file=sys.stderr)
-    return 1
-  unknown = [n for n in args.ruleset if n not in known]
-  if unknown:
-    print(f"rulec verify: unknown ruleset {', '.join(unknown)}; known: {', '.join(known)}", file=sys.stderr)
-    return 2
+  lib = _library_with("verify", args.rules, args.ruleset)
+  if isinstance(lib, int): return lib
   results = verify_library(lib, args.ruleset, examples=args.examples)
   out = format_json(results) if args.format == "json" else None
   print(json.dumps(out, indent=2) if out is not None else format_human(results))
