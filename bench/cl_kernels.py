@@ -135,18 +135,19 @@ def time_torch(w: Workload, inp: Inputs, failures: list[str], reps: int) -> tupl
 
 # *** bandwidth ***
 
-def cl_copy_bandwidth(nbytes: int = 256 << 20, reps: int = 10) -> float:
-  """GB/s of a float4 copy kernel on the CL device (read + write), by profiling events."""
+def cl_copy_bandwidth(nbytes: int = 256 << 20, reps: int = 10, width: int = 4) -> float:
+  """GB/s of a float`width` copy kernel on the CL device (read + write), by profiling events."""
   dev = cl_device.get_device()
   cl = dev.cl
-  prg = cl.Program(dev.ctx, "__kernel void copy4(__global const float4* a, __global float4* b) "
+  t = "float" if width == 1 else f"float{width}"
+  prg = cl.Program(dev.ctx, f"__kernel void copy4(__global const {t}* a, __global {t}* b) "
                             "{ size_t i = get_global_id(0); b[i] = a[i]; }").build()
   src = cl.Buffer(dev.ctx, cl.mem_flags.READ_WRITE, nbytes)
   dst = cl.Buffer(dev.ctx, cl.mem_flags.READ_WRITE, nbytes)
   cl.enqueue_fill_buffer(dev.queue, src, np.float32(1.5), 0, nbytes)
   knl = cl.Kernel(prg, "copy4")
   knl.set_args(src, dst)
-  n = nbytes // 16
+  n = nbytes // (4 * width)
   local = min(256, dev.max_work_group)
   times = []
   for i in range(reps + 1):
@@ -189,9 +190,11 @@ def main(args) -> None:
     TORCH.backends.cuda.matmul.allow_tf32 = False
     TORCH.backends.cudnn.allow_tf32 = False
   for line in machine_info(): print(line)
-  bw = cl_copy_bandwidth() if args.scale == 1 else cl_copy_bandwidth(16 << 20)
+  size = 256 << 20 if args.scale == 1 else 16 << 20
+  bw, bw1 = cl_copy_bandwidth(size), cl_copy_bandwidth(size, width=1)
   tbw = torch_copy_bandwidth() if TORCH is not None else None
-  print(f"copy bandwidth: OpenCL float4 copy {bw:.0f} GB/s; torch copy_ {fmt(tbw, 0)} GB/s (256 MiB, read + write)")
+  print(f"copy bandwidth: OpenCL float4 copy {bw:.0f} GB/s (scalar float copy {bw1:.0f}); torch copy_ {fmt(tbw, 0)} GB/s "
+        f"({size >> 20} MiB, read + write)")
   sys.stdout.flush()
   workloads = [scaled(w, args.scale) for w in WORKLOADS if not args.only or any(s.lower() in w.name.lower() for s in args.only)]
   failures: list[str] = []
