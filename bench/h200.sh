@@ -21,7 +21,7 @@ mkdir -p /etc/OpenCL/vendors && echo /usr/local/nvidia/lib64/libnvidia-opencl.so
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 python3 -c "from runtime import cl_device; print(cl_device.get_device(), cl_device.get_device().target)" || exit 1
 if [[ $what == bench || $what == all ]]; then
-  python3 bench/kernels.py --device CL "$@" 2>&1 | tee "$out/bench${RULEC_CL_ITEMS:+-items$RULEC_CL_ITEMS}.log"
+  python3 bench/kernels.py --device CL "$@" 2>&1 | tee "$out/bench.log"
 fi
 if [[ $what == tests || $what == all ]]; then
   timeout "${TEST_TIMEOUT:-420}" python3 -m pytest -q -p no:cacheprovider tests/test_cl_device.py 2>&1 | tee "$out/tests_cl_device.log"

@@ -97,9 +97,9 @@ class CLDevice:
     ext = self.dev.extensions.split()
     # big reductions split into more parts on a GPU than on a CPU (engine/sched/tensor_helpers.py split_reduceop)
     self.split_parts = int(os.environ.get("RULEC_CL_SPLIT_PARTS", 0) or 0) or (4096 if self.dev.type & cl.device_type.GPU else 256)
-    self.local_max = int(os.environ.get("RULEC_CL_LOCAL_MAX", 0) or 0)   # cap on work-group sizes (experiments)
-    items = int(os.environ.get("RULEC_CL_ITEMS", "1") or 1)
-    self.target = Target(fp64="cl_khr_fp64" in ext, group=group_size(self.dev), items=max(1, items))
+    # vector loads and stores in contiguous elementwise kernels: on GPUs (RULEC_CL_VECTOR=0 turns them off)
+    vector = int(os.environ.get("RULEC_CL_VECTOR", "") or (4 if self.dev.type & cl.device_type.GPU else 0))
+    self.target = Target(fp64="cl_khr_fp64" in ext, group=group_size(self.dev), vector=vector if vector in (2, 4, 8) else 0)
     self.max_work_group = self.dev.max_work_group_size
     self.max_item0 = self.dev.max_work_item_sizes[0]
     self.units = max(1, self.dev.max_compute_units)
@@ -175,7 +175,6 @@ class Program:
     n = rendered.global_size
     limit = min(dev.max_work_group, dev.max_item0,
                 self.kernel.get_work_group_info(cl.kernel_work_group_info.WORK_GROUP_SIZE, dev.dev))
-    if dev.local_max: limit = min(limit, dev.local_max)
     if rendered.local_size:   # a group reduction: the work-group size is part of the kernel
       if rendered.local_size > limit: raise _GroupTooLarge(limit)
       self.local, self.global_ = rendered.local_size, n

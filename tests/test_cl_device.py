@@ -529,19 +529,27 @@ def test_group_reductions_keep_exact_integer_and_half_semantics(group_reductions
     else: both(x, d, fn)
 
 
-def test_several_elements_per_work_item(monkeypatch):
-  # Target.items (RULEC_CL_ITEMS): each work-item stores several elements, a whole launch apart
+def test_vector_loads_and_stores_in_contiguous_elementwise_kernels(monkeypatch):
+  # Target.vector (GPUs; forced here): vload4 / vstore4 where every access indexes the kernel's one range
   import attrs
-  monkeypatch.setattr(DEV, "target", attrs.evolve(DEV.target, items=4))
+  monkeypatch.setattr(DEV, "target", attrs.evolve(DEV.target, vector=4))
   cl_device._by_ast.clear()
   try:
     rng = np.random.default_rng(23)
-    for shape in [(4096,), (10007,), (37, 301), (3, 5, 1001)]:
-      a, b = rng.standard_normal(shape).astype(np.float32), rng.standard_normal(shape[-1:]).astype(np.float32)
-      t = (Tensor(a, device="CL") * Tensor(b, device="CL") + 1).relu()
-      assert "item < 4" in cl_device.render(t.schedule()[0]).source
-      np.testing.assert_array_equal(t.numpy(), np.maximum(a * b + np.float32(1), 0))
-      np.testing.assert_array_equal(Tensor(a, device="CL").flip(0).contiguous().numpy(), a[::-1])
+    a, b = rng.standard_normal(8192).astype(np.float32), rng.standard_normal(8192).astype(np.float32)
+    a[:4] = [np.nan, np.inf, -0.0, 3]
+    for f in (lambda x, y: (x * y + 1).relu(), lambda x, y: x.maximum(y) / (y + 2), lambda x, y: (x < y).where(x, -y),
+              lambda x, y: x.sqrt() - y):
+      t = f(Tensor(a, device="CL"), Tensor(b, device="CL"))
+      assert "vload4" in cl_device.render(t.schedule()[0]).source
+      both(np.stack([a, b]), dtypes.float32, lambda s: f(s[0], s[1]))
+    i = rng.integers(-1000, 1000, 4096 * 3).astype(np.int32)
+    both(i, dtypes.int32, lambda t: t * 3 // 7 + (t % 5))   # int32: vectors of int, the same wrap and floor semantics
+    # not vectorised: a broadcast load, a bool store, a size that is not a multiple of 4
+    for t, ref in ((Tensor(a, device="CL").reshape(64, 128) + Tensor(b[:128], device="CL"), a.reshape(64, 128) + b[:128]),
+                   (Tensor(a, device="CL") < 0, a < 0), (Tensor(a[:8191], device="CL") + 1, a[:8191] + np.float32(1))):
+      assert "vload" not in cl_device.render(t.schedule()[0]).source
+      np.testing.assert_array_equal(t.numpy(), ref)
   finally:
     cl_device._by_ast.clear()
 
