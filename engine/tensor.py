@@ -50,281 +50,30 @@ and the default int is int32. Concretely:
   its reduction skips NaNs, so these add explicit NaN checks).
 
 Bad input raises at the call that passes it (ValueError, IndexError, TypeError
-with a message naming the shapes, axes or values involved).
+with a message naming the shapes, axes or values involved): the checks are in
+engine/tensor_args.py, the UOp builders the methods share in
+engine/tensor_uops.py.
 """
 from __future__ import annotations
 
 import math
-import operator
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 import numpy as np
 
 from engine import realize as _engine
-from engine.dtypes import ALL_DTYPES, DType, dtypes
-from engine.ops import MOVEMENT, Ops
+from engine.dtypes import DType, dtypes
+from engine.ops import Ops
+from engine.tensor_args import (AxisError, broadcast_shapes, canon_device, cast_scalar, from_numpy_dtype, int_arg,
+                                is_py_scalar, lowest, norm_axes, norm_axis, norm_new_axis, pair_arg, promote_types,
+                                scalar_of, shape_arg, sum_dtype, to_dtype, to_numpy, weak_dtype)
+from engine.tensor_uops import (alu, bcast, cmp, const, take_every, u_abs, u_ceil, u_cos, u_exp, u_floor, u_log,
+                                u_max_reduce, u_maximum, u_neg, u_sigmoid, u_sin, u_tanh, window)
 from engine.uop import UOp, prod
 from runtime.buffer import buffer_of, new_buffer, np_dtype
+from runtime.devices import DEVICES
 
 __all__ = ["Tensor", "DEVICES", "AxisError", "broadcast_shapes", "promote_types", "to_dtype"]
-
-from runtime.devices import DEVICES, default_device  # noqa: E402
-
-_TENSOR_DTYPES: dict[str, DType] = {d.name: d for d in (
-  dtypes.bool, dtypes.int8, dtypes.uint8, dtypes.int16, dtypes.uint16, dtypes.int32, dtypes.uint32, dtypes.int64,
-  dtypes.uint64, dtypes.float16, dtypes.float32, dtypes.float64)}
-
-_LOG2E = math.log2(math.e)
-_LN2 = math.log(2.0)
-
-
-class AxisError(ValueError, IndexError):
-  """An axis argument out of range for the tensor's number of dimensions."""
-
-
-# *** argument checking helpers ***
-
-def to_dtype(d: Any) -> DType:
-  """A Tensor dtype from a DType, a dtype name, a numpy dtype or bool / int / float."""
-  if isinstance(d, DType): dt = d
-  elif d is bool: return dtypes.bool
-  elif d is int: return dtypes.default_int
-  elif d is float: return dtypes.default_float
-  elif isinstance(d, str):
-    dt = ALL_DTYPES.get(d)
-    if dt is None: raise TypeError(f"unknown dtype {d!r}; Tensor dtypes: {', '.join(_TENSOR_DTYPES)}")
-  else:
-    try: name = np.dtype(d).name
-    except Exception: raise TypeError(f"unknown dtype {d!r}; Tensor dtypes: {', '.join(_TENSOR_DTYPES)}") from None
-    if name not in _TENSOR_DTYPES: raise TypeError(f"numpy dtype {name} is not supported; Tensor dtypes: {', '.join(_TENSOR_DTYPES)}")
-    return _TENSOR_DTYPES[name]
-  if dt.name not in _TENSOR_DTYPES:
-    raise TypeError(f"dtype {dt.name} is not supported by Tensor; Tensor dtypes: {', '.join(_TENSOR_DTYPES)}")
-  return dt
-
-
-def _canon_device(device: Any) -> str:
-  if device is None: return default_device()
-  if not isinstance(device, str): raise TypeError(f"device must be a string, got {type(device).__name__}")
-  d = device.upper()
-  if d not in DEVICES: raise ValueError(f"unknown device {device!r}; known devices: {', '.join(DEVICES)}")
-  return d
-
-
-def promote_types(*dts: DType) -> DType:
-  """numpy's promotion of array dtypes (all at once: numpy's promotion is not associative)."""
-  if all(d is dts[0] for d in dts): return dts[0]
-  return _TENSOR_DTYPES[np.result_type(*(np_dtype(d) for d in dts)).name]
-
-
-def _is_py_scalar(v: Any) -> bool:
-  return isinstance(v, (bool, int, float)) and not isinstance(v, np.generic)
-
-
-def _weak_dtype(t: DType, v: Any) -> DType:
-  """The dtype of `tensor(t) op v` for a Python scalar v (weak, NEP 50, with our default float/int)."""
-  if isinstance(v, bool): return t
-  if isinstance(v, int): return dtypes.default_int if t.is_bool else t
-  return t if t.is_float else dtypes.default_float
-
-
-def _scalar_of(v: Any, dt: DType) -> Any:
-  """A Python scalar as a constant of dt; integers that do not fit raise OverflowError (like numpy)."""
-  if dt.is_bool: return bool(v)
-  if dt.is_int:
-    if isinstance(v, float):
-      if not v.is_integer(): raise TypeError(f"{v!r} is not an integer for {dt.name}")
-      v = int(v)
-    v = int(v)
-    if not dt.min() <= v <= dt.max(): raise OverflowError(f"Python integer {v} out of bounds for {dt.name}")
-    return v
-  return float(v)
-
-
-def _cast_scalar(v: Any, dt: DType) -> Any:
-  """A scalar converted to dt the way numpy's np.full would."""
-  return np.full((), v, dtype=np_dtype(dt)).item()
-
-
-def broadcast_shapes(*shapes: tuple[int, ...]) -> tuple[int, ...]:
-  """numpy's broadcasting of shapes; ValueError naming the shapes when they do not fit."""
-  n = max((len(s) for s in shapes), default=0)
-  padded = [(1,) * (n - len(s)) + tuple(s) for s in shapes]
-  out = []
-  for dims in zip(*padded):
-    big = {d for d in dims if d != 1}
-    if len(big) > 1:
-      raise ValueError(f"shapes {' and '.join(str(tuple(s)) for s in shapes)} cannot be broadcast together")
-    out.append(big.pop() if big else 1)
-  return tuple(out)
-
-
-def _int_arg(v: Any, what: str) -> int:
-  if isinstance(v, (bool, np.bool_)): raise TypeError(f"{what} must be an integer, got {v!r}")
-  try: return operator.index(v)
-  except TypeError: raise TypeError(f"{what} must be an integer, got {type(v).__name__} {v!r}") from None
-
-
-def _norm_axis(a: Any, ndim: int) -> int:
-  a = _int_arg(a, "axis")
-  if not -ndim <= a < ndim: raise AxisError(f"axis {a} is out of bounds for a tensor of dimension {ndim}")
-  return a + ndim if a < 0 else a
-
-
-def _norm_new_axis(a: Any, ndim: int) -> int:
-  """Where a new axis goes in a tensor of ndim dimensions (unsqueeze, stack): -ndim-1 .. ndim."""
-  a = _int_arg(a, "axis")
-  if not -ndim - 1 <= a <= ndim:
-    raise AxisError(f"axis {a} is out of bounds for inserting an axis into a tensor of dimension {ndim} "
-                    f"(allowed {-ndim - 1}..{ndim})")
-  return a + ndim + 1 if a < 0 else a
-
-
-def _norm_axes(axis: Any, ndim: int) -> tuple[int, ...]:
-  if axis is None: return tuple(range(ndim))
-  axes = tuple(axis) if isinstance(axis, (tuple, list)) else (axis,)
-  out = tuple(_norm_axis(a, ndim) for a in axes)
-  if len(set(out)) != len(out): raise ValueError(f"duplicate value in axis {axis!r}")
-  return out
-
-
-def _shape_arg(shape: tuple, what: str) -> tuple[int, ...]:
-  """A shape given as ints or as one tuple/list."""
-  if len(shape) == 1 and isinstance(shape[0], (tuple, list)): shape = tuple(shape[0])
-  out = tuple(_int_arg(s, f"{what} dimension") for s in shape)
-  return out
-
-
-def _pair_arg(v: Any, what: str) -> tuple[int, int]:
-  if isinstance(v, (tuple, list)):
-    if len(v) != 2: raise ValueError(f"{what} must be an int or a pair of ints, got {v!r}")
-    return (_int_arg(v[0], what), _int_arg(v[1], what))
-  v = _int_arg(v, what)
-  return (v, v)
-
-
-def _bcast(u: UOp, shape: tuple[int, ...]) -> UOp:
-  """u broadcast to shape (reshape to add leading 1s, then expand)."""
-  s = u.shape
-  if s == shape: return u
-  if len(s) < len(shape): u = u.reshape((1,) * (len(shape) - len(s)) + s)
-  return u.expand(shape)
-
-
-def _const(value: Any, dt: DType, shape: tuple[int, ...]) -> UOp:
-  c = UOp.const(dt, value)
-  return c.reshape((1,) * len(shape)).expand(shape) if shape else c
-
-
-def _alu(op: Ops, *srcs: UOp) -> UOp:
-  return UOp(op, srcs[0].dtype, srcs)
-
-
-def _cmp(op: Ops, a: UOp, b: UOp) -> UOp:
-  return UOp(op, dtypes.bool, (a, b))
-
-
-def _u_maximum(x: UOp, y: UOp) -> UOp:
-  """numpy's maximum: NaN if either side is NaN (MAX alone keeps x when y is NaN)."""
-  m = _alu(Ops.MAX, x, y)
-  if not x.dtype.is_float: return m
-  return UOp(Ops.WHERE, x.dtype, (_cmp(Ops.CMPNE, y, y), y, m))
-
-
-def _u_max_reduce(u: UOp, axes: tuple[int, ...]) -> UOp:
-  """numpy's max over axes (kept as size 1): NaN where a slice holds a NaN (the MAX reduction skips NaNs)."""
-  r = u.r(Ops.MAX, axes)
-  if not u.dtype.is_float: return r
-  has_nan = _cmp(Ops.CMPNE, u, u).r(Ops.MAX, axes)
-  return UOp(Ops.WHERE, u.dtype, (has_nan, r.const_like(math.nan), r))
-
-
-def _lowest(dt: DType) -> Any:
-  if dt.is_bool: return False
-  if dt.is_float: return -math.inf
-  return dt.min()
-
-
-def _sum_dtype(dt: DType) -> DType:
-  if dt.is_bool or (dt.kind == "i" and dt.itemsize <= 4): return dtypes.int32
-  if dt.kind == "u" and dt.itemsize <= 4: return dtypes.uint32
-  return dt
-
-
-def _from_numpy_dtype(nd: np.dtype) -> DType:
-  if nd.name not in _TENSOR_DTYPES:
-    raise TypeError(f"cannot make a Tensor from numpy data of dtype {nd}; Tensor dtypes: {', '.join(_TENSOR_DTYPES)}")
-  return _TENSOR_DTYPES[nd.name]
-
-
-# *** unary UOp builders (float inputs) ***
-
-def _u_exp(x: UOp) -> UOp: return _alu(Ops.EXP2, _alu(Ops.MUL, x, x.const_like(_LOG2E)))
-def _u_log(x: UOp) -> UOp: return _alu(Ops.MUL, _alu(Ops.LOG2, x), x.const_like(_LN2))
-def _u_sin(x: UOp) -> UOp: return _alu(Ops.SIN, x)
-def _u_cos(x: UOp) -> UOp: return _alu(Ops.SIN, _alu(Ops.ADD, x, x.const_like(math.pi / 2)))
-def _u_neg(x: UOp) -> UOp: return _alu(Ops.NEG, x)
-def _u_abs(x: UOp) -> UOp: return UOp(Ops.WHERE, x.dtype, (_cmp(Ops.CMPLT, x, x.const_like(0)), _u_neg(x), x))
-def _u_sigmoid(x: UOp) -> UOp: return _alu(Ops.RECIPROCAL, _alu(Ops.ADD, x.const_like(1.0), _u_exp(_u_neg(x))))
-
-
-def _u_tanh(x: UOp) -> UOp:
-  # tanh(|x|) = (1 - e) / (1 + e) with e = exp(-2|x|) <= 1 (never overflows), sign restored after.
-  # Near 0, 1 - e cancels; there the series x - x^3/3 + 2x^5/15 is exact to the dtype's precision.
-  ax = _u_abs(x)
-  e = _u_exp(_alu(Ops.MUL, ax, x.const_like(-2.0)))
-  t = _alu(Ops.FDIV, _alu(Ops.SUB, x.const_like(1.0), e), _alu(Ops.ADD, x.const_like(1.0), e))
-  t = UOp(Ops.WHERE, x.dtype, (_cmp(Ops.CMPLT, x, x.const_like(0)), _u_neg(t), t))
-  x2 = _alu(Ops.MUL, x, x)
-  series = _alu(Ops.MUL, x, _alu(Ops.ADD, x.const_like(1.0), _alu(Ops.MUL, x2, _alu(
-    Ops.ADD, x.const_like(-1.0 / 3.0), _alu(Ops.MUL, x2, x.const_like(2.0 / 15.0))))))
-  small = _cmp(Ops.CMPLT, ax, x.const_like(1e-3 if x.dtype is dtypes.float64 else 0.05))
-  return UOp(Ops.WHERE, x.dtype, (small, series, t))
-
-
-def _u_floor(x: UOp) -> UOp:
-  t = _alu(Ops.TRUNC, x)
-  return UOp(Ops.WHERE, x.dtype, (_cmp(Ops.CMPLT, x, t), _alu(Ops.SUB, t, t.const_like(1.0)), t))
-
-
-def _u_ceil(x: UOp) -> UOp:
-  t = _alu(Ops.TRUNC, x)
-  return UOp(Ops.WHERE, x.dtype, (_cmp(Ops.CMPLT, t, x), _alu(Ops.ADD, t, t.const_like(1.0)), t))
-
-
-# *** windows: the movement-op im2col used by conv2d and the pools ***
-
-def _take_every(u: UOp, axis: int, n: int, step: int) -> UOp:
-  """Elements 0, step, 2*step, ... (n of them) along axis, with movement ops only."""
-  shape = u.shape
-  if n == 0: return u.shrink(tuple((0, 0) if i == axis else (0, d) for i, d in enumerate(shape)))
-  if step == 1: return u.shrink(tuple((0, n) if i == axis else (0, d) for i, d in enumerate(shape)))
-  span = (n - 1) * step + 1
-  u = u.shrink(tuple((0, span) if i == axis else (0, d) for i, d in enumerate(shape)))
-  u = u.pad(tuple((0, n * step - span) if i == axis else (0, 0) for i in range(len(shape))))
-  split = shape[:axis] + (n, step) + shape[axis + 1:]
-  u = u.reshape(split)
-  u = u.shrink(tuple((0, 1) if i == axis + 1 else (0, d) for i, d in enumerate(split)))
-  return u.reshape(shape[:axis] + (n,) + shape[axis + 1:])
-
-
-def _window(u: UOp, axis: int, k: int, stride: int, dilation: int) -> UOp:
-  """Axis of length L becomes two axes (out, k) at axis, axis+1: y[o, j] = x[o*stride + j*dilation].
-
-  Tiles x enough times and re-reads the flat tiling with rows of length L+dilation,
-  so row j starts dilation*j elements further into x."""
-  shape = u.shape
-  nd, L = len(shape), shape[axis]
-  span = (k - 1) * dilation + 1
-  out = (L - span) // stride + 1
-  rest = shape[:axis] + shape[axis + 1:]
-  u = u.permute(tuple(i for i in range(nd) if i != axis) + (axis,))
-  tiles = -(-k * (L + dilation) // L)
-  u = u.reshape(rest + (1, L)).expand(rest + (tiles, L)).reshape(rest + (tiles * L,))
-  u = u.shrink(tuple((0, d) for d in rest) + ((0, k * (L + dilation)),)).reshape(rest + (k, L + dilation))
-  u = u.shrink(tuple((0, d) for d in rest) + ((0, k), (0, L - span + 1)))
-  u = _take_every(u, nd, out, stride)  # rest + (k, out)
-  return u.permute(tuple(range(axis)) + (nd, nd - 1) + tuple(range(axis, nd - 1)))
 
 
 class Tensor:
@@ -339,11 +88,11 @@ class Tensor:
       t = t if device is None else t.to(device)
       self.uop, self.device = t.uop, t.device
       return
-    dev = _canon_device(device)
+    dev = canon_device(device)
     if isinstance(data, UOp):
       self.uop, self.device = (data if dt is None else data.cast(dt)), dev
       return
-    arr, dt = _to_numpy(data, dt)
+    arr, dt = to_numpy(data, dt)
     buf = new_buffer(dev, arr.size, dt)
     buffer_of(buf).copyin(arr)
     self.uop, self.device = buf.reshape(arr.shape), dev
@@ -397,23 +146,23 @@ class Tensor:
 
   @staticmethod
   def full(shape: Any, fill_value: Any, dtype: Any = None, device: str | None = None) -> Tensor:
-    shape = _shape_arg(shape if isinstance(shape, (tuple, list)) else (shape,), "shape")
+    shape = shape_arg(shape if isinstance(shape, (tuple, list)) else (shape,), "shape")
     if any(s < 0 for s in shape): raise ValueError(f"negative dimensions are not allowed: {shape}")
     if dtype is not None: dt = to_dtype(dtype)
-    elif isinstance(fill_value, np.generic): dt = _from_numpy_dtype(fill_value.dtype)
+    elif isinstance(fill_value, np.generic): dt = from_numpy_dtype(fill_value.dtype)
     elif isinstance(fill_value, bool): dt = dtypes.bool
     elif isinstance(fill_value, int): dt = dtypes.default_int if -2**31 <= fill_value < 2**31 else dtypes.int64
     elif isinstance(fill_value, float): dt = dtypes.default_float
     else: raise TypeError(f"fill_value must be a scalar, got {type(fill_value).__name__}")
-    return Tensor._from_uop(_const(_cast_scalar(fill_value, dt), dt, shape), _canon_device(device))
+    return Tensor._from_uop(const(cast_scalar(fill_value, dt), dt, shape), canon_device(device))
 
   @staticmethod
   def zeros(*shape, dtype: Any = None, device: str | None = None) -> Tensor:
-    return Tensor.full(_shape_arg(shape, "shape"), 0, dtype=dtypes.default_float if dtype is None else dtype, device=device)
+    return Tensor.full(shape_arg(shape, "shape"), 0, dtype=dtypes.default_float if dtype is None else dtype, device=device)
 
   @staticmethod
   def ones(*shape, dtype: Any = None, device: str | None = None) -> Tensor:
-    return Tensor.full(_shape_arg(shape, "shape"), 1, dtype=dtypes.default_float if dtype is None else dtype, device=device)
+    return Tensor.full(shape_arg(shape, "shape"), 1, dtype=dtypes.default_float if dtype is None else dtype, device=device)
 
   def zeros_like(self, dtype: Any = None) -> Tensor: return Tensor.zeros(self.shape, dtype=dtype or self.dtype, device=self.device)
   def ones_like(self, dtype: Any = None) -> Tensor: return Tensor.ones(self.shape, dtype=dtype or self.dtype, device=self.device)
@@ -433,14 +182,14 @@ class Tensor:
 
   @staticmethod
   def eye(n: int, m: int | None = None, dtype: Any = None, device: str | None = None) -> Tensor:
-    n = _int_arg(n, "eye n")
-    m = n if m is None else _int_arg(m, "eye m")
+    n = int_arg(n, "eye n")
+    m = n if m is None else int_arg(m, "eye m")
     if n < 0 or m < 0: raise ValueError(f"eye needs non-negative sizes, got n={n}, m={m}")
     return Tensor(np.eye(n, m), dtype=dtypes.default_float if dtype is None else dtype, device=device)
 
   @staticmethod
   def _random(kind: str, shape: tuple, dtype: Any, device: str | None) -> Tensor:
-    shape = _shape_arg(shape, "shape")
+    shape = shape_arg(shape, "shape")
     if any(s < 0 for s in shape): raise ValueError(f"negative dimensions are not allowed: {shape}")
     dt = dtypes.default_float if dtype is None else to_dtype(dtype)
     if not dt.is_float: raise TypeError(f"{kind} needs a float dtype, got {dt.name}")
@@ -466,9 +215,9 @@ class Tensor:
   def randint(low: int, high: int | None = None, shape: Any = (), dtype: Any = None, device: str | None = None) -> Tensor:
     """Uniform integers in [low, high) (or [0, low))."""
     if high is None: low, high = 0, low
-    low, high = _int_arg(low, "randint low"), _int_arg(high, "randint high")
+    low, high = int_arg(low, "randint low"), int_arg(high, "randint high")
     if high <= low: raise ValueError(f"randint needs low < high, got low={low}, high={high}")
-    shape = _shape_arg(shape if isinstance(shape, (tuple, list)) else (shape,), "shape")
+    shape = shape_arg(shape if isinstance(shape, (tuple, list)) else (shape,), "shape")
     dt = dtypes.default_int if dtype is None else to_dtype(dtype)
     return Tensor(Tensor._rng.integers(low, high, shape), dtype=dt, device=device)
 
@@ -509,7 +258,7 @@ class Tensor:
     return self.numpy().reshape(()).item()
 
   def to(self, device: str) -> Tensor:
-    d = _canon_device(device)
+    d = canon_device(device)
     if d == self.device: return self
     return Tensor._from_uop(UOp(Ops.COPY, self.dtype, (self.uop,), d), d)
 
@@ -525,14 +274,14 @@ class Tensor:
     transpose of one) the write goes through the view into that buffer;
     otherwise the tensor gets a fresh buffer."""
     if isinstance(x, Tensor): self._same_device(x); v = x
-    elif _is_py_scalar(x) or isinstance(x, np.generic):
-      v = Tensor._from_uop(_const(_cast_scalar(x, self.dtype), self.dtype, ()), self.device)
+    elif is_py_scalar(x) or isinstance(x, np.generic):
+      v = Tensor._from_uop(const(cast_scalar(x, self.dtype), self.dtype, ()), self.device)
     else: v = Tensor(x, device=self.device)
     try: shape = broadcast_shapes(v.shape, self.shape)
     except ValueError: shape = None
     if shape != self.shape:
       raise ValueError(f"assign: a value of shape {v.shape} does not fit a tensor of shape {self.shape}")
-    value = _bcast(v.uop.cast(self.dtype), self.shape)
+    value = bcast(v.uop.cast(self.dtype), self.shape)
     target = self.uop
     if target.base.op is Ops.BUFFER:
       try: _engine.view_indices(target)
@@ -558,11 +307,11 @@ class Tensor:
       self._same_device(other)
       dt = promote_types(self.dtype, other.dtype)
       shape = broadcast_shapes(self.shape, other.shape)
-      x, y = _bcast(self.uop.cast(dt), shape), _bcast(other.uop.cast(dt), shape)
-    elif _is_py_scalar(other):
-      dt = _weak_dtype(self.dtype, other)
+      x, y = bcast(self.uop.cast(dt), shape), bcast(other.uop.cast(dt), shape)
+    elif is_py_scalar(other):
+      dt = weak_dtype(self.dtype, other)
       x = self.uop.cast(dt)
-      y = x.const_like(_scalar_of(other, dt))
+      y = x.const_like(scalar_of(other, dt))
     elif isinstance(other, (np.ndarray, np.generic, list, tuple)):
       return self._pair(Tensor(other, device=self.device), reverse)
     else: return None
@@ -578,9 +327,9 @@ class Tensor:
       elif op is Ops.SUB:
         raise TypeError("bool - bool is not supported (numpy refuses it too); use ^ (xor) or cast to an integer dtype")
       elif op in (Ops.IDIV, Ops.MOD, Ops.POW): x, y = x.cast(dtypes.int8), y.cast(dtypes.int8)  # numpy gives int8
-    if op is Ops.POW and x.dtype.is_int and not reverse and _is_py_scalar(other) and other < 0:
+    if op is Ops.POW and x.dtype.is_int and not reverse and is_py_scalar(other) and other < 0:
       raise ValueError(f"integers to negative integer powers are not allowed ({self.dtype.name} ** {other})")
-    return self._new(_alu(op, x, y))
+    return self._new(alu(op, x, y))
 
   def __add__(self, o): return self._arith(o, Ops.ADD)
   def __radd__(self, o): return self._arith(o, Ops.ADD, True)
@@ -600,7 +349,7 @@ class Tensor:
     if p is None: return NotImplemented
     x, y = p
     if not x.dtype.is_float: x, y = x.cast(dtypes.default_float), y.cast(dtypes.default_float)
-    return self._new(_alu(Ops.FDIV, x, y))
+    return self._new(alu(Ops.FDIV, x, y))
 
   def __truediv__(self, o): return self._truediv(o)
   def __rtruediv__(self, o): return self._truediv(o, True)
@@ -611,7 +360,7 @@ class Tensor:
     x, y = p
     if x.dtype.is_float or (op in (Ops.SHL, Ops.SHR) and x.dtype.is_bool):
       raise TypeError(f"{op.name.lower()} needs integer or bool tensors, got {x.dtype.name}")
-    return self._new(_alu(op, x, y))
+    return self._new(alu(op, x, y))
 
   def __and__(self, o): return self._bitwise(o, Ops.AND)
   def __rand__(self, o): return self._bitwise(o, Ops.AND, True)
@@ -627,11 +376,11 @@ class Tensor:
   def __invert__(self) -> Tensor:
     dt = self.dtype
     if dt.is_float: raise TypeError(f"~ needs an integer or bool tensor, got {dt.name}")
-    return self._new(_alu(Ops.XOR, self.uop, self.uop.const_like(True if dt.is_bool else -1 if dt.kind == "i" else dt.max())))
+    return self._new(alu(Ops.XOR, self.uop, self.uop.const_like(True if dt.is_bool else -1 if dt.kind == "i" else dt.max())))
 
   def __neg__(self) -> Tensor:
     if self.dtype.is_bool: raise TypeError("unary - of a bool tensor is not supported (numpy refuses it too); use ~")
-    return self._new(_u_neg(self.uop))
+    return self._new(u_neg(self.uop))
 
   def __pos__(self) -> Tensor: return self
 
@@ -640,12 +389,12 @@ class Tensor:
     p = self._pair(other)
     if p is None: return NotImplemented
     x, y = p
-    if kind == "lt": u = _cmp(Ops.CMPLT, x, y)
-    elif kind == "gt": u = _cmp(Ops.CMPLT, y, x)
-    elif kind == "le": u = _alu(Ops.OR, _cmp(Ops.CMPLT, x, y), _cmp(Ops.CMPEQ, x, y))
-    elif kind == "ge": u = _alu(Ops.OR, _cmp(Ops.CMPLT, y, x), _cmp(Ops.CMPEQ, x, y))
-    elif kind == "eq": u = _cmp(Ops.CMPEQ, x, y)
-    else: u = _cmp(Ops.CMPNE, x, y)
+    if kind == "lt": u = cmp(Ops.CMPLT, x, y)
+    elif kind == "gt": u = cmp(Ops.CMPLT, y, x)
+    elif kind == "le": u = alu(Ops.OR, cmp(Ops.CMPLT, x, y), cmp(Ops.CMPEQ, x, y))
+    elif kind == "ge": u = alu(Ops.OR, cmp(Ops.CMPLT, y, x), cmp(Ops.CMPEQ, x, y))
+    elif kind == "eq": u = cmp(Ops.CMPEQ, x, y)
+    else: u = cmp(Ops.CMPNE, x, y)
     return self._new(u)
 
   def __lt__(self, o): return self._compare(o, "lt")
@@ -662,35 +411,35 @@ class Tensor:
 
   def maximum(self, other: Any) -> Tensor:
     x, y = self._binary(other, "maximum")
-    return self._new(_u_maximum(x, y))
+    return self._new(u_maximum(x, y))
 
   def minimum(self, other: Any) -> Tensor:
     x, y = self._binary(other, "minimum")
-    if x.dtype.is_float: return self._new(_u_neg(_u_maximum(_u_neg(x), _u_neg(y))))
-    if x.dtype.is_bool: return self._new(_alu(Ops.AND, x, y))
-    return self._new(UOp(Ops.WHERE, x.dtype, (_cmp(Ops.CMPLT, x, y), x, y)))
+    if x.dtype.is_float: return self._new(u_neg(u_maximum(u_neg(x), u_neg(y))))
+    if x.dtype.is_bool: return self._new(alu(Ops.AND, x, y))
+    return self._new(UOp(Ops.WHERE, x.dtype, (cmp(Ops.CMPLT, x, y), x, y)))
 
   def where(self, x: Any, y: Any) -> Tensor:
     """numpy's where(self, x, y): x where self is true, else y (self is cast to bool)."""
     cond = self.uop if self.dtype.is_bool else self.uop.cast(dtypes.bool)
-    xs, ys = _is_py_scalar(x), _is_py_scalar(y)
+    xs, ys = is_py_scalar(x), is_py_scalar(y)
     if xs and ys:
       dt = dtypes.default_float if isinstance(x, float) or isinstance(y, float) else \
         dtypes.bool if isinstance(x, bool) and isinstance(y, bool) else dtypes.default_int
       shape = self.shape
-      xu, yu = _const(_scalar_of(x, dt), dt, shape), _const(_scalar_of(y, dt), dt, shape)
+      xu, yu = const(scalar_of(x, dt), dt, shape), const(scalar_of(y, dt), dt, shape)
     else:
       xt = None if xs else x if isinstance(x, Tensor) else Tensor(x, device=self.device)
       yt = None if ys else y if isinstance(y, Tensor) else Tensor(y, device=self.device)
       for t in (xt, yt):
         if t is not None: self._same_device(t)
       if xt is not None and yt is not None: dt = promote_types(xt.dtype, yt.dtype)
-      elif xt is not None: dt = _weak_dtype(xt.dtype, y)
-      else: dt = _weak_dtype(yt.dtype, x)
+      elif xt is not None: dt = weak_dtype(xt.dtype, y)
+      else: dt = weak_dtype(yt.dtype, x)
       shape = broadcast_shapes(self.shape, *(t.shape for t in (xt, yt) if t is not None))
-      xu = _bcast(xt.uop.cast(dt), shape) if xt is not None else _const(_scalar_of(x, dt), dt, shape)
-      yu = _bcast(yt.uop.cast(dt), shape) if yt is not None else _const(_scalar_of(y, dt), dt, shape)
-    return self._new(UOp(Ops.WHERE, dt, (_bcast(cond, shape), xu, yu)))
+      xu = bcast(xt.uop.cast(dt), shape) if xt is not None else const(scalar_of(x, dt), dt, shape)
+      yu = bcast(yt.uop.cast(dt), shape) if yt is not None else const(scalar_of(y, dt), dt, shape)
+    return self._new(UOp(Ops.WHERE, dt, (bcast(cond, shape), xu, yu)))
 
   def clip(self, min_: Any = None, max_: Any = None) -> Tensor:
     """numpy's clip: minimum(maximum(self, min_), max_); either bound may be None."""
@@ -713,34 +462,34 @@ class Tensor:
     if x.dtype is dtypes.float16: return self._new(fn(x.cast(dtypes.float32)).cast(dtypes.float16))
     return self._new(fn(x))
 
-  def exp(self) -> Tensor: return self._float_unary(_u_exp)
-  def exp2(self) -> Tensor: return self._float_unary(lambda x: _alu(Ops.EXP2, x))
-  def log(self) -> Tensor: return self._float_unary(_u_log)
-  def log2(self) -> Tensor: return self._float_unary(lambda x: _alu(Ops.LOG2, x))
-  def sqrt(self) -> Tensor: return self._float_unary(lambda x: _alu(Ops.SQRT, x))
-  def rsqrt(self) -> Tensor: return self._float_unary(lambda x: _alu(Ops.RECIPROCAL, _alu(Ops.SQRT, x)))
-  def reciprocal(self) -> Tensor: return self._float_unary(lambda x: _alu(Ops.RECIPROCAL, x))
-  def sin(self) -> Tensor: return self._float_unary(_u_sin)
-  def cos(self) -> Tensor: return self._float_unary(_u_cos)
-  def tanh(self) -> Tensor: return self._float_unary(_u_tanh)
-  def sigmoid(self) -> Tensor: return self._float_unary(_u_sigmoid)
+  def exp(self) -> Tensor: return self._float_unary(u_exp)
+  def exp2(self) -> Tensor: return self._float_unary(lambda x: alu(Ops.EXP2, x))
+  def log(self) -> Tensor: return self._float_unary(u_log)
+  def log2(self) -> Tensor: return self._float_unary(lambda x: alu(Ops.LOG2, x))
+  def sqrt(self) -> Tensor: return self._float_unary(lambda x: alu(Ops.SQRT, x))
+  def rsqrt(self) -> Tensor: return self._float_unary(lambda x: alu(Ops.RECIPROCAL, alu(Ops.SQRT, x)))
+  def reciprocal(self) -> Tensor: return self._float_unary(lambda x: alu(Ops.RECIPROCAL, x))
+  def sin(self) -> Tensor: return self._float_unary(u_sin)
+  def cos(self) -> Tensor: return self._float_unary(u_cos)
+  def tanh(self) -> Tensor: return self._float_unary(u_tanh)
+  def sigmoid(self) -> Tensor: return self._float_unary(u_sigmoid)
 
   def _float_keep(self, fn) -> Tensor:
     """fn on floats; integers and bools are returned unchanged (trunc, floor, ceil of ints)."""
     return self._new(fn(self.uop)) if self.dtype.is_float else self
 
-  def trunc(self) -> Tensor: return self._float_keep(lambda x: _alu(Ops.TRUNC, x))
-  def floor(self) -> Tensor: return self._float_keep(_u_floor)
-  def ceil(self) -> Tensor: return self._float_keep(_u_ceil)
+  def trunc(self) -> Tensor: return self._float_keep(lambda x: alu(Ops.TRUNC, x))
+  def floor(self) -> Tensor: return self._float_keep(u_floor)
+  def ceil(self) -> Tensor: return self._float_keep(u_ceil)
 
   def abs(self) -> Tensor:
     if self.dtype.is_bool or self.dtype.is_unsigned: return self
-    return self._new(_u_abs(self.uop))
+    return self._new(u_abs(self.uop))
   __abs__ = abs
 
   def relu(self) -> Tensor:
     if self.dtype.is_bool: return self
-    return self._new(_alu(Ops.MAX, self.uop, self.uop.const_like(0)))
+    return self._new(alu(Ops.MAX, self.uop, self.uop.const_like(0)))
 
   def square(self) -> Tensor:
     x = self.cast(dtypes.int8) if self.dtype.is_bool else self  # numpy's square of bool is int8
@@ -751,24 +500,24 @@ class Tensor:
   def _reduce(self, op: Ops, axis: Any, keepdim: bool, u: UOp | None = None, numpy_nan: bool = True) -> UOp:
     """A reduction (keepdim shape, then a reshape unless keepdim); MAX propagates NaNs like numpy unless numpy_nan=False."""
     u = self.uop if u is None else u
-    axes = _norm_axes(axis, len(u.shape))
+    axes = norm_axes(axis, len(u.shape))
     shape = u.shape
-    if axes: u = _u_max_reduce(u, axes) if op is Ops.MAX and numpy_nan else u.r(op, axes)
+    if axes: u = u_max_reduce(u, axes) if op is Ops.MAX and numpy_nan else u.r(op, axes)
     if not keepdim: u = u.reshape(tuple(d for i, d in enumerate(shape) if i not in axes))
     return u
 
   def _check_nonempty(self, axis: Any, name: str) -> None:
-    axes = _norm_axes(axis, self.ndim)
+    axes = norm_axes(axis, self.ndim)
     if any(self.shape[a] == 0 for a in axes):
       raise ValueError(f"{name}() of a tensor of shape {self.shape} over axis {axis}: a zero-size reduction has no identity")
 
   def sum(self, axis: Any = None, keepdim: bool = False, dtype: Any = None) -> Tensor:
-    dt = _sum_dtype(self.dtype) if dtype is None else to_dtype(dtype)
+    dt = sum_dtype(self.dtype) if dtype is None else to_dtype(dtype)
     u = self.uop.cast(dt)
     return self._new(self._reduce(Ops.ADD, axis, keepdim, u))
 
   def prod(self, axis: Any = None, keepdim: bool = False, dtype: Any = None) -> Tensor:
-    dt = _sum_dtype(self.dtype) if dtype is None else to_dtype(dtype)
+    dt = sum_dtype(self.dtype) if dtype is None else to_dtype(dtype)
     return self._new(self._reduce(Ops.MUL, axis, keepdim, self.uop.cast(dt)))
 
   def max(self, axis: Any = None, keepdim: bool = False) -> Tensor:
@@ -782,8 +531,8 @@ class Tensor:
   @staticmethod
   def _flip_order(u: UOp) -> UOp:
     """An order-reversing bijection (its own inverse): -x for floats (keeps NaN), ~x for ints and bools."""
-    if u.dtype.is_float: return _u_neg(u)
-    return _alu(Ops.XOR, u, u.const_like(True if u.dtype.is_bool else -1 if u.dtype.kind == "i" else u.dtype.max()))
+    if u.dtype.is_float: return u_neg(u)
+    return alu(Ops.XOR, u, u.const_like(True if u.dtype.is_bool else -1 if u.dtype.kind == "i" else u.dtype.max()))
 
   def any(self, axis: Any = None, keepdim: bool = False) -> Tensor:
     return self._new(self._reduce(Ops.MAX, axis, keepdim, self.uop.cast(dtypes.bool)))
@@ -798,7 +547,7 @@ class Tensor:
     return self, self.dtype
 
   def _count(self, axis: Any) -> int:
-    return prod(self.shape[a] for a in _norm_axes(axis, self.ndim))
+    return prod(self.shape[a] for a in norm_axes(axis, self.ndim))
 
   def mean(self, axis: Any = None, keepdim: bool = False) -> Tensor:
     x, out = self._half_up()
@@ -819,7 +568,7 @@ class Tensor:
       if self.numel() == 0: raise ValueError(f"attempt to get {name} of an empty tensor")
       r = x.flatten()._arg_best(0, False, name, x.flatten())
       return r.reshape((1,) * self.ndim) if keepdim else r
-    ax = _norm_axis(axis, self.ndim)
+    ax = norm_axis(axis, self.ndim)
     n = self.shape[ax]
     if n == 0: raise ValueError(f"attempt to get {name} of an empty sequence (axis {axis} of shape {self.shape})")
     m = x.max(ax, keepdim=True)
@@ -839,7 +588,7 @@ class Tensor:
   # *** movement ***
 
   def reshape(self, *shape) -> Tensor:
-    new = _shape_arg(shape, "reshape")
+    new = shape_arg(shape, "reshape")
     n = self.numel()
     if sum(1 for s in new if s == -1) > 1: raise ValueError(f"reshape: only one dimension can be -1, got {new}")
     if any(s < -1 for s in new): raise ValueError(f"reshape: negative dimension in {new}")
@@ -852,11 +601,11 @@ class Tensor:
     return self._new(self.uop.reshape(new))
 
   def permute(self, *order) -> Tensor:
-    order = _shape_arg(order, "permute")
+    order = shape_arg(order, "permute")
     nd = self.ndim
     if len(order) != nd:
       raise ValueError(f"permute order {order} does not name each of the {nd} axes of shape {self.shape} once")
-    norm = tuple(_norm_axis(a, nd) for a in order)
+    norm = tuple(norm_axis(a, nd) for a in order)
     if sorted(norm) != list(range(nd)):
       raise ValueError(f"permute order {order} does not name each of the {nd} axes of shape {self.shape} once")
     return self._new(self.uop.permute(norm))
@@ -865,14 +614,14 @@ class Tensor:
     """transpose() reverses the axes (numpy); transpose(a, b) swaps axes a and b."""
     if ax0 is None and ax1 is None: return self.T
     if ax0 is None or ax1 is None: raise TypeError("transpose takes no axes or two axes to swap")
-    a, b = _norm_axis(ax0, self.ndim), _norm_axis(ax1, self.ndim)
+    a, b = norm_axis(ax0, self.ndim), norm_axis(ax1, self.ndim)
     order = list(range(self.ndim))
     order[a], order[b] = order[b], order[a]
     return self.permute(order)
 
   def expand(self, *shape) -> Tensor:
     """Broadcast to shape (numpy's broadcast_to; -1 keeps a dimension)."""
-    new = _shape_arg(shape, "expand")
+    new = shape_arg(shape, "expand")
     old = self.shape
     if len(new) < len(old): raise ValueError(f"cannot expand shape {old} to {new}: fewer dimensions")
     lead = len(new) - len(old)
@@ -885,13 +634,13 @@ class Tensor:
       if s < 0: raise ValueError(f"cannot expand shape {old} to {new}: negative dimension")
       if o is not None and o != s and o != 1: raise ValueError(f"cannot expand shape {old} to {new}: axis {i} has size {o}")
       full.append(s)
-    return self._new(_bcast(self.uop, tuple(full)))
+    return self._new(bcast(self.uop, tuple(full)))
 
   def broadcast_to(self, *shape) -> Tensor: return self.expand(*shape)
 
   def flatten(self, start_dim: int = 0, end_dim: int = -1) -> Tensor:
     if self.ndim == 0: return self.reshape(1)
-    s, e = _norm_axis(start_dim, self.ndim), _norm_axis(end_dim, self.ndim)
+    s, e = norm_axis(start_dim, self.ndim), norm_axis(end_dim, self.ndim)
     if s > e: raise ValueError(f"flatten: start_dim {start_dim} comes after end_dim {end_dim} (shape {self.shape})")
     sh = self.shape
     return self.reshape(sh[:s] + (prod(sh[s:e + 1]),) + sh[e + 1:])
@@ -900,13 +649,13 @@ class Tensor:
     sh = self.shape
     if axis is None: axes = tuple(i for i, d in enumerate(sh) if d == 1)
     else:
-      axes = _norm_axes(axis, self.ndim)
+      axes = norm_axes(axis, self.ndim)
       for a in axes:
         if sh[a] != 1: raise ValueError(f"cannot squeeze axis {a} of size {sh[a]} (shape {sh}): only size-1 axes can be squeezed")
     return self.reshape(tuple(d for i, d in enumerate(sh) if i not in axes))
 
   def unsqueeze(self, axis: int) -> Tensor:
-    a = _norm_new_axis(axis, self.ndim)
+    a = norm_new_axis(axis, self.ndim)
     sh = self.shape
     return self.reshape(sh[:a] + (1,) + sh[a:])
 
@@ -919,17 +668,17 @@ class Tensor:
     else:
       pads = tuple(padding)
       if len(pads) != nd: raise ValueError(f"pad: {len(pads)} (before, after) pairs given for a tensor of shape {self.shape}")
-      pads = tuple((0, 0) if p is None else _pair_arg(p, "pad amount") for p in pads)
+      pads = tuple((0, 0) if p is None else pair_arg(p, "pad amount") for p in pads)
     sh = self.shape
     for i, ((b, a), d) in enumerate(zip(pads, sh)):
       if min(b, 0) + min(a, 0) + d < 0: raise ValueError(f"pad: cropping {pads[i]} is more than axis {i} of shape {sh} holds")
     u = self.uop.shrink(tuple((-min(b, 0), d + min(a, 0)) for (b, a), d in zip(pads, sh)))
     pos = tuple((max(b, 0), max(a, 0)) for b, a in pads)
     padded = u.pad(pos)
-    fill = _cast_scalar(value, self.dtype)
+    fill = cast_scalar(value, self.dtype)
     zero_fill = fill == 0 and not (self.dtype.is_float and math.copysign(1.0, fill) < 0)
     if zero_fill or padded is u: return self._new(padded)
-    mask = _const(True, dtypes.bool, u.shape).pad(pos)
+    mask = const(True, dtypes.bool, u.shape).pad(pos)
     return self._new(UOp(Ops.WHERE, self.dtype, (mask, padded, padded.const_like(fill))))
 
   def shrink(self, bounds: Any) -> Tensor:
@@ -939,13 +688,13 @@ class Tensor:
     if len(bounds) != len(sh): raise ValueError(f"shrink: {len(bounds)} bounds given for a tensor of shape {sh}")
     out = []
     for i, (b, d) in enumerate(zip(bounds, sh)):
-      s, e = (0, d) if b is None else _pair_arg(b, "shrink bound")
+      s, e = (0, d) if b is None else pair_arg(b, "shrink bound")
       if not 0 <= s <= e <= d: raise ValueError(f"shrink: bounds ({s}, {e}) do not fit axis {i} of shape {sh}")
       out.append((s, e))
     return self._new(self.uop.shrink(tuple(out)))
 
   def flip(self, axis: Any = None) -> Tensor:
-    axes = _norm_axes(axis, self.ndim)
+    axes = norm_axes(axis, self.ndim)
     return self._new(self.uop.flip(tuple(i in axes for i in range(self.ndim))))
 
   def __getitem__(self, idx: Any) -> Tensor:
@@ -989,7 +738,7 @@ class Tensor:
       ax += 1
     u = u.flip(tuple(flips)).shrink(tuple(bounds))
     for a, (step, n) in enumerate(steps):
-      if step > 1 and n > 1: u = _take_every(u, a, n, step)
+      if step > 1 and n > 1: u = take_every(u, a, n, step)
     return self._new(u.reshape(tuple(out_shape)))
 
   # *** joining ***
@@ -1004,7 +753,7 @@ class Tensor:
     nd = ts[0].ndim
     shapes = [t.shape for t in ts]
     if nd == 0: raise ValueError("zero-dimensional tensors cannot be concatenated")
-    a = _norm_axis(axis, nd)
+    a = norm_axis(axis, nd)
     for s in shapes:
       if len(s) != nd or any(s[i] != shapes[0][i] for i in range(nd) if i != a):
         raise ValueError(f"cat along axis {axis}: shapes {' and '.join(map(str, shapes))} differ off that axis")
@@ -1014,7 +763,7 @@ class Tensor:
     for t in ts:
       n = t.shape[a]
       p = t.uop.cast(dt).pad(tuple((off, total - off - n) if i == a else (0, 0) for i in range(nd)))
-      out = p if out is None else _alu(Ops.OR if dt.is_bool else Ops.ADD, out, p)
+      out = p if out is None else alu(Ops.OR if dt.is_bool else Ops.ADD, out, p)
       off += n
     return ts[0]._new(out)
 
@@ -1027,7 +776,7 @@ class Tensor:
     shapes = [t.shape for t in ts]
     if any(s != shapes[0] for s in shapes):
       raise ValueError(f"stack needs tensors of one shape, got {' and '.join(map(str, shapes))}")
-    a = _norm_new_axis(axis, ts[0].ndim)
+    a = norm_new_axis(axis, ts[0].ndim)
     return Tensor.cat(*[t.unsqueeze(a) for t in ts], axis=a)
 
   # *** linear algebra and nn ***
@@ -1051,11 +800,11 @@ class Tensor:
     if k != k2: raise ValueError(f"matmul: shapes {sa} and {sb} do not align ({k} != {k2})")
     try: batch = broadcast_shapes(au.shape[:-2], bu.shape[:-2])
     except ValueError: raise ValueError(f"matmul: batch axes of shapes {sa} and {sb} cannot be broadcast together") from None
-    au = _bcast(au.reshape(au.shape[:-1] + (1, k)), batch + (n, m, k))
+    au = bcast(au.reshape(au.shape[:-1] + (1, k)), batch + (n, m, k))
     nb = len(bu.shape)
     bu = bu.permute(tuple(range(nb - 2)) + (nb - 1, nb - 2))
-    bu = _bcast(bu.reshape(bu.shape[:-2] + (1, m, k)), batch + (n, m, k))
-    r = _alu(Ops.AND if dt.is_bool else Ops.MUL, au, bu).r(Ops.ADD, (len(batch) + 2,))
+    bu = bcast(bu.reshape(bu.shape[:-2] + (1, m, k)), batch + (n, m, k))
+    r = alu(Ops.AND if dt.is_bool else Ops.MUL, au, bu).r(Ops.ADD, (len(batch) + 2,))
     out = batch + ((n,) if a.ndim > 1 else ()) + ((m,) if b.ndim > 1 else ())
     return a._new(r.reshape(out))
 
@@ -1071,21 +820,21 @@ class Tensor:
 
   def softmax(self, axis: int = -1) -> Tensor:
     x, out = self._half_up()
-    ax = _norm_axis(axis, self.ndim)
+    ax = norm_axis(axis, self.ndim)
     m = self._new(x._reduce(Ops.MAX, ax, True, numpy_nan=False))  # (a NaN makes the whole slice NaN anyway)
     e = (x - m).exp()
     return (e / e.sum(ax, keepdim=True)).cast(out)
 
   def log_softmax(self, axis: int = -1) -> Tensor:
     x, out = self._half_up()
-    ax = _norm_axis(axis, self.ndim)
+    ax = norm_axis(axis, self.ndim)
     s = x - self._new(x._reduce(Ops.MAX, ax, True, numpy_nan=False))
     return (s - s.exp().sum(ax, keepdim=True).log()).cast(out)
 
   def layernorm(self, axis: Any = -1, eps: float = 1e-5, weight: Any = None, bias: Any = None) -> Tensor:
     """(x - mean) / sqrt(var + eps) over axis, then * weight + bias when given."""
     x, out = self._half_up()
-    _norm_axes(axis, self.ndim)
+    norm_axes(axis, self.ndim)
     d = x - x.mean(axis, keepdim=True)
     r = (d * (d.square().mean(axis, keepdim=True) + eps).rsqrt()).cast(out)
     if weight is not None: r = r * weight
@@ -1099,8 +848,8 @@ class Tensor:
     self._same_device(w)
     if self.ndim != 4: raise ValueError(f"conv2d: input must be 4-D (N, C, H, W), got shape {self.shape}")
     if w.ndim != 4: raise ValueError(f"conv2d: weight must be 4-D (O, C, kh, kw), got shape {w.shape}")
-    (sh, sw), (ph, pw), (dh, dw) = _pair_arg(stride, "stride"), _pair_arg(padding, "padding"), _pair_arg(dilation, "dilation")
-    groups = _int_arg(groups, "groups")
+    (sh, sw), (ph, pw), (dh, dw) = pair_arg(stride, "stride"), pair_arg(padding, "padding"), pair_arg(dilation, "dilation")
+    groups = int_arg(groups, "groups")
     if min(sh, sw) < 1 or min(dh, dw) < 1 or min(ph, pw) < 0 or groups < 1:
       raise ValueError(f"conv2d: bad stride {stride}, padding {padding}, dilation {dilation} or groups {groups}")
     N, C, H, W = self.shape
@@ -1119,21 +868,21 @@ class Tensor:
       if b.shape != (O,): raise ValueError(f"conv2d: bias must have shape ({O},), got {b.shape}")
     dt = promote_types(self.dtype, w.dtype)
     x = self.uop.cast(dt).pad(((0, 0), (0, 0), (ph, ph), (pw, pw)))
-    x = _window(_window(x, 2, kh, sh, dh), 4, kw, sw, dw)  # (N, C, Oh, kh, Ow, kw)
+    x = window(window(x, 2, kh, sh, dh), 4, kw, sw, dw)  # (N, C, Oh, kh, Ow, kw)
     Oh, Ow = x.shape[2], x.shape[4]
     G, Og = groups, O // groups
     full = (N, G, Og, Cg, Oh, kh, Ow, kw)
     x = x.reshape((N, G, 1, Cg, Oh, kh, Ow, kw)).expand(full)
     wu = w.uop.cast(dt).reshape((1, G, Og, Cg, 1, kh, 1, kw)).expand(full)
-    r = _alu(Ops.AND if dt.is_bool else Ops.MUL, x, wu).r(Ops.ADD, (3, 5, 7)).reshape((N, O, Oh, Ow))
+    r = alu(Ops.AND if dt.is_bool else Ops.MUL, x, wu).r(Ops.ADD, (3, 5, 7)).reshape((N, O, Oh, Ow))
     out = self._new(r)
     return out if b is None else out + b.reshape(1, O, 1, 1)
 
   def _pool(self, name: str, kernel_size: Any, stride: Any, padding: Any, dilation: Any, fill: Any) -> tuple[UOp, tuple]:
     if self.ndim < 2: raise ValueError(f"{name}: input needs at least 2 dimensions, got shape {self.shape}")
-    k = _pair_arg(kernel_size, "kernel_size")
-    s = k if stride is None else _pair_arg(stride, "stride")
-    p, d = _pair_arg(padding, "padding"), _pair_arg(dilation, "dilation")
+    k = pair_arg(kernel_size, "kernel_size")
+    s = k if stride is None else pair_arg(stride, "stride")
+    p, d = pair_arg(padding, "padding"), pair_arg(dilation, "dilation")
     if min(k) < 1 or min(s) < 1 or min(p) < 0 or min(d) < 1:
       raise ValueError(f"{name}: bad kernel_size {kernel_size}, stride {stride}, padding {padding} or dilation {dilation}")
     H, W = self.shape[-2:]
@@ -1141,14 +890,14 @@ class Tensor:
       raise ValueError(f"{name}: kernel {k} is larger than the padded input {(H + 2 * p[0], W + 2 * p[1])} (shape {self.shape})")
     nd = self.ndim
     x = self.pad(((0, 0),) * (nd - 2) + ((p[0], p[0]), (p[1], p[1])), value=fill).uop
-    x = _window(_window(x, nd - 2, k[0], s[0], d[0]), nd, k[1], s[1], d[1])  # (..., Oh, kh, Ow, kw)
+    x = window(window(x, nd - 2, k[0], s[0], d[0]), nd, k[1], s[1], d[1])  # (..., Oh, kh, Ow, kw)
     return x, (nd - 1, nd + 1)
 
   def max_pool2d(self, kernel_size: Any = 2, stride: Any = None, padding: Any = 0, dilation: Any = 1) -> Tensor:
     """Max over kernel windows of the last two axes; padding counts as -inf (the dtype's lowest value)."""
-    x, axes = self._pool("max_pool2d", kernel_size, stride, padding, dilation, _lowest(self.dtype))
+    x, axes = self._pool("max_pool2d", kernel_size, stride, padding, dilation, lowest(self.dtype))
     sh = x.shape
-    return self._new(_u_max_reduce(x, axes).reshape(tuple(d for i, d in enumerate(sh) if i not in axes)))
+    return self._new(u_max_reduce(x, axes).reshape(tuple(d for i, d in enumerate(sh) if i not in axes)))
 
   def avg_pool2d(self, kernel_size: Any = 2, stride: Any = None, padding: Any = 0) -> Tensor:
     """Mean over kernel windows of the last two axes; zero padding is counted (torch's default)."""
@@ -1166,26 +915,3 @@ class Tensor:
   def int(self) -> Tensor: return self.cast(dtypes.int32)
   def long(self) -> Tensor: return self.cast(dtypes.int64)
   def bool(self) -> Tensor: return self.cast(dtypes.bool)
-
-
-def _to_numpy(data: Any, dt: DType | None) -> tuple[np.ndarray, DType]:
-  """Host data for a new buffer, and its dtype."""
-  if isinstance(data, (np.ndarray, np.generic)):
-    arr = np.asarray(data)
-    if dt is None: dt = _from_numpy_dtype(arr.dtype)
-    return np.array(arr, dtype=np_dtype(dt), copy=True), dt
-  if not isinstance(data, (bool, int, float, list, tuple)):
-    raise TypeError(f"cannot make a Tensor from {type(data).__name__}; pass a number, nested lists or a numpy array")
-  if dt is not None:
-    try: return np.array(data, dtype=np_dtype(dt)), dt
-    except ValueError as e: raise ValueError(f"Tensor data must be a number or rectangular nested lists of numbers: {e}") from None
-  try: arr = np.array(data)
-  except ValueError as e: raise ValueError(f"Tensor data must be a number or rectangular nested lists of numbers: {e}") from None
-  k = arr.dtype.kind
-  if k == "b": dt = dtypes.bool
-  elif k in "iu":
-    lo, hi = (int(arr.min()), int(arr.max())) if arr.size else (0, 0)
-    dt = dtypes.int32 if -2**31 <= lo and hi < 2**31 else dtypes.int64 if hi < 2**63 else dtypes.uint64
-  elif k == "f": dt = dtypes.default_float
-  else: raise TypeError(f"cannot make a Tensor from {type(data).__name__} holding {arr.dtype} data (e.g. {data!r:.60})")
-  return arr.astype(np_dtype(dt)), dt

@@ -12,11 +12,11 @@ from engine.dtypes import dtypes
 from engine.tensor import AxisError
 from rulec import Tensor
 
-TENSOR_PY = os.path.join("engine", "tensor.py")
+FRONT_END = tuple(os.path.join("engine", f) for f in ("tensor.py", "tensor_args.py", "tensor_uops.py"))
 
 
 def raises(exc, *needles: str):
-  """pytest.raises that also checks the message holds every needle and that the error comes from engine/tensor.py."""
+  """pytest.raises that also checks the message holds every needle and that the error comes from the front end (engine/tensor*.py)."""
   class _Check:
     def __enter__(self):
       self.cm = pytest.raises(exc)
@@ -28,7 +28,7 @@ def raises(exc, *needles: str):
       msg = str(self.info.value)
       for n in needles: assert n in msg, f"{n!r} not in error message {msg!r}"
       origin = str(self.info.traceback[-1].path)
-      assert origin.endswith(TENSOR_PY), f"error raised in {origin}, not at the front end"
+      assert origin.endswith(FRONT_END), f"error raised in {origin}, not at the front end"
       return out
   return _Check()
 

@@ -1,0 +1,186 @@
+"""Checking and normalising what users pass to Tensor: dtypes, devices, axes, shapes, scalars, host data.
+
+Every function here raises at the user's call with a message that names the
+bad value (TypeError, ValueError, AxisError, OverflowError); dtype promotion
+follows numpy 2 with rulec's default float32 / int32 (engine/tensor.py's
+docstring lists the differences).
+"""
+from __future__ import annotations
+
+import math
+import operator
+from typing import Any
+
+import numpy as np
+
+from engine.dtypes import ALL_DTYPES, DType, dtypes
+from runtime.buffer import np_dtype
+from runtime.devices import DEVICES, default_device
+
+TENSOR_DTYPES: dict[str, DType] = {d.name: d for d in (
+  dtypes.bool, dtypes.int8, dtypes.uint8, dtypes.int16, dtypes.uint16, dtypes.int32, dtypes.uint32, dtypes.int64,
+  dtypes.uint64, dtypes.float16, dtypes.float32, dtypes.float64)}
+
+
+class AxisError(ValueError, IndexError):
+  """An axis argument out of range for the tensor's number of dimensions."""
+
+
+def to_dtype(d: Any) -> DType:
+  """A Tensor dtype from a DType, a dtype name, a numpy dtype or bool / int / float."""
+  if isinstance(d, DType): dt = d
+  elif d is bool: return dtypes.bool
+  elif d is int: return dtypes.default_int
+  elif d is float: return dtypes.default_float
+  elif isinstance(d, str):
+    dt = ALL_DTYPES.get(d)
+    if dt is None: raise TypeError(f"unknown dtype {d!r}; Tensor dtypes: {', '.join(TENSOR_DTYPES)}")
+  else:
+    try: name = np.dtype(d).name
+    except Exception: raise TypeError(f"unknown dtype {d!r}; Tensor dtypes: {', '.join(TENSOR_DTYPES)}") from None
+    if name not in TENSOR_DTYPES: raise TypeError(f"numpy dtype {name} is not supported; Tensor dtypes: {', '.join(TENSOR_DTYPES)}")
+    return TENSOR_DTYPES[name]
+  if dt.name not in TENSOR_DTYPES:
+    raise TypeError(f"dtype {dt.name} is not supported by Tensor; Tensor dtypes: {', '.join(TENSOR_DTYPES)}")
+  return dt
+
+
+def canon_device(device: Any) -> str:
+  if device is None: return default_device()
+  if not isinstance(device, str): raise TypeError(f"device must be a string, got {type(device).__name__}")
+  d = device.upper()
+  if d not in DEVICES: raise ValueError(f"unknown device {device!r}; known devices: {', '.join(DEVICES)}")
+  return d
+
+
+def promote_types(*dts: DType) -> DType:
+  """numpy's promotion of array dtypes (all at once: numpy's promotion is not associative)."""
+  if all(d is dts[0] for d in dts): return dts[0]
+  return TENSOR_DTYPES[np.result_type(*(np_dtype(d) for d in dts)).name]
+
+
+def is_py_scalar(v: Any) -> bool:
+  return isinstance(v, (bool, int, float)) and not isinstance(v, np.generic)
+
+
+def weak_dtype(t: DType, v: Any) -> DType:
+  """The dtype of `tensor(t) op v` for a Python scalar v (weak, NEP 50, with our default float/int)."""
+  if isinstance(v, bool): return t
+  if isinstance(v, int): return dtypes.default_int if t.is_bool else t
+  return t if t.is_float else dtypes.default_float
+
+
+def scalar_of(v: Any, dt: DType) -> Any:
+  """A Python scalar as a constant of dt; integers that do not fit raise OverflowError (like numpy)."""
+  if dt.is_bool: return bool(v)
+  if dt.is_int:
+    if isinstance(v, float):
+      if not v.is_integer(): raise TypeError(f"{v!r} is not an integer for {dt.name}")
+      v = int(v)
+    v = int(v)
+    if not dt.min() <= v <= dt.max(): raise OverflowError(f"Python integer {v} out of bounds for {dt.name}")
+    return v
+  return float(v)
+
+
+def cast_scalar(v: Any, dt: DType) -> Any:
+  """A scalar converted to dt the way numpy's np.full would."""
+  return np.full((), v, dtype=np_dtype(dt)).item()
+
+
+def broadcast_shapes(*shapes: tuple[int, ...]) -> tuple[int, ...]:
+  """numpy's broadcasting of shapes; ValueError naming the shapes when they do not fit."""
+  n = max((len(s) for s in shapes), default=0)
+  padded = [(1,) * (n - len(s)) + tuple(s) for s in shapes]
+  out = []
+  for dims in zip(*padded):
+    big = {d for d in dims if d != 1}
+    if len(big) > 1:
+      raise ValueError(f"shapes {' and '.join(str(tuple(s)) for s in shapes)} cannot be broadcast together")
+    out.append(big.pop() if big else 1)
+  return tuple(out)
+
+
+def int_arg(v: Any, what: str) -> int:
+  if isinstance(v, (bool, np.bool_)): raise TypeError(f"{what} must be an integer, got {v!r}")
+  try: return operator.index(v)
+  except TypeError: raise TypeError(f"{what} must be an integer, got {type(v).__name__} {v!r}") from None
+
+
+def norm_axis(a: Any, ndim: int) -> int:
+  a = int_arg(a, "axis")
+  if not -ndim <= a < ndim: raise AxisError(f"axis {a} is out of bounds for a tensor of dimension {ndim}")
+  return a + ndim if a < 0 else a
+
+
+def norm_new_axis(a: Any, ndim: int) -> int:
+  """Where a new axis goes in a tensor of ndim dimensions (unsqueeze, stack): -ndim-1 .. ndim."""
+  a = int_arg(a, "axis")
+  if not -ndim - 1 <= a <= ndim:
+    raise AxisError(f"axis {a} is out of bounds for inserting an axis into a tensor of dimension {ndim} "
+                    f"(allowed {-ndim - 1}..{ndim})")
+  return a + ndim + 1 if a < 0 else a
+
+
+def norm_axes(axis: Any, ndim: int) -> tuple[int, ...]:
+  if axis is None: return tuple(range(ndim))
+  axes = tuple(axis) if isinstance(axis, (tuple, list)) else (axis,)
+  out = tuple(norm_axis(a, ndim) for a in axes)
+  if len(set(out)) != len(out): raise ValueError(f"duplicate value in axis {axis!r}")
+  return out
+
+
+def shape_arg(shape: tuple, what: str) -> tuple[int, ...]:
+  """A shape given as ints or as one tuple/list."""
+  if len(shape) == 1 and isinstance(shape[0], (tuple, list)): shape = tuple(shape[0])
+  out = tuple(int_arg(s, f"{what} dimension") for s in shape)
+  return out
+
+
+def pair_arg(v: Any, what: str) -> tuple[int, int]:
+  if isinstance(v, (tuple, list)):
+    if len(v) != 2: raise ValueError(f"{what} must be an int or a pair of ints, got {v!r}")
+    return (int_arg(v[0], what), int_arg(v[1], what))
+  v = int_arg(v, what)
+  return (v, v)
+
+
+def lowest(dt: DType) -> Any:
+  if dt.is_bool: return False
+  if dt.is_float: return -math.inf
+  return dt.min()
+
+
+def sum_dtype(dt: DType) -> DType:
+  if dt.is_bool or (dt.kind == "i" and dt.itemsize <= 4): return dtypes.int32
+  if dt.kind == "u" and dt.itemsize <= 4: return dtypes.uint32
+  return dt
+
+
+def from_numpy_dtype(nd: np.dtype) -> DType:
+  if nd.name not in TENSOR_DTYPES:
+    raise TypeError(f"cannot make a Tensor from numpy data of dtype {nd}; Tensor dtypes: {', '.join(TENSOR_DTYPES)}")
+  return TENSOR_DTYPES[nd.name]
+
+
+def to_numpy(data: Any, dt: DType | None) -> tuple[np.ndarray, DType]:
+  """Host data for a new buffer, and its dtype."""
+  if isinstance(data, (np.ndarray, np.generic)):
+    arr = np.asarray(data)
+    if dt is None: dt = from_numpy_dtype(arr.dtype)
+    return np.array(arr, dtype=np_dtype(dt), copy=True), dt
+  if not isinstance(data, (bool, int, float, list, tuple)):
+    raise TypeError(f"cannot make a Tensor from {type(data).__name__}; pass a number, nested lists or a numpy array")
+  if dt is not None:
+    try: return np.array(data, dtype=np_dtype(dt)), dt
+    except ValueError as e: raise ValueError(f"Tensor data must be a number or rectangular nested lists of numbers: {e}") from None
+  try: arr = np.array(data)
+  except ValueError as e: raise ValueError(f"Tensor data must be a number or rectangular nested lists of numbers: {e}") from None
+  k = arr.dtype.kind
+  if k == "b": dt = dtypes.bool
+  elif k in "iu":
+    lo, hi = (int(arr.min()), int(arr.max())) if arr.size else (0, 0)
+    dt = dtypes.int32 if -2**31 <= lo and hi < 2**31 else dtypes.int64 if hi < 2**63 else dtypes.uint64
+  elif k == "f": dt = dtypes.default_float
+  else: raise TypeError(f"cannot make a Tensor from {type(data).__name__} holding {arr.dtype} data (e.g. {data!r:.60})")
+  return arr.astype(np_dtype(dt)), dt
