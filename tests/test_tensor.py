@@ -897,6 +897,23 @@ def test_assign_writes_into_the_buffer():
   assert m.tolist() == want.tolist()
 
 
+@pytest.mark.parametrize("name", ["matmul", "minus_mean", "shifted", "broadcast_row", "cumulative"])
+def test_assign_of_a_value_that_reads_the_target_elsewhere(name):
+  # the value reads the target at other positions than the one written (a reduce, a broadcast, a shift): it must be
+  # computed from the old contents before any of them is overwritten (on CPU, one kernel read and wrote in place)
+  rng = np.random.default_rng(41)
+  x, w = rng.standard_normal((32, 32)).astype(np.float32), rng.standard_normal((32, 32)).astype(np.float32)
+  f = {"matmul": lambda t: t @ Tensor(w, device=t.device), "minus_mean": lambda t: t - t.mean(1, keepdim=True),
+       "shifted": lambda t: t[:, 1:].pad(((0, 0), (0, 1))), "broadcast_row": lambda t: t * t[0:1],
+       "cumulative": lambda t: t + t.sum(0, keepdim=True)}[name]
+  ref = {"matmul": lambda a: a @ w, "minus_mean": lambda a: a - a.mean(1, keepdims=True),
+         "shifted": lambda a: np.pad(a[:, 1:], ((0, 0), (0, 1))), "broadcast_row": lambda a: a * a[0:1],
+         "cumulative": lambda a: a + a.sum(0, keepdims=True)}[name]
+  t = Tensor(x).realize()
+  t.assign(f(t)).realize()
+  np.testing.assert_allclose(t.numpy(), ref(x), rtol=1e-4, atol=1e-4)
+
+
 def test_manual_dtype_helpers_and_misc():
   t = Tensor([1.6, -1.6])
   assert t.int().tolist() == [1, -1] and t.half().dtype is dtypes.float16 and t.double().dtype is dtypes.float64

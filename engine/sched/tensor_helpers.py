@@ -66,15 +66,20 @@ def assign_to_store(assign: UOp) -> UOp:
 
 
 def needs_staging_before_store(target: UOp, value: UOp) -> bool:
-  """Writing value into target while value reads target reordered (PERMUTE/FLIP, or an
-  overlapping SHRINK) would read elements already overwritten."""
+  """Whether writing value into target in place could read elements it already overwrote.
+
+  In place is safe only when each element of the value reads the target at that same element: through
+  elementwise ops and reshapes, or through the target's own view. Anything that reads the target at other
+  positions (a reduce, a broadcast, a permute, a flip, a pad, another shrink: matmul of the target with
+  something, say) makes the value be realized first."""
   base = target.base
   if base not in value.toposort(): return False
-  unsafe = {Ops.PERMUTE, Ops.FLIP} | ({Ops.SHRINK} if any(u.op is Ops.SHRINK for u in target.toposort()) else set())
+  own = set(target.toposort())
   reaches: dict[UOp, bool] = {}
   for u in value.toposort(gate=lambda u: u.op is not Ops.CONTIGUOUS):
     reaches[u] = u is base or any(reaches.get(s, False) for s in u.src)
-    if reaches[u] and u.op in unsafe and u is not target: return True
+    if reaches[u] and u not in own and ((u.op in MOVEMENT and u.op is not Ops.RESHAPE) or u.op is Ops.REDUCE_AXIS):
+      return True
   return False
 
 
