@@ -80,6 +80,10 @@ class LLVMRenderer:
     # shared loop nest has computed them
     self.ups: dict[UOp, int] = {}
     self.up_vals: dict[UOp, list] = {}
+    self.kblock = 0   # the reduction's block size when it is blocked (see _k_block), else 0
+    self.kblock_reduce: UOp | None = None
+    self.kblock_target = None
+    self.kc_lo = None
     self.lanes: list[tuple[int, ...]] = [()]
     self._novec_md = None
     self.lane: tuple[int, ...] = ()
@@ -130,6 +134,15 @@ class LLVMRenderer:
     if len(stores) == 1:
       self.ups = _upcast_ranges(stores[0])
       self.lanes = list(itertools.product(*[range(n) for n in self.ups.values()]))
+      self.kblock = _k_block(stores[0], self.ups, self.k.bufs)
+    kc_loop = None
+    if self.kblock:   # the reduction in blocks of kblock, outermost: that block of B stays in cache for every row tile
+      st0 = stores[0].src[0]
+      self.kblock_reduce, self.kblock_target = st0.src[1], st0.src[0].src
+      (kr,) = self.kblock_reduce.src[1:]
+      kc = UOp(Ops.RANGE, dtypes.index, (UOp.const(dtypes.index, kr.src[0].arg // self.kblock),), (kr.arg[0], "kblock"))
+      kc_loop = self.open_loop(kc)
+      self.kc_lo = self.b.mul(self.ranges[kc], ir.Constant(_I64, self.kblock))
     for st in stores:
       loops = []
       if st.op is Ops.END:
@@ -146,6 +159,7 @@ class LLVMRenderer:
         self._store(p, self.value(idx), v, value.dtype)
         if self.ups: self.scopes.pop()
       for lp in reversed(loops): self.close_loop(lp)
+    if kc_loop is not None: self.close_loop(kc_loop)
     self.b.ret_void()
     return _with_loop_metadata(str(self.module))
 
@@ -372,11 +386,22 @@ class LLVMRenderer:
     wide = d is dtypes.float16 and op in (Ops.ADD, Ops.MUL)
     ad = dtypes.float32 if wide else d
     accs = [self._alloca(lltype(ad), "acc") for _ in lanes]
-    for acc in accs: self.b.store(self.const(identity_element(op, d), ad), acc)
     many = len(lanes) > 1
     # the calling lane's scope is set aside: what it holds may depend on the upcast ranges, which other lanes differ in
     outer_lane, lane_scope = self.lane, (self.scopes.pop() if many else None)
-    loops = [self.open_loop(r) for r in rngs]
+    if self.kblock and u is self.kblock_reduce:
+      # one block of the reduction: the first starts from the identity, the others from what the last one stored
+      first = self.b.icmp_signed("==", self.kc_lo, ir.Constant(_I64, 0))
+      p, idx = self.kblock_target
+      for lane, acc in zip(lanes, accs):
+        self._enter_lane(lane)
+        old = self.b.load(self.b.gep(self.ptrs[p], [self.value(idx)], inbounds=True, source_etype=memtype(d)), typ=memtype(d))
+        self.b.store(self.b.select(first, self.const(identity_element(op, d), ad), old), acc)
+        self.scopes.pop()
+      loops = [self.open_loop(rngs[0], self.kc_lo, self.b.add(self.kc_lo, ir.Constant(_I64, self.kblock)))]
+    else:
+      for acc in accs: self.b.store(self.const(identity_element(op, d), ad), acc)
+      loops = [self.open_loop(r) for r in rngs]
     # a float sum of products may fuse each product into the sum (fma): `contract` on both, as numpy's BLAS does
     fuse = ad.kind == "f" and op is Ops.ADD and not wide and value.op is Ops.MUL
     for lane, acc in zip(lanes, accs):
@@ -424,6 +449,30 @@ def _with_loop_metadata(text: str) -> str:
 
 UPCAST_LANES = (16, 8, 4)   # tried in order: the first that divides the range
 UPCAST_ROWS = 8             # 8 x 16 accumulators: measured best of 4/8/16 rows x 16/32/64 columns (1024^3 matmul)
+
+
+K_BLOCK_BYTES = 512 << 10   # the block of the second matrix one block of the reduction reads: fits in L2
+
+
+def _k_block(end: UOp, ups: dict, bufs) -> int:
+  """The block size the reduction runs in, blocks outermost, or 0 (not blocked).
+
+  For a register-tiled kernel (rows and columns upcast) that stores a float sum over one range straight into
+  a buffer nothing else in the kernel reads: each block adds into what the previous block stored. Then the
+  slice of the column-indexed input one block reads (block x columns) stays in cache for every row tile,
+  instead of streaming through memory once per row tile."""
+  if len(ups) != 2 or end.op is not Ops.END: return 0
+  st = end.src[0]
+  if st.op is not Ops.STORE: return 0
+  red = st.src[1]
+  if red.op is not Ops.REDUCE or red.arg is not Ops.ADD or red.dtype not in (dtypes.float32, dtypes.float64): return 0
+  if len(red.src) != 2 or len({id(b) for b in bufs}) != len(bufs): return 0
+  if st.src[0].src[0] in red.toposort(): return 0   # the output is read inside: blocks would see partial sums
+  k = red.src[1].src[0].arg
+  cols = list(ups)[-1].src[0].arg
+  block = 1
+  while block * 2 <= k and (block * 2) * cols * red.dtype.itemsize <= K_BLOCK_BYTES and k % (block * 2) == 0: block *= 2
+  return block if 16 <= block < k else 0
 
 
 def _upcast_ranges(end: UOp) -> dict[UOp, int]:

@@ -188,3 +188,29 @@ def test_upcast_conv_agrees_with_numpy():
   got = Tensor(x).conv2d(Tensor(w), padding=1).numpy()
   ref = Tensor(x, device="NUMPY").conv2d(Tensor(w, device="NUMPY"), padding=1).numpy()
   np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-4)
+
+
+def test_long_reductions_of_register_tiles_run_in_blocks():
+  # codegen/llvmir.py _k_block: a tiled float sum stored straight into its own buffer runs its reduction in blocks,
+  # each adding into what the last one stored; anything else (an epilogue, an output read inside) is not blocked
+  from codegen.llvmir import _k_block, _upcast_ranges
+  rng = np.random.default_rng(34)
+  a, b = rng.standard_normal((16, 1024)).astype(np.float32), rng.standard_normal((1024, 256)).astype(np.float32)
+  bias = rng.standard_normal(256).astype(np.float32)
+  def blocked(t):
+    (k,) = t.schedule()
+    end = cpu_device._lowered(k).ast.src[0]
+    return _k_block(end, _upcast_ranges(end), k.bufs)
+  mm = Tensor(a) @ Tensor(b)
+  assert blocked(mm) == 512
+  np.testing.assert_allclose(mm.numpy(), a @ b, rtol=1e-4, atol=1e-3)
+  np.testing.assert_allclose(mm.numpy(), a @ b, rtol=1e-4, atol=1e-3)   # run again on the same buffer: starts afresh
+  ep = (Tensor(a) @ Tensor(b) + Tensor(bias)).relu()
+  assert blocked(ep) == 0
+  np.testing.assert_allclose(ep.numpy(), np.maximum(a @ b + bias, 0), rtol=1e-4, atol=1e-3)
+  x, w = rng.standard_normal((512, 512)).astype(np.float32), rng.standard_normal((512, 512)).astype(np.float32)
+  t = Tensor(x)
+  t.assign(t @ Tensor(w)).realize()                                    # the output is also an input
+  np.testing.assert_allclose(t.numpy(), x @ w, rtol=1e-4, atol=1e-3)
+  np.testing.assert_allclose((Tensor(x, dtype=dtypes.float64) @ Tensor(w, dtype=dtypes.float64)).numpy(),
+                             x.astype(np.float64) @ w.astype(np.float64), rtol=1e-10, atol=1e-9)
