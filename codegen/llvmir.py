@@ -479,9 +479,11 @@ def _upcast_ranges(end: UOp) -> dict[UOp, int]:
   """The store ranges to unroll into lanes that share one reduce loop nest, with their lane counts.
 
   Pays where a reduction's inner loop reads memory that neighbouring outputs share or that lies side by side
-  for them: matmul (a register tile of UPCAST_ROWS rows of A by up to 16 columns of B) and convolutions. Chosen:
-  the store's innermost range (16, 8 or 4 lanes), and the one before it (UPCAST_ROWS lanes), each when the stored
-  value's REDUCEs read it and its size is a multiple of the lane count; only when no REDUCE is nested in another."""
+  for them: matmul (a register tile of UPCAST_ROWS rows of A by up to 16 columns of B) and convolutions (output
+  channels by output x). Chosen: the store's innermost range as columns (16, 8 or 4 lanes) when every load that
+  depends on it reads neighbouring elements for neighbouring lanes, and as rows (UPCAST_ROWS lanes) the innermost
+  other store range that those loads do not depend on and another load does; sizes must be multiples of the lane
+  counts, and no REDUCE may be nested in another."""
   if end.op is not Ops.END or len(end.src) < 2: return {}
   reduces = [x for x in end.src[0].toposort() if x.op is Ops.REDUCE]
   if not reduces or any(y.op is Ops.REDUCE for x in reduces for y in x.src[0].toposort()): return {}
@@ -496,14 +498,15 @@ def _upcast_ranges(end: UOp) -> dict[UOp, int]:
       if col.src[0].arg % lanes == 0:
         out[col] = lanes
         break
-  # rows: some load does not depend on the range, so the lanes share it (matmul's B, a convolution's weights)
-  if out and len(end.src) >= 3 and _row_ok(row := end.src[-2]) and any(row not in i.toposort() for i in loads) and \
-     any(row in i.toposort() for i in loads):
-    out = {row: UPCAST_ROWS, **out}
+  # rows: a range the column-reading loads do not depend on, so every row shares their vectors (matmul's B row
+  # segment, a convolution's input row), read by some other load (A's rows, the weights of each output channel);
+  # the innermost such store range
+  col_loads = [i for i in loads if col in i.toposort()]
+  for row in (reversed(end.src[1:-1]) if out else ()):
+    if row.src[0].arg % UPCAST_ROWS or row.src[0].arg <= UPCAST_ROWS: continue
+    if any(row in i.toposort() for i in col_loads) or not any(row in i.toposort() for i in loads): continue
+    return {row: UPCAST_ROWS, **out}
   return out
-
-
-def _row_ok(r: UOp) -> bool: return r.src[0].arg % UPCAST_ROWS == 0 and r.src[0].arg > UPCAST_ROWS
 
 
 def _stride(idx: UOp, r: UOp, ranges: list[UOp]) -> int | None:

@@ -214,3 +214,19 @@ def test_long_reductions_of_register_tiles_run_in_blocks():
   np.testing.assert_allclose(t.numpy(), x @ w, rtol=1e-4, atol=1e-3)
   np.testing.assert_allclose((Tensor(x, dtype=dtypes.float64) @ Tensor(w, dtype=dtypes.float64)).numpy(),
                              x.astype(np.float64) @ w.astype(np.float64), rtol=1e-10, atol=1e-9)
+
+
+@pytest.mark.parametrize("stride, padding, dilation", [(1, 1, 1), (2, 1, 1), (1, 2, 2), (1, 0, 1)])
+def test_conv_tiles_output_channels_by_output_x(stride, padding, dilation):
+  # rows of the tile: the output channels (the input row the columns read is shared by all of them)
+  from codegen.llvmir import _upcast_ranges
+  rng = np.random.default_rng(35)
+  width = 32 - 2 * padding + 2 * dilation if stride == 1 else 32   # stride 1: 32 output columns (a multiple of 16)
+  x, w = rng.standard_normal((2, 3, 12, width)).astype(np.float32), rng.standard_normal((16, 3, 3, 3)).astype(np.float32)
+  t = Tensor(x).conv2d(Tensor(w), stride=stride, padding=padding, dilation=dilation)
+  if stride == 1:
+    (k,) = t.schedule()
+    end = cpu_device._lowered(k).ast.src[0]
+    assert [r.src[0].arg for r in _upcast_ranges(end)] == [16, 32]   # output channels, output x
+  ref = Tensor(x, device="NUMPY").conv2d(Tensor(w, device="NUMPY"), stride=stride, padding=padding, dilation=dilation)
+  np.testing.assert_allclose(t.numpy(), ref.numpy(), rtol=1e-4, atol=1e-4)
