@@ -32,6 +32,7 @@ The last line is
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 import platform
 import statistics
@@ -59,7 +60,6 @@ except ImportError:
 def scaled(w: Workload, k: int) -> Workload:
   """w with every dimension's size divided by about k**(1/rank) (at least 1), for quick runs."""
   if k == 1: return w
-  import dataclasses
   shapes = [tuple(max(1, int(d / k ** (1 / len(s)))) for d in s) for s in w.shapes]
   if w.name.startswith("conv2d"): shapes = [(2, 8, 14, 14), (16, 8, 3, 3)]
   if w.name.startswith("matmul"): shapes = [(shapes[0][0], shapes[0][1]), (shapes[0][1], shapes[0][0])]

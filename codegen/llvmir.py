@@ -30,7 +30,9 @@ import re
 
 from llvmlite import ir
 
+from codegen.scoped import ScopedEmitter
 from engine.dtypes import DType, dtypes
+from engine.index_expr import evaluate
 from engine.ops import Ops
 from engine.sched.indexing import identity_element
 from engine.uop import UOp
@@ -57,7 +59,7 @@ class _Loop:
     self.r, self.var, self.header, self.body, self.exit = r, var, header, body, exit_
 
 
-class LLVMRenderer:
+class LLVMRenderer(ScopedEmitter):
   def __init__(self, kernel: Kernel, name: str = "kernel"):
     self.k = kernel
     self.module = ir.Module(name="rulec")
@@ -190,30 +192,6 @@ class LLVMRenderer:
     ptr = self.b.gep(self.ptrs[p], [idx], inbounds=True, source_etype=memtype(d))
     if d.kind == "b": v = self.b.zext(v, _I8)
     self.b.store(v, ptr)
-
-  def lookup(self, u: UOp):
-    for sc in reversed(self.scopes):
-      if u in sc: return sc[u]
-    return None
-
-  def value(self, u: UOp):
-    got = self.lookup(u)
-    if got is not None: return got
-    # post-order without recursion; REDUCE opens loops, so its value is emitted on its own
-    stack = [(u, False)]
-    while stack:
-      x, ready = stack.pop()
-      if self.lookup(x) is not None: continue
-      if x.op is Ops.REDUCE or not x.src or x.op is Ops.RANGE:
-        self.scopes[-1][x] = self.emit(x)
-        continue
-      if not ready:
-        stack.append((x, True))
-        for s in (x.src[1:] if x.op is Ops.INDEX else x.src):   # a PARAM is a pointer, not a value
-          if self.lookup(s) is None: stack.append((s, False))
-        continue
-      self.scopes[-1][x] = self.emit(x)
-    return self.lookup(u)
 
   # *** one node ***
   def emit(self, u: UOp):
@@ -511,7 +489,6 @@ def _upcast_ranges(end: UOp) -> dict[UOp, int]:
 
 def _stride(idx: UOp, r: UOp, ranges: list[UOp]) -> int | None:
   """How far idx moves when r steps by one, probed around the middle of every range (None: not evenly)."""
-  from engine.index_expr import evaluate
   env = {x: x.src[0].arg // 2 for x in ranges}
   try:
     vals = [evaluate(idx, {**env, r: env[r] + k}) for k in range(3)]

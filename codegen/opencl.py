@@ -58,6 +58,7 @@ import attrs
 import numpy as np
 
 from engine.alu import wrap
+from codegen.scoped import ScopedEmitter
 from engine.dtypes import DType, dtypes
 from engine.ops import Ops
 from engine.sched.indexing import identity_element
@@ -192,7 +193,7 @@ def _pow_helper(d: DType) -> str:
   return "\n".join(lines + ["}"])
 
 
-class CLRenderer:
+class CLRenderer(ScopedEmitter):
   def __init__(self, kernel: Kernel, target: Target = Target(), name: str = KERNEL_NAME):
     self.k, self.target, self.name = kernel, target, name
     self.lines: list[str] = []
@@ -367,27 +368,6 @@ class CLRenderer:
     if d.kind == "b": self.line(f"{ptr}[{idx}] = (uchar){v};")
     elif d is dtypes.float16: self.line(f"{ptr}[{idx}] = {self.helper('f2h')}({v});")
     else: self.line(f"{ptr}[{idx}] = {v};")
-
-  def lookup(self, u: UOp) -> str | None:
-    for sc in reversed(self.scopes):
-      if u in sc: return sc[u]
-    return None
-
-  def value(self, u: UOp) -> str:
-    got = self.lookup(u)
-    if got is not None: return got
-    # sources before users, without recursion; a REDUCE opens its own loops, so it is emitted on its own
-    stack = [(u, False)]
-    while stack:
-      x, ready = stack.pop()
-      if self.lookup(x) is not None: continue
-      if x.op is Ops.REDUCE or not x.src or x.op is Ops.RANGE or ready:
-        self.scopes[-1][x] = self.emit(x)
-        continue
-      stack.append((x, True))
-      for s in (x.src[1:] if x.op is Ops.INDEX else x.src):   # a PARAM is a pointer, not a value
-        if self.lookup(s) is None: stack.append((s, False))
-    return self.lookup(u)
 
   # *** one node ***
   def emit(self, u: UOp) -> str:

@@ -30,10 +30,8 @@ import weakref
 import attrs
 import numpy as np
 
-from engine.lang.loader import load_library
-from engine.rewrite import graph_rewrite
 from runtime.buffer import Buffer, Mirror, buffer_of, np_dtype
-from runtime.kernel import Kernel, validate
+from runtime.kernel import Kernel, decomposed, validate
 
 DEVICE = "CL"
 COUNTERS = {"compiled": 0, "run": 0, "uploads": 0, "downloads": 0}
@@ -187,14 +185,10 @@ class Program:
     TIMES["build_s"] += self.build_s
 
 
-def _lowered(kernel: Kernel) -> Kernel:
-  return Kernel(graph_rewrite(kernel.ast, load_library().matcher("decomp")), kernel.bufs)
-
-
 def render(kernel: Kernel, target=None):
   """The kernel as the OpenCL device runs it (a codegen.opencl.Rendered)."""
   from codegen.opencl import render as render_cl
-  return render_cl(_lowered(kernel), target if target is not None else get_device().target)
+  return render_cl(decomposed(kernel), target if target is not None else get_device().target)
 
 
 _by_ast: dict[tuple, Program] = {}   # (AST, buffer aliasing) -> program: ASTs are hash-consed, equal kernels share one entry

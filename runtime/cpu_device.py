@@ -15,11 +15,9 @@ from concurrent.futures import ThreadPoolExecutor
 
 import llvmlite.binding as llvm
 
-from engine.lang.loader import load_library
-from engine.rewrite import graph_rewrite
 from engine.uop import prod
 from runtime.buffer import buffer_of
-from runtime.kernel import Kernel, validate
+from runtime.kernel import Kernel, decomposed, validate
 
 _lock = threading.Lock()
 _target_machine = None
@@ -76,11 +74,6 @@ class Program:
 _names = iter(range(1 << 62))
 
 
-def _lowered(kernel: Kernel) -> Kernel:
-  ast = graph_rewrite(kernel.ast, load_library().matcher("decomp"))
-  return Kernel(ast, kernel.bufs)
-
-
 _work: dict = {}     # kernel AST -> loop iterations, which decides the thread split
 _by_ast: dict = {}   # kernel AST -> (program, split range): ASTs are hash-consed, so equal kernels share one entry
 
@@ -91,7 +84,7 @@ def compile_kernel(kernel: Kernel) -> tuple[Program, object]:
   if hit is not None: return hit
   validate(kernel)
   from codegen.llvmir import render
-  low = _lowered(kernel)
+  low = decomposed(kernel)
   text, split = render(low, "kernel")
   with _lock:
     prog = _programs.get(text)

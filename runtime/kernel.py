@@ -16,7 +16,9 @@ from typing import Iterable
 import attrs
 
 from engine.dtypes import dtypes
+from engine.lang.loader import load_library
 from engine.ops import ALU, COMPARISON, FIXED_ARITY, Ops
+from engine.rewrite import graph_rewrite
 from engine.uop import UOp, render as render_expr
 
 REDUCE_OPS = (Ops.ADD, Ops.MAX, Ops.MUL)
@@ -277,3 +279,8 @@ def _raise(problems: list[str]):
 
 
 __all__ = ["Kernel", "validate", "REDUCE_OPS"]
+
+
+def decomposed(kernel: Kernel) -> Kernel:
+  """The kernel with the ops a backend lacks decomposed (rules/decomp.rules): what the renderers receive."""
+  return Kernel(graph_rewrite(kernel.ast, load_library().matcher("decomp")), kernel.bufs)

@@ -4,9 +4,12 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import numpy as np
+
 from engine.lang.compiler import generate
 from engine.lang.interp import InterpretedMatcher
 from engine.lang.loader import check_sources
+from engine.tensor import Tensor
 
 
 class TextMatcher:
@@ -33,3 +36,15 @@ def subprocess_env(**extra: str) -> dict:
   """os.environ for a child Python that imports this checkout first (keeping any PYTHONPATH already set)."""
   path = os.pathsep.join([str(REPO)] + [p for p in [os.environ.get("PYTHONPATH")] if p])
   return {**os.environ, "PYTHONPATH": path, **extra}
+
+
+def on(device: str, data, dtype, fn) -> np.ndarray:
+  """fn applied to a Tensor of data on device, as numpy."""
+  return fn(Tensor(data, dtype=dtype, device=device)).numpy()
+
+
+def same_as_reference(device: str, data, dtype, fn) -> np.ndarray:
+  """fn on device, checked bit for bit against the NUMPY reference device (NaN == NaN, -0.0 == 0.0 here)."""
+  got, ref = on(device, data, dtype, fn), on("NUMPY", data, dtype, fn)
+  np.testing.assert_array_equal(got, ref)
+  return got

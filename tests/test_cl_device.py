@@ -27,6 +27,8 @@ from codegen import opencl   # noqa: E402
 from engine.dtypes import dtypes   # noqa: E402
 from engine.tensor import Tensor   # noqa: E402
 from runtime import cl_device   # noqa: E402
+from runtime.kernel import decomposed   # noqa: E402
+from tests.helpers import on, same_as_reference   # noqa: E402
 
 try: DEV = cl_device.get_device()
 except cl_device.CLUnavailable as e: pytest.skip(f"no OpenCL device: {e}", allow_module_level=True)
@@ -37,14 +39,7 @@ if not DEV.target.fp64: DTS.remove(dtypes.float64)
 NP = {d: np.dtype(d.np_name) for d in DTS}
 
 
-def on(device, data, dtype, fn):
-  return fn(Tensor(data, dtype=dtype, device=device)).numpy()
-
-
-def both(data, dtype, fn):
-  cl, ref = on("CL", data, dtype, fn), on("NUMPY", data, dtype, fn)
-  np.testing.assert_array_equal(cl, ref)   # bit-for-bit the reference semantics (NaN == NaN, -0.0 == 0.0 here)
-  return cl
+def both(data, dtype, fn): return same_as_reference("CL", data, dtype, fn)
 
 
 def sample(d, n=64, seed=0):
@@ -386,7 +381,7 @@ def test_unsupported_dtypes_raise_clearly():
   with pytest.raises(NotImplementedError, match="bfloat16"): opencl.ctype(dtypes.bfloat16)
   (k,) = (Tensor(np.ones(3), dtype=dtypes.float64, device="CL") + 1).schedule()
   with pytest.raises(NotImplementedError, match="cl_khr_fp64"):
-    opencl.render(cl_device._lowered(k), opencl.Target(fp64=False))
+    opencl.render(decomposed(k), opencl.Target(fp64=False))
   # float16 needs no cl_khr_fp16: it is stored as half and computed in float
   assert "half" in cl_device.render((Tensor(np.ones(3), dtype=dtypes.float16, device="CL") + 1).schedule()[0]).source
 
@@ -407,7 +402,7 @@ def test_a_device_without_fp64_gets_float_code():
   h = Tensor(np.ones((4, 4)), dtype=dtypes.float16, device="CL")
   for t in (x.exp2().sin().log2() ** x, (h.exp2() ** h).sum(1), x.cast(dtypes.int64) // 3):
     for k in t.schedule():
-      r = opencl.render(cl_device._lowered(k), opencl.Target(fp64=False))
+      r = opencl.render(decomposed(k), opencl.Target(fp64=False))
       assert "double" not in r.source and "fp64" not in r.source
       cl_device.Program(DEV, r)   # builds
 

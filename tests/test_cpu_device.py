@@ -11,19 +11,14 @@ from hypothesis import strategies as st
 from engine.dtypes import dtypes
 from engine.tensor import Tensor
 from runtime import cpu_device
+from runtime.kernel import decomposed
+from tests.helpers import on, same_as_reference
 
 DTS = [dtypes.bool, dtypes.uint8, dtypes.int8, dtypes.int32, dtypes.int64, dtypes.float16, dtypes.float32, dtypes.float64]
 NP = {d: np.dtype(d.np_name) for d in DTS}
 
 
-def on(device, data, dtype, fn):
-  return fn(Tensor(data, dtype=dtype, device=device)).numpy()
-
-
-def both(data, dtype, fn):
-  cpu, ref = on("CPU", data, dtype, fn), on("NUMPY", data, dtype, fn)
-  np.testing.assert_array_equal(cpu, ref)   # bit-for-bit the reference semantics (NaN == NaN here)
-  return cpu
+def both(data, dtype, fn): return same_as_reference("CPU", data, dtype, fn)
 
 
 def sample(d, n=64, seed=0):
@@ -144,7 +139,7 @@ def test_big_kernels_split_across_threads_and_agree(monkeypatch):
 def test_matmul_kernels_are_upcast():
   from codegen.llvmir import UPCAST_ROWS, _upcast_ranges, render
   (k,) = (Tensor(np.ones((16, 32), np.float32)) @ Tensor(np.ones((32, 48), np.float32))).schedule()
-  text, split = render(cpu_device._lowered(k))
+  text, split = render(decomposed(k))
   assert "llvm.loop.vectorize.enable" in text and "distinct" in text   # the shared reduce loop is marked
   end = k.ast.src[0]
   assert _upcast_ranges(end) == {end.src[-2]: UPCAST_ROWS, end.src[-1]: 16}   # a tile of rows x 16 columns
@@ -199,7 +194,7 @@ def test_long_reductions_of_register_tiles_run_in_blocks():
   bias = rng.standard_normal(256).astype(np.float32)
   def blocked(t):
     (k,) = t.schedule()
-    end = cpu_device._lowered(k).ast.src[0]
+    end = decomposed(k).ast.src[0]
     return _k_block(end, _upcast_ranges(end), k.bufs)
   mm = Tensor(a) @ Tensor(b)
   assert blocked(mm) == 512
@@ -226,7 +221,7 @@ def test_conv_tiles_output_channels_by_output_x(stride, padding, dilation):
   t = Tensor(x).conv2d(Tensor(w), stride=stride, padding=padding, dilation=dilation)
   if stride == 1:
     (k,) = t.schedule()
-    end = cpu_device._lowered(k).ast.src[0]
+    end = decomposed(k).ast.src[0]
     assert [r.src[0].arg for r in _upcast_ranges(end)] == [16, 32]   # output channels, output x
   ref = Tensor(x, device="NUMPY").conv2d(Tensor(w, device="NUMPY"), stride=stride, padding=padding, dilation=dilation)
   np.testing.assert_allclose(t.numpy(), ref.numpy(), rtol=1e-4, atol=1e-4)

@@ -8,6 +8,7 @@ import os
 from engine.ops import MOVEMENT, Ops
 from engine.sched.indexing import identity_element
 from engine.uop import UOp, prod
+from runtime.devices import split_parts
 
 REDUCE_SPLIT_THRESHOLD = int(os.environ.get("RULEC_REDUCE_SPLIT_THRESHOLD", 32768))
 
@@ -27,7 +28,6 @@ def split_reduceop(red: UOp, x: UOp) -> UOp | None:
   second, small reduce combines."""
   op, axes = red.arg
   if red.tag == "split" or 0 in x.shape or prod(x.shape) // max(1, prod(red.shape)) < REDUCE_SPLIT_THRESHOLD: return None
-  from runtime.devices import split_parts
   parts = split_parts(x.device)
   for ax in axes:
     # at most sqrt(size) parts, so that the second reduce is no bigger than the first (and is not split again)
