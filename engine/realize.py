@@ -14,13 +14,13 @@ import numpy as np
 
 from engine import schedule as _scheduler
 from engine import tensor_eval
-from engine.sched.tensor_helpers import is_buffer_view
 from runtime.devices import default_device, run_kernel
 from engine.ops import MOVEMENT, Ops
 from engine.uop import UOp
 from runtime.buffer import buffer_of, new_buffer
 
-__all__ = ["COUNTERS", "schedule", "realize", "is_realized", "device_of", "view_indices", "DEFAULT_DEVICE"]
+__all__ = ["COUNTERS", "schedule", "realize", "realize_map", "is_realized", "host_value", "device_of", "view_indices",
+           "DEFAULT_DEVICE"]
 
 # kernels scheduled / compiled / run (the evaluator path runs no kernels, so it counts nothing)
 COUNTERS = {"scheduled": 0, "compiled": 0, "run": 0}
@@ -28,9 +28,9 @@ COUNTERS = {"scheduled": 0, "compiled": 0, "run": 0}
 DEFAULT_DEVICE = default_device()
 
 
-def schedule(uops: Sequence[UOp]):
+def schedule(uops: Sequence[UOp], devices: Sequence[str] | None = None):
   """The kernels that realizing `uops` would run."""
-  kernels, _ = _scheduler.schedule(list(uops), default_device())
+  kernels, _ = _scheduler.schedule(list(uops), default_device(), devices)
   COUNTERS["scheduled"] += len(kernels)
   return kernels
 
@@ -41,8 +41,23 @@ def _run(kernel) -> None:
   COUNTERS["run"] += 1
 
 
-# a whole buffer, or a plain reshape of one: the value is stored, nothing to compute
-is_realized = is_buffer_view
+def is_realized(u: UOp) -> bool:
+  """The value is stored: a buffer, or a view of one (movement ops over a BUFFER), so nothing is left to compute.
+  Realizing a view schedules nothing, as in tinygrad; its value is read through the view."""
+  return u.base.op is Ops.BUFFER
+
+
+def host_value(view: UOp) -> np.ndarray:
+  """The value of a realized view (movement ops over a BUFFER) as a numpy array of its shape (read-only)."""
+  chain = []
+  x = view
+  while x.op in MOVEMENT:
+    chain.append(x)
+    x = x.src[0]
+  if x.op is not Ops.BUFFER: raise ValueError(f"not a realized view: movement ops over {x.op.name}, not a BUFFER")
+  v = buffer_of(x).host_view()
+  for m in reversed(chain): v = tensor_eval.apply_movement(m.op, m.arg, v)
+  return v
 
 
 def device_of(u: UOp, default: str = DEFAULT_DEVICE) -> str:
@@ -75,42 +90,45 @@ def _toposort(roots: Sequence[UOp]) -> list[UOp]:
   return UOp.sink(*roots).toposort()[:-1]
 
 
-def realize(uops: Sequence[UOp]) -> list[UOp]:
-  """For each tensor-level UOp, a realized view (`BUFFER.reshape(shape)`) holding its value.
+def realize(uops: Sequence[UOp], devices: Sequence[str] | None = None) -> list[UOp]:
+  """For each tensor-level UOp, a realized view (movement ops over a BUFFER) holding its value."""
+  done = realize_map(uops, devices)
+  return [done.get(u, u) for u in uops]
 
-  Already realized inputs come back unchanged. ASSIGN nodes write their value
-  into their target's buffer; reads of that buffer elsewhere in the same call
-  see the old contents.
-  """
+
+def realize_map(uops: Sequence[UOp], devices: Sequence[str] | None = None) -> dict[UOp, UOp]:
+  """Realize `uops`; the realized view of each one not realized before, and of every ASSIGN that was carried out.
+
+  `devices[i]` is where uops[i] is stored when its graph names no device (constants only). ASSIGN nodes write
+  their value into their target's buffer; in the same call, reads of that buffer built before the assign see
+  the old contents. An ASSIGN maps to its target view: a tensor still holding it must read the buffer now,
+  not write it again (the caller substitutes these in every live graph)."""
   uops = list(uops)
-  if os.environ.get("RULEC_REALIZE", "") != "eval":
-    todo = [u for u in uops if not is_realized(u)]
-    if not todo: return uops
-    for a in _toposort(todo):
-      if a.op is Ops.ASSIGN: view_indices(a.src[0])   # rejects padded or expanded targets with a clear error
-    kernels, views = _scheduler.schedule(todo, default_device())
-    COUNTERS["scheduled"] += len(kernels)
-    for k in kernels: _run(k)
-    it = iter(views)
-    return [u if is_realized(u) else next(it) for u in uops]
-  return _realize_by_evaluation(uops)
+  devices = list(devices) if devices is not None else [default_device()] * len(uops)
+  todo = [(u, d) for u, d in zip(uops, devices) if not is_realized(u)]
+  if not todo: return {}
+  assigns = [a for a in _toposort([u for u, _ in todo]) if a.op is Ops.ASSIGN]
+  for a in assigns: view_indices(a.src[0])   # rejects padded or expanded targets with a clear error
+  done = {a: a.src[0] for a in assigns if a.src[0].base.op is Ops.BUFFER}
+  if os.environ.get("RULEC_REALIZE", "") == "eval":
+    done.update(_realize_by_evaluation([u for u, _ in todo], [d for _, d in todo], assigns))
+    return done
+  kernels, views = _scheduler.schedule([u for u, _ in todo], default_device(), [d for _, d in todo])
+  COUNTERS["scheduled"] += len(kernels)
+  for k in kernels: _run(k)
+  done.update((u, v) for (u, _), v in zip(todo, views))
+  return done
 
 
-def _realize_by_evaluation(uops: list[UOp]) -> list[UOp]:
-  todo = [u for u in uops if not is_realized(u)]
-  if not todo: return uops
-  assigns = [u for u in _toposort(todo) if u.op is Ops.ASSIGN]
+def _realize_by_evaluation(todo: list[UOp], devices: list[str], assigns: list[UOp]) -> dict[UOp, UOp]:
   targets = [view_indices(a.src[0]) for a in assigns]  # checked before anything is written
   values = tensor_eval.evaluate(todo + assigns)
-  vals = dict(zip(map(id, todo), values[:len(todo)]))
   for (buf, idx), v in zip(targets, values[len(todo):]):
     buffer_of(buf).numpy_view()[idx.reshape(-1)] = v.reshape(-1)
-  out: list[UOp] = []
-  for u in uops:
-    if is_realized(u): out.append(u); continue
-    if u.op is Ops.ASSIGN and is_realized(u.src[0]): out.append(u.src[0]); continue
-    v = vals[id(u)]
-    b = new_buffer(device_of(u), v.size, u.dtype)
+  out: dict[UOp, UOp] = {}
+  for u, d, v in zip(todo, devices, values):
+    if u.op is Ops.ASSIGN and u.src[0].base.op is Ops.BUFFER: out[u] = u.src[0]; continue
+    b = new_buffer(u.device or d, v.size, u.dtype)
     buffer_of(b).copyin(v)
-    out.append(b.reshape(u.shape))
+    out[u] = b.reshape(u.shape)
   return out

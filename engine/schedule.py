@@ -165,15 +165,124 @@ class KernelBuilder:
     return r.replace(arg=(self.ranges - 1, r.arg[1]), tag="k")
 
 
-def _wrap_stages(sink: UOp, staged: set[UOp]) -> UOp:
-  """Each chosen node wrapped in STAGE, with the stages inside it wrapped too."""
-  if not staged: return sink
+def _wrap_stages(sink: UOp, staged: set[UOp], devices: list[str]) -> UOp:
+  """Each chosen node wrapped in STAGE, and each target realized into a buffer of its own.
+
+  A target that is a whole or partial view of a buffer (realized before, or
+  written by an assign in this schedule) or of a chosen stage needs no kernel:
+  it stays that view. Any other target is wrapped in a STAGE tagged "target"
+  (no rule folds it away: the caller reads that buffer), and that same node
+  replaces the target everywhere, so a value that is both an output and used by
+  another output is computed once. CONTIGUOUS of a value that is staged anyway
+  is that stage: one buffer, not a copy of one."""
+  targets = list(sink.src)
+  target_of: dict[UOp, str] = {}   # node -> device of the buffer its target stage writes
+  for t, dev in zip(targets, devices):
+    if t.size == 0 or t.base.op in (Ops.BUFFER, Ops.AFTER): continue
+    if t.op is not Ops.CONTIGUOUS and t.base in staged: continue
+    x = t.src[0] if t.op is Ops.CONTIGUOUS else t
+    target_of.setdefault(x, x.device or dev)
   done: dict[UOp, UOp] = {}
   for u in sink.toposort():
+    if u is sink: break
     new_src = tuple(done[s] for s in u.src)
     x = u if new_src == u.src else UOp(u.op, u.dtype, new_src, u.arg, u.tag)
-    done[u] = UOp(Ops.STAGE, x.dtype, (x,), x.device) if u in staged else x
+    if u in target_of: x = UOp(Ops.STAGE, x.dtype, (x,), target_of[u], tag="target")
+    elif u in staged: x = UOp(Ops.STAGE, x.dtype, (x,), x.device)
+    elif u.op is Ops.CONTIGUOUS and x.src[0].op is Ops.STAGE: x = x.src[0]
+    done[u] = x
+  outs = []
+  for t, dev in zip(targets, devices):
+    if t.size == 0: outs.append(UOp.new_buffer(t.device or dev, 0, t.dtype).reshape(t.shape))
+    elif t.op is Ops.CONTIGUOUS and done[t].op is Ops.STAGE: outs.append(done[t])
+    else: outs.append(done[t.src[0]] if t.op is Ops.CONTIGUOUS and t.src[0] in target_of else done[t])
+  return sink.replace(src=tuple(outs))
+
+
+def _place_constants(sink: UOp, devices: list[str]) -> UOp:
+  """A buffer for a value that lives on no device (a CONTIGUOUS of constants, a split reduce of
+  ones) goes where its nearest consumer lives: that consumer's device, or the target's."""
+  order = sink.toposort()
+  if all(u.device is not None for u in order if u.op in (Ops.STAGE, Ops.CONTIGUOUS)): return sink
+  where: dict[UOp, str] = dict(zip(sink.src, devices))
+  for u in reversed(order):
+    here = u.arg if u.op is Ops.COPY else u.device or where.get(u)
+    for s in u.src:
+      if here is not None: where.setdefault(s, here)
+  done: dict[UOp, UOp] = {}
+  for u in order:
+    new_src = tuple(done[s] for s in u.src)
+    x = u if new_src == u.src else UOp(u.op, u.dtype, new_src, u.arg, u.tag)
+    if u.device is None and u in where and u.op in (Ops.STAGE, Ops.CONTIGUOUS) and (u.op is Ops.CONTIGUOUS or u.arg is None):
+      x = UOp(Ops.STAGE, x.dtype, x.src, where[u], x.tag)
+    done[u] = x
   return done[sink]
+
+
+# the nodes that become kernels at the tensor level: stages, contiguous copies, device copies, stores
+_KERNEL_ROOTS = (Ops.STAGE, Ops.CONTIGUOUS, Ops.COPY, Ops.STORE)
+
+
+def _region_reads(root: UOp) -> list[UOp]:
+  """The nodes one kernel computes for `root`: down to the buffers it reads, not into other kernels or AFTERs
+  (and not into a store's target, which is written, not read)."""
+  srcs = root.src[1:] if root.op is Ops.STORE else root.src
+  seen: set[UOp] = set()
+  out: list[UOp] = []
+  stack = list(srcs)
+  while stack:
+    u = stack.pop()
+    if u in seen: continue
+    seen.add(u)
+    out.append(u)
+    if u.op not in _KERNEL_ROOTS and u.op is not Ops.AFTER: stack.extend(u.src)
+  return out
+
+
+def _snapshot_overwritten_reads(sink: UOp) -> UOp:
+  """Reads of a buffer's old contents in a kernel that must run after an assign overwrites that buffer.
+
+  A kernel that reads buffer b both as it was (a value built before `b.assign(...)`) and as written (through
+  the assign's AFTER, directly or through another kernel) cannot be ordered: before the store it misses the
+  new contents, after it the old ones. Those old reads go to a copy of b taken first (a STAGE tagged
+  "snapshot", which no rule folds away), so each read sees the contents it was built against (the seeds'
+  find_bufs guard, resolved by a copy instead of an error)."""
+  order = sink.toposort()
+  if not any(u.op is Ops.AFTER for u in order): return sink
+  after_of: dict[UOp, frozenset] = {}   # the buffers whose written contents each node depends on
+  for u in order:
+    acc = frozenset({u.src[0]}) if u.op is Ops.AFTER else frozenset()
+    for s in u.src: acc |= after_of[s]
+    after_of[u] = acc
+  fix: dict[UOp, set[UOp]] = {}   # kernel root -> buffers it must read from a snapshot
+  for root in order:
+    if root.op not in _KERNEL_ROOTS or not after_of[root]: continue
+    old = {u for u in _region_reads(root) if u.op is Ops.BUFFER and u in after_of[root]}
+    if old: fix[root] = old
+  if not fix: return sink
+  snaps = {b: UOp(Ops.STAGE, b.dtype, (b,), b.arg[1], tag="snapshot") for bufs in fix.values() for b in bufs}
+  done: dict[UOp, UOp] = {}
+  for root in order:
+    if root.op in _KERNEL_ROOTS or root.op is Ops.AFTER or root is sink:
+      done[root] = _rebuild_region(root, done, {b: snaps[b] for b in fix.get(root, ())})
+  return done[sink]
+
+
+def _rebuild_region(root: UOp, done: dict[UOp, UOp], swap: dict[UOp, UOp]) -> UOp:
+  """root over its region's nodes rebuilt: kernels and AFTERs below it as already rebuilt (`done`), and the
+  buffers in `swap` replaced. A store's target (src[0]) is written, not read: it stays."""
+  keep = root.src[:1] if root.op is Ops.STORE else ()
+  srcs = root.src[len(keep):]
+  boundary = lambda x: x.op in _KERNEL_ROOTS or x.op is Ops.AFTER
+  memo: dict[UOp, UOp] = {}
+  for x in UOp.sink(*srcs).toposort(gate=lambda x: x.op is Ops.SINK or not boundary(x))[:-1]:
+    if boundary(x): memo[x] = done.get(x, x)
+    elif x in swap: memo[x] = swap[x]
+    else:
+      new_src = tuple(memo[s] for s in x.src)
+      memo[x] = x if new_src == x.src else x.replace(src=new_src)
+  new = keep + tuple(memo[s] for s in srcs)
+  return root if new == root.src else root.replace(src=new)
 
 
 def _order(built: list[tuple[Kernel, KernelBuilder, UOp]]) -> list[Kernel]:
@@ -197,24 +306,20 @@ def _order(built: list[tuple[Kernel, KernelBuilder, UOp]]) -> list[Kernel]:
   return [built[i][0] for i in order]
 
 
-def _realized_view(t: UOp) -> bool:
-  """Already stored: a whole buffer, or a view of a buffer after an assign's store."""
-  return is_buffer_view(t) or t.base.op is Ops.AFTER
+def schedule(targets: list[UOp], default_device: str = "NUMPY",
+             devices: list[str] | None = None) -> tuple[list[Kernel], list[UOp]]:
+  """Kernels that realize `targets`, in run order, and each target's realized view (movement ops over a BUFFER).
 
-
-def schedule(targets: list[UOp], default_device: str = "NUMPY") -> tuple[list[Kernel], list[UOp]]:
-  """Kernels that realize `targets`, in run order, and each target's realized view (a BUFFER reshape)."""
+  `devices` names, per target, where a value that lives on no device (a graph of constants) is stored."""
+  devices = list(devices) if devices is not None else [default_device] * len(targets)
+  devices = [t.device or d or default_device for t, d in zip(targets, devices)]
   if _trace.ACTIVE: _trace.begin_schedule(default_device, len(targets))
   sink = _pass("earliest", UOp.sink(*targets), _m("earliest"))
   sink = _pass("prepare", sink, _m("prepare"))
-  sink = _wrap_stages(sink, choose_stages(sink))
+  sink = _wrap_stages(sink, choose_stages(sink), devices)
   if (limit := max_kernel_buffers(default_device)): sink = _pass("limit", sink, _m("limit_buffers"), ctx=limit)
-  # every target that is not already a buffer is realized into one of its own (tagged, so no rule folds it away)
-  def target(t: UOp) -> UOp:
-    if _realized_view(t): return t
-    if t.size == 0: return UOp.new_buffer(t.device or default_device, 0, t.dtype).reshape(t.shape)
-    return UOp(Ops.STAGE, t.dtype, (t.src[0] if t.op is Ops.STAGE else t,), t.device or default_device, tag="target")
-  sink = sink.replace(src=tuple(target(t) for t in sink.src))
+  sink = _place_constants(sink, devices)
+  sink = _snapshot_overwritten_reads(sink)
   sink = _pass("realize", sink, _m("realize"))
   sink = _pass("rangeify", sink, _m("rangeify"), bottom_up=True)
   sink = _pass("symbolic", sink, _m("symbolic"))

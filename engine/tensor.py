@@ -57,6 +57,7 @@ engine/tensor_uops.py.
 from __future__ import annotations
 
 import math
+import weakref
 from typing import Any
 
 import numpy as np
@@ -69,11 +70,28 @@ from engine.tensor_args import (AxisError, broadcast_shapes, canon_device, cast_
                                 scalar_of, shape_arg, sum_dtype, to_dtype, to_numpy, weak_dtype)
 from engine.tensor_uops import (alu, bcast, cmp, const, take_every, u_abs, u_ceil, u_cos, u_exp, u_floor, u_log,
                                 u_max_reduce, u_maximum, u_neg, u_sigmoid, u_sin, u_tanh, window)
+from engine.rewrite import substitute
 from engine.uop import UOp, prod
 from runtime.buffer import buffer_of, new_buffer, np_dtype
 from runtime.devices import DEVICES
 
 __all__ = ["Tensor", "DEVICES", "AxisError", "broadcast_shapes", "promote_types", "to_dtype"]
+
+
+def _became(done: dict[UOp, UOp]) -> None:
+  """After a realize: every live tensor whose graph holds a realized node reads its buffer from now on, so a
+  value is never computed again and an assign is never carried out twice."""
+  if not done: return
+  for t in list(_LIVE):
+    u = t.uop
+    if u in done: t.uop = done[u]
+    elif not _engine.is_realized(u):
+      new = substitute(u, done)
+      if new is not u: t.uop = new
+
+
+# every live Tensor: realizing one graph updates every tensor whose graph holds what was realized
+_LIVE: weakref.WeakSet = weakref.WeakSet()
 
 
 class Tensor:
@@ -82,6 +100,7 @@ class Tensor:
   _rng: np.random.Generator = np.random.default_rng()
 
   def __init__(self, data: Any, dtype: Any = None, device: str | None = None):
+    _LIVE.add(self)
     dt = None if dtype is None else to_dtype(dtype)
     if isinstance(data, Tensor):
       t = data if dt is None else data.cast(dt)
@@ -101,6 +120,7 @@ class Tensor:
   def _from_uop(cls, u: UOp, device: str) -> Tensor:
     t = object.__new__(cls)
     t.uop, t.device = u, device
+    _LIVE.add(t)
     return t
 
   def _new(self, u: UOp) -> Tensor: return Tensor._from_uop(u, self.device)
@@ -231,21 +251,18 @@ class Tensor:
     todo, seen = [], set()
     for t in ts:
       if id(t) not in seen and not _engine.is_realized(t.uop): seen.add(id(t)); todo.append(t)
-    if todo:
-      outs = _engine.realize([t.uop for t in todo])
-      for t, u in zip(todo, outs): t.uop = u
+    if todo: _became(_engine.realize_map([t.uop for t in todo], [t.device for t in todo]))
     return self
 
   def schedule(self, *others: Tensor):
     """The kernels realizing these tensors would run (`Tensor.schedule(a, b)`)."""
-    return _engine.schedule([t.uop for t in (self, *others)])
+    ts = (self, *others)
+    return _engine.schedule([t.uop for t in ts], [t.device for t in ts])
 
   def numpy(self) -> np.ndarray:
     """The value as a new numpy array (realizes the tensor)."""
     self.realize()
-    u = self.uop
-    base = u if u.op is Ops.BUFFER else u.src[0]
-    return buffer_of(base).host_view().reshape(self.shape).copy()
+    return np.array(_engine.host_value(self.uop), copy=True).reshape(self.shape)
 
   def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
     a = self.numpy()
@@ -273,6 +290,7 @@ class Tensor:
     When this tensor is a view of a buffer (a realized tensor, a slice or
     transpose of one) the write goes through the view into that buffer;
     otherwise the tensor gets a fresh buffer."""
+    if self.uop.base.op is Ops.ASSIGN: self.realize()   # an earlier assign is carried out first, not lost
     if isinstance(x, Tensor): self._same_device(x); v = x
     elif is_py_scalar(x) or isinstance(x, np.generic):
       v = Tensor._from_uop(const(cast_scalar(x, self.dtype), self.dtype, ()), self.device)

@@ -303,7 +303,7 @@ def _infer_shape(u: UOp) -> tuple[int, ...] | None:
     s = src[0]._get_memo().get("shape")
     return None if s is None else s[len(src) - 1:]
   if op in ALU or op in (Ops.CAST, Ops.BITCAST, Ops.CONTIGUOUS, Ops.CONTIGUOUS_BACKWARD, Ops.DETACH, Ops.FUSE, Ops.COPY,
-                         Ops.ASSIGN, Ops.NOOP, Ops.LOAD, Ops.REDUCE, Ops.AFTER):
+                         Ops.ASSIGN, Ops.NOOP, Ops.LOAD, Ops.REDUCE, Ops.AFTER, Ops.STAGE):
     # elementwise ops take the shape of their widest source (a CONST source is a scalar)
     best = None
     for s in src:

@@ -1,0 +1,211 @@
+"""Programs the scheduler once got wrong (issue 10): several outputs that share work, graphs of constants
+only, assigns read together with the old contents, views of assigned tensors, and the kernel counts of
+outputs that are views or contiguous copies. Every value is checked against numpy; the file runs on the
+default device and again on NUMPY and CL in CI (RULEC_DEVICE)."""
+import numpy as np
+import pytest
+
+from engine.dtypes import dtypes
+from engine.ops import Ops
+from engine.tensor import Tensor
+from runtime.kernel import validate
+
+rng = np.random.default_rng(10)
+
+
+def arr(*shape, dtype=np.float32): return rng.standard_normal(shape).astype(dtype)
+
+
+def kernels(*ts):
+  ks = Tensor.schedule(*ts)
+  for k in ks: validate(k)
+  return ks
+
+
+def close(t, want, **kw):
+  np.testing.assert_allclose(t.numpy(), want, rtol=kw.get("rtol", 1e-5), atol=kw.get("atol", 1e-6))
+
+
+# *** several outputs that share work ***
+
+@pytest.mark.parametrize("keep", [False, True])
+def test_a_reduce_and_its_view_are_one_kernel(keep):
+  a = arr(3, 7, 17)
+  x = Tensor(a)
+  s, sk = x.sum(axis=2), x.sum(axis=2, keepdim=True)
+  assert len(kernels(s, sk)) == 1
+  Tensor.realize(sk, s) if keep else Tensor.realize(s, sk)
+  close(s, a.sum(2), rtol=1e-4)
+  close(sk, a.sum(2, keepdims=True), rtol=1e-4)
+
+
+def test_a_total_and_its_reshape():
+  a = arr(3, 7, 17)
+  x = Tensor(a)
+  s, r = x.sum(), x.sum().reshape(1, 1, 1)
+  assert len(kernels(s, r)) == 1
+  Tensor.realize(s, r)
+  close(s, a.sum(), rtol=1e-4)
+  close(r, a.sum().reshape(1, 1, 1), rtol=1e-4)
+
+
+def test_stack_of_one_reduce_twice():
+  s = Tensor([[0.5]]).sum(0)
+  close(Tensor.stack(s, s), np.array([[0.5], [0.5]]))
+
+
+def test_int_layernorm_then_softmax():
+  out = Tensor([[2]], dtype=dtypes.int64).layernorm(axis=0).softmax(-1)
+  close(out, np.array([[1.0]]))
+
+
+def test_attention_with_both_outputs():
+  q, k, v = arr(2, 4, 8), arr(2, 4, 8), arr(2, 4, 8)
+  att = (Tensor(q) @ Tensor(k).transpose(-1, -2)).softmax(-1)
+  out = att @ Tensor(v)
+  Tensor.realize(att, out)
+  e = np.exp(q @ k.transpose(0, 2, 1) - (q @ k.transpose(0, 2, 1)).max(-1, keepdims=True))
+  want_att = e / e.sum(-1, keepdims=True)
+  close(att, want_att, rtol=1e-4, atol=1e-5)
+  close(out, want_att @ v, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("build", ["cat", "stack", "flip", "where", "expand"])
+def test_movement_and_where_over_a_reduce_with_the_reduce_as_output(build):
+  a = arr(4, 6)
+  x = Tensor(a)
+  m = x.max(axis=1, keepdim=True)
+  ref = a.max(1, keepdims=True)
+  if build == "cat": out, want = Tensor.cat(m, m * 2, axis=1), np.concatenate([ref, ref * 2], 1)
+  elif build == "stack": out, want = Tensor.stack(m, m + 1), np.stack([ref, ref + 1])
+  elif build == "flip": out, want = m.flip(0), ref[::-1]
+  elif build == "where": out, want = (x > m - 0.5).where(m, x), np.where(a > ref - 0.5, ref, a)
+  else: out, want = m.expand(4, 6) - x, ref - a
+  Tensor.realize(m, out)
+  close(m, ref)
+  close(out, want)
+
+
+def test_one_output_used_by_another_is_computed_once():
+  a = arr(16, 32)
+  x = Tensor(a)
+  y = (x * 2).exp().sum(axis=1, keepdim=True)
+  z = x / y
+  assert len(kernels(y, z)) == 2
+  Tensor.realize(y, z)
+  want = np.exp(a * 2).sum(1, keepdims=True)
+  close(y, want, rtol=1e-4)
+  close(z, a / want, rtol=1e-4)
+
+
+# *** graphs of constants only ***
+
+@pytest.mark.parametrize("red", ["sum", "max", "any", "all"])
+def test_a_split_reduce_of_constants(red):
+  t = Tensor.ones(2 ** 15)
+  got = getattr(t, red)()
+  want = getattr(np.ones(2 ** 15, dtype=np.float32), red)()
+  assert got.item() == want
+
+
+def test_contiguous_of_constants():
+  close((-Tensor.full((4, 4), 2.0)).contiguous().realize(), np.full((4, 4), -2.0))
+  close((Tensor.ones(3, 2) * 3).contiguous() + 1, np.full((3, 2), 4.0))
+
+
+@pytest.mark.parametrize("device", ["NUMPY", "CPU"])
+def test_a_constant_graph_is_stored_on_its_tensors_device(device):
+  t = (Tensor.ones(5, device=device) * 2).contiguous().realize()
+  assert t.uop.base.op is Ops.BUFFER and t.uop.base.arg[1] == device and t.device == device
+  assert t.tolist() == [2.0] * 5
+
+
+# *** assign ***
+
+def test_a_value_built_before_an_assign_sees_the_old_contents():
+  a = Tensor(np.arange(4)).realize()
+  old = a + 0
+  a.assign(a * 10)
+  assert (old + a).tolist() == [0, 11, 22, 33]
+  assert a.tolist() == [0, 10, 20, 30]
+
+
+def test_an_old_read_and_a_new_read_through_another_kernel():
+  a = Tensor(np.arange(6, dtype=np.float32)).realize()
+  old = a * 1
+  a.assign(a + 1)
+  new_sum = a.sum()          # a kernel of its own, after the write
+  out = old + new_sum        # reads the old contents and, through new_sum, the new ones
+  want_old = np.arange(6, dtype=np.float32)
+  close(out, want_old + (want_old + 1).sum())
+  close(a, want_old + 1)
+
+
+def test_an_assign_is_carried_out_once():
+  a = Tensor(np.arange(4)).realize()
+  a.assign(a + 1)
+  (a * 2).realize()          # realizes the assign on the way
+  assert a.tolist() == [1, 2, 3, 4]
+  assert a.tolist() == [1, 2, 3, 4]
+
+
+def test_two_assigns_in_a_row():
+  a = Tensor(np.arange(4)).realize()
+  a.assign(a + 1)
+  a.assign(a * 3)
+  assert a.tolist() == [3, 6, 9, 12]
+
+
+def test_a_contiguous_copy_taken_before_an_assign():
+  a = Tensor(np.arange(4)).realize()
+  old = a.contiguous()
+  a.assign(a * 10)
+  assert (old + a).tolist() == [0, 11, 22, 33]
+
+
+@pytest.mark.parametrize("view", ["T", "pad", "flip", "strided", "expand", "reshape", "cat"])
+def test_views_of_an_assigned_tensor(view):
+  base = np.arange(24, dtype=np.float32).reshape(2, 3, 4)
+  t = Tensor(base.copy()).realize()
+  t.assign(t + 1)
+  want = base + 1
+  views = {"T": (lambda x: x.T, lambda x: x.T),
+           "pad": (lambda x: x.pad(((1, 0), (0, 2), (1, 1))), lambda x: np.pad(x, ((1, 0), (0, 2), (1, 1)))),
+           "flip": (lambda x: x[::-1], lambda x: x[::-1]),
+           "strided": (lambda x: x[..., 0::-3, -3], lambda x: x[..., 0::-3, -3]),
+           "expand": (lambda x: x[:, :1].expand(2, 5, 4), lambda x: np.broadcast_to(x[:, :1], (2, 5, 4))),
+           "reshape": (lambda x: x.reshape(6, 4), lambda x: x.reshape(6, 4)),
+           "cat": (lambda x: Tensor.cat(x, x * 2, axis=0), lambda x: np.concatenate([x, x * 2], 0))}
+  f, g = views[view]
+  close(f(t), g(want))
+  close(t, want)
+
+
+# *** kernels an output needs ***
+
+def test_contiguous_of_a_computed_value_is_one_kernel():
+  a, b = Tensor(arr(4, 5)).realize(), Tensor(arr(4, 5)).realize()
+  assert len(kernels((a + b).contiguous())) == 1
+  assert len(kernels(a + b, (a + b).contiguous())) == 1
+  close((a + b).contiguous(), a.numpy() + b.numpy())
+
+
+def test_views_of_a_realized_buffer_need_no_kernel():
+  a = arr(6, 8)
+  x = Tensor(a).realize()
+  views = [x[1:3], x[::2], x[::-1], x[None, ..., 1], x[..., 1:3], x.T, x.reshape(2, 24)]
+  assert kernels(*views) == []
+  Tensor.realize(*views)
+  for v, want in zip(views, [a[1:3], a[::2], a[::-1], a[None, ..., 1], a[..., 1:3], a.T, a.reshape(2, 24)]):
+    close(v, want)
+  outs = [x[1:3] * 2, x[::2] + 1, x[::-1]]
+  assert len(kernels(*outs)) == 2
+  for o, want in zip(outs, [a[1:3] * 2, a[::2] + 1, a[::-1]]): close(o, want)
+
+
+def test_contiguous_of_a_view_copies():
+  a = arr(3, 5)
+  x = Tensor(a).realize()
+  t = x.T.contiguous().realize()
+  assert t.uop.op is Ops.RESHAPE and t.uop.src[0].op is Ops.BUFFER and t.uop.src[0] is not x.uop.base
+  close(t, a.T)
