@@ -1,12 +1,25 @@
 """Scheduling: kernels and scheduling time, rulec against tinygrad 0.14, same programs, same run.
 
-Each program is built fresh for every repetition in both front ends (inputs
-are buffers: rulec tensors made from numpy arrays, tinygrad `Tensor.empty`), then scheduled without running: rulec `Tensor.schedule`,
-tinygrad `linear_with_vars` with its schedule cache cleared, so both do the
-real work every time. Medians of REPEATS runs after a warm-up.
+Every program is one function of the Tensor class `T` and an input maker
+`make(*shape)`, so both front ends build the identical graph. It is built fresh
+for every repetition (inputs are buffers on both sides: rulec tensors made from
+numpy arrays, tinygrad `Tensor.empty`; `check_inputs` makes sure scheduling an
+input alone is no kernel in either), then scheduled without running: rulec
+`Tensor.schedule`, tinygrad `linear_with_vars` with its schedule cache cleared,
+so both do the real work every time. Medians of REPEATS runs after a warm-up.
+
+Kernels are compiled kernels: for tinygrad the SINK calls of the linear
+schedule. tinygrad's device-to-device COPY calls (plain memcpys) are counted
+apart, in the `tg copies` column; rulec has no such calls (a copy to another
+host device is a store inside a kernel, or nothing when the kernel that needs
+the value can read the source buffer directly).
+
+A target that is only a view of an input (a slice, a permute) stays a view
+and gets no kernel in either front end.
 
 Needs `pip install '.[bench]'` (tinygrad==0.14.0) and Debian's `clang`
 (tinygrad's CPU device looks for it when it starts). Run: python bench/schedule.py
+(`--check` also runs every program in both front ends on the same random inputs and compares the outputs)
 """
 from __future__ import annotations
 
@@ -57,25 +70,100 @@ def softmax(T, make): return (make(1024, 1024).softmax(-1),)
 def layernorm(T, make): return (make(1024, 1024).layernorm(),)
 
 
+def contiguous(T, make):
+  a, b = make(256, 256), make(256, 256)
+  return ((a + b).contiguous(),)   # one kernel, as (a + b) is
+
+
+def strided_slicing(T, make):
+  x = make(8, 16, 32)
+  return (x[2:6], x[::2], x[::-1], x[None, ..., 1], x[..., 1:3], x[1:3] * 2, x[:, ::2] + 1)
+
+
+def arg_variants(T, make):
+  x = make(64, 128)
+  y = x * 2 + 1
+  return (x.argmax(0), x.argmax(1), x.argmin(1, keepdim=True), x.argmax(), y.argmin(0), y.argmax(-1, keepdim=True))
+
+
+def movement_chains(T, make):
+  x = make(16, 32, 64)
+  a = x.permute(2, 0, 1).reshape(64, 512).transpose(0, 1)
+  b = (x.transpose(0, 2) * 2).reshape(64, 16, 32).permute(1, 2, 0) + 1
+  c = x.reshape(16, 2048).T.reshape(32, 64, 16).permute(2, 0, 1) - x
+  return (a, b, c)
+
+
+def small_cnn(T, make):
+  x, w, b, w2, b2 = make(8, 1, 28, 28), make(8, 1, 3, 3), make(8), make(8 * 14 * 14, 10), make(10)
+  h = x.conv2d(w, b, padding=1).relu().max_pool2d(2)
+  return ((h.flatten(1) @ w2 + b2).softmax(-1),)
+
+
+def chained_means(T, make):
+  x = make(32, 64, 128)
+  m = x.mean(0)
+  return (((m * 2).mean(0) + 1).mean(0), x.mean(2).mean(1) - m.mean(1).mean(0))
+
+
+def batched_matmul(T, make):
+  a, w, b = make(8, 64, 32), make(32, 48), make(48)            # (B,M,K) @ (K,N) + bias
+  c, v, d = make(4, 1, 16, 32), make(3, 32, 24), make(24)      # (B,1,M,K) @ (N,K,P) + bias
+  return (a @ w + b, c @ v + d)
+
+
+# a second device on the host for each front end: rulec's NUMPY reference device (CPU when that is
+# the default), tinygrad's PYTHON device (it schedules like any other: kernels and COPY calls)
+def other_device(T, here: str) -> str:
+  if T is RT: return "CPU" if here == "NUMPY" else "NUMPY"
+  return "PYTHON"
+
+
+def to_round_trip(T, make):
+  x = make(256, 256)
+  here = x.device
+  y = (x.to(other_device(T, here)) * 2 + 1).to(here)
+  return (y - x,)
+
+
 PROGRAMS = {"MLP 64x784-256-10": mlp, "conv block 8x3x32x32": conv_block, "attention 128x256x4": attention,
-            "softmax 1024x1024": softmax, "layernorm 1024x1024": layernorm}
+            "softmax 1024x1024": softmax, "layernorm 1024x1024": layernorm, "contiguous": contiguous,
+            "strided slicing": strided_slicing, "argmax/argmin variants": arg_variants,
+            "permute/reshape chains": movement_chains, "small CNN": small_cnn, "chained means": chained_means,
+            "batched bcast matmul": batched_matmul, ".to() round trip": to_round_trip}
+
+
+def rulec_make(*s): return RT(np.zeros(s, dtype=np.float32))
+def tinygrad_make(*s): return TT.empty(*s)
 
 
 def rulec_run(prog):
   # inputs are real buffers (Tensor.zeros would be a constant the scheduler folds away)
-  outs = prog(RT, lambda *s: RT(np.zeros(s, dtype=np.float32)))
+  outs = prog(RT, rulec_make)
   t0 = time.perf_counter()
   kernels = RT.schedule(*outs)
-  return time.perf_counter() - t0, len(kernels)
+  return time.perf_counter() - t0, len(kernels), 0
+
+
+def tinygrad_calls(outs) -> tuple[int, int]:
+  """Kernels (SINK calls) and device copies (COPY calls) in tinygrad's linear schedule of outs."""
+  linear, _ = TT.linear_with_vars(*outs)
+  kinds = [call.src[0].op.name for call in linear.src]
+  return kinds.count("SINK"), kinds.count("COPY")
 
 
 def tinygrad_run(prog):
-  outs = prog(TT, lambda *s: TT.empty(*s))
+  outs = prog(TT, tinygrad_make)
   tg_schedule.schedule_cache.clear()
   t0 = time.perf_counter()
-  linear, _ = TT.linear_with_vars(*outs)
-  dt = time.perf_counter() - t0
-  return dt, sum(1 for call in linear.src if call.src[0].op.name == "SINK")
+  kernels, copies = tinygrad_calls(outs)
+  return time.perf_counter() - t0, kernels, copies
+
+
+def check_inputs():
+  """An input is a buffer on both sides: scheduling it alone makes no kernel and no copy."""
+  r, t = len(RT.schedule(rulec_make(4, 4))), tinygrad_calls([tinygrad_make(4, 4)])
+  if r or any(t): raise RuntimeError(f"an input alone scheduled work: rulec {r} kernels, tinygrad {t} (kernels, copies)")
 
 
 def machine() -> str:
@@ -83,23 +171,50 @@ def machine() -> str:
           f"{os.cpu_count()} CPUs, Python {platform.python_version()}, tinygrad {tinygrad.__version__ if hasattr(tinygrad, '__version__') else '0.14'}")
 
 
+def check_same_results(seed: int = 0) -> None:
+  """Both front ends compute the same values for every program (same random inputs; runs the kernels)."""
+  for name, prog in PROGRAMS.items():
+    rng = np.random.default_rng(seed)
+    arrays: list[np.ndarray] = []
+    def numpy_make(*s):
+      arrays.append(rng.standard_normal(s).astype(np.float32))
+      return arrays[-1]
+    outs = prog(RT, lambda *s: RT(numpy_make(*s)))
+    RT.realize(*outs)
+    got = [o.numpy() for o in outs]
+    it = iter(arrays)
+    want = [o.numpy() for o in prog(TT, lambda *s: TT(next(it)))]
+    for i, (g, w) in enumerate(zip(got, want)):
+      # float32 rounding differs with the order of a sum: the error allowed grows with the values
+      if g.shape != w.shape or np.abs(g.astype(np.float64) - w).max(initial=0) > 1e-4 * max(1.0, np.abs(w).max(initial=0)):
+        raise AssertionError(f"{name}: output {i} differs (shapes {g.shape} / {w.shape})")
+  print(f"--check: rulec and tinygrad agree on all {len(PROGRAMS)} programs")
+
+
 def main():
+  check_inputs()
+  if "--check" in sys.argv[1:]: check_same_results()
   rows = []
   for name, prog in PROGRAMS.items():
     rulec_run(prog), tinygrad_run(prog)   # warm-up: matcher compilation, imports
     r = [rulec_run(prog) for _ in range(REPEATS)]
     t = [tinygrad_run(prog) for _ in range(REPEATS)]
-    rows.append((name, statistics.median(x[0] for x in r), r[0][1], statistics.median(x[0] for x in t), t[0][1]))
+    rows.append((name, statistics.median(x[0] for x in r), r[0][1], statistics.median(x[0] for x in t), t[0][1], t[0][2]))
   print(machine())
   print(f"scheduling only (no compile, no run), median of {REPEATS} fresh graphs; tinygrad schedule cache cleared each time")
-  head = f"{'program':<24} {'rulec ms':>9} {'tinygrad ms':>12} {'speedup':>8} {'rulec kernels':>14} {'tinygrad kernels':>17}"
+  head = (f"{'program':<24} {'rulec ms':>9} {'tinygrad ms':>12} {'speedup':>8} {'rulec kernels':>14} "
+          f"{'tinygrad kernels':>17} {'tg copies':>10}")
   print(head)
   print("-" * len(head))
-  for name, rt, rk, tt, tk in rows:
-    print(f"{name:<24} {rt * 1e3:>9.2f} {tt * 1e3:>12.2f} {tt / rt:>8.2f} {rk:>14} {tk:>17}")
-  speed = math.exp(statistics.fmean(math.log(tt / rt) for _, rt, _, tt, _ in rows))
-  kern = math.exp(statistics.fmean(math.log(rk / tk) for _, _, rk, _, tk in rows))
+  for name, rt, rk, tt, tk, tc in rows:
+    print(f"{name:<24} {rt * 1e3:>9.2f} {tt * 1e3:>12.2f} {tt / rt:>8.2f} {rk:>14} {tk:>17} {tc:>10}")
+  speed = math.exp(statistics.fmean(math.log(tt / rt) for _, rt, _, tt, _, _ in rows))
+  kern = math.exp(statistics.fmean(math.log(rk / tk) for _, _, rk, _, tk, _ in rows))
   print(f"schedule_speedup_vs_tinygrad={speed:.2f} kernels_vs_tinygrad={kern:.2f}")
+  more = [name for name, _, rk, _, tk, _ in rows if rk > tk]
+  fewer = sum(1 for _, _, rk, _, tk, _ in rows if rk < tk)
+  print(f"rulec schedules more kernels than tinygrad on {len(more)} of {len(rows)} programs"
+        + (f": {', '.join(more)}" if more else "") + f" (fewer on {fewer})")
 
 
 if __name__ == "__main__":

@@ -123,17 +123,47 @@ def _uses(sink: UOp, staged: set[UOp]) -> dict[UOp, float]:
   return out
 
 
+def _reduce_epilogues(order: list[UOp]) -> set[UOp]:
+  """Elementwise ops over reduce results at the reduced shape: every source is a reduce, another such op, a
+  constant or a realized buffer (numpy's NaN-aware max: WHERE(any nan, nan, max); a mean: sum * 1/n).
+  Storing the top of such a tail stores the reduces below it in the same kernel."""
+  out: set[UOp] = set()
+  for u in order:
+    if not (u.op in ALU or u.op is Ops.CAST): continue
+    ok, any_reduce = True, False
+    for s in u.src:
+      x = s
+      while x.op is Ops.RESHAPE: x = x.src[0]
+      if x.op is Ops.REDUCE_AXIS or x in out: any_reduce = True
+      elif not (x.base.op in (Ops.CONST, Ops.BUFFER) and all(m.op in MOVEMENT for m in _movement_chain(x))): ok = False
+    if ok and any_reduce: out.add(u)
+  return out
+
+
+def _movement_chain(x: UOp) -> list[UOp]:
+  chain = []
+  while x.op in MOVEMENT:
+    chain.append(x)
+    x = x.src[0]
+  return chain
+
+
 def choose_stages(sink: UOp) -> set[UOp]:
   """Nodes to realize so that no expensive value is computed twice.
 
-  First reduces (expensive by nature) used more than once are realized; then
-  ALU values used more than once are realized unless recomputing them is cheap."""
+  First reduces used more than once (expensive by nature), outputs first: the top of a reduce's elementwise
+  tail is stored rather than the reduce alone (one kernel stores both halves of a NaN-aware max), and a reduce
+  whose only user is stored is used once. Then ALU values used more than once are realized unless recomputing
+  them is cheap. Uses are counted again after each choice: a realized value starts afresh."""
   staged: set[UOp] = set()
+  order = sink.toposort()
   uses = _uses(sink, staged)
-  for u in sink.toposort():
-    if u.op is Ops.REDUCE_AXIS and uses[u] > 1 and u.device is not None: staged.add(u)
-  uses = _uses(sink, staged)
-  for u in reversed(sink.toposort()):
+  epilogues = _reduce_epilogues(order)
+  for u in reversed(order):
+    if (u.op is Ops.REDUCE_AXIS or u in epilogues) and uses.get(u, 0) > 1 and u.device is not None:
+      staged.add(u)
+      uses = _uses(sink, staged)
+  for u in reversed(order):
     if u.op in ALU and uses.get(u, 0) > 1 and u.device is not None and not _cheap(u, staged):
       staged.add(u)
       uses = _uses(sink, staged)

@@ -209,3 +209,28 @@ def test_contiguous_of_a_view_copies():
   t = x.T.contiguous().realize()
   assert t.uop.op is Ops.RESHAPE and t.uop.src[0].op is Ops.BUFFER and t.uop.src[0] is not x.uop.base
   close(t, a.T)
+
+
+@pytest.mark.parametrize("axis", [0, 1])
+def test_a_nan_aware_max_and_its_consumer_are_two_kernels(axis):
+  # both reduces of numpy's NaN-propagating max are stored by one kernel (the WHERE over them), not one each
+  a = arr(6, 9)
+  a[2, 3] = np.nan
+  x = Tensor(a).realize()
+  am, mx = x.argmax(axis=axis), (x * 2).max(axis=axis, keepdim=True) - x
+  assert len(kernels(am)) == 2 and len(kernels(mx)) == 2
+  np.testing.assert_array_equal(am.numpy(), np.argmax(a, axis))
+  np.testing.assert_array_equal(mx.numpy(), (a * 2).max(axis, keepdims=True) - a)
+
+
+def test_chained_means_stage_only_what_is_shared():
+  a = arr(8, 6, 5)
+  x = Tensor(a)
+  m = x.mean(0)
+  out0 = ((m * 2).mean(0) + 1).mean(0)
+  out1 = x.mean(2).mean(1) - m.mean(1).mean(0)
+  assert len(kernels(out0, out1)) <= 4
+  Tensor.realize(out0, out1)
+  mm = a.mean(0)
+  close(out0, ((mm * 2).mean(0) + 1).mean(0), rtol=1e-4, atol=1e-5)
+  close(out1, a.mean(2).mean(1) - mm.mean(1).mean(0), rtol=1e-4, atol=1e-5)
