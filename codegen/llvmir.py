@@ -21,13 +21,23 @@ per lane); a sum of products fuses into fma (`contract`). The loop carries
 `llvm.loop.vectorize.enable false`, so LLVM's SLP vectoriser packs the lanes
 into vector loads and arithmetic instead of the loop vectoriser gathering along
 the reduction.
+
+float16 never reaches LLVM as `half`: a float16 value is its 16 bits (i16),
+arithmetic runs in float and rounds each result back, as numpy's float16 ufuncs
+do, and the conversions are integer code of our own (`_define_to_half`,
+`_define_from_half`), the same on every CPU. LLVM would lower `half` operations
+on CPUs without native conversions (no F16C; double -> half on any x86 without
+AVX512-FP16) into calls to compiler-rt routines (`__truncdfhf2`,
+`__extendhfsf2`, ...) that the JIT cannot resolve: calls to address 0.
 """
 from __future__ import annotations
 
 import itertools
 import math
 import re
+import struct
 
+import numpy as np
 from llvmlite import ir
 
 from codegen.scoped import ScopedEmitter
@@ -38,20 +48,89 @@ from engine.sched.indexing import identity_element
 from engine.uop import UOp
 from runtime.kernel import Kernel
 
-_I1, _I8, _I64 = ir.IntType(1), ir.IntType(8), ir.IntType(64)
+_I1, _I8, _I16, _I32, _I64 = ir.IntType(1), ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.IntType(64)
+_F32, _F64 = ir.FloatType(), ir.DoubleType()
 
 
 def lltype(d: DType) -> ir.Type:
   if d.kind == "b": return _I1
   if d.kind in "iux": return ir.IntType(d.bits)
-  if d is dtypes.float16: return ir.HalfType()
-  if d is dtypes.float32: return ir.FloatType()
-  if d is dtypes.float64: return ir.DoubleType()
+  if d is dtypes.float16: return _I16   # its bits: see the module docstring
+  if d is dtypes.float32: return _F32
+  if d is dtypes.float64: return _F64
   raise NotImplementedError(f"the CPU backend does not support {d}")
 
 
 def memtype(d: DType) -> ir.Type:
   return _I8 if d.kind == "b" else lltype(d)
+
+
+# *** float16 conversions in integer arithmetic (see the module docstring) ***
+
+def _bits_of(x: float, nbits: int) -> int:
+  return struct.unpack("<I" if nbits == 32 else "<Q", struct.pack("<f" if nbits == 32 else "<d", x))[0]
+
+
+def _define_to_half(module: ir.Module, name: str, fty: ir.Type) -> ir.Function:
+  """`i16 name(float or double)`: the argument rounded once to float16 (to nearest, ties to even) with integer
+  ops only; subnormal results, overflow to inf, NaN and signed zero come out bit for bit as numpy's do."""
+  nbits, mbits, bias = (32, 23, 127) if fty == _F32 else (64, 52, 1023)
+  it = ir.IntType(nbits)
+  fn = ir.Function(module, ir.FunctionType(_I16, [fty]), name=name)
+  fn.linkage = "internal"
+  fn.attributes.add("alwaysinline")
+  b = ir.IRBuilder(fn.append_basic_block())
+  c = lambda v: ir.Constant(it, v)
+  x = b.bitcast(fn.args[0], it)
+  sign = b.and_(b.lshr(x, c(nbits - 16)), c(0x8000))
+  a = b.and_(x, c((1 << (nbits - 1)) - 1))
+  drop = mbits - 10   # mantissa bits float16 lacks
+
+  def rne_shift(v, n):   # v >> n, rounding to nearest with ties to even
+    return b.lshr(b.add(b.add(v, b.sub(b.shl(c(1), b.sub(n, c(1))), c(1))), b.and_(b.lshr(v, n), c(1))), n)
+
+  # normal results: rebias the exponent; a mantissa that rounds up carries into it (up to 0x7bff here)
+  normal = rne_shift(b.sub(a, c((bias - 15) << mbits)), c(drop))
+  # subnormal results: the value in units of 2**-24, rounded; the shift is capped where everything rounds to 0
+  mant = b.or_(b.and_(a, c((1 << mbits) - 1)), c(1 << mbits))
+  shift = b.sub(c(bias + mbits - 24), b.lshr(a, c(mbits)))
+  cap = c(mbits + 2)
+  shift = b.select(b.icmp_unsigned("<", shift, cap), shift, cap)   # unsigned: a negative shift is capped too
+  sub = rne_shift(mant, shift)
+  # NaN keeps the top of its payload, as numpy's conversion does, and stays a NaN when that part is all zero
+  payload = b.and_(b.lshr(a, c(drop)), c(0x3ff))
+  nan = b.or_(c(0x7c00), b.select(b.icmp_unsigned("==", payload, c(0)), c(1), payload))
+  inf = c(((1 << (nbits - 1 - mbits)) - 1) << mbits)   # the all-ones exponent
+  h = b.select(b.icmp_unsigned("<", a, c(_bits_of(2.0 ** -14, nbits))), sub, normal)
+  h = b.select(b.icmp_unsigned(">=", a, c(_bits_of(65520.0, nbits))), c(0x7c00), h)   # 65520 ties to inf (even)
+  h = b.select(b.icmp_unsigned(">", a, inf), nan, h)
+  b.ret(b.trunc(b.or_(h, sign), _I16))
+  return fn
+
+
+def _define_from_half(module: ir.Module, name: str, fty: ir.Type) -> ir.Function:
+  """`float or double name(i16)`: the value a float16's bits stand for (exact; a NaN's payload is kept, a
+  signalling NaN stays one, as numpy's conversions do, where a hardware float -> double would quiet it)."""
+  nbits, mbits, bias = (32, 23, 127) if fty == _F32 else (64, 52, 1023)
+  it = ir.IntType(nbits)
+  fn = ir.Function(module, ir.FunctionType(fty, [_I16]), name=name)
+  fn.linkage = "internal"
+  fn.attributes.add("alwaysinline")
+  b = ir.IRBuilder(fn.append_basic_block())
+  c = lambda v: ir.Constant(it, v)
+  x = b.zext(fn.args[0], it)
+  e, m = b.and_(b.lshr(x, c(10)), c(0x1f)), b.and_(x, c(0x3ff))
+  normal = b.add(b.shl(b.and_(x, c(0x7fff)), c(mbits - 10)), c((bias - 15) << mbits))
+  special = b.or_(b.shl(m, c(mbits - 10)), c(((1 << (nbits - 1 - mbits)) - 1) << mbits))   # inf and NaN
+  # zero and subnormals: m * 2**-24 is exact, and takes no subnormal operand
+  small = b.bitcast(b.fmul(b.uitofp(m, fty), ir.Constant(fty, 2.0 ** -24)), it)
+  r = b.select(b.icmp_unsigned("==", e, c(0)), small, b.select(b.icmp_unsigned("==", e, c(0x1f)), special, normal))
+  b.ret(b.bitcast(b.or_(r, b.shl(b.and_(x, c(0x8000)), c(nbits - 16))), fty))
+  return fn
+
+
+def _half_bits(v: float) -> int:
+  with np.errstate(over="ignore"): return int(np.array(v, np.float64).astype(np.float16).view(np.uint16))
 
 
 class _Loop:
@@ -90,6 +169,7 @@ class LLVMRenderer(ScopedEmitter):
     self._novec_md = None
     self.lane: tuple[int, ...] = ()
     self.lane_results: dict[UOp, dict] = {}
+    self._half_fns: dict[str, ir.Function] = {}
 
   # *** loops ***
   def open_loop(self, r: UOp, lo=None, hi=None) -> _Loop:
@@ -121,6 +201,37 @@ class LLVMRenderer(ScopedEmitter):
     if self._novec_md is None:
       self._novec_md = self.module.add_metadata([ir.MetaDataString(self.module, "llvm.loop.vectorize.enable"), _I1(0)])
     return self._novec_md
+
+  # *** float16: bits in an i16, computed in float ***
+  def _half_fn(self, name: str) -> ir.Function:
+    fn = self._half_fns.get(name)
+    if fn is None:
+      define, fty = {"rulec.h2f": (_define_from_half, _F32), "rulec.h2d": (_define_from_half, _F64),
+                     "rulec.f2h": (_define_to_half, _F32), "rulec.d2h": (_define_to_half, _F64)}[name]
+      fn = self._half_fns[name] = define(self.module, name, fty)
+    return fn
+
+  def _h2f(self, v, fty=None):
+    """float16 bits as a float (or as a double: fty)."""
+    return self.b.call(self._half_fn("rulec.h2d" if fty == _F64 else "rulec.h2f"), [v])
+
+  def _to_half(self, v):
+    """A float or double rounded to float16 bits."""
+    return self.b.call(self._half_fn("rulec.f2h" if v.type == _F32 else "rulec.d2h"), [v])
+
+  def _round_half(self, v):
+    """A float rounded to float16 precision, still a float: an intermediate result numpy rounds."""
+    return self._h2f(self._to_half(v))
+
+  def _half_alu(self, op: Ops, d: DType, s: list):
+    """An op on float16 operands as numpy computes it: in float, each float16 result rounded once."""
+    if op is Ops.NEG: return self.b.xor(s[0], ir.Constant(_I16, 0x8000))   # exact: the sign bit alone
+    x = [self._h2f(v) for v in s]
+    f32 = dtypes.float32
+    if op is Ops.MULACC: r = self.b.fadd(self._round_half(self.b.fmul(x[0], x[1])), x[2])
+    elif op is Ops.IDIV: r = self._floor_div(x[0], x[1], self._round_half)
+    else: r = self.alu(op, f32, f32 if d is dtypes.float16 else d, x)
+    return self._to_half(r) if d is dtypes.float16 else r
 
   def _alloca(self, ty, name):
     with self.b.goto_block(self.entry):
@@ -208,18 +319,20 @@ class LLVMRenderer(ScopedEmitter):
     if op is Ops.REDUCE: return self.reduce(u)
     srcs = [self.lookup(s) for s in u.src]
     if op is Ops.CAST: return self.cast(srcs[0], u.src[0].dtype, d)
-    if op is Ops.BITCAST: return b.bitcast(srcs[0], lltype(d))
+    if op is Ops.BITCAST: return srcs[0] if srcs[0].type == lltype(d) else b.bitcast(srcs[0], lltype(d))
     if op is Ops.WHERE: return b.select(srcs[0], srcs[1], srcs[2])
     sd = u.src[0].dtype
     return self.alu(op, sd, d, srcs)
 
   def const(self, v, d: DType):
+    if d is dtypes.float16: return ir.Constant(_I16, _half_bits(float(v)))
     if d.kind == "f":
       if math.isnan(v) or math.isinf(v): return ir.Constant(lltype(d), v)
       return ir.Constant(lltype(d), float(v))
     return ir.Constant(lltype(d), int(v))
 
   def alu(self, op: Ops, sd: DType, d: DType, s: list):
+    if sd is dtypes.float16: return self._half_alu(op, d, s)
     b, fl, uns = self.b, sd.kind == "f", sd.kind in "ub"
     if sd.kind == "b" and op in (Ops.ADD, Ops.MAX): return b.or_(*s)    # bools saturate: + is or, * is and
     if sd.kind == "b" and op is Ops.MUL: return b.and_(*s)
@@ -242,13 +355,7 @@ class LLVMRenderer(ScopedEmitter):
     if op is Ops.CMOD:
       if fl: return b.frem(*s)
       return self._int_div(s[0], s[1], uns, rem=True)
-    if op is Ops.IDIV and fl:  # floor(a / b); a non-finite quotient passes through; x // 0 is +-inf by x's sign (numpy)
-      ty = s[0].type
-      q = self._intrinsic("llvm.floor", [b.fdiv(*s)])
-      by0 = b.fcmp_ordered("==", s[1], ir.Constant(ty, 0.0))
-      signed_inf = self._intrinsic("llvm.copysign", [ir.Constant(ty, math.inf), s[0]])
-      a0 = b.fcmp_unordered("==", s[0], ir.Constant(ty, 0.0))
-      return b.select(by0, b.select(a0, ir.Constant(ty, math.nan), signed_inf), q)
+    if op is Ops.IDIV and fl: return self._floor_div(s[0], s[1])
     if op in (Ops.SHL, Ops.SHR): return self._shift(op, s[0], s[1], uns)
     if op is Ops.SQRT: return self._intrinsic("llvm.sqrt", s)
     if op is Ops.EXP2: return self._intrinsic("llvm.exp2", s)
@@ -259,6 +366,16 @@ class LLVMRenderer(ScopedEmitter):
     if op is Ops.POW: return self._intrinsic("llvm.pow", s) if fl else self._int_pow(s[0], s[1], uns)
     if op is Ops.MULACC: return b.fadd(b.fmul(s[0], s[1]), s[2]) if fl else b.add(b.mul(s[0], s[1]), s[2])
     raise NotImplementedError(f"the CPU backend cannot render {op} on {sd} (no decomposition rule for it)")
+
+  def _floor_div(self, x, y, round_quotient=lambda q: q):
+    """floor(x / y) of floats; a non-finite quotient passes through; x // 0 is +-inf by x's sign (numpy); never
+    -0.0 (engine/alu.py floors to an int). round_quotient: float16 rounds the quotient before the floor, as numpy does."""
+    b, ty = self.b, x.type
+    q = b.fadd(self._intrinsic("llvm.floor", [round_quotient(b.fdiv(x, y))]), ir.Constant(ty, 0.0))   # -0.0 + 0.0 is 0.0
+    by0 = b.fcmp_ordered("==", y, ir.Constant(ty, 0.0))
+    signed_inf = self._intrinsic("llvm.copysign", [ir.Constant(ty, math.inf), x])
+    x0 = b.fcmp_unordered("==", x, ir.Constant(ty, 0.0))
+    return b.select(by0, b.select(x0, ir.Constant(ty, math.nan), signed_inf), q)
 
   def _intrinsic(self, name: str, args: list):
     ty = args[0].type
@@ -325,28 +442,38 @@ class LLVMRenderer(ScopedEmitter):
   def cast(self, v, sd: DType, d: DType):
     b, to = self.b, lltype(d)
     if sd is d: return v
+    if sd is dtypes.float16:
+      if d.kind == "b": return b.icmp_unsigned("!=", b.and_(v, ir.Constant(_I16, 0x7fff)), ir.Constant(_I16, 0))
+      if d.kind == "f": return self._h2f(v, to)
+      return self._float_to_int(self._h2f(v), to, wraps=False)   # |x| <= 65504: nothing to wrap
+    if d is dtypes.float16:
+      if sd.kind == "b": return b.select(v, ir.Constant(_I16, 0x3c00), ir.Constant(_I16, 0))
+      # an integer reaches float exactly below 2**24, and anything larger overflows float16 however it rounds
+      return self._to_half(v if sd.kind == "f" else self.cast(v, sd, dtypes.float32))
     if d.kind == "b":
       if sd.kind == "f": return b.fcmp_unordered("!=", v, ir.Constant(v.type, 0.0))
       return b.icmp_unsigned("!=", v, ir.Constant(v.type, 0))
     if sd.kind == "b": return b.uitofp(v, to) if d.kind == "f" else b.zext(v, to)
     if sd.kind == "f" and d.kind == "f": return b.fpext(v, to) if _fbits(d) > _fbits(sd) else b.fptrunc(v, to)
     if d.kind == "f": return b.uitofp(v, to) if sd.kind == "u" else b.sitofp(v, to)
-    if sd.kind == "f":
-      # engine/alu.py: non-finite -> 0, else truncate toward zero and wrap to the width
-      ty = v.type
-      finite = b.fcmp_ordered("<", self._intrinsic("llvm.fabs", [v]), ir.Constant(ty, math.inf))
-      if sd is not dtypes.float16:
-        # an integer-valued float past int64 wraps: reduce it modulo 2**64 (exact) into [-2**63, 2**63)
-        w = b.frem(v, ir.Constant(ty, 2.0 ** 64))
-        w = b.select(b.fcmp_ordered(">=", w, ir.Constant(ty, 2.0 ** 63)), b.fsub(w, ir.Constant(ty, 2.0 ** 64)),
-                     b.select(b.fcmp_ordered("<", w, ir.Constant(ty, -2.0 ** 63)), b.fadd(w, ir.Constant(ty, 2.0 ** 64)), w))
-        v = b.select(b.fcmp_ordered("<", self._intrinsic("llvm.fabs", [v]), ir.Constant(ty, 2.0 ** 63)), v, w)
-      wide = b.fptosi(b.select(finite, v, ir.Constant(ty, 0.0)), _I64)
-      return b.trunc(wide, to) if to.width < 64 else wide
+    if sd.kind == "f": return self._float_to_int(v, to, wraps=True)
     # int -> int
     if to.width < v.type.width: return b.trunc(v, to)
     if to.width > v.type.width: return b.zext(v, to) if sd.kind == "u" else b.sext(v, to)
     return v
+
+  def _float_to_int(self, v, to: ir.IntType, wraps: bool):
+    # engine/alu.py: non-finite -> 0, else truncate toward zero and wrap to the width
+    b, ty = self.b, v.type
+    finite = b.fcmp_ordered("<", self._intrinsic("llvm.fabs", [v]), ir.Constant(ty, math.inf))
+    if wraps:
+      # an integer-valued float past int64 wraps: reduce it modulo 2**64 (exact) into [-2**63, 2**63)
+      w = b.frem(v, ir.Constant(ty, 2.0 ** 64))
+      w = b.select(b.fcmp_ordered(">=", w, ir.Constant(ty, 2.0 ** 63)), b.fsub(w, ir.Constant(ty, 2.0 ** 64)),
+                   b.select(b.fcmp_ordered("<", w, ir.Constant(ty, -2.0 ** 63)), b.fadd(w, ir.Constant(ty, 2.0 ** 64)), w))
+      v = b.select(b.fcmp_ordered("<", self._intrinsic("llvm.fabs", [v]), ir.Constant(ty, 2.0 ** 63)), v, w)
+    wide = b.fptosi(b.select(finite, v, ir.Constant(ty, 0.0)), _I64)
+    return b.trunc(wide, to) if to.width < 64 else wide
 
   def reduce(self, u: UOp):
     if self.ups:   # one loop nest computes every lane's result; each lane takes its own
@@ -360,8 +487,8 @@ class LLVMRenderer(ScopedEmitter):
     and loads that do not depend on the lane are shared."""
     op, d = u.arg, u.dtype
     value, rngs = u.src[0], u.src[1:]
-    # half sums and products accumulate in float, as numpy's do, then round once
-    wide = d is dtypes.float16 and op in (Ops.ADD, Ops.MUL)
+    # float16 accumulates in float: sums and products as numpy's do, rounded once at the end (max is exact either way)
+    wide = d is dtypes.float16
     ad = dtypes.float32 if wide else d
     accs = [self._alloca(lltype(ad), "acc") for _ in lanes]
     many = len(lanes) > 1
@@ -386,7 +513,7 @@ class LLVMRenderer(ScopedEmitter):
       if many: self._enter_lane(lane)
       if fuse: v = self.b.fmul(self.value(value.src[0]), self.value(value.src[1]), flags=("contract",))
       else: v = self.value(value)
-      if wide: v = self.b.fpext(v, lltype(ad))
+      if wide: v = self._h2f(v)
       cur = self.b.load(acc)
       if ad.kind == "f" and op is Ops.ADD: new = self.b.fadd(cur, v, flags=("reassoc", "contract"))
       elif ad.kind == "f" and op is Ops.MUL: new = self.b.fmul(cur, v, flags=("reassoc",))
@@ -402,7 +529,7 @@ class LLVMRenderer(ScopedEmitter):
       self.scopes.append(lane_scope)
       self._set_lane(outer_lane)
     outs = [self.b.load(acc) for acc in accs]
-    return [self.b.fptrunc(o, lltype(d)) for o in outs] if wide else outs
+    return [self._to_half(o) for o in outs] if wide else outs
 
 
 def _fbits(d: DType) -> int: return d.itemsize * 8

@@ -2,9 +2,11 @@
 
 A kernel is decomposed (rules/decomp.rules), rendered as LLVM IR
 (codegen/llvmir.py), optimised at O3 with loop and SLP vectorisation for the
-host CPU, and called through ctypes, which releases the GIL, so the outermost
-loop can be split across threads (RULEC_THREADS, default: the machine's
-cores). A program is compiled once per process per distinct IR text.
+host CPU (or, with RULEC_CPU_TARGET=baseline, for the architecture's baseline
+with no optional features: what the code must also run correctly on), and
+called through ctypes, which releases the GIL, so the outermost loop can be
+split across threads (RULEC_THREADS, default: the machine's cores). A program
+is compiled once per process per distinct IR text.
 """
 from __future__ import annotations
 
@@ -40,14 +42,24 @@ def _get_pool() -> ThreadPoolExecutor:
   return _pool
 
 
+def target_cpu() -> tuple[str, str]:
+  """(LLVM cpu name, features) to compile for: RULEC_CPU_TARGET=host (the default) or baseline."""
+  which = os.environ.get("RULEC_CPU_TARGET", "host") or "host"
+  if which == "host": return llvm.get_host_cpu_name(), llvm.get_host_cpu_features().flatten()
+  if which == "baseline":
+    return ("x86-64" if llvm.get_process_triple().split("-")[0] in ("x86_64", "amd64") else "generic"), ""
+  raise ValueError(f"RULEC_CPU_TARGET={which!r}: expected 'host' or 'baseline'")
+
+
 def _jit():
   global _target_machine, _engine
   if _engine is None:
     llvm.initialize_native_target()
     llvm.initialize_native_asmprinter()
     target = llvm.Target.from_triple(llvm.get_process_triple())
-    _target_machine = target.create_target_machine(cpu=llvm.get_host_cpu_name(), features=llvm.get_host_cpu_features().flatten(),
-                                                   opt=3, reloc="default", codemodel="jitdefault", jit=True)
+    cpu, features = target_cpu()
+    _target_machine = target.create_target_machine(cpu=cpu, features=features, opt=3, reloc="default",
+                                                   codemodel="jitdefault", jit=True)
     _engine = llvm.create_mcjit_compiler(llvm.parse_assembly(""), _target_machine)
   return _target_machine, _engine
 

@@ -1,11 +1,14 @@
 """The NUMPY reference device: runs a Kernel exactly, vectorised with numpy.
 
-Every RANGE of the kernel gets its own axis of a broadcast grid. A RANGE
+Each RANGE of the kernel lies along an axis of a broadcast grid. A RANGE
 evaluates to `np.arange(n)` lying along its axis, a CONST to a size-1 array,
 and every other node to an array broadcastable to the grid that is only as big
 as the ranges it depends on. `REDUCE(value, *ranges)` reduces over those
 ranges' axes keeping them as size 1; a store writes `out[idx] = value` at every
-point of the grid its END spans.
+point of the grid its END spans. Ranges that no array spans together share an
+axis (see `_axes`: numpy handles at most 32 dimensions, and a kernel fusing
+many reductions has ranges of its own for each), and a range of size 1 needs
+none.
 
 Out-of-bounds reads (padding: `WHERE(valid, INDEX(p, idx), 0)` with `idx`
 outside the buffer where `valid` is false) read a clipped index and are
@@ -19,6 +22,7 @@ node's dtype (`index` is int64).
 """
 from __future__ import annotations
 
+import itertools
 import os
 import sys
 from typing import Iterable
@@ -184,13 +188,53 @@ def _alu_int(op: Ops, t: np.dtype, xs: list[np.ndarray]) -> np.ndarray:
 
 # *** running ***
 
+MAX_DIMS = 32   # what numpy's broadcasting and iterators accept
+
+
+def _axes(kernel: Kernel) -> dict[int, int | None]:
+  """The grid axis of each range (by id): None for a range of size 1, which is 0 everywhere.
+
+  Two ranges need different axes when some array spans both: both in the work of one REDUCE (the ranges its
+  value depends on and its own) or of one store (its END's ranges and those its index and value depend on);
+  every other node's ranges are a subset of one of those. Otherwise they share one (a greedy colouring), so a
+  kernel of many sibling reductions needs as many axes as one of them, not as all together. A set of
+  MAX_DIMS + 1 ranges of size 2 or more spans at least 2**33 points: no such kernel fits in memory anyway."""
+  deps: dict[int, frozenset[int]] = {}   # node -> the ranges its value depends on
+  works: list[frozenset[int]] = []
+  for u in kernel.ast.toposort():
+    if u.op is Ops.RANGE: d = frozenset((id(u),))
+    elif u.op is Ops.REDUCE:
+      own = frozenset(id(r) for r in u.src[1:])
+      works.append(deps[id(u.src[0])] | own)
+      d = deps[id(u.src[0])] - own
+    else: d = frozenset().union(*(deps[id(x)] for x in u.src))
+    deps[id(u)] = d
+  for e in kernel.ast.src:
+    st = e.src[0] if e.op is Ops.END else e
+    works.append(frozenset(id(r) for r in e.src[1:] if e.op is Ops.END) | deps[id(st.src[0].src[1])] | deps[id(st.src[1])])
+  size = {id(r): r.src[0].arg for r in kernel.ranges}
+  clash: dict[int, set[int]] = {i: set() for i in size}
+  for w in works:
+    for i in w: clash[i] |= w
+  axis: dict[int, int | None] = {}
+  for r in kernel.ranges:
+    if size[id(r)] == 1: axis[id(r)] = None
+    else:
+      taken = {axis[j] for j in clash[id(r)] if j in axis}
+      axis[id(r)] = next(a for a in itertools.count() if a not in taken)
+  return axis
+
+
 class _Run:
   def __init__(self, kernel: Kernel):
     self.kernel = kernel
     self.ranges = kernel.ranges
-    self.axis = {id(r): i for i, r in enumerate(self.ranges)}
-    self.sizes = [r.src[0].arg for r in self.ranges]
-    self.ndim = max(1, len(self.ranges))   # no ranges: one axis of size 1, so values stay arrays
+    self.size = {id(r): r.src[0].arg for r in self.ranges}
+    self.axis = _axes(kernel)
+    # no ranges: one axis of size 1, so values stay arrays
+    self.ndim = 1 + max([a for a in self.axis.values() if a is not None], default=0)
+    if self.ndim > MAX_DIMS:
+      raise NotImplementedError(f"the NUMPY device cannot run a kernel whose values span {self.ndim} ranges at once")
     self.val: dict[int, np.ndarray] = {}
     self.poison: dict[int, tuple[np.ndarray, frozenset[int]]] = {}  # out-of-bounds reads: (mask, slots)
     self.reads: dict[int, frozenset[int]] = {}                       # slots a node loads from
@@ -205,7 +249,7 @@ class _Run:
       param, idx = tgt.src
       self.eval(idx)
       self.eval(value)
-      if any(self.sizes[self.axis[id(r)]] == 0 for r in ends): continue   # an empty loop writes nothing
+      if any(self.size[id(r)] == 0 for r in ends): continue   # an empty loop writes nothing
       self.store(param.arg[0], idx, value)
       _counters["stores"] += 1
 
@@ -225,8 +269,8 @@ class _Run:
     if op is Ops.RANGE:
       shape = [1] * self.ndim
       ax = self.axis[id(u)]
-      shape[ax] = self.sizes[ax]
-      return np.arange(self.sizes[ax], dtype=np.int64).reshape(shape).astype(np_of(u.dtype), copy=False)
+      if ax is not None: shape[ax] = self.size[id(u)]
+      return np.arange(self.size[id(u)], dtype=np.int64).reshape(shape).astype(np_of(u.dtype), copy=False)
     if op is Ops.INDEX: return self.load(u)
     srcs = [val[id(s)] for s in u.src]
     if op is Ops.REDUCE: return self.reduce(u, srcs[0])
@@ -248,12 +292,14 @@ class _Run:
     return data[np.clip(i, 0, data.shape[0] - 1)]
 
   def reduce(self, u: UOp, v: np.ndarray) -> np.ndarray:
-    axes = tuple(self.axis[id(r)] for r in u.src[1:])
-    if not axes:
+    if len(u.src) == 1:
       if (p := self.poison.get(id(u.src[0]))) is not None: self.poison[id(u)] = p
       return v
+    # ranges of size 1 have no axis: reducing over none still folds the identity in (numpy applies `initial`)
+    axes = tuple(self.axis[id(r)] for r in u.src[1:] if self.axis[id(r)] is not None)
     shape = list(v.shape)
-    for ax in axes: shape[ax] = self.sizes[ax]
+    for r in u.src[1:]:
+      if self.axis[id(r)] is not None: shape[self.axis[id(r)]] = self.size[id(r)]
     vb = np.broadcast_to(v, shape)
     if (p := self.poison.get(id(u.src[0]))) is not None:
       self.add_poison(u, np.logical_or.reduce(np.broadcast_to(p[0], shape), axis=axes, keepdims=True), p[1])

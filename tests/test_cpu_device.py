@@ -1,6 +1,8 @@
 """The CPU (LLVM) device against the NUMPY reference device and numpy: dtype
-edge cases, every cast pair, division by zero, overflow, NaN and inf."""
+edge cases, every cast pair, division by zero, overflow, NaN and inf; float16
+conversions bit for bit, also compiled for the baseline target."""
 import itertools
+import math
 import operator
 
 import numpy as np
@@ -225,3 +227,161 @@ def test_conv_tiles_output_channels_by_output_x(stride, padding, dilation):
     assert [r.src[0].arg for r in _upcast_ranges(end)] == [16, 32]   # output channels, output x
   ref = Tensor(x, device="NUMPY").conv2d(Tensor(w, device="NUMPY"), stride=stride, padding=padding, dilation=dilation)
   np.testing.assert_allclose(t.numpy(), ref.numpy(), rtol=1e-4, atol=1e-4)
+
+
+# *** float16: integer conversion code of our own, the same on every CPU (codegen/llvmir.py) ***
+
+def _bits(a: np.ndarray) -> np.ndarray: return np.ascontiguousarray(a).view(f"u{a.dtype.itemsize}")
+
+
+def same_bits(got: np.ndarray, want: np.ndarray, what: str = ""):
+  """Bit for bit; a NaN only has to be a NaN of the same sign (hardware conversions may quiet a signalling one)."""
+  assert got.dtype == want.dtype and got.shape == want.shape, what
+  if want.dtype.kind != "f": return np.testing.assert_array_equal(got, want, err_msg=what)
+  nan = np.isnan(want)
+  np.testing.assert_array_equal(np.isnan(got), nan, err_msg=what)
+  bad = np.flatnonzero((_bits(got) != _bits(want)) & ~nan)
+  assert bad.size == 0, f"{what}: {bad.size} differ, first at {bad[:5]}: got {got[bad[:5]]}, want {want[bad[:5]]}"
+  np.testing.assert_array_equal(np.signbit(got[nan]), np.signbit(want[nan]), err_msg=what)
+
+
+EVERY_HALF = np.arange(1 << 16, dtype=np.uint16).view(np.float16)
+
+
+def near_halves() -> np.ndarray:
+  """float64 values where rounding to float16 can go wrong: every finite float16, every tie between neighbours,
+  the doubles next to each tie, and values 2**-40 (relative) off each tie (rounding through float32 first would
+  land on the tie), the overflow threshold 65520, zeros, the smallest doubles, inf and NaN."""
+  fin = np.unique(EVERY_HALF[np.isfinite(EVERY_HALF)].astype(np.float64))
+  ties = (fin[:-1] + fin[1:]) / 2
+  edges = [65520.0, np.nextafter(65520.0, 0), np.nextafter(65520.0, np.inf), 1e300, 5e-324, 2.0 ** -1074 * 3, 2.0 ** -25,
+           2.0 ** -25 + 2.0 ** -60, 0.0, -0.0, np.inf, np.nan, np.copysign(np.nan, -1)]
+  edges += [-e for e in edges[:8]]
+  return np.concatenate([fin, ties, np.nextafter(ties, np.inf), np.nextafter(ties, -np.inf),
+                         ties * (1 + 2.0 ** -40), ties * (1 - 2.0 ** -40), edges])
+
+
+def into_half_inputs(d) -> np.ndarray:
+  if d is dtypes.float64: return near_halves()
+  if d is dtypes.float32:
+    with np.errstate(over="ignore"): ties = near_halves().astype(np.float32)
+    rand = np.random.default_rng(8).integers(0, 1 << 32, 1 << 16, dtype=np.uint32).view(np.float32)
+    return np.concatenate([ties, np.nextafter(ties, np.float32(np.inf)), np.nextafter(ties, np.float32(-np.inf)), rand])
+  if d is dtypes.bool: return np.array([False, True])
+  info = np.iinfo(NP[d])
+  return np.concatenate([np.arange(max(info.min, -70000), min(info.max, 70000) + 1), [info.min, info.max]]).astype(NP[d])
+
+
+OTHERS = [d for d in DTS if d is not dtypes.float16]
+
+
+@pytest.mark.parametrize("src", OTHERS, ids=lambda d: d.name)
+def test_casts_into_float16_match_numpy_bit_for_bit(src):
+  x = into_half_inputs(src)
+  with np.errstate(all="ignore"):
+    same_bits(same_as_reference("CPU", x, src, lambda t: t.cast(dtypes.float16)), x.astype(np.float16))
+
+
+@pytest.mark.parametrize("dst", OTHERS, ids=lambda d: d.name)
+def test_casts_out_of_float16_match_numpy_bit_for_bit(dst):
+  got = same_as_reference("CPU", EVERY_HALF, dtypes.float16, lambda t: t.cast(dst))   # every float16 there is
+  if dst.kind in "iu":   # where numpy defines the result: the rest wraps as engine/alu.py says (the reference)
+    info, x = np.iinfo(NP[dst]), EVERY_HALF.astype(np.float64)
+    ok = np.isfinite(x) & (x >= info.min) & (x <= info.max)
+    np.testing.assert_array_equal(got[ok], EVERY_HALF[ok].astype(NP[dst]))
+  else: same_bits(got, EVERY_HALF.astype(NP[dst]))
+
+
+def test_float64_to_float16_rounds_once():
+  want = {1 + 2 ** -11: 0x3c00,                # a tie: to even
+          1 + 2 ** -11 + 2 ** -40: 0x3c01,     # just above it (through float32 it would be the tie, and round down)
+          1 + 3 * 2 ** -11: 0x3c02, 65504: 0x7bff, 65519.99: 0x7bff, 65520: 0x7c00, -65520: 0xfc00, 1e300: 0x7c00,
+          2 ** -14: 0x0400, 2 ** -14 - 2 ** -25: 0x0400, 2 ** -24: 0x0001, 2 ** -25: 0x0000, 2 ** -25 + 2 ** -60: 0x0001,
+          3 * 2 ** -25: 0x0002, -3 * 2 ** -25: 0x8002, 5e-324: 0x0000, -5e-324: 0x8000, -0.0: 0x8000,
+          math.inf: 0x7c00, -math.inf: 0xfc00, math.nan: 0x7e00, -math.nan: 0xfe00}
+  x = np.array(list(want), np.float64)
+  x[-1] = np.copysign(np.nan, -1)
+  got = _bits(same_as_reference("CPU", x, dtypes.float64, lambda t: t.cast(dtypes.float16)))
+  assert [hex(v) for v in got] == [hex(v) for v in want.values()]
+  with np.errstate(all="ignore"): np.testing.assert_array_equal(got, _bits(x.astype(np.float16)))
+
+
+def test_half_of_a_float64_sum_of_int_and_float():
+  a, f = np.arange(-50, 50, dtype=np.int32), np.linspace(-3, 3, 100, dtype=np.float32)
+  t = Tensor(a, device="CPU") + Tensor(f, device="CPU")
+  assert t.dtype is dtypes.float64
+  same_bits(t.half().numpy(), (a + f).astype(np.float16))
+
+
+def test_float16_kernels_call_no_runtime_conversion_routines(monkeypatch):
+  # LLVM turns `half` operations into calls to compiler-rt's __truncdfhf2, __extendhfsf2, ... on CPUs without
+  # native conversions, which the JIT cannot resolve (a call to address 0): the IR must never contain a `half`
+  import re
+  import llvmlite.binding as llvm
+  from codegen.llvmir import render
+  cpu_device._jit()   # initialises LLVM's native target
+  monkeypatch.setenv("RULEC_CPU_TARGET", "baseline")
+  cpu, features = cpu_device.target_cpu()
+  tm = llvm.Target.from_triple(llvm.get_process_triple()).create_target_machine(cpu=cpu, features=features, opt=3, jit=True)
+  h = Tensor(np.ones(64, np.float16), device="CPU")
+  for t in (Tensor(np.ones(64), device="CPU").cast(dtypes.float16), h.cast(dtypes.float32), h.cast(dtypes.float64),
+            h * h + h, (h / 3).sqrt().exp(), h.sum(), h.max(), h.reshape(8, 8) @ h.reshape(8, 8), h.cast(dtypes.int32)):
+    for k in t.schedule():
+      text, _ = render(decomposed(k))
+      assert not re.search(r"\bhalf\b", text), text
+      mod = llvm.parse_assembly(text)
+      mod.triple, mod.data_layout = llvm.get_process_triple(), str(tm.target_data)
+      asm = tm.emit_assembly(mod)
+      assert not re.search(r"__\w*hf2\b|__gnu_[fh]2[fh]", asm), asm
+
+
+def half_programs() -> dict:
+  """name -> (data, dtype, program, exact): float16 casts and arithmetic; exact: bit for bit (correctly rounded
+  operations), else within float16's rounding (transcendentals, sums in another order)."""
+  rng = np.random.default_rng(9)
+  a, b = (rng.standard_normal(64) * 8).astype(np.float16), (rng.standard_normal(64) * 8).astype(np.float16)
+  b[:4] = [0, -0.0, np.inf, 2 ** -24]
+  other = lambda t: Tensor(b, device=t.device)
+  progs = {f"{d.name}_to_half": (sample(d), d, lambda t: t.cast(dtypes.float16), True) for d in OTHERS}
+  progs |= {f"half_to_{d.name}": (EVERY_HALF, dtypes.float16, (lambda d: lambda t: t.cast(d))(d), True) for d in OTHERS}
+  progs["near_halves_to_half"] = (near_halves(), dtypes.float64, lambda t: t.cast(dtypes.float16), True)
+  progs["int_plus_float_to_half"] = (np.arange(-32, 32, dtype=np.int32), dtypes.int32,
+                                     lambda t: (t + Tensor(np.linspace(-2, 2, 64, dtype=np.float32), device=t.device)).half(), True)
+  for name, fn, exact in [("add", lambda t: t + other(t), True), ("mul_add", lambda t: t * other(t) + t, True),
+                          ("div", lambda t: t / other(t), True), ("floordiv", lambda t: t // other(t), True),
+                          ("neg_max", lambda t: (-t).maximum(other(t)), True), ("relu", lambda t: t.relu(), True),
+                          ("sqrt", lambda t: t.abs().sqrt(), True), ("exp", lambda t: (t / 4).exp(), False),
+                          ("sum", lambda t: t.sum(), False), ("max", lambda t: t.max(), True),
+                          ("matmul", lambda t: t.reshape(8, 8) @ other(t).reshape(8, 8), False),
+                          ("softmax", lambda t: t.reshape(8, 8).softmax(-1), False)]:
+    progs[name] = (a, dtypes.float16, fn, exact)
+  return progs
+
+
+BASELINE_CHILD = """
+import sys
+import numpy as np
+from runtime import cpu_device
+from tests.helpers import on
+from tests.test_cpu_device import half_programs
+got = {name: on("CPU", x, d, fn) for name, (x, d, fn, _) in half_programs().items()}
+np.savez(sys.argv[1], **got)
+print(*cpu_device.target_cpu())
+"""
+
+
+def test_float16_under_the_baseline_target(tmp_path):
+  # in a child process, so that a crash (a call into a routine the JIT lacks) fails this test, not the run
+  import subprocess
+  import sys
+  from tests.helpers import subprocess_env
+  out = tmp_path / "got.npz"
+  proc = subprocess.run([sys.executable, "-c", BASELINE_CHILD, str(out)], capture_output=True, text=True, timeout=300,
+                        env=subprocess_env(RULEC_CPU_TARGET="baseline", RULEC_DEVICE="CPU"))
+  assert proc.returncode == 0, f"exit status {proc.returncode} (-11: a segfault)\n{proc.stderr[-4000:]}"
+  assert proc.stdout.split() in (["x86-64"], ["generic"])   # no features
+  got = np.load(out)
+  for name, (x, d, fn, exact) in half_programs().items():
+    ref = on("NUMPY", x, d, fn)
+    if exact: same_bits(got[name], ref, name)
+    else: np.testing.assert_allclose(got[name].astype(np.float64), ref.astype(np.float64), rtol=2e-3, atol=2e-3, err_msg=name)

@@ -156,6 +156,92 @@ def test_sibling_reduces_may_share_a_range():
   np.testing.assert_array_equal(read(out), x.sum(1) + (x * x).sum(1))
 
 
+# *** kernels with more ranges than numpy has dimensions (ranges share axes: numpy_device._axes) ***
+
+def test_many_sibling_reductions_run_past_numpys_32_dimensions():
+  # 25 reductions of their own pair of ranges each, in one store: 51 ranges, but no value spans more than 3
+  x = np.random.default_rng(1).standard_normal((3, 4, 5)).astype(np.float64)
+  out, inp = empty(3, dtypes.float64), buf(x, dtypes.float64)
+  p0, p1 = params([out, inp])
+  r0 = UOp.range(3, 0)
+  acc, want = c(0.0, dtypes.float64), np.zeros(3)
+  for i in range(25):
+    a, b = UOp.range(4, 1 + 2 * i), UOp.range(5, 2 + 2 * i)
+    v = p1.index(r0 * 20 + a * 5 + b) * float(i + 1)
+    acc = acc + (red(v, Ops.MAX, a, b) if i % 2 else red(v, Ops.ADD, a, b))
+    want = want + ((x * (i + 1)).max((1, 2)) if i % 2 else (x * (i + 1)).sum((1, 2)))
+  k = Kernel(UOp.sink(p0.index(r0).store(acc).end(r0)), (out, inp))
+  assert len(k.ranges) == 51 and _Run(k).ndim == 3
+  run_kernel(k)
+  np.testing.assert_allclose(read(out), want, rtol=1e-12)
+
+
+def test_nested_and_shared_ranges_keep_their_own_axes():
+  # a range a nested REDUCE's value depends on, and one two sibling reduces share, must not be given an axis
+  # another live range holds; a reduce whose value ignores the store range may reuse the store range's axis
+  x = np.arange(2 * 3 * 4, dtype=np.int64).reshape(2, 3, 4)
+  out, inp = empty(2 * 5, dtypes.int64), buf(x, dtypes.int64)
+  p0, p1 = params([out, inp])
+  r0, s, r1, r2, q = UOp.range(2, 0), UOp.range(5, 1), UOp.range(3, 2), UOp.range(4, 3), UOp.range(24, 4)
+  load = p1.index(r0 * 12 + r1 * 4 + r2)
+  nested = red(red(load, Ops.MAX, r2) * r1.cast(dtypes.int64), Ops.ADD, r1)   # sum_r1 r1 * max_r2 x
+  shared = red(load, Ops.ADD, r1, r2) - red(load * 2, Ops.MAX, r1, r2)
+  total = red(p1.index(q), Ops.ADD, q)                                         # independent of r0 and s
+  run([out, inp], p0.index(r0 * 5 + s).store(nested + shared + total + s.cast(dtypes.int64)).end(r0, s))
+  want = (x.max(2) * np.arange(3)).sum(1) + x.sum((1, 2)) - (2 * x).max((1, 2)) + x.sum()
+  np.testing.assert_array_equal(read(out).reshape(2, 5), want[:, None] + np.arange(5))
+
+
+def test_ranges_of_size_one_need_no_axis():
+  # 40 ranges of size 1 (0 everywhere); a reduce over them still folds in the identity: -0.0 sums to 0.0 and a
+  # NaN's max is -inf, as over any other range
+  x = np.array([-0.0, np.nan, 2.5], np.float32)
+  o_sum, o_max, inp = empty(3, dtypes.float32, fill=9), empty(3, dtypes.float32, fill=9), buf(x, dtypes.float32)
+  p0, p1, p2 = params([o_sum, o_max, inp])
+  r = UOp.range(3, 0)
+  ones = [UOp.range(1, 1 + i) for i in range(40)]
+  idx = r
+  for o in ones[:20]: idx = idx + o
+  k = Kernel(UOp.sink(p0.index(idx).store(red(p2.index(r), Ops.ADD, *ones[20:30])).end(r, *ones[:20]),
+                      p1.index(r).store(red(p2.index(r + ones[30]), Ops.MAX, *ones[30:])).end(r)), (o_sum, o_max, inp))
+  assert _Run(k).ndim == 1
+  run_kernel(k)
+  assert read(o_sum)[0] == 0.0 and not np.signbit(read(o_sum)[0])
+  np.testing.assert_array_equal(read(o_sum), [0.0, np.nan, 2.5])
+  np.testing.assert_array_equal(read(o_max), [-0.0, -np.inf, 2.5])
+
+
+def test_a_kernel_whose_values_truly_span_too_many_ranges_is_refused_cleanly():
+  # 33 ranges of size 2 in one store: 2**33 points, beyond what numpy (and memory) can hold at once
+  out = empty(1, dtypes.int32)
+  (p0,) = params([out])
+  rs = [UOp.range(2, i) for i in range(33)]
+  with pytest.raises(NotImplementedError, match="33 ranges"):
+    run([out], p0.index(c(0)).store(c(1, dtypes.int32)).end(*rs))
+
+
+@pytest.mark.parametrize("axis", [-1, 0])
+def test_fused_tensor_programs_past_32_dimensions_match_numpy(axis):
+  # Tensor programs the scheduler may fuse into one kernel with many reductions (a pair of ranges each)
+  from engine.tensor import Tensor
+  x = np.random.default_rng(2).random((3, 4)).astype(np.float32)
+  t = Tensor(x, device="NUMPY")
+  acc, want = t.sum(), x.astype(np.float64).sum()
+  for i in range(12):
+    acc = acc + (t * (i + 1)).sum() + (t + i).max()
+    want = want + (x * (i + 1)).astype(np.float64).sum() + (x + i).max()
+  np.testing.assert_allclose(acc.numpy(), want, rtol=1e-5)
+  y, ref = t.pad(((1, 1), (2, 2))), np.pad(x, ((1, 1), (2, 2))).astype(np.float64)
+  for _ in range(3):
+    y = y.log_softmax(axis)
+    ref = ref - ref.max(axis, keepdims=True)
+    ref = ref - np.log(np.exp(ref).sum(axis, keepdims=True))
+  z = y.reshape(5, 2, 4).softmax(1).sum(0)
+  e = np.exp(ref.reshape(5, 2, 4) - ref.reshape(5, 2, 4).max(1, keepdims=True))
+  np.testing.assert_allclose(y.numpy(), ref, rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(z.numpy(), (e / e.sum(1, keepdims=True)).sum(0), rtol=1e-5)
+
+
 # *** padding and out-of-bounds reads ***
 
 @given(st.integers(0, 10), st.integers(0, 4), st.integers(0, 4))
