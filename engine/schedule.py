@@ -344,7 +344,12 @@ def schedule(targets: list[UOp], default_device: str = "NUMPY",
   devices = list(devices) if devices is not None else [default_device] * len(targets)
   devices = [t.device or d or default_device for t, d in zip(targets, devices)]
   if _trace.ACTIVE: _trace.begin_schedule(default_device, len(targets))
-  sink = _pass("earliest", UOp.sink(*targets), _m("earliest"))
+  # every assign is carried out, also one whose value no output ends up reading (x - x, a size-0 slice of it):
+  # each is an output of its own
+  n = len(targets)
+  assigns = [u for u in UOp.sink(*targets).toposort() if u.op is Ops.ASSIGN and u not in targets]
+  devices += [a.device or default_device for a in assigns]
+  sink = _pass("earliest", UOp.sink(*targets, *assigns), _m("earliest"))
   sink = _pass("prepare", sink, _m("prepare"))
   sink = _wrap_stages(sink, choose_stages(sink), devices)
   if (limit := max_kernel_buffers(default_device)): sink = _pass("limit", sink, _m("limit_buffers"), ctx=limit)
@@ -362,7 +367,7 @@ def schedule(targets: list[UOp], default_device: str = "NUMPY",
     built.append((Kernel(_pass("untag", ast, untag, quiet=True), tuple(ctx.bufs)), ctx, u.src[0]))
   kernels = _order(built)
   # each target reads its buffer directly from now on (the AFTERs are done)
-  views = [substitute(s, {a: a.src[0] for a in s.toposort() if a.op is Ops.AFTER}) for s in sink.src]
+  views = [substitute(s, {a: a.src[0] for a in s.toposort() if a.op is Ops.AFTER}) for s in sink.src[:n]]
   if DEBUG: print(f"[schedule] {len(kernels)} kernels")
   if DEBUG >= 2:
     for k in kernels: print(k.render())

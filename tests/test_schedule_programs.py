@@ -234,3 +234,16 @@ def test_chained_means_stage_only_what_is_shared():
   mm = a.mean(0)
   close(out0, ((mm * 2).mean(0) + 1).mean(0), rtol=1e-4, atol=1e-5)
   close(out1, a.mean(2).mean(1) - mm.mean(1).mean(0), rtol=1e-4, atol=1e-5)
+
+
+def test_an_assign_no_output_reads_is_still_carried_out():
+  # v - v folds to 0 in the kernel, so no kernel reads the assign's result: its store must run all the same
+  a = Tensor(np.arange(6, dtype=np.uint8)).realize()
+  a.assign(1)
+  z = a - a
+  assert z.tolist() == [0] * 6
+  assert a.tolist() == [1] * 6
+  b = Tensor(np.arange(4, dtype=np.float32)).realize()
+  b.assign(b + 1)
+  assert b[0:0].numpy().shape == (0,)
+  assert b.tolist() == [1.0, 2.0, 3.0, 4.0]
