@@ -210,14 +210,16 @@ def _wrap_stages(sink: UOp, staged: set[UOp], devices: list[str]) -> UOp:
   for t, dev in zip(targets, devices):
     if t.size == 0 or t.base.op in (Ops.BUFFER, Ops.AFTER): continue
     if t.op is not Ops.CONTIGUOUS and t.base in staged: continue
-    x = t.src[0] if t.op is Ops.CONTIGUOUS else t
+    # a copy of a computed value is that value's stage; a copy of a view of a buffer stages the CONTIGUOUS
+    # itself, so the view (an assign's target, say) stays what it is everywhere else
+    x = t.src[0] if t.op is Ops.CONTIGUOUS and t.src[0].base.op not in (Ops.BUFFER, Ops.AFTER) else t
     target_of.setdefault(x, x.device or dev)
   done: dict[UOp, UOp] = {}
   for u in sink.toposort():
     if u is sink: break
     new_src = tuple(done[s] for s in u.src)
     x = u if new_src == u.src else UOp(u.op, u.dtype, new_src, u.arg, u.tag)
-    if u in target_of: x = UOp(Ops.STAGE, x.dtype, (x,), target_of[u], tag="target")
+    if u in target_of: x = UOp(Ops.STAGE, x.dtype, x.src if x.op is Ops.CONTIGUOUS else (x,), target_of[u], tag="target")
     elif u in staged: x = UOp(Ops.STAGE, x.dtype, (x,), x.device)
     elif u.op is Ops.CONTIGUOUS and x.src[0].op is Ops.STAGE: x = x.src[0]
     done[u] = x
@@ -286,7 +288,8 @@ def _snapshot_overwritten_reads(sink: UOp) -> UOp:
     after_of[u] = acc
   fix: dict[UOp, set[UOp]] = {}   # kernel root -> buffers it must read from a snapshot
   for root in order:
-    if root.op not in _KERNEL_ROOTS or not after_of[root]: continue
+    # the sink too: an output that is a view of the buffer as it was is a read before the write
+    if (root.op not in _KERNEL_ROOTS and root is not sink) or not after_of[root]: continue
     old = {u for u in _region_reads(root) if u.op is Ops.BUFFER and u in after_of[root]}
     if old: fix[root] = old
   if not fix: return sink

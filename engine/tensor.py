@@ -281,7 +281,9 @@ class Tensor:
 
   def contiguous(self) -> Tensor: return self._new(self.uop.contiguous())
   def detach(self) -> Tensor: return self._new(UOp(Ops.DETACH, self.dtype, (self.uop,)))
-  def clone(self) -> Tensor: return self.contiguous()
+  def clone(self) -> Tensor:
+    """A copy in a buffer of its own (contiguous() of a realized tensor is that tensor's buffer; this never is)."""
+    return self._new(UOp(Ops.CONTIGUOUS, self.dtype, (self.uop,), tag="copy"))
 
   def assign(self, x: Any) -> Tensor:
     """Write x (broadcast and cast to this tensor's shape and dtype) into this tensor's storage.

@@ -247,3 +247,33 @@ def test_an_assign_no_output_reads_is_still_carried_out():
   b.assign(b + 1)
   assert b[0:0].numpy().shape == (0,)
   assert b.tolist() == [1.0, 2.0, 3.0, 4.0]
+
+
+def test_assign_into_a_flipped_view_of_its_own_source():
+  # the value reads the buffer in order while the target writes it reversed: staged first, not in place
+  a = Tensor(np.array([-1, 5, 7, 9], dtype=np.int64)).realize()
+  v = a.flip(0)
+  v.assign(a).realize()
+  assert v.tolist() == [-1, 5, 7, 9] and a.tolist() == [9, 7, 5, -1]
+  t = Tensor(np.arange(6, dtype=np.float32).reshape(2, 3)).realize()
+  t.T.assign(t.reshape(3, 2)).realize()
+  np.testing.assert_array_equal(t.numpy(), np.arange(6, dtype=np.float32).reshape(3, 2).T)
+
+
+@pytest.mark.parametrize("shape", [(2,), (1, 2)])
+def test_contiguous_of_a_buffer_is_that_buffer_and_its_assign_is_not_redirected(shape):
+  a = Tensor(np.array([5, -2], dtype=np.int32).reshape(shape)).realize()
+  c = a.contiguous()
+  a.assign(Tensor(np.array([1, 1], dtype=np.int32).reshape(shape)))
+  Tensor.realize(c, a)       # c was built before the assign: in this realize it reads the old contents
+  assert c.numpy().ravel().tolist() == [5, -2] and a.numpy().ravel().tolist() == [1, 1]
+  b = Tensor(np.arange(3, dtype=np.float32)).realize()
+  assert b.contiguous().realize().uop.base is b.uop.base   # already contiguous: no copy, as in tinygrad and torch
+
+
+def test_clone_is_a_copy():
+  a = Tensor(np.arange(3, dtype=np.float32)).realize()
+  c = a.clone().realize()
+  assert c.uop.base is not a.uop.base and c.tolist() == [0.0, 1.0, 2.0]
+  a.assign(a + 1).realize()
+  assert c.tolist() == [0.0, 1.0, 2.0] and a.tolist() == [1.0, 2.0, 3.0]

@@ -68,18 +68,20 @@ def assign_to_store(assign: UOp) -> UOp:
 def needs_staging_before_store(target: UOp, value: UOp) -> bool:
   """Whether writing value into target in place could read elements it already overwrote.
 
-  In place is safe only when each element of the value reads the target at that same element: through
-  elementwise ops and reshapes, or through the target's own view. Anything that reads the target at other
-  positions (a reduce, a broadcast, a permute, a flip, a pad, another shrink: matmul of the target with
-  something, say) makes the value be realized first."""
+  In place is safe only when each element of the value reads the target's buffer at the element it writes:
+  through elementwise ops and reshapes over the target view itself, or over the whole buffer when the target
+  is the whole buffer in order. Anything else (a reduce, a broadcast, a permute, a flip, a pad, a shrink over
+  the target, or the buffer read through any view other than the target's: `t.flip(0).assign(t)`) makes the
+  value be realized first."""
   base = target.base
   if base not in value.toposort(): return False
-  own = set(target.toposort())
+  whole = all(m.op is Ops.RESHAPE for m in target.toposort() if m.op in MOVEMENT)
   reaches: dict[UOp, bool] = {}
-  for u in value.toposort(gate=lambda u: u.op is not Ops.CONTIGUOUS):
-    reaches[u] = u is base or any(reaches.get(s, False) for s in u.src)
-    if reaches[u] and u not in own and ((u.op in MOVEMENT and u.op is not Ops.RESHAPE) or u.op is Ops.REDUCE_AXIS):
-      return True
+  for u in value.toposort(gate=lambda u: u.op is not Ops.CONTIGUOUS and u is not target):
+    if u is target or u is base: reaches[u] = True
+    else: reaches[u] = u.op is not Ops.CONTIGUOUS and any(reaches.get(s, False) for s in u.src)
+    if u is base and not whole: return True
+    if reaches[u] and ((u.op in MOVEMENT and u.op is not Ops.RESHAPE) or u.op is Ops.REDUCE_AXIS): return True
   return False
 
 
