@@ -248,6 +248,11 @@ class LLVMRenderer(ScopedEmitter):
       self.ups = _upcast_ranges(stores[0])
       self.lanes = list(itertools.product(*[range(n) for n in self.ups.values()]))
       self.kblock = _k_block(stores[0], self.ups, self.k.bufs)
+    # a reduce that depends on no loop around it (a whole-tensor max under the loop that compares with it) is
+    # computed once, before any loop, instead of once per iteration of loops it does not depend on
+    ups, self.ups = self.ups, {}
+    for r in _invariant_reduces(self.k.ast): self.value(r)
+    self.ups = ups
     kc_loop = None
     if self.kblock:   # the reduction in blocks of kblock, outermost: that block of B stays in cache for every row tile
       st0 = stores[0].src[0]
@@ -530,6 +535,20 @@ class LLVMRenderer(ScopedEmitter):
       self._set_lane(outer_lane)
     outs = [self.b.load(acc) for acc in accs]
     return [self._to_half(o) for o in outs] if wide else outs
+
+
+def _invariant_reduces(ast: UOp) -> list[UOp]:
+  """The REDUCEs nested in a loop whose value depends on no range but their own (and those of reduces
+  inside them), sources first. A reduce straight under a store that has no loops needs no hoisting."""
+  free: dict[UOp, frozenset] = {}
+  out: list[UOp] = []
+  for u in ast.toposort():
+    if u.op is Ops.RANGE: free[u] = frozenset((u,))
+    else:
+      f = frozenset().union(*(free[s] for s in u.src)) if u.src else frozenset()
+      free[u] = f - frozenset(u.src[1:]) if u.op is Ops.REDUCE else f
+      if u.op is Ops.REDUCE and not free[u]: out.append(u)
+  return out
 
 
 def _fbits(d: DType) -> int: return d.itemsize * 8

@@ -96,12 +96,13 @@ def _cheap(u: UOp, staged: set[UOp]) -> bool:
   return len(reads) <= MAX_RECOMPUTE_READS
 
 
-def _uses(sink: UOp, staged: set[UOp]) -> dict[UOp, float]:
+def _uses(sink: UOp, staged: set[UOp], contexts: dict[UOp, int] | None = None) -> dict[UOp, float]:
   """How many times each node's value would be computed: distinct index contexts, weighted by expansion.
 
   Elementwise users index a value exactly as they are indexed, so they share
   one context; a movement op or a reduce starts a new one; an EXPAND repeats
-  its source once per element it adds. A realized node starts afresh."""
+  its source once per element it adds. A realized node starts afresh.
+  `contexts`, if given, receives each node's number of contexts, unweighted."""
   order = sink.toposort()
   ctxs: dict[UOp, dict[Any, float]] = {u: {} for u in order}
   ctxs[sink] = {(): 1.0}
@@ -112,6 +113,7 @@ def _uses(sink: UOp, staged: set[UOp]) -> dict[UOp, float]:
     else: own = mine
     if len(own) > 16: own = {(u,): float(sum(own.values()))}   # too many paths to track: collapse them
     out[u] = sum(mine.values())
+    if contexts is not None: contexts[u] = len(mine)
     for s in u.src:
       if u.op in ALU or u.op in (Ops.CAST, Ops.BITCAST): add = own
       elif u.op in MOVEMENT or u.op is Ops.REDUCE_AXIS:
@@ -148,26 +150,42 @@ def _movement_chain(x: UOp) -> list[UOp]:
   return chain
 
 
-def choose_stages(sink: UOp) -> set[UOp]:
+def choose_stages(sink: UOp, hoists: bool = False) -> set[UOp]:
   """Nodes to realize so that no expensive value is computed twice.
 
   First reduces used more than once (expensive by nature), outputs first: the top of a reduce's elementwise
   tail is stored rather than the reduce alone (one kernel stores both halves of a NaN-aware max), and a reduce
   whose only user is stored is used once. Then ALU values used more than once are realized unless recomputing
-  them is cheap. Uses are counted again after each choice: a realized value starts afresh."""
+  them is cheap. Uses are counted again after each choice: a realized value starts afresh.
+
+  `hoists`: every device here computes a reduce that depends on no loop around it once per kernel (CPU,
+  NUMPY), so a whole-tensor reduce with one consumer stays in that consumer's kernel however far its value
+  is broadcast (`x.argmax()`, `x - x.mean()`: one kernel, as in tinygrad)."""
   staged: set[UOp] = set()
   order = sink.toposort()
-  uses = _uses(sink, staged)
+  contexts: dict[UOp, int] = {}
+  uses = _uses(sink, staged, contexts)
   epilogues = _reduce_epilogues(order)
+  # a whole-tensor value with one consumer, on devices that hoist it, is computed once in that consumer's
+  # kernel: like a stage, what it reads is used once per computation of it, however far it is broadcast
+  hoisted: set[UOp] = set()
+  def choose(u: UOp) -> None:
+    nonlocal uses
+    if hoists and u.size == 1 and contexts.get(u, 0) <= 1: hoisted.add(u)
+    else: staged.add(u)
+    uses = _uses(sink, staged | hoisted, contexts)
   for u in reversed(order):
-    if (u.op is Ops.REDUCE_AXIS or u in epilogues) and uses.get(u, 0) > 1 and u.device is not None:
-      staged.add(u)
-      uses = _uses(sink, staged)
+    if (u.op is Ops.REDUCE_AXIS or u in epilogues) and uses.get(u, 0) > 1 and u.device is not None: choose(u)
   for u in reversed(order):
-    if u.op in ALU and uses.get(u, 0) > 1 and u.device is not None and not _cheap(u, staged):
-      staged.add(u)
-      uses = _uses(sink, staged)
+    if u.op in ALU and uses.get(u, 0) > 1 and u.device is not None and u not in hoisted and not _cheap(u, staged):
+      choose(u)
   return staged
+
+
+# devices whose kernels compute a reduce that depends on no enclosing loop once, before the loops (the CPU
+# renderer hoists it, the NUMPY device evaluates each value over only the ranges it depends on); OpenCL
+# work-items would each compute it
+HOISTING_DEVICES = frozenset({"CPU", "NUMPY"})
 
 
 # *** kernels ***
@@ -354,7 +372,8 @@ def schedule(targets: list[UOp], default_device: str = "NUMPY",
   devices += [a.device or default_device for a in assigns]
   sink = _pass("earliest", UOp.sink(*targets, *assigns), _m("earliest"))
   sink = _pass("prepare", sink, _m("prepare"))
-  sink = _wrap_stages(sink, choose_stages(sink), devices)
+  hoists = all(d in HOISTING_DEVICES for d in {*devices, *(u.arg[1] for u in sink.toposort() if u.op is Ops.BUFFER)})
+  sink = _wrap_stages(sink, choose_stages(sink, hoists), devices)
   if (limit := max_kernel_buffers(default_device)): sink = _pass("limit", sink, _m("limit_buffers"), ctx=limit)
   sink = _place_constants(sink, devices)
   sink = _snapshot_overwritten_reads(sink)

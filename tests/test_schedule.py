@@ -65,8 +65,11 @@ def test_mlp_is_two_kernels_and_a_reused_reduce_is_computed_once():
   s = x.sum(1, keepdim=True)
   both = x / s + s.T.sum()
   ks = kernels(both)
-  # s once (reads x), its total (reads only s), the result (reads x, s and the total): s is never recomputed
-  assert len(ks) == 3 and [len(k.inputs) for k in ks] == [1, 1, 3] and ks[1].bufs[1].arg[2] == 4
+  # s once (reads x), then the result (reads x and s); its total is computed once inside the result's kernel
+  # on devices that hoist a reduce out of loops it does not depend on (CPU, NUMPY), else stored by a kernel of
+  # its own (reads only s): s is never recomputed
+  if x.device in ("CPU", "NUMPY"): assert len(ks) == 2 and [len(k.inputs) for k in ks] == [1, 2]
+  else: assert len(ks) == 3 and [len(k.inputs) for k in ks] == [1, 1, 3] and ks[1].bufs[1].arg[2] == 4
   np.testing.assert_allclose(both.numpy(), x.numpy() / x.numpy().sum(1, keepdims=True) + x.numpy().sum(), rtol=1e-4)
 
 

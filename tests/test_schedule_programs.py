@@ -277,3 +277,21 @@ def test_clone_is_a_copy():
   assert c.uop.base is not a.uop.base and c.tolist() == [0.0, 1.0, 2.0]
   a.assign(a + 1).realize()
   assert c.tolist() == [0.0, 1.0, 2.0] and a.tolist() == [1.0, 2.0, 3.0]
+
+
+def test_a_whole_tensor_reduce_stays_in_its_only_consumer_where_the_device_hoists_it():
+  # CPU and NUMPY compute a reduce that depends on no loop around it once per kernel: x.argmax() is one kernel,
+  # as in tinygrad; on CL each work-item would compute it, so there it is stored first
+  a = arr(48, 40)
+  a[3, 7] = 9.0
+  x = Tensor(a).realize()
+  am, centred = x.argmax(), x - x.mean()
+  hoisting = x.device in ("CPU", "NUMPY")
+  assert len(kernels(am)) == (1 if hoisting else 2)
+  assert len(kernels(centred)) == (1 if hoisting else 2)
+  assert am.item() == np.argmax(a)
+  close(centred, a - a.mean(), rtol=1e-5, atol=1e-5)
+  m = x.mean(0)
+  out = x.mean(1) - m.mean(0)      # the scalar's own input (a 40-vector) is computed once, not stored
+  assert len(kernels(out)) == (1 if hoisting else 2)
+  close(out, a.mean(1) - a.mean(0).mean(0), rtol=1e-5, atol=1e-5)
