@@ -249,6 +249,38 @@ def _wrap_stages(sink: UOp, staged: set[UOp], devices: list[str]) -> UOp:
   return sink.replace(src=tuple(outs))
 
 
+def _reuse_contiguous_copies(sink: UOp) -> UOp:
+  """An elementwise op reading x reads a contiguous copy of x's permute/reshape instead, through the inverse
+  view, when the program makes one: the copy's kernel computes x once (the seeds' replace_contiguous)."""
+  found: dict[UOp, UOp] = {}
+  for u in sink.toposort():
+    if u.op is not Ops.CONTIGUOUS or u.tag is not None or u.src[0].op not in (Ops.PERMUTE, Ops.RESHAPE): continue
+    x, view, views = u.src[0], u, {}
+    while x.op in (Ops.PERMUTE, Ops.RESHAPE):
+      view = view.permute(tuple(sorted(range(len(x.arg)), key=lambda i: x.arg[i]))) if x.op is Ops.PERMUTE \
+        else view.reshape(x.src[0].shape)
+      x = x.src[0]
+      views[x] = view   # each level of the chain (a matmul's value is a RESHAPE of its reduce)
+    if x.op in ALU or x.op is Ops.REDUCE_AXIS:
+      for k, v in views.items(): found.setdefault(k, v)
+  if not found: return sink
+  def via_copy(s: UOp) -> UOp | None:
+    """s (a permute/reshape chain over a value that has a copy) read from that copy."""
+    chain = []
+    while s not in found and s.op in (Ops.PERMUTE, Ops.RESHAPE):
+      chain.append(s)
+      s = s.src[0]
+    if s not in found: return None
+    out = found[s]
+    for m in reversed(chain): out = m.replace(src=(out,))
+    return out
+  done: dict[UOp, UOp] = {}
+  for u in sink.toposort():
+    new_src = tuple((via_copy(s) or done[s]) if u.op in ALU else done[s] for s in u.src)
+    done[u] = u if new_src == u.src else UOp(u.op, u.dtype, new_src, u.arg, u.tag)
+  return done[sink]
+
+
 def _place_constants(sink: UOp, devices: list[str]) -> UOp:
   """A buffer for a value that lives on no device (a CONTIGUOUS of constants, a split reduce of
   ones) goes where its nearest consumer lives: that consumer's device, or the target's."""
@@ -371,6 +403,7 @@ def schedule(targets: list[UOp], default_device: str = "NUMPY",
   assigns = [u for u in UOp.sink(*targets).toposort() if u.op is Ops.ASSIGN and u not in targets]
   devices += [a.device or default_device for a in assigns]
   sink = _pass("earliest", UOp.sink(*targets, *assigns), _m("earliest"))
+  sink = _reuse_contiguous_copies(sink)
   sink = _pass("prepare", sink, _m("prepare"))
   hoists = all(d in HOISTING_DEVICES for d in {*devices, *(u.arg[1] for u in sink.toposort() if u.op is Ops.BUFFER)})
   sink = _wrap_stages(sink, choose_stages(sink, hoists), devices)

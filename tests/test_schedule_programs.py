@@ -295,3 +295,25 @@ def test_a_whole_tensor_reduce_stays_in_its_only_consumer_where_the_device_hoist
   out = x.mean(1) - m.mean(0)      # the scalar's own input (a 40-vector) is computed once, not stored
   assert len(kernels(out)) == (1 if hoisting else 2)
   close(out, a.mean(1) - a.mean(0).mean(0), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("view", ["T", "reshape"])
+def test_a_contiguous_copy_of_a_view_is_reused_by_elementwise_users(view):
+  # y is expensive (a matmul) and used twice: its copy's kernel computes it once and y + 1 reads the copy
+  a, b = arr(4, 5), arr(5, 6)
+  y = Tensor(a) @ Tensor(b)
+  yc = y.T.contiguous() if view == "T" else y.reshape(2, 12).contiguous()
+  z = y + 1
+  assert len(kernels(yc, z)) == 2
+  Tensor.realize(yc, z)
+  r = a @ b
+  close(yc, r.T if view == "T" else r.reshape(2, 12), rtol=1e-5, atol=1e-5)
+  close(z, r + 1, rtol=1e-5, atol=1e-5)
+
+
+def test_assigning_a_copy_from_another_device_is_one_kernel():
+  src = Tensor(np.arange(6, dtype=np.float32), device="NUMPY").realize()
+  dst = Tensor(np.zeros(6, dtype=np.float32), device="CPU").realize()
+  dst.assign(src.to("CPU"))
+  assert len(kernels(dst)) == 1
+  assert dst.tolist() == list(range(6)) and dst.device == "CPU"
