@@ -47,17 +47,22 @@ def is_realized(u: UOp) -> bool:
   return u.base.op is Ops.BUFFER
 
 
-def host_value(view: UOp) -> np.ndarray:
-  """The value of a realized view (movement ops over a BUFFER) as a numpy array of its shape (read-only)."""
+def _through_view(view: UOp, what: str, of_buffer) -> tuple[UOp, np.ndarray]:
+  """The BUFFER under a view (movement ops over it) and of_buffer(buffer) moved through the view's ops."""
   chain = []
   x = view
   while x.op in MOVEMENT:
     chain.append(x)
     x = x.src[0]
-  if x.op is not Ops.BUFFER: raise ValueError(f"not a realized view: movement ops over {x.op.name}, not a BUFFER")
-  v = buffer_of(x).host_view()
+  if x.op is not Ops.BUFFER: raise ValueError(f"{what} must be a view of a buffer, not of {x.op.name}")
+  v = of_buffer(x)
   for m in reversed(chain): v = tensor_eval.apply_movement(m.op, m.arg, v)
-  return v
+  return x, v
+
+
+def host_value(view: UOp) -> np.ndarray:
+  """The value of a realized view (movement ops over a BUFFER) as a numpy array of its shape (read-only)."""
+  return _through_view(view, "a realized value", lambda b: buffer_of(b).host_view())[1]
 
 
 def device_of(u: UOp, default: str = DEFAULT_DEVICE) -> str:
@@ -72,14 +77,8 @@ def view_indices(target: UOp) -> tuple[UOp, np.ndarray]:
   the chain (strided slices pad and shrink) but no padded position and no
   repeated position may be visible in the view: writing through it must be a
   one-to-one copy. ValueError otherwise."""
-  chain = []
-  x = target
-  while x.op in MOVEMENT:
-    chain.append(x)
-    x = x.src[0]
-  if x.op is not Ops.BUFFER: raise ValueError(f"assign target must be a view of a buffer, not of {x.op.name}")
-  idx = np.arange(1, x.arg[-1] + 1)  # positions + 1, so that PAD's zeros stand for "no element"
-  for m in reversed(chain): idx = tensor_eval.apply_movement(m.op, m.arg, idx)
+  # positions + 1, so that PAD's zeros stand for "no element"
+  x, idx = _through_view(target, "assign target", lambda b: np.arange(1, b.arg[-1] + 1))
   idx = idx - 1
   if (idx < 0).any(): raise ValueError("cannot assign through a padded view: some of its elements are padding")
   if np.unique(idx).size != idx.size: raise ValueError("cannot assign through an expanded view: it repeats elements")
