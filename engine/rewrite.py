@@ -40,7 +40,26 @@ def graph_rewrite(sink: UOp, matcher: Any, ctx: Any = None, bottom_up: bool = Fa
       return None if fn is None else fn(u, ctx)
   else:
     def rewrite(u: UOp): return matcher.rewrite(u, ctx)
-  return (_pre_order if bottom_up else _post_order)(sink, rewrite, matcher, ctx, _Budget(sink, max_steps))
+  budget = _Budget(sink, max_steps)
+  try:
+    return (_pre_order if bottom_up else _post_order)(sink, rewrite, matcher, ctx, budget)
+  except AttributeError as e:
+    # a replacement built a node whose sources are not all nodes: name the rule, as for any other rule error
+    if isinstance(getattr(e, "obj", None), UOp) or getattr(e, "name", None) not in ("src", "op"): raise
+    raise _not_a_graph(matcher, ctx, budget.recent, e) from e
+
+
+def _not_a_graph(matcher, ctx, recent, e: AttributeError):
+  from engine.lang.runtime import RuleRuntimeError
+  which, hit = getattr(matcher, "which_rule", None), None
+  for u in reversed(recent or ()):
+    try: hit = which(u, ctx) if which is not None else None
+    except Exception: hit = None
+    if hit is not None: break
+  lines = {(n, loc): text for n, loc, text in getattr(matcher, "rule_info", ())}
+  rule = (hit[0], hit[1], lines.get(hit, "")) if hit is not None else ("unknown", "?", "")
+  return RuleRuntimeError(rule, TypeError(f"the replacement's graph has a {type(getattr(e, 'obj', None)).__name__} "
+                                          "where a source node belongs"))
 
 
 class _Budget:
@@ -48,6 +67,7 @@ class _Budget:
   FREE = 100_000
   def __init__(self, sink: UOp, max_steps: int | None):
     self.sink, self.limit = sink, max_steps
+    self.recent = None          # the traversal's recently rewritten nodes, for error messages
   def exceeded(self, steps: int) -> bool:
     if self.limit is None:
       if steps <= self.FREE: return False
@@ -70,6 +90,7 @@ def _post_order(root: UOp, rewrite, matcher, ctx, budget: _Budget) -> UOp:
   done: dict[UOp, UOp] = {}
   pending: set[UOp] = set()               # nodes whose rewrite result is still being processed
   recent: collections.deque = collections.deque(maxlen=64)
+  budget.recent = recent
   steps = 0
   stack: list[tuple[UOp, int, Any]] = [(root, 0, None)]
   while stack:
@@ -116,6 +137,7 @@ def _pre_order(root: UOp, rewrite, matcher, ctx, budget: _Budget) -> UOp:
   done: dict[UOp, UOp] = {}
   pending: set[UOp] = set()
   recent: collections.deque = collections.deque(maxlen=64)
+  budget.recent = recent
   steps = 0
   stack: list[tuple[UOp, int, Any]] = [(root, 0, None)]
   while stack:

@@ -3,6 +3,7 @@
 The front door: the rule library and graph rewriting. (The Tensor front end
 arrives with the scheduler.)"""
 from engine.dtypes import dtypes
+from engine.lang.capability import rule_helper
 from engine.lang.diagnostics import RuleError
 from engine.lang.loader import load_library, matcher
 from engine.ops import Ops
@@ -10,4 +11,5 @@ from engine.rewrite import RewriteLoopError, graph_rewrite
 from engine.tensor import Tensor
 from engine.uop import UOp
 
-__all__ = ["Tensor", "UOp", "Ops", "dtypes", "graph_rewrite", "load_library", "matcher", "RuleError", "RewriteLoopError"]
+__all__ = ["Tensor", "UOp", "Ops", "dtypes", "graph_rewrite", "load_library", "matcher", "RuleError", "RewriteLoopError",
+           "rule_helper"]

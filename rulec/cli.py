@@ -14,7 +14,11 @@ def _cmd_check(args) -> int:
   if missing:
     print(f"rulec check: no such file or directory: {', '.join(missing)}", file=sys.stderr)
     return 2
-  lib, sources = check_paths(args.paths or None, examples=not args.no_examples)
+  try:
+    lib, sources = check_paths(args.paths or None, examples=not args.no_examples)
+  except Exception as e:  # noqa: BLE001 - a bug of rulec's own; say so without a traceback
+    print(f"rulec check: internal error: {type(e).__name__}: {e}", file=sys.stderr)
+    return 3
   diags = lib.diagnostics
   if args.format == "json":
     print(json.dumps({"files": len(sources), "rulesets": len(lib.rulesets),
@@ -98,6 +102,10 @@ def _cmd_verify(args) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+  # diagnostics echo text from rules files: never let an unencodable character end the command with a traceback
+  for stream in (sys.stdout, sys.stderr):
+    try: stream.reconfigure(errors="backslashreplace")
+    except (AttributeError, ValueError): pass
   ap = argparse.ArgumentParser(prog="rulec", description="rulec: a tensor compiler whose rewrites are .rules files")
   sub = ap.add_subparsers(dest="cmd", required=True)
   c = sub.add_parser("check", help="check .rules files (default: the rules/ library)")

@@ -60,7 +60,8 @@ def only(src: str, code: str, path: str = "t.rules") -> Diagnostic:
   return found[0]
 
 
-def underlined(src: str, line: int, col: int, end_col: int) -> str:
+def underlined(src: str | bytes, line: int, col: int, end_col: int) -> str:
+  if isinstance(src, bytes): src = src.decode("utf-8", errors="replace")
   return src.split("\n")[line - 1][col - 1:end_col - 1]
 
 
@@ -145,6 +146,41 @@ CASES = [
    "rule q: x + 0 => x"),
   ("R505-via-includes", "ruleset a:\n  rule r: x + _ => x\nruleset b includes a:\n  rule q: x + 0 => x\n",
    "R505", "warning", 4, 3, 4, 21, "rule q: x + 0 => x"),
+  # reading and lexing
+  ("R003-not-utf8", b"ruleset s:\n  rule r: x + 0 => x \xff\n", "R003", "error", 2, 22, 2, 23, "\ufffd"),
+  ("R003-truncated-utf8", b"ruleset s:\n  rule r: x + 0 => 'a\xc3'\n", "R003", "error", 2, 22, 2, 23, "\ufffd"),
+  ("R004-leading-zero", "ruleset s:\n  rule r: x + 0 => x + 01\n", "R004", "error", 2, 24, 2, 26, "01"),
+  ("R004-underscores", "ruleset s:\n  rule r: x + 1__0 => x\n", "R004", "error", 2, 15, 2, 19, "1__0"),
+  ("R004-hex", "ruleset s:\n  rule r: x + 0 => x + 0x_\n", "R004", "error", 2, 24, 2, 27, "0x_"),
+  ("R004-escape", 'ruleset s:\n  rule r: x + 0 if x.arg == "\\x1" => x\n', "R004", "error", 2, 29, 2, 34, '"\\x1"'),
+  ("R004-named-escape", 'ruleset s:\n  rule r: x + 0 if x.arg == "\\N{NOPE}" => x\n', "R004", "error", 2, 29, 2, 39,
+   '"\\N{NOPE}"'),
+  ("R004-nul", 'ruleset s:\n  rule r: x + 0 if x.arg == "a\0" => x\n', "R004", "error", 2, 29, 2, 33, '"a\0"'),
+  ("R005-attribute", "ruleset s:\n  rule r: x + 0 => x.class\n", "R005", "error", 2, 22, 2, 27, "class"),
+  ("R005-keyword-argument", "ruleset s:\n  rule r: x + 0 => x.replace(from=None)\n", "R005", "error", 2, 30, 2, 34, "from"),
+  # the capability boundary
+  ("R406-node", "ruleset s:\n  rule r: x + 0 => x.system\n", "R406", "error", 2, 22, 2, 28, "system"),
+  ("R406-comprehension", "ruleset s:\n  rule r: x + 0 => [s.system for s in x.src][0]\n", "R406", "error", 2, 23, 2, 29,
+   "system"),
+  ("R406-source", "ruleset s:\n  rule r: x + 0 => x.src[0].system\n", "R406", "error", 2, 29, 2, 35, "system"),
+  ("R406-tuple", "ruleset s:\n  rule r: SINK(*rest) => rest.op\n", "R406", "error", 2, 31, 2, 33, "op"),
+  ("R406-dtype", "ruleset s:\n  rule r: x + 0 => x if x.dtype.fields else None\n", "R406", "error", 2, 33, 2, 39, "fields"),
+  ("R406-builtin", "ruleset s:\n  rule r: x + 0 => x if str.join else None\n", "R406", "error", 2, 29, 2, 33, "join"),
+  ("R406-helper", f"use {H} (bounds_const)\nruleset s:\n  rule r: _ + 0 => bounds_const.x\n",
+   "R406", "error", 3, 33, 3, 34, "x"),
+  ("R406-ctx-private", "ruleset s:\n  rule r: _ + 0 => ctx._cache\n", "R406", "error", 2, 24, 2, 30, "_cache"),
+  ("R406-class", "ruleset s:\n  rule r: x + 0 => UOp.replace(x)\n", "R406", "error", 2, 24, 2, 31, "replace"),
+  # limits (engine/lang/limits.py)
+  ("R701", "ruleset s:\n  rule r: " + " + ".join(["_"] * 10) + " => None\n", "R701", "error", 2, 11, 2, 48,
+   " + ".join(["_"] * 10)),
+  ("R702", "".join(f"ruleset a{i} includes a{i + 1}:\n" for i in range(33)) + "ruleset a33:\n",
+   "R702", "error", 1, 9, 1, 11, "a0"),
+  ("R703-expression", "ruleset s:\n  rule r: x + 0 => " + "[" * 70 + "x" + "]" * 70 + "\n", "R703", "error",
+   2, 84, 2, 97, "[" * 6 + "x" + "]" * 6),
+  ("R704-number", "ruleset s:\n  rule r: x + " + "1" * 101 + " => x\n", "R704", "error", 2, 15, 2, 116, "1" * 101),
+  ("R704-string", "ruleset s:\n  rule r: x + 0 if x.arg == '" + "a" * 10001 + "' => x\n", "R704", "error",
+   2, 29, 2, 10032, "'" + "a" * 10001 + "'"),
+  ("R705", "ruleset s:\n" + "#" * (1 << 20) + "\n", "R705", "error", 1, 1, 1, 1, ""),
 ]
 
 
@@ -171,7 +207,7 @@ ERROR_CASES = [c for c in CASES if c[3] == "error"]
                          ids=[c[0] for c in ERROR_CASES])
 def test_loader_raises_the_same_diagnostic(tmp_path, name, src, code, severity, line, col, end_line, end_col, text):
   path = tmp_path / f"{name}.rules"
-  path.write_text(src)
+  path.write_bytes(src) if isinstance(src, bytes) else path.write_text(src)
   with pytest.raises(RuleError) as ei:
     RuleLibrary([path]).matcher("s")
   got = [(d.span.file, *loc(d)) for d in ei.value.diagnostics]

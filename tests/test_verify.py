@@ -59,7 +59,10 @@ def test_not_checkable_rules_say_why(tmp_path, monkeypatch):
   (tmp_path / "opaque_helpers.py").write_text(textwrap.dedent("""
     from engine.ops import Ops
     from engine.uop import UOp
+    from rulec import rule_helper
+    @rule_helper
     def opaque(x): return UOp(Ops.CUSTOM, x.dtype, (x,), "asm")
+    @rule_helper
     def never(x): return None
   """))
   monkeypatch.syspath_prepend(str(tmp_path))

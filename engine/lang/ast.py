@@ -262,3 +262,37 @@ def iter_exprs(e: Any):
     elif isinstance(x, EComp):
       for g in reversed(x.gens): stack.extend(reversed((g.iter,) + g.ifs))
       stack.append(x.elt)
+
+
+def expr_children(x: Any) -> list:
+  """The direct sub-expressions of an expression node (comprehension clauses included)."""
+  if isinstance(x, tuple): return list(x)
+  if isinstance(x, EAttr): return [x.obj]
+  if isinstance(x, (EKeyword, EStarred)): return [x.value]
+  if isinstance(x, ECall): return [x.func, *x.args]
+  if isinstance(x, ESlice): return [x.lo, x.hi, x.step]
+  if isinstance(x, ESub): return [x.obj, x.index]
+  if isinstance(x, ESeq): return list(x.elts)
+  if isinstance(x, EDict): return list(x.keys + x.values)
+  if isinstance(x, EBin): return [x.left, x.right]
+  if isinstance(x, EUnary): return [x.operand]
+  if isinstance(x, EBool): return list(x.values)
+  if isinstance(x, ECompare): return [x.left, *x.rights]
+  if isinstance(x, ECond): return [x.test, x.body, x.orelse]
+  if isinstance(x, EComp):
+    out = [x.elt]
+    for g in x.gens: out += [g.iter, *g.ifs]
+    return out
+  return []
+
+
+def deepest(root: Any, children, limit: int) -> Any | None:
+  """The first node found more than `limit` levels below `root` (None if there is none); no recursion."""
+  stack = [(root, 1, root)]
+  while stack:
+    x, d, spanned = stack.pop()
+    if x is None: continue
+    if hasattr(x, "span"): spanned = x
+    if d > limit: return spanned
+    stack.extend((c, d + (0 if isinstance(x, tuple) else 1), spanned) for c in children(x))
+  return None

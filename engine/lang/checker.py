@@ -3,13 +3,18 @@ files and reports what is wrong, each with its location. Nothing in a rules
 file runs here; helper modules are imported only from allowed packages."""
 from __future__ import annotations
 
-from typing import Callable
+from typing import Any, Callable
 
 import attrs
 
+import keyword
+
 from engine.dtypes import dtype_set
 from engine.lang import ast as A
+from engine.lang.capability import CTX, allowed_attrs, comprehension_scope, describe_type, static_type
+from engine.lang.compiler import child_orders
 from engine.lang.diagnostics import Diagnostic
+from engine.lang.limits import MAX_EXPR_DEPTH, MAX_INCLUDE_DEPTH, MAX_VARIANTS, SHADOW_CANDIDATES
 from engine.lang.names import (BUILTINS, CONSTANT_NAMES, FORBIDDEN_NAMES, check_call_arity, forbidden_attr, resolve_helper,
                                resolve_helper_module)
 from engine.ops import COMMUTATIVE, FIXED_ARITY, GROUPS, op_set
@@ -24,6 +29,9 @@ class CheckedLibrary:
   helpers: dict[str, dict[str, Callable]]     # file path -> helper name -> function
   ruleset_file: dict[str, str]                # ruleset name -> file path
   helper_origin: dict[str, dict[str, tuple[str, str]]] = attrs.Factory(dict)  # file -> name -> (module, name)
+  _flat: dict[str, tuple] = attrs.field(factory=dict, init=False, repr=False)
+  include_depth: dict[str, int] = attrs.field(factory=dict, init=False, repr=False)
+  too_big: set[int] = attrs.field(factory=set, init=False, repr=False)   # id() of rules over a limit (R701, R703)
 
   def helpers_of(self, rule: A.Rule) -> dict[str, tuple[str, str]]:
     return self.helper_origin.get(rule.span.file, {})
@@ -32,20 +40,31 @@ class CheckedLibrary:
   def errors(self) -> list[Diagnostic]: return [d for d in self.diagnostics if d.is_error]
 
   def flat_rules(self, name: str) -> list[A.Rule]:
-    """A ruleset's rules in priority order: included sets first (in order), then its own; each rule once."""
-    out: list[A.Rule] = []
-    seen: set[int] = set()
-    visiting: set[str] = set()
-    def walk(n: str):
-      if n in visiting or n not in self.rulesets: return
-      visiting.add(n)
-      rs = self.rulesets[n]
-      for inc, _ in rs.includes: walk(inc)
-      for r in rs.rules:
-        if id(r) not in seen: seen.add(id(r)); out.append(r)
-      visiting.discard(n)
-    walk(name)
-    return out
+    """A ruleset's rules in priority order: included sets first (in order), then its own; each rule once.
+
+    Memoised per rule set and computed without recursion, so a deep or diamond-shaped include graph costs
+    time linear in its size (a set inside a cycle sees the sets of the cycle above it as empty)."""
+    if name not in self._flat:
+      done, in_progress = self._flat, set()
+      stack = [name]
+      while stack:
+        n = stack[-1]
+        if n in done or n not in self.rulesets: stack.pop(); continue
+        in_progress.add(n)
+        todo = [inc for inc, _ in self.rulesets[n].includes
+                if inc in self.rulesets and inc not in done and inc not in in_progress]
+        if todo: stack.extend(reversed(todo)); continue
+        out: list[A.Rule] = []
+        seen: set[int] = set()
+        for inc, _ in self.rulesets[n].includes:
+          for r in done.get(inc, ()):
+            if id(r) not in seen: seen.add(id(r)); out.append(r)
+        for r in self.rulesets[n].rules:
+          if id(r) not in seen: seen.add(id(r)); out.append(r)
+        done[n] = tuple(out)
+        in_progress.discard(n)
+        stack.pop()
+    return list(self._flat.get(name, ()))
 
 
 def check_library(files: list[A.RuleFile], pre_diags: list[Diagnostic] = ()) -> CheckedLibrary:
@@ -70,6 +89,10 @@ def check_library(files: list[A.RuleFile], pre_diags: list[Diagnostic] = ()) -> 
             diags.append(Diagnostic("R501", "error", r.span, f"rule name '{r.name}' is already used",
                                     note=f"first used at {rule_names[r.name].span}"))
           else: rule_names[r.name] = r
+        if (limit := _over_limits(r)) is not None:
+          diags.append(limit)
+          lib.too_big.add(id(r))
+          continue
         _RuleChecker(r, lib.helpers[f.path], diags).check()
   _check_includes(lib, diags)
   _check_shadowing(lib, diags)
@@ -96,24 +119,81 @@ def _check_uses(f: A.RuleFile, diags: list[Diagnostic]) -> dict[str, Callable]:
   return helpers
 
 
+def _over_limits(r: A.Rule) -> Diagnostic | None:
+  """R703 for a pattern, guard, replacement or example nested too deeply; R701 for too many source orders."""
+  parts = [(r.pattern, A.pattern_children, "the pattern")]
+  parts += [(x, A.expr_children, what) for x, what in ((r.guard, "the guard"), (r.replacement, "the replacement"))]
+  for ex in r.examples:
+    parts += [(ex.input, A.pattern_children, "the example"), (ex.expected, A.pattern_children, "the example")]
+  for root, children, what in parts:
+    if root is None: continue
+    if (deep := A.deepest(root, children, MAX_EXPR_DEPTH)) is not None:
+      return Diagnostic("R703", "error", deep.span, f"{what} nests more than {MAX_EXPR_DEPTH} levels deep here",
+                        note="split the rule, or move the computation into a helper")
+  n = variant_count(r.pattern)
+  if n > MAX_VARIANTS:
+    return Diagnostic("R701", "error", r.pattern.span,
+                      f"the pattern has more than {MAX_VARIANTS} source orders to try (commutative ops multiply them)",
+                      note="each commutative op with two sources doubles the orders; split the rule or write fewer of them")
+  return None
+
+
+def variant_count(p, cap: int = MAX_VARIANTS + 1) -> int:
+  """How many variants the compiler would expand pattern p into, capped at `cap` (its depth is bounded already)."""
+  if not isinstance(p, A.PNode) or not p.srcs: return 1
+  total = 1
+  for c in p.srcs:
+    total = min(cap, total * variant_count(c, cap))
+  return min(cap, total * len(child_orders(p)))
+
+
 def _check_includes(lib: CheckedLibrary, diags: list[Diagnostic]):
   for rs in lib.rulesets.values():
     for inc, span in rs.includes:
       if inc not in lib.rulesets: diags.append(Diagnostic("R503", "error", span, f"unknown ruleset '{inc}' in includes"))
-  # cycles: depth-first search over includes edges
+  # cycles: depth-first search over includes edges, with an explicit stack
   state: dict[str, int] = {}
-  def visit(name: str, stack: list[tuple[str, A.Span]]):
-    state[name] = 1
-    for inc, span in lib.rulesets[name].includes:
-      if inc not in lib.rulesets: continue
-      if state.get(inc) == 1:
-        cycle = [n for n, _ in stack[[n for n, _ in stack].index(inc):]] + [name, inc] if inc in [n for n, _ in stack] \
-          else [name, inc]
-        diags.append(Diagnostic("R504", "error", span, f"includes form a cycle: {' -> '.join(cycle)}"))
-      elif inc not in state: visit(inc, stack + [(name, span)])
-    state[name] = 2
-  for name in lib.rulesets:
-    if name not in state: visit(name, [])
+  for root in lib.rulesets:
+    if root in state: continue
+    state[root] = 1
+    stack, path = [(root, iter(lib.rulesets[root].includes))], [root]
+    while stack:
+      name, edges = stack[-1]
+      for inc, span in edges:
+        if inc not in lib.rulesets: continue
+        if state.get(inc) == 1:
+          cycle = path[path.index(inc):] + [inc]
+          diags.append(Diagnostic("R504", "error", span, f"includes form a cycle: {' -> '.join(cycle)}"))
+        elif inc not in state:
+          state[inc] = 1
+          stack.append((inc, iter(lib.rulesets[inc].includes)))
+          path.append(inc)
+          break
+      else:
+        state[name] = 2
+        stack.pop()
+        path.pop()
+  # depth: the longest chain of includes below each set (memoised; a set in a cycle counts the cycle once)
+  depth: dict[str, int] = {}
+  for root in lib.rulesets:
+    if root in depth: continue
+    stack, on_path = [(root, iter(lib.rulesets[root].includes))], {root}
+    while stack:
+      n, edges = stack[-1]
+      for inc, _ in edges:
+        if inc in lib.rulesets and inc not in depth and inc not in on_path:
+          stack.append((inc, iter(lib.rulesets[inc].includes)))
+          on_path.add(inc)
+          break
+      else:
+        depth[n] = max((depth.get(inc, 0) + 1 for inc, _ in lib.rulesets[n].includes if inc in lib.rulesets), default=0)
+        stack.pop()
+        on_path.discard(n)
+  lib.include_depth = depth
+  for name, d in depth.items():
+    if d == MAX_INCLUDE_DEPTH + 1:
+      diags.append(Diagnostic("R702", "error", lib.rulesets[name].span,
+                              f"ruleset '{name}' includes rule sets {d} levels deep; the limit is {MAX_INCLUDE_DEPTH}"))
 
 
 class _RuleChecker:
@@ -122,14 +202,15 @@ class _RuleChecker:
     self.bound: dict[str, A.Span] = {}          # name -> first binding site
     self.node_bound: set[str] = set()           # names bound with a sub-pattern (name:PAT)
     self.uses: dict[str, int] = {}
+    self.tails: set[str] = set()               # names bound by *rest (tuples)
 
   def err(self, code: str, span: A.Span, msg: str, severity: str = "error", note: str | None = None):
     self.diags.append(Diagnostic(code, severity, span, msg, note))
 
   def check(self):
     self.pattern(self.rule.pattern, in_each=False)
-    if self.rule.guard is not None: self.expr(self.rule.guard, set())
-    self.expr(self.rule.replacement, set())
+    if self.rule.guard is not None: self.expr(self.rule.guard, {})
+    self.expr(self.rule.replacement, {})
     for name, span in self.bound.items():
       if self.uses.get(name, 0) == 0 and not name.startswith("_"):
         self.err("R202", span, f"binding '{name}' is never used", "warning", note="use '_' or drop the name if it is not needed")
@@ -172,7 +253,9 @@ class _RuleChecker:
           self.err("R101", span, f"unknown op or op group '{name}'", note=_did_you_mean(name))
       self.dtypes(p.dtypes)
       if p.srcs is not None and p.tail is None and p.each is None: self._arity(p)
-      if p.tail not in (None, "any"): self.bind(p.tail, p.tail_span, True, in_each)
+      if p.tail not in (None, "any"):
+        self.bind(p.tail, p.tail_span, True, in_each)
+        self.tails.add(p.tail)
       for s in p.srcs or (): self.pattern(s, in_each)
       if p.each is not None: self.pattern(p.each, True)
 
@@ -195,8 +278,14 @@ class _RuleChecker:
     if isinstance(e, A.EWalrus): return self.err("R404", e.span, "assignment expressions (:=) are not allowed in rules")
     if isinstance(e, A.EAttr):
       if forbidden_attr(e.attr): self.err("R401", e.attr_span, f"attribute '{e.attr}' is not allowed in rules")
+      elif keyword.iskeyword(e.attr): self.err("R005", e.attr_span, f"'{e.attr}' is a Python keyword, not a name")
+      else: self._attr_allowed(e, scope)
       return self.expr(e.obj, scope)
     if isinstance(e, A.ECall):
+      for a in e.args:
+        if isinstance(a, A.EKeyword) and keyword.iskeyword(a.name):
+          self.err("R005", A.Span(a.span.file, a.span.line, a.span.col, a.span.line, a.span.col + len(a.name)),
+                   f"'{a.name}' is a Python keyword, not a name")
       self.expr(e.func, scope)
       for a in e.args: self.expr(a.value if isinstance(a, (A.EKeyword, A.EStarred)) else a, scope)
       if isinstance(e.func, A.EName) and self.helpers.get(e.func.id) is not None and e.func.id not in scope and \
@@ -207,16 +296,27 @@ class _RuleChecker:
           self.err("R303", e.span, f"helper called with arguments it does not accept: {why}")
       return
     if isinstance(e, A.EComp):
-      inner = set(scope)
+      inner = dict(scope) if isinstance(scope, dict) else dict.fromkeys(scope)
       for g in e.gens:
         self.expr(g.iter, inner)
         for t, span in g.targets:
           if t in self.bound or t in self.helpers or t in BUILTINS or t == "ctx":
             self.err("R204", span, f"comprehension variable '{t}' hides a name already in use")
-          inner.add(t)
+        inner = comprehension_scope(g, set(self.bound) - self.tails, self.tails, self.helpers, inner)
         for c in g.ifs: self.expr(c, inner)
       return self.expr(e.elt, inner)
     for child in _children(e): self.expr(child, scope)
+
+  def _attr_allowed(self, e: A.EAttr, scope: set[str]):
+    """Attributes are an allowlist per type; what the checker cannot type is checked when the rule runs."""
+    t = static_type(e.obj, set(self.bound) - self.tails, self.tails, self.helpers, scope)
+    if t == CTX:
+      if e.attr.startswith("_"): self.err("R406", e.attr_span, f"attribute '{e.attr}' of ctx is private")
+      return
+    allowed = allowed_attrs(t)
+    if allowed is not None and e.attr not in allowed:
+      self.err("R406", e.attr_span, f"attribute '{e.attr}' of {describe_type(t)} is not available to rules",
+               note="rules may read the attributes docs/rules.md lists for each type; anything more belongs in a helper")
 
   def name(self, e: A.EName, scope: set[str]):
     n = e.id
@@ -329,20 +429,39 @@ def _names_unique(p, seen=None) -> bool:
 
 
 def _check_shadowing(lib: CheckedLibrary, diags: list[Diagnostic]):
+  """R505. Near-linear in practice: only rules that always rewrite can shadow, they are indexed by the ops they
+  match, and each rule is compared with at most SHADOW_CANDIDATES of them (the check only ever warns)."""
   reported: set[tuple[int, int]] = set()
+  can_shadow: dict[int, bool] = {}
+  ops_memo: dict[int, frozenset | None] = {}
+  def shadower(r: A.Rule) -> bool:
+    if id(r) not in can_shadow:
+      can_shadow[id(r)] = id(r) not in lib.too_big and _always_rewrites(r) and _names_unique(r.pattern)
+    return can_shadow[id(r)]
+  def ops(r: A.Rule):
+    if id(r) not in ops_memo: ops_memo[id(r)] = _ops_of(r.pattern)
+    return ops_memo[id(r)]
   for name in lib.rulesets:
+    if lib.include_depth.get(name, 0) > MAX_INCLUDE_DEPTH: continue
     rules = lib.flat_rules(name)
     own = {id(r) for r in lib.rulesets[name].rules}
+    by_op: dict[Any, list[tuple[int, A.Rule]]] = {}     # op (or None: any op) -> (position, candidate)
     for j, later in enumerate(rules):
-      if id(later) not in own: continue
-      for earlier in rules[:j]:
-        if (id(earlier), id(later)) in reported: continue
-        if _always_rewrites(earlier) and _names_unique(earlier.pattern) and subsumes(earlier.pattern, later.pattern):
-          reported.add((id(earlier), id(later)))
-          diags.append(Diagnostic("R505", "warning", later.span,
-                                  f"rule '{later.name}' never fires: rule '{earlier.name}' matches first and always rewrites",
-                                  note=f"earlier rule at {earlier.span}"))
-          break
+      if id(later) in own and id(later) not in lib.too_big:
+        lo = ops(later)
+        key = next(iter(lo)) if lo else None
+        pool = by_op.get(None, [])[:SHADOW_CANDIDATES] + (by_op.get(key, [])[:SHADOW_CANDIDATES] if key is not None else [])
+        for _, earlier in sorted(pool, key=lambda t: t[0])[:SHADOW_CANDIDATES]:
+          if (id(earlier), id(later)) in reported: continue
+          if subsumes(earlier.pattern, later.pattern):
+            reported.add((id(earlier), id(later)))
+            diags.append(Diagnostic("R505", "warning", later.span,
+                                    f"rule '{later.name}' never fires: rule '{earlier.name}' matches first and always rewrites",
+                                    note=f"earlier rule at {earlier.span}"))
+            break
+      if shadower(later):
+        eo = ops(later)
+        for k in ([None] if eo is None else eo): by_op.setdefault(k, []).append((j, later))
 
 
 __all__ = ["check_library", "CheckedLibrary", "subsumes", "COMMUTATIVE", "GROUPS"]

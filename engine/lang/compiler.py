@@ -16,6 +16,8 @@ from typing import Any
 
 from engine.dtypes import dtype_set
 from engine.lang import ast as A
+from engine.lang.limits import MAX_IF_DEPTH
+from engine.lang.capability import CTX, allowed_attrs, comprehension_scope, pattern_tails, static_type
 from engine.lang.names import BUILTINS, CONSTANT_NAMES
 from engine.ops import COMMUTATIVE, GROUPS, OPS_BY_NAME, Ops, op_set
 
@@ -162,6 +164,7 @@ class _Emitter:
              "from engine.dtypes import dtypes",
              "from engine.lang.names import BUILTINS, CONSTANT_NAMES",
              "from engine.lang.runtime import RuleAbort, rule_failed, import_helper, not_a_node",
+             "from engine.lang.capability import rule_attr",
              "from engine.uop import UOp",
              "RULES = (" + "".join(f"({r.name!r}, {str(r.span)!r}, {r.source_line!r}), " for r in rules) + ")",
              "STATS = [[0, 0, 0.0] for _ in RULES]"]
@@ -179,8 +182,18 @@ def _each_var(variants) -> str:
 # *** expressions -> Python source ***
 
 class ExprPrinter:
-  def __init__(self, em: _Emitter, helpers: dict[str, Any], bound: set[str]):
-    self.em, self.helpers, self.bound = em, helpers, bound
+  def __init__(self, em: _Emitter, helpers: dict[str, Any], bound: set[str], tails: set[str] = frozenset()):
+    self.em, self.helpers, self.bound, self.tails = em, helpers, bound, tails
+
+  def attr(self, e: A.EAttr, scope: frozenset) -> str:
+    """`obj.attr` where the checker proved it allowed; else the run-time allowlist check."""
+    t = static_type(e.obj, self.bound - self.tails, self.tails, self.helpers, scope)
+    allowed = allowed_attrs(t)
+    if t == CTX or allowed is not None:
+      if (t == CTX and e.attr.startswith("_")) or (allowed is not None and e.attr not in allowed):
+        raise AssertionError(f"attribute {e.attr!r} reached the compiler")  # the checker rejects these
+      return f"{self(e.obj, scope)}.{e.attr}"
+    return f"rule_attr({self(e.obj, scope)}, {e.attr!r})"
 
   def name(self, n: str, scope: frozenset) -> str:
     if n in scope: return f"c_{n}"
@@ -202,7 +215,7 @@ class ExprPrinter:
       v = e.value
       if v is None or isinstance(v, (bool, str)) or (isinstance(v, int)): return repr(v)
       return self.em.const(v)
-    if isinstance(e, A.EAttr): return f"{p(e.obj)}.{e.attr}"
+    if isinstance(e, A.EAttr): return self.attr(e, scope)
     if isinstance(e, A.ECall): return f"{p(e.func)}({', '.join(self.arg(a, scope) for a in e.args)})"
     if isinstance(e, A.ESub): return f"{p(e.obj)}[{self.index(e.index, scope)}]"
     if isinstance(e, A.ESeq):
@@ -220,13 +233,13 @@ class ExprPrinter:
       return "(" + " ".join(parts) + ")"
     if isinstance(e, A.ECond): return f"({p(e.body)} if {p(e.test)} else {p(e.orelse)})"
     if isinstance(e, A.EComp):
-      inner_scope, clauses = set(scope), []
+      inner_scope, clauses = dict(scope) if isinstance(scope, dict) else dict.fromkeys(scope), []
       for g in e.gens:
-        it = self(g.iter, frozenset(inner_scope))
-        inner_scope |= {t for t, _ in g.targets}
+        it = self(g.iter, inner_scope)
+        inner_scope = comprehension_scope(g, self.bound - self.tails, self.tails, self.helpers, inner_scope)
         tgt = ", ".join(f"c_{t}" for t, _ in g.targets)
-        clauses.append(f"for {tgt} in {it}" + "".join(f" if {self(c, frozenset(inner_scope))}" for c in g.ifs))
-      sc = frozenset(inner_scope)
+        clauses.append(f"for {tgt} in {it}" + "".join(f" if {self(c, inner_scope)}" for c in g.ifs))
+      sc = inner_scope
       body = f"{self(e.elt[0], sc)}: {self(e.elt[1], sc)}" if e.kind == "dict" else self(e.elt, sc)
       open_, close = {"list": "[]", "set": "{}", "dict": "{}", "gen": "()"}[e.kind]
       return f"{open_}{body} {' '.join(clauses)}{close}"
@@ -254,7 +267,7 @@ def _comment(text: str) -> str:
 
 
 def _leaf(em: _Emitter, k: int, rule: A.Rule, v: Variant, helpers: dict, pad: str, stats: bool) -> list[str]:
-  pr = ExprPrinter(em, helpers, set(v.binds))
+  pr = ExprPrinter(em, helpers, set(v.binds), pattern_tails(rule.pattern))
   lines = [f"{pad}# {_comment(f'{rule.name} ({rule.span}): {rule.source_line[:100]}')}"]
   lines.append(f"{pad}try:")
   inner = pad + "  "
@@ -274,6 +287,15 @@ def _leaf(em: _Emitter, k: int, rule: A.Rule, v: Variant, helpers: dict, pad: st
 def _tree(em: _Emitter, items: list[tuple[list, int, A.Rule, Variant]], helpers_of, pad: str, stats: bool) -> list[str]:
   """items: (remaining tests, rule index, rule, variant) in priority order."""
   lines: list[str] = []
+  if len(pad) // 2 >= MAX_IF_DEPTH:
+    # deep enough: each item's remaining tests in one `if` (Python limits how deeply blocks nest)
+    for tests, k, rule, v in items:
+      inner = pad
+      if tests:
+        lines.append(f"{pad}if {' and '.join(f'({em.test(t)})' for t in tests)}:")
+        inner = pad + "  "
+      lines += _leaf(em, k, rule, v, helpers_of(rule), inner, stats)
+    return lines
   i = 0
   while i < len(items):
     tests, k, rule, v = items[i]

@@ -12,6 +12,9 @@ from engine.lang.ast import Span
 CODES: dict[str, str] = {
   "R001": "syntax error",
   "R002": "unexpected character",
+  "R003": "file cannot be read or is not UTF-8 text",
+  "R004": "invalid literal (number or string)",
+  "R005": "Python keyword used as a name",
   "R101": "unknown op or op group",
   "R102": "unknown dtype or dtype class",
   "R103": "wrong number of sources for an op",
@@ -29,6 +32,7 @@ CODES: dict[str, str] = {
   "R403": "forbidden builtin name",
   "R404": "assignment expression (:=) is not allowed",
   "R405": "statements and imports are not allowed",
+  "R406": "attribute is not available to rules for the value's type",
   "R501": "duplicate rule name",
   "R502": "duplicate ruleset name",
   "R503": "unknown ruleset in includes",
@@ -39,10 +43,35 @@ CODES: dict[str, str] = {
   "R603": "rule fires on an example marked `unchanged`",
   "R604": "example graph cannot be built",
   "R605": "rewriting an example raised an error",
+  "R701": "pattern expands to too many source orders (commutative ops)",
+  "R702": "includes nested too deeply",
+  "R703": "nesting too deep (brackets, operators, patterns)",
+  "R704": "literal too long",
+  "R705": "file too large",
+  "R706": "example ran past its time limit",
+  "R707": "example ran past its memory limit",
 }
 
 # Reported only when examples are run (`rulec check`, check_sources(..., examples=True)), never when loading.
-EXAMPLE_CODES = frozenset({"R601", "R602", "R603", "R604", "R605"})
+EXAMPLE_CODES = frozenset({"R601", "R602", "R603", "R604", "R605", "R706", "R707"})
+
+
+def _unsafe(c: str) -> bool:
+  """Characters never echoed raw to a terminal: controls (C0, DEL, C1), bidi overrides, surrogates, non-characters."""
+  o = ord(c)
+  return (o < 0x20 or 0x7f <= o < 0xa0 or 0x202a <= o <= 0x202e or 0x2066 <= o <= 0x2069 or 0xd800 <= o < 0xe000
+          or o in (0x200e, 0x200f, 0x061c, 0xfeff) or not c.isprintable() and c != " ")
+
+
+def escape_text(text: str) -> str:
+  """A message or file name with unsafe characters written as escapes (\\x1b, \\u202e)."""
+  return "".join(repr(c)[1:-1] if c != "\\" and _unsafe(c) else c for c in text)
+
+
+def visible_line(text: str) -> str:
+  """A source line for display: each unsafe character becomes one visible character, so carets stay aligned."""
+  return "".join((chr(0x2400 + ord(c)) if ord(c) < 0x20 else "\u2421" if ord(c) == 0x7f else "\ufffd") if _unsafe(c) else c
+                 for c in text)
 
 
 @attrs.frozen
@@ -57,16 +86,16 @@ class Diagnostic:
   def is_error(self) -> bool: return self.severity == "error"
 
   def render(self, source: str | None) -> str:
-    head = f"{self.span}: {self.severity} {self.code}: {self.message}"
+    head = escape_text(f"{self.span}: {self.severity} {self.code}: {self.message}")
     # split on \n only, as the lexer counts lines (str.splitlines also breaks on \f, \x1c, \u2028, ...)
     lines = source.split("\n") if source is not None else []
     out = [head]
     if 1 <= self.span.line <= len(lines):
-      text = lines[self.span.line - 1].rstrip("\r").expandtabs(1)
+      text = visible_line(lines[self.span.line - 1].rstrip("\r").expandtabs(1))
       width = max(1, (self.span.end_col - self.span.col) if self.span.end_line == self.span.line else 1)
       out.append(f"  {self.span.line:>4} | {text}")
       out.append(f"       | {' ' * (self.span.col - 1)}{'^' * width}")
-    if self.note: out.append(f"       = {self.note}")
+    if self.note: out.append(f"       = {escape_text(self.note)}")
     return "\n".join(out)
 
   def to_json(self) -> dict:

@@ -16,7 +16,13 @@ not fire on an `unchanged` example. Loading a library never runs examples.
 from __future__ import annotations
 
 import difflib
+import json
 import math
+import os
+import select
+import signal
+import sys
+import time
 from typing import Any
 
 from engine.dtypes import DType, dtype_set, dtypes
@@ -24,6 +30,7 @@ from engine.lang import ast as A
 from engine.lang.checker import CheckedLibrary
 from engine.lang.compiler import generate, per_rule_functions
 from engine.lang.diagnostics import Diagnostic
+from engine.lang.limits import EXAMPLE_MEMORY_BYTES, EXAMPLE_TIME_S
 from engine.lang.parser import _PATTERN_OPS
 from engine.lang.runtime import RuleAbort, RuleRuntimeError
 from engine.ops import ALU, COMPARISON, FIXED_ARITY, GROUPS, OPS_BY_NAME, Ops
@@ -238,14 +245,23 @@ def run_example(lib: CheckedLibrary, rule: A.Rule, ex: A.Example, m: ExampleMatc
     expected = GraphBuilder(b.env).build(ex.expected) if ex.expected is not None else None
   except ExampleError as e:
     return [Diagnostic("R604", "error", e.span, e.message)]
+  except MemoryError: raise
+  except Exception as e:
+    return [Diagnostic("R604", "error", ex.input.span, f"the example graph cannot be built: {type(e).__name__}: {e}")]
   named = {u: n for n, u in reversed(list(inputs.items()))}
   m.reset()
   try: got = graph_rewrite(given, m, max_steps=MAX_STEPS)
+  except MemoryError: raise
   except (RuleRuntimeError, RewriteLoopError, RuleAbort) as e:
+    if isinstance(getattr(e, "cause", None), MemoryError): raise MemoryError from None
     what = str(e).split("\n")[0] or type(e).__name__
     return [Diagnostic("R605", "error", ex.input.span, f"rewriting the example of rule '{rule.name}' failed: {what}")]
+  except Exception as e:   # e.g. a replacement whose sources are not nodes, failing inside graph_rewrite
+    what = f"{type(e).__name__}: {e}".split("\n")[0]
+    return [Diagnostic("R605", "error", ex.input.span, f"rewriting the example of rule '{rule.name}' failed: {what}")]
   fired = m.fired(rule)
-  got_s = show(got, named)
+  try: got_s = show(got, named)
+  except RecursionError: got_s = "(a graph too deep to show)"
   if expected is None:
     if fired:
       return [Diagnostic("R603", "error", ex.input.span,
@@ -266,18 +282,141 @@ def run_example(lib: CheckedLibrary, rule: A.Rule, ex: A.Example, m: ExampleMatc
   return []
 
 
+def example_time_limit() -> float:
+  """Seconds one example may run: RULEC_EXAMPLE_TIMEOUT, else EXAMPLE_TIME_S."""
+  try: v = float(os.environ.get("RULEC_EXAMPLE_TIMEOUT", ""))
+  except ValueError: v = 0.0
+  return v if v > 0 and math.isfinite(v) else EXAMPLE_TIME_S
+
+
+def _jobs(lib: CheckedLibrary) -> list[tuple[str, A.Rule, A.Example]]:
+  return [(rs.name, rule, ex) for f in lib.files for rs in f.rulesets if lib.rulesets.get(rs.name) is rs
+          for rule in rs.rules for ex in rule.examples]
+
+
+def _one(lib: CheckedLibrary, job, matchers: dict) -> list[Diagnostic]:
+  rs, rule, ex = job
+  try:
+    if rs not in matchers: matchers[rs] = ExampleMatcher(lib, rs)
+    return run_example(lib, rule, ex, matchers[rs])
+  except MemoryError:
+    return [_budget_diag("R707", rule, ex)]
+  except (Exception, RecursionError) as e:
+    return [Diagnostic("R605", "error", ex.input.span,
+                       f"rewriting the example of rule '{rule.name}' failed: {type(e).__name__}: {e}".split("\n")[0])]
+
+
+def _budget_diag(code: str, rule: A.Rule, ex: A.Example, detail: str = "") -> Diagnostic:
+  if code == "R706":
+    msg = f"the example of rule '{rule.name}' ran longer than {example_time_limit():g} s"
+    note = "examples run under a time limit (RULEC_EXAMPLE_TIMEOUT seconds); a rule whose guard or replacement does much work belongs in a helper"
+  else:
+    msg = f"the example of rule '{rule.name}' used more than {EXAMPLE_MEMORY_BYTES >> 20} MiB of memory" + detail
+    note = "examples run under a memory limit"
+  return Diagnostic(code, "error", ex.input.span, msg, note=note)
+
+
 def run_examples(lib: CheckedLibrary) -> list[Diagnostic]:
-  """Run every example of a checked library with no errors; the diagnostics of those that fail."""
+  """Run every example of a checked library with no errors; the diagnostics of those that fail.
+
+  Where the platform can fork, the examples run in a child process with a memory limit (EXAMPLE_MEMORY_BYTES
+  over what the checker uses) and each under a wall-clock limit (example_time_limit()); an example past either
+  is R706 / R707 and the remaining ones run in a new child. Elsewhere they run in this process, unbounded."""
+  jobs = _jobs(lib)
+  if not jobs: return []
+  if not hasattr(os, "fork") or os.environ.get("RULEC_EXAMPLE_ISOLATION", "1") == "0":
+    matchers: dict[str, ExampleMatcher] = {}
+    return [d for job in jobs for d in _one(lib, job, matchers)]
   out: list[Diagnostic] = []
-  matchers: dict[str, ExampleMatcher] = {}
-  for f in lib.files:
-    for rs in f.rulesets:
-      if lib.rulesets.get(rs.name) is not rs: continue
-      for rule in rs.rules:
-        for ex in rule.examples:
-          if rs.name not in matchers: matchers[rs.name] = ExampleMatcher(lib, rs.name)
-          out += run_example(lib, rule, ex, matchers[rs.name])
+  start = 0
+  while start < len(jobs): start = _run_forked(lib, jobs, start, out)
   return out
+
+
+def _child(lib: CheckedLibrary, jobs, start: int, w: int):
+  try:
+    _limit_memory()
+    matchers: dict[str, ExampleMatcher] = {}
+    for k in range(start, len(jobs)):
+      os.write(w, f"S {k}\n".encode())
+      diags = _one(lib, jobs[k], matchers)
+      os.write(w, (json.dumps({"k": k, "d": [d.to_json() for d in diags]}) + "\n").encode())
+  except BaseException:
+    pass
+  finally:
+    os._exit(0)
+
+
+def _limit_memory():
+  try:
+    import resource
+    with open("/proc/self/statm") as f: vm = int(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+    want = vm + EXAMPLE_MEMORY_BYTES
+    if hard != resource.RLIM_INFINITY: want = min(want, hard)
+    resource.setrlimit(resource.RLIMIT_AS, (want, hard))
+  except (ImportError, OSError, ValueError):
+    pass
+
+
+def _from_json(d: dict) -> Diagnostic:
+  span = A.Span(d["file"], d["line"], d["col"], d["end_line"], d["end_col"])
+  return Diagnostic(d["code"], d["severity"], span, d["message"], d["note"])
+
+
+def _run_forked(lib: CheckedLibrary, jobs, start: int, out: list[Diagnostic]) -> int:
+  """Run jobs[start:] in a child; returns where the next child should start (len(jobs) when all ran)."""
+  r, w = os.pipe()
+  sys.stdout.flush(); sys.stderr.flush()
+  pid = os.fork()
+  if pid == 0:
+    os.close(r)
+    try: os.dup2(2, 1)          # nothing the child prints can mix into the checker's stdout (JSON)
+    except OSError: pass
+    _child(lib, jobs, start, w)
+  os.close(w)
+  reaped = False
+  limit = example_time_limit()
+  current: int | None = None
+  deadline = time.monotonic() + limit
+  buf = b""
+  try:
+    while True:
+      ready, _, _ = select.select([r], [], [], max(0.0, deadline - time.monotonic()))
+      if not ready:                                   # past the time limit: stop the child
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        reaped = True
+        k = start if current is None else current
+        _, rule, ex = jobs[k]
+        out.append(_budget_diag("R706", rule, ex))
+        return k + 1
+      chunk = os.read(r, 1 << 16)
+      if not chunk:                                   # the child exited
+        _, status = os.waitpid(pid, 0)
+        reaped = True
+        if current is None: return len(jobs)
+        _, rule, ex = jobs[current]
+        sig = os.WTERMSIG(status) if os.WIFSIGNALED(status) else None
+        out.append(_budget_diag("R707", rule, ex, f" (its process ended{f' by signal {sig}' if sig else ''})"))
+        return current + 1
+      buf += chunk
+      *lines, buf = buf.split(b"\n")
+      for line in lines:
+        if line.startswith(b"S "):
+          current = int(line[2:])
+          deadline = time.monotonic() + limit
+        elif line:
+          msg = json.loads(line)
+          out.extend(_from_json(d) for d in msg["d"])
+          current = None
+  finally:
+    os.close(r)
+    if not reaped:                                    # interrupted (or a bad message): never leave the child running
+      try:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+      except OSError: pass
 
 
 def count_examples(lib: CheckedLibrary) -> int:

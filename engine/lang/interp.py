@@ -11,6 +11,7 @@ from typing import Any, Iterator
 
 from engine.dtypes import dtype_set
 from engine.lang import ast as A
+from engine.lang.capability import rule_attr
 from engine.lang.compiler import child_orders, pattern_ops
 from engine.lang.names import BUILTINS, CONSTANT_NAMES
 from engine.lang.runtime import RuleAbort, import_helper, not_a_node, rule_failed
@@ -83,7 +84,10 @@ class Evaluator:
       if n in BUILTINS: return BUILTINS[n]
       return CONSTANT_NAMES[n]
     if isinstance(e, A.EConst): return e.value
-    if isinstance(e, A.EAttr): return getattr(ev(e.obj), e.attr)
+    if isinstance(e, A.EAttr):
+      # ctx is the caller's object (the checker allows its public attributes); everything else by type
+      if isinstance(e.obj, A.EName) and e.obj.id == "ctx" and "ctx" in env: return getattr(env["ctx"], e.attr)
+      return rule_attr(ev(e.obj), e.attr)
     if isinstance(e, A.ECall):
       args, kwargs = [], {}
       for a in e.args:

@@ -21,11 +21,12 @@ from typing import Any
 from engine.lang import ast as A
 from engine.lang.checker import CheckedLibrary, check_library
 from engine.lang.compiler import generate, per_rule_functions
-from engine.lang.diagnostics import RuleError
-from engine.lang.parser import parse_rules
+from engine.lang.diagnostics import Diagnostic, RuleError
+from engine.lang.parser import decode_source, parse_rules
 
 _HERE = Path(__file__).resolve().parent
-_COMPILER_FILES = ("compiler.py", "parser.py", "checker.py", "names.py", "rules.lark", "ast.py", "runtime.py", "loader.py")
+_COMPILER_FILES = ("compiler.py", "parser.py", "checker.py", "names.py", "rules.lark", "ast.py", "runtime.py", "loader.py",
+                   "capability.py", "limits.py")
 
 
 def default_rules_dir() -> Path:
@@ -105,18 +106,20 @@ class RuleLibrary:
 
   def __init__(self, files: list[Path]):
     self.files = files
-    self.sources = {str(f): f.read_text() for f in files}
+    self.raw = {str(f): read_rule_file(f) for f in files}
+    self.sources = {p: source_text(p, data) for p, data in self.raw.items()}
     h = hashlib.sha256(_compiler_digest().encode())
     for path in sorted(self.sources):
       # the full path: generated code names rule locations, so two copies must not share an entry
-      h.update(path.encode() + b"\0" + self.sources[path].encode() + b"\0")
+      data = self.raw[path] if isinstance(self.raw[path], bytes) else repr(self.raw[path]).encode()
+      h.update(path.encode("utf-8", "surrogateescape") + b"\0" + data + b"\0")
     self.digest = h.hexdigest()
     self._checked: CheckedLibrary | None = None
     self._matchers: dict[tuple[str, ...], Matcher] = {}
 
   @property
   def checked(self) -> CheckedLibrary:
-    if self._checked is None: self._checked = check_sources(self.sources)
+    if self._checked is None: self._checked = check_sources(self.raw)
     return self._checked
 
   def require_clean(self):
@@ -155,10 +158,32 @@ class RuleLibrary:
     return src, ns
 
 
-def check_sources(sources: dict[str, str], examples: bool = False) -> CheckedLibrary:
-  """Parse and check rule sources; with examples=True (and no errors) also run the rules' examples."""
+def read_rule_file(path: Path) -> bytes | OSError:
+  """A rules file's bytes, or the OSError reading it gave (reported as R003, never raised)."""
+  try: return path.read_bytes()
+  except OSError as e: return e
+
+
+def source_text(path: str, data: str | bytes | OSError) -> str:
+  """The text diagnostics show for a source (undecodable bytes shown as U+FFFD)."""
+  if isinstance(data, OSError): return ""
+  return decode_source(path, data)[0]
+
+
+def check_sources(sources: dict[str, str | bytes | OSError], examples: bool = False) -> CheckedLibrary:
+  """Parse and check rule sources (text, or a file's bytes); with examples=True (and no errors) also run the rules' examples.
+
+  Nothing in a source can make this raise: every problem is a located Diagnostic."""
   files, diags = [], []
-  for path, text in sources.items():
+  for path, data in sources.items():
+    if isinstance(data, OSError):
+      diags.append(Diagnostic("R003", "error", A.Span(path, 1, 1, 1, 1),
+                              f"cannot read the file: {data.strerror or type(data).__name__}"))
+      continue
+    text, bad = decode_source(path, data)
+    if bad is not None:
+      diags.append(bad)
+      continue
     rf, d = parse_rules(text, path)
     diags += d
     if rf is not None: files.append(rf)
@@ -171,8 +196,8 @@ def check_sources(sources: dict[str, str], examples: bool = False) -> CheckedLib
 
 
 def check_paths(paths: list[str | Path] | None = None, examples: bool = False) -> tuple[CheckedLibrary, dict[str, str]]:
-  sources = {str(f): f.read_text() for f in rule_files(paths)}
-  return check_sources(sources, examples=examples), sources
+  raw = {str(f): read_rule_file(f) for f in rule_files(paths)}
+  return check_sources(raw, examples=examples), {p: source_text(p, data) for p, data in raw.items()}
 
 
 def _exec(src: str, names) -> dict:
@@ -210,7 +235,7 @@ def load_library(paths: list[str | Path] | None = None) -> RuleLibrary:
   files = rule_files(paths)
   key = tuple(str(f) for f in files)
   lib = _LIBRARIES.get(key)
-  if lib is None or any(lib.sources[str(f)] != f.read_text() for f in files):
+  if lib is None or any(lib.raw[str(f)] != read_rule_file(f) for f in files):
     lib = _LIBRARIES[key] = RuleLibrary(files)
   return lib
 

@@ -13,6 +13,7 @@ import os
 from typing import Any, Callable
 
 from engine.dtypes import dtypes
+from engine.lang.capability import is_rule_helper
 from engine.ops import GROUPS, OPS_BY_NAME, Ops
 from engine.uop import UOp, prod
 
@@ -53,16 +54,22 @@ def resolve_helper_module(module: str) -> tuple[Any | None, str | None]:
   top = module.split(".")[0]
   if top not in helper_packages():
     return None, f"helpers may only come from the packages {', '.join(helper_packages())} (not '{module}')"
+  if any(part.startswith("_") for part in module.split(".")):
+    return None, f"'{module}' is a private module; helpers come from public modules"
   try:
     return importlib.import_module(module), None
-  except Exception as e:
+  except (Exception, SystemExit) as e:   # a module that fails (or exits) on import is a diagnostic, not a crash
     return None, f"cannot import helper module '{module}': {type(e).__name__}: {e}"
 
 
 def resolve_helper(mod: Any, name: str) -> tuple[Callable | None, str | None]:
+  """The function `mod.name` if the project marked it with @rule_helper (engine.lang.capability); else (None, why)."""
+  if name.startswith("_"): return None, f"'{name}' is private; helpers are public functions marked @rule_helper"
   fn = getattr(mod, name, None)
   if fn is None: return None, f"module '{mod.__name__}' has no helper '{name}'"
   if not inspect.isfunction(fn): return None, f"'{mod.__name__}.{name}' is not a plain function"
+  if not is_rule_helper(mod.__name__, name, fn):
+    return None, f"'{mod.__name__}.{name}' is not a rule helper (only functions marked @rule_helper can be used)"
   return fn, None
 
 

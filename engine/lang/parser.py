@@ -9,13 +9,16 @@ import ast as pyast
 import functools
 import os
 import re
+import warnings
 
 import attrs
-from lark import Lark, Token, Transformer, v_args
+from lark import Lark, Token, Transformer, Tree, v_args
 from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput, UnexpectedToken, VisitError
 
 from engine.lang import ast as A
 from engine.lang.diagnostics import Diagnostic
+from engine.lang.limits import (MAX_BRACKETS, MAX_FILE_BYTES, MAX_NUMBER_CHARS, MAX_PARSE_DEPTH, MAX_STRING_CHARS,
+                                MAX_TOKENS)
 
 GRAMMAR_PATH = os.path.join(os.path.dirname(__file__), "rules.lark")
 
@@ -33,8 +36,11 @@ class RuleLayout:
   OPEN, CLOSE = {"LPAR", "LSQB", "LBRACE"}, {"RPAR", "RSQB", "RBRACE"}
 
   def process(self, stream):
-    depth, base, pending, prev = 0, None, None, None
+    depth, base, pending, prev, count = 0, None, None, None, 0
     for tok, nxt in _with_next(stream):
+      count += 1
+      if count > MAX_TOKENS:
+        raise _LimitError("R705", tok, f"the file has more than {MAX_TOKENS} tokens; split it into several files")
       if tok.type == "_NL":
         pending = tok
         continue
@@ -53,7 +59,11 @@ class RuleLayout:
           if prev is not None: yield pending
           base = indent
         pending = None
-      if tok.type in self.OPEN: depth += 1
+      if tok.type in self.OPEN:
+        depth += 1
+        if depth > MAX_BRACKETS:
+          raise _LimitError("R703", tok, f"more than {MAX_BRACKETS} brackets are open here",
+                            note="split the rule, or move the computation into a helper")
       elif tok.type in self.CLOSE: depth = max(0, depth - 1)
       prev = tok
       yield tok
@@ -96,16 +106,75 @@ def _describe(names) -> str:
   return ", ".join(sorted(out))
 
 
+class _LimitError(Exception):
+  """A limit passed while lexing (R703, R705): raised through Lark by the post-lexer."""
+  def __init__(self, code: str, tok: Token, message: str, note: str | None = None):
+    super().__init__(message)
+    self.code, self.tok, self.message, self.note = code, tok, message, note
+
+
+class _LiteralError(Exception):
+  def __init__(self, code: str, span: A.Span, message: str):
+    super().__init__(message)
+    self.code, self.span, self.message = code, span, message
+
+
+def decode_source(path: str, data: bytes | str) -> tuple[str, Diagnostic | None]:
+  """The text of a rules file, and an R003 (located at the first bad byte) or R705 when it cannot be parsed."""
+  if isinstance(data, str):
+    text, bad = data, None
+  else:
+    try: text, bad = data.decode("utf-8"), None
+    except UnicodeDecodeError as e:
+      text, bad = data.decode("utf-8", errors="replace"), e
+  size = len(data) if isinstance(data, bytes) else len(data.encode("utf-8", errors="replace"))
+  if size > MAX_FILE_BYTES:
+    return text, Diagnostic("R705", "error", A.Span(path, 1, 1, 1, 1),
+                            f"the file has {size} bytes; rules files are limited to {MAX_FILE_BYTES} bytes")
+  if bad is not None:
+    head = data[:bad.start].decode("utf-8", errors="replace")
+    line = head.count("\n") + 1
+    col = len(head) - (head.rfind("\n") + 1) + 1
+    return text, Diagnostic("R003", "error", A.Span(path, line, col, line, col + 1),
+                            f"the file is not UTF-8 text: byte 0x{data[bad.start]:02x} at offset {bad.start} ({bad.reason})")
+  return text, None
+
+
+def _tree_too_deep(tree, path: str) -> Diagnostic | None:
+  """R703 when the parse tree nests deeper than MAX_PARSE_DEPTH (measured without recursion)."""
+  stack = [(tree, 1)]
+  while stack:
+    t, d = stack.pop()
+    if not isinstance(t, Tree): continue
+    if d > MAX_PARSE_DEPTH:
+      m = t.meta
+      line, col = getattr(m, "line", 1), getattr(m, "column", 1)
+      return Diagnostic("R703", "error", A.Span(path, line, col, line, col + 1),
+                        f"expressions nest more than {MAX_PARSE_DEPTH} levels deep here",
+                        note="split the rule, or move the computation into a helper")
+    stack.extend((c, d + 1) for c in t.children)
+  return None
+
+
 def parse_rules(source: str, path: str) -> tuple[A.RuleFile | None, list[Diagnostic]]:
   """Parse one file. Returns (ast, diagnostics); ast is None when there is a syntax error."""
   try:
     tree = _lark().parse(source)
   except UnexpectedInput as e:
     return None, [_syntax_diagnostic(e, source, path)]
+  except _LimitError as e:
+    t = e.tok
+    return None, [Diagnostic(e.code, "error", A.Span(path, t.line, t.column, t.line, t.column + max(1, len(t.value))),
+                             e.message, note=e.note)]
+  except (RecursionError, MemoryError):
+    return None, [Diagnostic("R703", "error", A.Span(path, 1, 1, 1, 1), "the file nests too deeply to parse")]
+  if (deep := _tree_too_deep(tree, path)) is not None: return None, [deep]
   builder = _Builder(path, source)
   try:
     rf = builder.transform(tree)
   except VisitError as e:
+    if isinstance(e.orig_exc, _LiteralError):
+      return None, [Diagnostic(e.orig_exc.code, "error", e.orig_exc.span, e.orig_exc.message)]
     raise e.orig_exc from None
   return rf, builder.diags
 
@@ -164,9 +233,28 @@ def _syntax_diagnostic(e: UnexpectedInput, source: str, path: str) -> Diagnostic
   return Diagnostic("R001", "error", span, f"unexpected {tok.value!r}; expected {_describe(expected)}")
 
 
-def _lit(tok: Token):
+def _lit(tok: Token, path: str = "?"):
+  """The value of a literal token, validated as Python would (R004) and bounded in size (R704)."""
   if tok.type == "CONSTKW": return {"None": None, "True": True, "False": False}[tok.value]
-  return pyast.literal_eval(tok.value)
+  span = A.Span(path, tok.line, tok.column, tok.end_line or tok.line, tok.end_column or tok.column + len(tok.value))
+  what = "number" if tok.type == "NUMBER" else "string"
+  limit = MAX_NUMBER_CHARS if tok.type == "NUMBER" else MAX_STRING_CHARS
+  if len(tok.value) > limit:
+    raise _LiteralError("R704", span, f"{what} literal of {len(tok.value)} characters; the limit is {limit}")
+  try:
+    with warnings.catch_warnings():
+      warnings.simplefilter("error")          # an invalid escape such as "\d" is an error, not a warning
+      value = pyast.literal_eval(tok.value)
+  except (SyntaxError, ValueError, SyntaxWarning, DeprecationWarning, MemoryError, OverflowError) as e:
+    msg = getattr(e, "msg", None) or str(e) or type(e).__name__
+    raise _LiteralError("R004", span, f"invalid {what} literal: {_printable(msg)}") from None
+  if tok.type == "NUMBER" and not isinstance(value, (int, float)) or tok.type == "STRING" and not isinstance(value, str):
+    raise _LiteralError("R004", span, f"invalid {what} literal")
+  return value
+
+
+def _printable(text: str) -> str:
+  return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
 @v_args(meta=True)
@@ -249,8 +337,8 @@ class _Builder(Transformer):
     return A.PName(self.tsp(ch[0]), ch[0].value, ch[1][1] if len(ch) > 1 and ch[1] is not None else None)
   def p_literal(self, m, ch):
     return A.PConst(self.sp(m), ch[0], ch[1][1] if len(ch) > 1 and ch[1] is not None else None)
-  def lit(self, m, ch): return _lit(ch[0])
-  def neg_lit(self, m, ch): return -_lit(ch[1])
+  def lit(self, m, ch): return _lit(ch[0], self.path)
+  def neg_lit(self, m, ch): return -_lit(ch[1], self.path)
   def tuple_lit(self, m, ch): return tuple(ch)
   def arg_c(self, m, ch): return ("arg", ch[0])
   def dtype_c(self, m, ch): return ("dtypes", tuple(ch))
@@ -277,9 +365,13 @@ class _Builder(Transformer):
 
   # *** expressions ***
   def e_name(self, m, ch): return A.EName(self.tsp(ch[0]), ch[0].value)
-  def e_num(self, m, ch): return A.EConst(self.tsp(ch[0]), _lit(ch[0]))
-  def e_str(self, m, ch): return A.EConst(self.sp(m), "".join(_lit(t) for t in ch))
-  def e_kw(self, m, ch): return A.EConst(self.tsp(ch[0]), _lit(ch[0]))
+  def e_num(self, m, ch): return A.EConst(self.tsp(ch[0]), _lit(ch[0], self.path))
+  def e_str(self, m, ch):
+    value = "".join(_lit(t, self.path) for t in ch)
+    if len(value) > MAX_STRING_CHARS:
+      raise _LiteralError("R704", self.sp(m), f"string of {len(value)} characters; the limit is {MAX_STRING_CHARS}")
+    return A.EConst(self.sp(m), value)
+  def e_kw(self, m, ch): return A.EConst(self.tsp(ch[0]), _lit(ch[0], self.path))
   def e_tuple(self, m, ch): return A.ESeq(self.sp(m), "tuple", tuple(c for c in ch if c is not None))
   def e_list(self, m, ch): return A.ESeq(self.sp(m), "list", tuple(c for c in ch if c is not None))
   def e_set(self, m, ch): return A.ESeq(self.sp(m), "set", tuple(ch))

@@ -3,6 +3,8 @@ rules (rules/indexing.rules) call. Each function answers one question that is
 arithmetic, not pattern shape."""
 from __future__ import annotations
 
+from engine.lang.capability import rule_helper
+
 import itertools
 from typing import Any
 
@@ -63,6 +65,7 @@ def _lt(i: UOp, c: int) -> UOp: return i.lt(c)
 def _ge(i: UOp, c: int) -> UOp: return i.lt(c).ne(True)
 
 
+@rule_helper
 def index_through_movement(idx: UOp) -> UOp:
   """INDEX(movement(x), *idxs) as an INDEX on x (behind WHERE(valid, ., 0) for PAD)."""
   mop = idx.src[0]
@@ -82,6 +85,7 @@ def new_ranges(shape: tuple[int, ...], kind: str = "loop") -> list[UOp]:
   return [UOp.range(s, next(_range_ids), kind) if s != 1 else _c(0) for s in shape]
 
 
+@rule_helper
 def store_with_ranges(store: UOp) -> UOp:
   """STORE(target, value) over a shape: loops over every element."""
   target, value = store.src
@@ -90,6 +94,7 @@ def store_with_ranges(store: UOp) -> UOp:
   return st.end(*[r for r in rngs if r.op is Ops.RANGE])
 
 
+@rule_helper
 def reduce_with_ranges(idx: UOp) -> UOp:
   """INDEX(REDUCE_AXIS(x), *idxs): a REDUCE over fresh ranges of the reduced axes."""
   red = idx.src[0]

@@ -2,11 +2,14 @@
 arithmetic, not pattern shape."""
 from __future__ import annotations
 
+from engine.lang.capability import rule_helper
+
 from engine.alu import exec_alu
 from engine.ops import Ops
 from engine.uop import UOp
 
 
+@rule_helper
 def fold_constants(alu: UOp) -> UOp | None:
   """An ALU node whose sources are all CONSTs, evaluated (None when the op cannot be folded)."""
   if alu.op in (Ops.THREEFRY,) or alu.dtype.kind == "v": return None
@@ -15,6 +18,7 @@ def fold_constants(alu: UOp) -> UOp | None:
   return UOp.const(alu.dtype, value)
 
 
+@rule_helper
 def bounds_const(x: UOp) -> UOp | None:
   """An integer expression whose bounds meet is that constant."""
   if x.op is Ops.CONST or not x.dtype.is_int: return None
@@ -48,6 +52,7 @@ def _linear_bounds(x: UOp) -> tuple[int, int] | None:
   return lo, hi
 
 
+@rule_helper
 def no_wrap(*xs: UOp) -> bool:
   """Each x (an integer expression) has its exact value: x is built from its terms with ADD and MUL, which
   wrap around (modulo 2**bits), so when the exact sum of its terms provably fits x's dtype, x holds that sum
@@ -59,6 +64,7 @@ def no_wrap(*xs: UOp) -> bool:
   return True
 
 
+@rule_helper
 def divmod_parts(x: UOp, c: int, div: bool) -> UOp | None:
   """x // c or x % c without division, when x = c*Q + R with R provably in [0, c).
 

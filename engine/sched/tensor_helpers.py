@@ -2,6 +2,8 @@
 rules/realize.rules): the parts that are arithmetic or create new storage."""
 from __future__ import annotations
 
+from engine.lang.capability import rule_helper
+
 import math
 import os
 
@@ -14,11 +16,13 @@ REDUCE_SPLIT_THRESHOLD = int(os.environ.get("RULEC_REDUCE_SPLIT_THRESHOLD", 3276
 
 
 
+@rule_helper
 def reduce_identity(red: UOp) -> UOp:
   """A reduce over nothing: its identity element, in the reduce's shape."""
   return red.const_like(identity_element(red.arg[0], red.dtype))
 
 
+@rule_helper
 def split_reduceop(red: UOp, x: UOp) -> UOp | None:
   """A large reduce with few outputs as two reduces, so the first can run in parallel.
 
@@ -44,6 +48,7 @@ def split_reduceop(red: UOp, x: UOp) -> UOp | None:
   return None
 
 
+@rule_helper
 def stage_to_buffer(stage: UOp) -> UOp:
   """STAGE(x): x stored into a new buffer; the value read back in x's shape."""
   x = stage.src[0]
@@ -52,6 +57,7 @@ def stage_to_buffer(stage: UOp) -> UOp:
   return buf.after(view.store(x)).reshape(x.shape)
 
 
+@rule_helper
 def assign_to_store(assign: UOp) -> UOp:
   """ASSIGN(target, value): value stored through the target's view; the target read back after it."""
   target, value = assign.src
@@ -65,6 +71,7 @@ def assign_to_store(assign: UOp) -> UOp:
   return out
 
 
+@rule_helper
 def needs_staging_before_store(target: UOp, value: UOp) -> bool:
   """Whether writing value into target in place could read elements it already overwrote.
 
@@ -90,6 +97,7 @@ def is_buffer_view(x: UOp) -> bool:
   return x.op is Ops.BUFFER or (x.op is Ops.RESHAPE and x.src[0].op is Ops.BUFFER)
 
 
+@rule_helper
 def broadcast_sources(x: UOp) -> UOp:
   """An elementwise op whose sources have different shapes, with each source expanded to the common shape."""
   shapes = [s.shape for s in x.src]
@@ -104,6 +112,7 @@ def broadcast_sources(x: UOp) -> UOp:
   return x.replace(src=tuple(s.reshape(p).expand(out) for s, p in zip(x.src, padded)))
 
 
+@rule_helper
 def kernel_inputs(x: UOp) -> int:
   """How many buffers the kernel computing x would read (realized values count as buffers)."""
   bufs = {u for u in x.toposort(gate=lambda u: u.op not in (Ops.BUFFER, Ops.STAGE, Ops.CONTIGUOUS))
@@ -111,6 +120,7 @@ def kernel_inputs(x: UOp) -> int:
   return len(bufs)
 
 
+@rule_helper
 def stage_elementwise_sources(x: UOp) -> UOp | None:
   from engine.ops import ALU
   srcs = tuple(UOp(Ops.STAGE, s.dtype, (s,), s.device) if s.op in ALU and s.device is not None else s for s in x.src)

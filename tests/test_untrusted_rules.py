@@ -1,0 +1,198 @@
+"""A rules file is untrusted input (issue 19): the hostile corpus of tests/hostile_rules.py, run in subprocesses.
+
+For every file, through `rulec check`, `rulec check --format json` and the loader API (and, for files that load,
+graph_rewrite on a few nodes): nothing of the file runs (no marker file, no audited open of the marker or the
+secret, no command started), no file is written outside the matcher cache, the secret file's contents never
+appear, there is no traceback and no hang, every diagnostic is located, and the JSON output parses.
+"""
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+if str(REPO) not in sys.path: sys.path.insert(0, str(REPO))
+
+from engine.lang import capability  # noqa: E402
+from engine.lang.capability import RULE_HELPERS, RuleCapabilityError, rule_attr  # noqa: E402
+from tests.hostile_rules import build  # noqa: E402
+
+SHARDS = 2
+# files of these categories are all attacks: each must be rejected with at least one error
+MUST_REJECT = ("helper", "attribute", "direct")
+
+
+def _env(tmp: Path) -> dict:
+  env = {k: v for k, v in os.environ.items() if not k.startswith("RULEC_")}
+  env.update(RULEC_CACHE_DIR=str(tmp / "cache"), RULEC_EXAMPLE_TIMEOUT="0.5", HOME=str(tmp / "home"),
+             PYTHONPATH=str(REPO), PYTHONDONTWRITEBYTECODE="1")
+  return env
+
+
+def _tree(root: Path) -> set[str]:
+  return {str(p.relative_to(root)) for p in root.rglob("*")}
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+  tmp = tmp_path_factory.mktemp("untrusted")
+  (tmp / "home").mkdir()
+  (tmp / "work").mkdir()
+  marker, secret = tmp / "PWNED", tmp / "secret.txt"
+  token = secrets.token_hex(16)
+  secret.write_text(token)
+  files = build(tmp / "corpus", marker, secret)
+  before = _tree(tmp)
+  lists, procs = [], []
+  for k in range(SHARDS):
+    lst = tmp / f"shard{k}.txt"
+    lst.write_text("".join(f"{cat}\t{str(p)!r}\n" for i, (p, cat) in enumerate(files) if i % SHARDS == k))
+    out = tmp / f"shard{k}.json"
+    code = f"from tests.hostile_rules import drive; drive({str(lst)!r}, {str(out)!r}, {str(marker)!r}, {str(secret)!r})"
+    procs.append((subprocess.Popen([sys.executable, "-c", code], cwd=tmp / "work", env=_env(tmp), stdout=subprocess.PIPE,
+                                   stderr=subprocess.PIPE, text=True, errors="backslashreplace"), out))
+    lists += [lst, out]
+  results, streams = [], []
+  for proc, out in procs:
+    try: stdout, stderr = proc.communicate(timeout=240)
+    except subprocess.TimeoutExpired:
+      proc.kill()
+      stdout, stderr = proc.communicate()
+      pytest.fail(f"the corpus driver hung:\n{stderr[-3000:]}")
+    streams.append(stdout + stderr)
+    assert proc.returncode == 0, stderr[-5000:]
+    results += json.loads(out.read_text())
+  after = _tree(tmp)
+  return {"tmp": tmp, "files": files, "results": results, "streams": streams, "token": token, "marker": marker,
+          "new": after - before - {str(p.relative_to(tmp)) for p in lists} - {"shard0.json.tmp", "shard1.json.tmp"}}
+
+
+def test_the_corpus_is_large_and_covers_every_category(corpus):
+  cats = [c for _, c in corpus["files"]]
+  assert len(cats) >= 300
+  assert {"helper", "attribute", "direct", "injection", "lexical", "nesting", "dos"} <= set(cats)
+  assert len(corpus["results"]) == len(corpus["files"])
+
+
+def test_nothing_runs_and_nothing_fails(corpus):
+  bad = [(r["path"], r["problems"]) for r in corpus["results"] if r["problems"]]
+  assert not bad, "\n".join(f"{p}: {pr}" for p, pr in bad[:40])
+  assert not corpus["marker"].exists()
+  for text in corpus["streams"]:
+    assert "AUDIT-FLAG" not in text, text[-3000:]
+    assert "Traceback" not in text, text[-3000:]
+    assert corpus["token"] not in text
+
+
+def test_no_file_is_written_except_the_matcher_cache(corpus):
+  written = sorted(p for p in corpus["new"] if not (p == "cache" or (p.startswith("cache/") and p.endswith(".py"))))
+  assert written == [], written
+
+
+def test_every_attack_is_rejected(corpus):
+  accepted = [r["path"] for r in corpus["results"] if r["category"] in MUST_REJECT and not r["errors"]]
+  assert not accepted, accepted
+
+
+def test_the_corpus_runs_in_bounded_time(corpus):
+  slow = [(r["path"], r["seconds"]) for r in corpus["results"] if r["seconds"] > 20]
+  assert not slow, slow
+
+
+def test_the_cli_on_the_whole_corpus(corpus):
+  # the real command, once over every file together (one library): JSON parses, every diagnostic is located
+  tmp = corpus["tmp"]
+  proc = subprocess.run([sys.executable, "-m", "rulec.cli", "check", "--format", "json", str(tmp / "corpus")], cwd=tmp / "work",
+                        env=_env(tmp), capture_output=True, text=True, errors="backslashreplace", timeout=120)
+  assert proc.returncode == 1, proc.stderr[-3000:]
+  assert "Traceback" not in proc.stderr
+  data = json.loads(proc.stdout)
+  assert data["errors"] > 300
+  names = {str(p) for p, _ in corpus["files"]}
+  assert all(d["file"] in names and d["line"] >= 1 and d["col"] >= 1 for d in data["diagnostics"])
+  assert not corpus["marker"].exists()
+
+
+# *** the boundary itself ***
+
+def test_the_documented_helpers_are_the_marked_ones():
+  import engine.sched.decomp_helpers, engine.sched.indexing, engine.sched.symbolic_helpers, engine.sched.tensor_helpers  # noqa: E401,F401
+  doc = (REPO / "docs" / "rules.md").read_text()
+  listed = set()
+  for line in doc.splitlines():
+    if line.startswith("| `engine.sched."):
+      mod = line.split("`")[1]
+      listed |= {f"{mod}.{n}" for n in line.split("|")[2].replace("`", " ").split()}
+  assert listed == {k for k in RULE_HELPERS if k.startswith("engine.sched.")}
+
+
+def test_the_documented_attributes_are_the_allowlist():
+  doc = (REPO / "docs" / "rules.md").read_text()
+  section = doc[doc.index("### What rules can reach"):doc.index("### Forbidden")]
+  for attrs in (capability.UOP_ATTRS, capability.UOP_CLASS_ATTRS, capability.DTYPE_ATTRS, capability._STR,
+                capability._LIST, capability._DICT, capability._SET, capability._NUMBER):
+    for a in attrs: assert f"`{a}`" in section, a
+
+
+def test_rule_attr_is_an_allowlist():
+  from engine.dtypes import dtypes
+  from engine.ops import Ops
+  from engine.uop import UOp
+  x = UOp.variable("x", 0, 4)
+  assert rule_attr(x, "vmax") == 4 and rule_attr(dtypes.int8, "max")() == 127 and rule_attr(Ops, "ADD") is Ops.ADD
+  assert rule_attr("ab", "upper")() == "AB" and rule_attr(UOp, "const") is UOp.const
+  for obj, name in [(x, "_memo"), (x, "__class__"), ("a", "format"), ("a", "encode"), (len, "__self__"), (os, "system"),
+                    (Path("."), "write_text"), (rule_attr, "__globals__"), (UOp, "replace"), (dtypes, "__dict__"),
+                    (type("S", (str,), {})("a"), "upper")]:
+    with pytest.raises(RuleCapabilityError): rule_attr(obj, name)
+
+
+def test_unmarked_and_private_functions_are_not_helpers():
+  from engine.lang.capability import rule_helper
+  with pytest.raises(ValueError): rule_helper(lambda: 0)
+  def _private(): pass
+  with pytest.raises(ValueError): rule_helper(_private)
+  with pytest.raises(TypeError): rule_helper(len)
+
+
+def test_the_harness_detects_execution(tmp_path):
+  # the control: a marked helper of a user package that writes the marker and reads the secret is caught
+  pkg = tmp_path / "evil_helpers.py"
+  marker, secret = tmp_path / "PWNED", tmp_path / "secret.txt"
+  secret.write_text("tok-control")
+  pkg.write_text("from rulec import rule_helper\n"
+                 "@rule_helper\n"
+                 f"def touch(x):\n  open({str(marker)!r}, 'w').close()\n  return x.const_like(open({str(secret)!r}).read())\n")
+  rules = tmp_path / "c.rules"
+  rules.write_text("use evil_helpers (touch)\nruleset s:\n  rule r: x + 0 => touch(x)\n    example: RANGE(3) + 0 => RANGE(3)\n")
+  lst, out = tmp_path / "list.txt", tmp_path / "out.json"
+  lst.write_text(f"helper\t{str(rules)!r}\n")
+  env = _env(tmp_path)
+  env.update(RULEC_HELPER_PACKAGES="evil_helpers", PYTHONPATH=f"{REPO}{os.pathsep}{tmp_path}")
+  code = f"from tests.hostile_rules import drive; drive({str(lst)!r}, {str(out)!r}, {str(marker)!r}, {str(secret)!r})"
+  proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+  [res] = json.loads(out.read_text())
+  assert any("EXECUTED" in p for p in res["problems"]), res
+  assert "AUDIT-FLAG open" in proc.stderr
+
+
+@pytest.mark.parametrize("bottom_up", [False, True])
+def test_a_graph_with_non_node_sources_is_a_rule_error(tmp_path, bottom_up):
+  from engine.lang.loader import RuleLibrary
+  from engine.lang.runtime import RuleRuntimeError
+  from engine.rewrite import graph_rewrite
+  from engine.uop import UOp
+  path = tmp_path / "n.rules"
+  path.write_text("ruleset s:\n  rule shallow: x + 0 => x.replace(src=(1, 2))\n"
+                  "  rule deep: x * 1 => UOp.sink(x.replace(src=(None,)))\n")
+  m = RuleLibrary([path]).matcher("s")
+  x = UOp.variable("x", 0, 10)
+  for node, name in ((x + 0, "shallow"), (x * 1, "deep")):
+    with pytest.raises(RuleRuntimeError) as e: graph_rewrite(node, m, bottom_up=bottom_up)
+    assert e.value.rule_name == name and e.value.location == f"{path}:{2 if name == 'shallow' else 3}:3"
