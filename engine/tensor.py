@@ -78,15 +78,21 @@ from runtime.devices import DEVICES
 __all__ = ["Tensor", "DEVICES", "AxisError", "broadcast_shapes", "promote_types", "to_dtype"]
 
 
-def _became(done: dict[UOp, UOp]) -> None:
-  """After a realize: every live tensor whose graph holds a realized node reads its buffer from now on, so a
-  value is never computed again and an assign is never carried out twice."""
-  if not done: return
+def _became(realized: list[Tensor], done: dict[UOp, UOp]) -> None:
+  """After a realize: the realized tensors hold their buffers, and every live tensor whose graph holds an assign
+  that was carried out reads the assigned buffer from now on, so no assign is carried out twice.
+
+  Other tensors that happen to hold the same graph as a realized one (UOps are hash-consed: two
+  `Tensor.full((2, 3), -2)` are one node) keep it and compute it again: sharing the buffer would let an assign
+  into one of them change the other."""
+  for t in realized: t.uop = done.get(t.uop, t.uop)
+  assigned = {u: v for u, v in done.items() if u.op is Ops.ASSIGN}
+  if not assigned: return
   for t in list(_LIVE):
     u = t.uop
-    if u in done: t.uop = done[u]
+    if u in assigned: t.uop = assigned[u]
     elif not _engine.is_realized(u):
-      new = substitute(u, done)
+      new = substitute(u, assigned)
       if new is not u: t.uop = new
 
 
@@ -251,7 +257,7 @@ class Tensor:
     todo, seen = [], set()
     for t in ts:
       if id(t) not in seen and not _engine.is_realized(t.uop): seen.add(id(t)); todo.append(t)
-    if todo: _became(_engine.realize_map([t.uop for t in todo], [t.device for t in todo]))
+    if todo: _became(todo, _engine.realize_map([t.uop for t in todo], [t.device for t in todo]))
     return self
 
   def schedule(self, *others: Tensor):

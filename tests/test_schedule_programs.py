@@ -317,3 +317,17 @@ def test_assigning_a_copy_from_another_device_is_one_kernel():
   dst.assign(src.to("CPU"))
   assert len(kernels(dst)) == 1
   assert dst.tolist() == list(range(6)) and dst.device == "CPU"
+
+
+def test_two_tensors_with_one_graph_do_not_share_a_buffer():
+  # UOps are hash-consed: both fulls are one node; realizing one must not give the other its buffer, or an
+  # assign into the first would change the second
+  a, b = Tensor.full((2, 3), -2), Tensor.full((2, 3), -2)
+  a.realize()
+  a[1] = Tensor([5, 6, 7])
+  assert a.tolist() == [[-2, -2, -2], [5, 6, 7]] and b.tolist() == [[-2, -2, -2]] * 2
+  x = Tensor(np.arange(4, dtype=np.float32)).realize()
+  y, z = x * 2, x * 2
+  y.realize()
+  y.assign(y + 1).realize()
+  assert y.tolist() == [1.0, 3.0, 5.0, 7.0] and z.tolist() == [0.0, 2.0, 4.0, 6.0]
