@@ -230,7 +230,8 @@ def _wrap_stages(sink: UOp, staged: set[UOp], devices: list[str]) -> UOp:
     if t.op is not Ops.CONTIGUOUS and t.base in staged: continue
     # a copy of a computed value is that value's stage; a copy of a view of a buffer stages the CONTIGUOUS
     # itself, so the view (an assign's target, say) stays what it is everywhere else
-    x = t.src[0] if t.op is Ops.CONTIGUOUS and t.src[0].base.op not in (Ops.BUFFER, Ops.AFTER) else t
+    # (a tagged CONTIGUOUS is a copy asked for: a buffer of its own)
+    x = t.src[0] if t.op is Ops.CONTIGUOUS and t.tag is None and t.src[0].base.op not in (Ops.BUFFER, Ops.AFTER) else t
     target_of.setdefault(x, x.device or dev)
   done: dict[UOp, UOp] = {}
   for u in sink.toposort():
@@ -239,7 +240,7 @@ def _wrap_stages(sink: UOp, staged: set[UOp], devices: list[str]) -> UOp:
     x = u if new_src == u.src else UOp(u.op, u.dtype, new_src, u.arg, u.tag)
     if u in target_of: x = UOp(Ops.STAGE, x.dtype, x.src if x.op is Ops.CONTIGUOUS else (x,), target_of[u], tag="target")
     elif u in staged: x = UOp(Ops.STAGE, x.dtype, (x,), x.device)
-    elif u.op is Ops.CONTIGUOUS and x.src[0].op is Ops.STAGE: x = x.src[0]
+    elif u.op is Ops.CONTIGUOUS and u.tag is None and x.src[0].op is Ops.STAGE: x = x.src[0]
     done[u] = x
   outs = []
   for t, dev in zip(targets, devices):

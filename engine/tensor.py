@@ -78,14 +78,13 @@ from runtime.devices import DEVICES
 __all__ = ["Tensor", "DEVICES", "AxisError", "broadcast_shapes", "promote_types", "to_dtype"]
 
 
-def _became(realized: list[Tensor], done: dict[UOp, UOp]) -> None:
-  """After a realize: the realized tensors hold their buffers, and every live tensor whose graph holds an assign
-  that was carried out reads the assigned buffer from now on, so no assign is carried out twice.
+def _became(done: dict[UOp, UOp]) -> None:
+  """After a realize: every live tensor whose graph holds an assign that was carried out reads the assigned
+  buffer from now on, so no assign is carried out twice.
 
   Other tensors that happen to hold the same graph as a realized one (UOps are hash-consed: two
   `Tensor.full((2, 3), -2)` are one node) keep it and compute it again: sharing the buffer would let an assign
   into one of them change the other."""
-  for t in realized: t.uop = done.get(t.uop, t.uop)
   assigned = {u: v for u, v in done.items() if u.op is Ops.ASSIGN}
   if not assigned: return
   for t in list(_LIVE):
@@ -257,7 +256,15 @@ class Tensor:
     todo, seen = [], set()
     for t in ts:
       if id(t) not in seen and not _engine.is_realized(t.uop): seen.add(id(t)); todo.append(t)
-    if todo: _became(todo, _engine.realize_map([t.uop for t in todo], [t.device for t in todo]))
+    if todo:
+      # two tensors holding one (hash-consed) graph get a buffer each: an assign into one must not show in the other
+      uops, firsts = [], set()
+      for t in todo:
+        uops.append(t.uop if t.uop not in firsts else UOp(Ops.CONTIGUOUS, t.dtype, (t.uop,), tag="copy"))
+        firsts.add(t.uop)
+      done = _engine.realize_map(uops, [t.device for t in todo])
+      for t, u in zip(todo, uops): t.uop = done.get(u, u)
+      _became(done)
     return self
 
   def schedule(self, *others: Tensor):

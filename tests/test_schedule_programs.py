@@ -331,3 +331,15 @@ def test_two_tensors_with_one_graph_do_not_share_a_buffer():
   y.realize()
   y.assign(y + 1).realize()
   assert y.tolist() == [1.0, 3.0, 5.0, 7.0] and z.tolist() == [0.0, 2.0, 4.0, 6.0]
+
+
+def test_two_tensors_with_one_graph_realized_together_get_a_buffer_each():
+  a, b = Tensor.full((2, 4), 1), Tensor.full((2, 4), 1)
+  Tensor.realize(a, b)
+  assert a.uop.base is not b.uop.base
+  a.assign(Tensor.full((2, 4), 3)).realize()
+  assert a.tolist() == [[3] * 4] * 2 and b.tolist() == [[1] * 4] * 2
+  x = Tensor(np.arange(3, dtype=np.float32)).realize()
+  c = x.exp().clone()
+  Tensor.realize(x.exp(), c)
+  close(c, np.exp(np.arange(3, dtype=np.float32)))
