@@ -306,66 +306,63 @@ def _place_constants(sink: UOp, devices: list[str]) -> UOp:
 _KERNEL_ROOTS = (Ops.STAGE, Ops.CONTIGUOUS, Ops.COPY, Ops.STORE)
 
 
-def _region_reads(root: UOp) -> list[UOp]:
-  """The nodes one kernel computes for `root`: down to the buffers it reads, not into other kernels or AFTERs
-  (and not into a store's target, which is written, not read)."""
-  srcs = root.src[1:] if root.op is Ops.STORE else root.src
-  seen: set[UOp] = set()
-  out: list[UOp] = []
-  stack = list(srcs)
-  while stack:
-    u = stack.pop()
-    if u in seen: continue
-    seen.add(u)
-    out.append(u)
-    if u.op not in _KERNEL_ROOTS and u.op is not Ops.AFTER: stack.extend(u.src)
-  return out
-
-
 def _snapshot_overwritten_reads(sink: UOp) -> UOp:
   """Reads of a buffer's old contents in a kernel that must run after an assign overwrites that buffer.
 
-  A kernel that reads buffer b both as it was (a value built before `b.assign(...)`) and as written (through
-  the assign's AFTER, directly or through another kernel) cannot be ordered: before the store it misses the
-  new contents, after it the old ones. Those old reads go to a copy of b taken first (a STAGE tagged
-  "snapshot", which no rule folds away), so each read sees the contents it was built against (the seeds'
-  find_bufs guard, resolved by a copy instead of an error)."""
+  In one realize, every value is computed from the buffers as they were before the call's assigns, except
+  through an assign's own result (as `RULEC_REALIZE=eval` does: `old = b + 0; b.assign(b * 10)` then
+  `old + b`: old is b as it was). A kernel that reads b raw while its region depends on the written b
+  (through the AFTER, directly or through another kernel) cannot be ordered: before the store it misses the
+  new contents, after it the old ones. Those raw reads go to a copy of b taken first (a STAGE tagged
+  "snapshot", which no rule folds away): the seeds' find_bufs guard, resolved by a copy instead of an
+  error. Outputs that are views of b compute nothing: they are the buffer, and show the write."""
   order = sink.toposort()
-  if not any(u.op is Ops.AFTER for u in order): return sink
+  afters = {u.src[0]: u for u in order if u.op is Ops.AFTER}
+  if not afters: return sink
   after_of: dict[UOp, frozenset] = {}   # the buffers whose written contents each node depends on
   for u in order:
     acc = frozenset({u.src[0]}) if u.op is Ops.AFTER else frozenset()
-    for s in u.src: acc |= after_of[s]
+    for x in u.src: acc |= after_of[x]
     after_of[u] = acc
-  fix: dict[UOp, set[UOp]] = {}   # kernel root -> buffers it must read from a snapshot
-  for root in order:
-    # the sink too: an output that is a view of the buffer as it was is a read before the write
-    if (root.op not in _KERNEL_ROOTS and root is not sink) or not after_of[root]: continue
-    old = {u for u in _region_reads(root) if u.op is Ops.BUFFER and u in after_of[root]}
-    if old: fix[root] = old
-  if not fix: return sink
-  snaps = {b: UOp(Ops.STAGE, b.dtype, (b,), b.arg[1], tag="snapshot") for bufs in fix.values() for b in bufs}
+  snaps: dict[UOp, UOp] = {}
   done: dict[UOp, UOp] = {}
+
+  def read(site: UOp, s: UOp) -> UOp | None:
+    """The source s of site, when it is a view of a written buffer read raw in a kernel after the write."""
+    chain = []
+    x = s
+    while x.op in MOVEMENT:
+      chain.append(x)
+      x = x.src[0]
+    if x.op is not Ops.BUFFER or x not in afters: return None
+    out = snaps.setdefault(x, UOp(Ops.STAGE, x.dtype, (x,), x.arg[1], tag="snapshot"))
+    for m in reversed(chain): out = m.replace(src=(out,))
+    return out
+
   for root in order:
-    if root.op in _KERNEL_ROOTS or root.op is Ops.AFTER or root is sink:
-      done[root] = _rebuild_region(root, done, {b: snaps[b] for b in fix.get(root, ())})
+    if not (root.op in _KERNEL_ROOTS or root.op is Ops.AFTER or root is sink): continue
+    needs = root.op in _KERNEL_ROOTS and any(b in after_of[root] for b in afters)
+    done[root] = _rebuild_region(root, done, read if needs else None)
   return done[sink]
 
 
-def _rebuild_region(root: UOp, done: dict[UOp, UOp], swap: dict[UOp, UOp]) -> UOp:
-  """root over its region's nodes rebuilt: kernels and AFTERs below it as already rebuilt (`done`), and the
-  buffers in `swap` replaced. A store's target (src[0]) is written, not read: it stays."""
+def _rebuild_region(root: UOp, done: dict[UOp, UOp], read) -> UOp:
+  """root over its region's nodes rebuilt: kernels and AFTERs below it as already rebuilt (`done`), and each
+  source of a value (not of a movement op) that read(value, source) redirects. A store's target (src[0]) is
+  written, not read: it stays."""
   keep = root.src[:1] if root.op is Ops.STORE else ()
   srcs = root.src[len(keep):]
   boundary = lambda x: x.op in _KERNEL_ROOTS or x.op is Ops.AFTER
   memo: dict[UOp, UOp] = {}
+  def sources(x: UOp, xs: tuple[UOp, ...]) -> tuple[UOp, ...]:
+    if read is None or x.op in MOVEMENT: return tuple(memo[s] for s in xs)
+    return tuple(read(x, s) or memo[s] for s in xs)
   for x in UOp.sink(*srcs).toposort(gate=lambda x: x.op is Ops.SINK or not boundary(x))[:-1]:
     if boundary(x): memo[x] = done.get(x, x)
-    elif x in swap: memo[x] = swap[x]
     else:
-      new_src = tuple(memo[s] for s in x.src)
+      new_src = sources(x, x.src)
       memo[x] = x if new_src == x.src else x.replace(src=new_src)
-  new = keep + tuple(memo[s] for s in srcs)
+  new = keep + sources(root, srcs)
   return root if new == root.src else root.replace(src=new)
 
 

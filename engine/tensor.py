@@ -292,7 +292,12 @@ class Tensor:
     if d == self.device: return self
     return Tensor._from_uop(UOp(Ops.COPY, self.dtype, (self.uop,), d), d)
 
-  def contiguous(self) -> Tensor: return self._new(self.uop.contiguous())
+  def contiguous(self) -> Tensor:
+    """This value laid out in order in a buffer. A realized tensor that already is (a whole buffer) is returned
+    as itself, sharing the buffer, as in tinygrad and torch; `clone()` always copies."""
+    u = self.uop
+    if u.op is Ops.BUFFER or (u.op is Ops.RESHAPE and u.src[0].op is Ops.BUFFER): return self._new(u)
+    return self._new(u.contiguous())
   def detach(self) -> Tensor: return self._new(UOp(Ops.DETACH, self.dtype, (self.uop,)))
   def clone(self) -> Tensor:
     """A copy in a buffer of its own (contiguous() of a realized tensor is that tensor's buffer; this never is)."""

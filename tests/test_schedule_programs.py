@@ -156,11 +156,17 @@ def test_two_assigns_in_a_row():
   assert a.tolist() == [3, 6, 9, 12]
 
 
-def test_a_contiguous_copy_taken_before_an_assign():
+def test_views_and_values_built_before_an_assign():
+  # in one realize every value is computed from the buffer as it was, except through the assign's result
+  # (RULEC_REALIZE=eval does the same); an output that is a view computes nothing: it is the buffer, and
+  # shows the write (contiguous() of a contiguous tensor is the tensor itself, as in numpy and torch)
   a = Tensor(np.arange(4)).realize()
-  old = a.contiguous()
+  alias, view, old = a.contiguous(), a.reshape(2, 2).T, a * 1
   a.assign(a * 10)
-  assert (old + a).tolist() == [0, 11, 22, 33]
+  outs = alias + a, view.T.reshape(4) + old, old + a, view, alias
+  Tensor.realize(*outs)
+  assert [o.numpy().ravel().tolist() for o in outs] == [[0, 11, 22, 33], [0, 2, 4, 6], [0, 11, 22, 33],
+                                                         [0, 20, 10, 30], [0, 10, 20, 30]]
 
 
 @pytest.mark.parametrize("view", ["T", "pad", "flip", "strided", "expand", "reshape", "cat"])
@@ -265,8 +271,8 @@ def test_contiguous_of_a_buffer_is_that_buffer_and_its_assign_is_not_redirected(
   a = Tensor(np.array([5, -2], dtype=np.int32).reshape(shape)).realize()
   c = a.contiguous()
   a.assign(Tensor(np.array([1, 1], dtype=np.int32).reshape(shape)))
-  Tensor.realize(c, a)       # c was built before the assign: in this realize it reads the old contents
-  assert c.numpy().ravel().tolist() == [5, -2] and a.numpy().ravel().tolist() == [1, 1]
+  Tensor.realize(c, a)       # c is a (the same buffer, as in numpy and torch): it shows the write
+  assert c.numpy().ravel().tolist() == [1, 1] and a.numpy().ravel().tolist() == [1, 1]
   b = Tensor(np.arange(3, dtype=np.float32)).realize()
   assert b.contiguous().realize().uop.base is b.uop.base   # already contiguous: no copy, as in tinygrad and torch
 
