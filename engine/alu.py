@@ -7,6 +7,8 @@ import math
 import operator
 from typing import Any, Callable
 
+import numpy as np
+
 from engine.dtypes import DType
 from engine.ops import Ops
 
@@ -84,8 +86,15 @@ def wrap(value: Any, dtype: DType) -> Any:
     value &= (1 << bits) - 1
     if dtype.kind != "u" and value >= 1 << (bits - 1): value -= 1 << bits
     return value
-  if dtype.kind == "f": return float(value)
+  if dtype.kind == "f": return round_float(float(value), dtype)
   return value
+
+
+def round_float(value: float, dtype: DType) -> float:
+  """value rounded to the nearest number dtype holds (float16 and float32; past the range: inf), as a Python
+  float, so folding a constant gives what a kernel computing in that dtype gives."""
+  if dtype.itemsize >= 8 or not math.isfinite(value): return value
+  with np.errstate(over="ignore"): return float(np.float16(value) if dtype.itemsize == 2 else np.float32(value))
 
 
 def exec_alu(op: Ops, dtype: DType, operands: list[Any]) -> Any:

@@ -11,7 +11,7 @@ import math
 import weakref
 from typing import Any, Callable, Iterable
 
-from engine.alu import wrap
+from engine.alu import round_float, wrap
 from engine.dtypes import DType, dtypes
 from engine.ops import ALU, BINARY, MOVEMENT, Ops
 
@@ -276,7 +276,7 @@ class UOp:
 def _as_dtype(value: Any, dtype: DType) -> Any:
   """A Python scalar of the kind `dtype` holds, so equal constants hash-cons together."""
   if isinstance(value, UOp): raise TypeError("const value must be a Python scalar, not a UOp")
-  if dtype.kind == "f": return float(value)
+  if dtype.kind == "f": return round_float(float(value), dtype)
   if dtype.kind == "b": return bool(value)
   if dtype.kind in "iux":
     if isinstance(value, float) and not value.is_integer(): raise ValueError(f"{value!r} is not an integer for {dtype}")

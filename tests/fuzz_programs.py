@@ -1495,10 +1495,10 @@ class Gen:
 
   def snapshots(self, pending: list[Val], t: Val, views: bool = False) -> list[Val]:
     """Readers of t's storage that may be realized with (or before) an assign into it and keep the old value:
-    computed values of their own (not views of that storage) without pending assigns; with views=True (they are
-    realized in the same call as the assign) also views of the storage (engine/realize.py: reads of the buffer
-    in the same call see the old contents), except the whole buffer in its own order (that is the buffer)."""
-    views = views and "view_snap" not in self.exclude   # (--exclude view_snap leaves these out)
+    computed values of their own (not views of that storage) without pending assigns. Views of the storage
+    compute nothing: they are the buffer and show the write (engine/realize.py), which this model does not
+    follow, so they are never checked as snapshots."""
+    views = False
     def view_ok(p):
       if not (views and p.movement and not p.computed and p.mroot == t.mroot and p.view is not None): return False
       n = t.numel

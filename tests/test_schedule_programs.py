@@ -349,3 +349,17 @@ def test_two_tensors_with_one_graph_realized_together_get_a_buffer_each():
   c = x.exp().clone()
   Tensor.realize(x.exp(), c)
   close(c, np.exp(np.arange(3, dtype=np.float32)))
+
+
+def test_constants_fold_in_their_own_dtype():
+  # folding happens in Python floats: each constant and each folded result is rounded to its dtype first
+  assert (Tensor.full((2,), 0.1) == 0.1).tolist() == [True, True]
+  assert (Tensor.full((2,), 0.1) * 3 == 0.3).tolist() == (np.full(2, 0.1, np.float32) * 3 == np.float32(0.3)).tolist()
+  assert (Tensor.full((2,), 60000.0, dtype=dtypes.float16) * 2 / 4).tolist() == [np.inf, np.inf]
+
+
+def test_a_copy_of_a_padded_constant_keeps_its_padding():
+  t = Tensor.full((2,), 5.0, device="NUMPY").pad(((1, 1),)).to("CPU")
+  assert t.tolist() == [0.0, 5.0, 5.0, 0.0] and t.device == "CPU"
+  t.realize()
+  assert t.uop.base.arg[1] == "CPU"
