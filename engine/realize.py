@@ -99,8 +99,10 @@ def realize_map(uops: Sequence[UOp], devices: Sequence[str] | None = None) -> di
   """Realize `uops`; the realized view of each one not realized before, and of every ASSIGN that was carried out.
 
   `devices[i]` is where uops[i] is stored when its graph names no device (constants only). ASSIGN nodes write
-  their value into their target's buffer; in the same call, reads of that buffer built before the assign see
-  the old contents. An ASSIGN maps to its target view: a tensor still holding it must read the buffer now,
+  their value into their target's buffer. In one call every value is computed from the buffers as they were
+  before the call's assigns, except through an assign's own result; an output that is a view of a buffer
+  computes nothing and shows the buffer as written. A lazy value realized in a later call reads the buffers
+  as they are then. An ASSIGN maps to its target view: a tensor still holding it must read the buffer now,
   not write it again (the caller substitutes these in every live graph)."""
   uops = list(uops)
   devices = list(devices) if devices is not None else [default_device()] * len(uops)
