@@ -350,10 +350,11 @@ def _op_bounds(u: UOp):
         vals = [x * y for x in b[0] for y in b[1]]
         return (min(vals), max(vals))
       if op is Ops.MAX: return (max(b[0][0], b[1][0]), max(b[0][1], b[1][1]))
-      if op is Ops.IDIV and b[1][0] == b[1][1] and b[1][0] > 0:
+      # (integers only: a float // or % by c is not confined to whole steps of c)
+      if op is Ops.IDIV and u.dtype.is_int and b[1][0] == b[1][1] and b[1][0] > 0:
         c = b[1][0]
         return (b[0][0] // c, b[0][1] // c)
-      if op is Ops.MOD and b[1][0] == b[1][1] and b[1][0] > 0:
+      if op is Ops.MOD and u.dtype.is_int and b[1][0] == b[1][1] and b[1][0] > 0:
         c, (lo, hi) = b[1][0], b[0]
         # inside one period the remainder moves with x; otherwise it can be anything in [0, c)
         if hi - lo < c and lo % c <= hi % c: return (lo % c, hi % c)

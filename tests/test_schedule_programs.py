@@ -363,3 +363,20 @@ def test_a_copy_of_a_padded_constant_keeps_its_padding():
   assert t.tolist() == [0.0, 5.0, 5.0, 0.0] and t.device == "CPU"
   t.realize()
   assert t.uop.base.arg[1] == "CPU"
+
+
+def test_abs_of_a_float_modulo():
+  # the bounds of a float % c are not those of an integer one ([0, c - 1] made `x % 0.3 < 0` fold to True)
+  for device in ("NUMPY", "CPU"):
+    v = Tensor(-2.75, dtype=dtypes.float64, device=device)
+    np.testing.assert_allclose((v % 0.3).abs().numpy(), np.abs(np.float64(-2.75) % 0.3))
+  x = Tensor(np.array([-2.75, 1.1, -0.05], dtype=np.float32))
+  np.testing.assert_allclose(((x % 0.3) < 0.1).numpy(), (np.array([-2.75, 1.1, -0.05], np.float32) % np.float32(0.3)) < 0.1)
+
+
+def test_clones_of_one_tensor_realized_together_are_separate():
+  a = Tensor(np.array([7, 8, 9], dtype=np.int32)).realize()
+  c1, c2 = a.clone(), a.clone()
+  Tensor.realize(c1, c2)
+  c1[0:1] = Tensor([-5], dtype=dtypes.int32)
+  assert c1.tolist() == [-5, 8, 9] and c2.tolist() == [7, 8, 9] and a.tolist() == [7, 8, 9]
