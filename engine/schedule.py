@@ -22,7 +22,6 @@ from engine import trace as _trace
 from engine.lang.loader import load_library
 from engine.ops import ALU, MOVEMENT, Ops
 from engine.rewrite import graph_rewrite, substitute
-from engine.sched.tensor_helpers import is_buffer_view
 from engine.uop import UOp, prod
 from runtime.kernel import Kernel
 
@@ -137,17 +136,9 @@ def _reduce_epilogues(order: list[UOp]) -> set[UOp]:
       x = s
       while x.op is Ops.RESHAPE: x = x.src[0]
       if x.op is Ops.REDUCE_AXIS or x in out: any_reduce = True
-      elif not (x.base.op in (Ops.CONST, Ops.BUFFER) and all(m.op in MOVEMENT for m in _movement_chain(x))): ok = False
+      elif x.base.op not in (Ops.CONST, Ops.BUFFER): ok = False
     if ok and any_reduce: out.add(u)
   return out
-
-
-def _movement_chain(x: UOp) -> list[UOp]:
-  chain = []
-  while x.op in MOVEMENT:
-    chain.append(x)
-    x = x.src[0]
-  return chain
 
 
 def choose_stages(sink: UOp, hoists: bool = False) -> set[UOp]:

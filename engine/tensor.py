@@ -71,6 +71,7 @@ from engine.tensor_args import (AxisError, broadcast_shapes, canon_device, cast_
 from engine.tensor_uops import (alu, bcast, cmp, const, take_every, u_abs, u_ceil, u_cos, u_exp, u_floor, u_log,
                                 u_max_reduce, u_maximum, u_neg, u_sigmoid, u_sin, u_tanh, window)
 from engine.rewrite import substitute
+from engine.sched.tensor_helpers import is_buffer_view
 from engine.uop import UOp, prod
 from runtime.buffer import buffer_of, new_buffer, np_dtype
 from runtime.devices import DEVICES
@@ -295,9 +296,7 @@ class Tensor:
   def contiguous(self) -> Tensor:
     """This value laid out in order in a buffer. A realized tensor that already is (a whole buffer) is returned
     as itself, sharing the buffer, as in tinygrad and torch; `clone()` always copies."""
-    u = self.uop
-    if u.op is Ops.BUFFER or (u.op is Ops.RESHAPE and u.src[0].op is Ops.BUFFER): return self._new(u)
-    return self._new(u.contiguous())
+    return self._new(self.uop if is_buffer_view(self.uop) else self.uop.contiguous())
   def detach(self) -> Tensor: return self._new(UOp(Ops.DETACH, self.dtype, (self.uop,)))
   def clone(self) -> Tensor:
     """A copy in a buffer of its own (contiguous() of a realized tensor is that tensor's buffer; this never is)."""
