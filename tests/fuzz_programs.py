@@ -17,7 +17,7 @@ size-1 axes, constant-only programs (some of 2**15 or more elements), and a
 "big" flavor with the sizes where the CPU's vector and tiled paths apply.
 
 As it writes each statement it computes the expected value with numpy (its
-own mirror of the semantics documented at the top of engine/tensor.py, not
+own mirror of the semantics documented at the top of engine/tensor/__init__.py, not
 rulec's evaluator) and, for floats, an elementwise bound on the rounding
 error, so that only well-conditioned programs are generated: a comparison,
 floor, cast to int, argmax, ... is only applied where the rounding of its
@@ -112,7 +112,7 @@ def promote(*dts: str) -> str: return np.result_type(*(np.dtype(d) for d in dts)
 
 
 def sum_dtype(dt: str) -> str:
-  """engine/tensor.py: sum/prod of bool, int8-32 give int32, of uint8-32 uint32; others keep their dtype."""
+  """engine/tensor/__init__.py: sum/prod of bool, int8-32 give int32, of uint8-32 uint32; others keep their dtype."""
   if dt == "bool" or dt in ("int8", "int16", "int32"): return "int32"
   if dt in ("uint8", "uint16", "uint32"): return "uint32"
   return dt
@@ -1364,7 +1364,7 @@ class Gen:
     how = r.choice(["contiguous", "contiguous", "clone", "detach"])
     name = self.fresh()
     self.emit(f"{name} = {a.name}.{how}()")
-    # DETACH may vanish; contiguous() of a realized tensor is its buffer (engine/tensor.py); clone() always copies
+    # DETACH may vanish; contiguous() of a realized tensor is its buffer (engine/tensor/__init__.py); clone() always copies
     if how == "detach" or (how == "contiguous" and not a.computed):
       self.add(self.view_of(a, name, a.ref.copy(), a.err, a.view, how))
     else: self.add(Val(name, a.ref.copy(), a.dt, a.err, reads=a.reads, tag=how))

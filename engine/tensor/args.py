@@ -2,7 +2,7 @@
 
 Every function here raises at the user's call with a message that names the
 bad value (TypeError, ValueError, AxisError, OverflowError); dtype promotion
-follows numpy 2 with rulec's default float32 / int32 (engine/tensor.py's
+follows numpy 2 with rulec's default float32 / int32 (engine/tensor/__init__.py's
 docstring lists the differences).
 """
 from __future__ import annotations

@@ -1,0 +1,201 @@
+"""The core every Tensor shares: its graph and device, construction from host data, realizing, assign.
+
+Realizing replaces a tensor's uop with the realized view (`BUFFER.reshape(shape)`), so later graphs start from the
+buffer; `_became` carries an executed assign over to every live tensor that holds it."""
+from __future__ import annotations
+
+import weakref
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from engine import realize as _engine
+from engine.dtypes import DType
+from engine.ops import Ops
+from engine.rewrite import substitute
+from engine.sched.tensor_helpers import is_buffer_view
+from engine.tensor.args import broadcast_shapes, canon_device, cast_scalar, is_py_scalar, to_dtype, to_numpy
+from engine.tensor.uops import bcast, const
+from engine.uop import UOp, prod
+from runtime.buffer import buffer_of, new_buffer
+
+if TYPE_CHECKING: from engine.tensor.tensor import Tensor
+
+
+def _became(done: dict[UOp, UOp]) -> None:
+  """After a realize: every live tensor whose graph holds an assign that was carried out reads the assigned
+  buffer from now on, so no assign is carried out twice.
+
+  Other tensors that happen to hold the same graph as a realized one (UOps are hash-consed: two
+  `Tensor.full((2, 3), -2)` are one node) keep it and compute it again: sharing the buffer would let an assign
+  into one of them change the other."""
+  assigned = {u: v for u, v in done.items() if u.op is Ops.ASSIGN}
+  if not assigned: return
+  for t in list(_LIVE):
+    u = t.uop
+    if u in assigned: t.uop = assigned[u]
+    elif not _engine.is_realized(u):
+      new = substitute(u, assigned)
+      if new is not u: t.uop = new
+
+
+# every live Tensor: realizing one graph updates every tensor whose graph holds what was realized
+_LIVE: weakref.WeakSet = weakref.WeakSet()
+
+
+
+class TensorBase:
+  """What every Tensor is: a tensor-level UOp graph, the device its value lives on, and how it is realized.
+  The operations come from the family mixins (engine/tensor/tensor.py puts them together)."""
+  __slots__ = ("uop", "device", "__weakref__")
+  _rng: np.random.Generator = np.random.default_rng()
+
+  def __init__(self, data: Any, dtype: Any = None, device: str | None = None):
+    _LIVE.add(self)
+    dt = None if dtype is None else to_dtype(dtype)
+    if isinstance(data, TensorBase):
+      t = data if dt is None else data.cast(dt)
+      t = t if device is None else t.to(device)
+      self.uop, self.device = t.uop, t.device
+      return
+    dev = canon_device(device)
+    if isinstance(data, UOp):
+      self.uop, self.device = (data if dt is None else data.cast(dt)), dev
+      return
+    arr, dt = to_numpy(data, dt)
+    buf = new_buffer(dev, arr.size, dt)
+    buffer_of(buf).copyin(arr)
+    self.uop, self.device = buf.reshape(arr.shape), dev
+
+  @classmethod
+  def _from_uop(cls, u: UOp, device: str) -> Tensor:
+    t = object.__new__(cls)
+    t.uop, t.device = u, device
+    _LIVE.add(t)
+    return t
+
+  def _new(self, u: UOp) -> Tensor: return type(self)._from_uop(u, self.device)
+
+  def _lift(self, x: Any) -> Tensor:
+    """x as a Tensor on this tensor's device (Tensors are returned as they are)."""
+    return x if isinstance(x, TensorBase) else type(self)(x, device=self.device)
+
+  # *** properties ***
+
+  @property
+  def shape(self) -> tuple[int, ...]: return self.uop.shape
+  @property
+  def dtype(self) -> DType: return self.uop.dtype
+  @property
+  def ndim(self) -> int: return len(self.shape)
+  def numel(self) -> int: return prod(self.shape)
+  @property
+  def T(self) -> Tensor: return self.permute(tuple(range(self.ndim))[::-1])
+
+  def __repr__(self) -> str:
+    return f"<Tensor shape={self.shape} dtype={self.dtype.name} device={self.device!r}>"
+
+  def __len__(self) -> int:
+    if self.ndim == 0: raise TypeError("len() of a 0-d tensor")
+    return self.shape[0]
+
+  def __iter__(self):
+    for i in range(len(self)): yield self[i]
+
+  __hash__ = object.__hash__
+
+  def __bool__(self) -> bool:
+    if self.numel() != 1:
+      raise ValueError(f"the truth value of a tensor of shape {self.shape} is ambiguous; use .any() or .all()")
+    return bool(self.item())
+
+  def __float__(self) -> float: return float(self.item())
+  def __int__(self) -> int: return int(self.item())
+
+
+  def realize(self, *others: Tensor) -> Tensor:
+    """Compute this tensor (and others: `Tensor.realize(a, b, c)`) into buffers; returns self."""
+    ts = [self, *others]
+    for t in ts:
+      if not isinstance(t, TensorBase): raise TypeError(f"realize() takes Tensors, got {type(t).__name__}")
+    todo, seen = [], set()
+    for t in ts:
+      if id(t) not in seen and not _engine.is_realized(t.uop): seen.add(id(t)); todo.append(t)
+    if todo:
+      # two tensors holding one (hash-consed) graph get a buffer each: an assign into one must not show in the other
+      uops, firsts = [], set()
+      for t in todo:
+        uops.append(t.uop if t.uop not in firsts else UOp(Ops.CONTIGUOUS, t.dtype, (t.uop,), tag="copy"))
+        firsts.add(t.uop)
+      done = _engine.realize_map(uops, [t.device for t in todo])
+      for t, u in zip(todo, uops): t.uop = done.get(u, u)
+      _became(done)
+    return self
+
+  def schedule(self, *others: Tensor):
+    """The kernels realizing these tensors would run (`Tensor.schedule(a, b)`)."""
+    ts = (self, *others)
+    return _engine.schedule([t.uop for t in ts], [t.device for t in ts])
+
+  def numpy(self) -> np.ndarray:
+    """The value as a new numpy array (realizes the tensor)."""
+    self.realize()
+    return np.array(_engine.host_value(self.uop), copy=True).reshape(self.shape)
+
+  def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+    a = self.numpy()
+    return a if dtype is None else a.astype(dtype)
+
+  def tolist(self) -> Any: return self.numpy().tolist()
+
+  def item(self) -> Any:
+    if self.numel() != 1: raise ValueError(f"item() needs a tensor with exactly one element, got shape {self.shape}")
+    return self.numpy().reshape(()).item()
+
+  def to(self, device: str) -> Tensor:
+    d = canon_device(device)
+    if d == self.device: return self
+    return type(self)._from_uop(UOp(Ops.COPY, self.dtype, (self.uop,), d), d)
+
+  def contiguous(self) -> Tensor:
+    """This value laid out in order in a buffer. A realized tensor that already is (a whole buffer) is returned
+    as itself, sharing the buffer, as in tinygrad and torch; `clone()` always copies."""
+    return self._new(self.uop if is_buffer_view(self.uop) else self.uop.contiguous())
+  def detach(self) -> Tensor: return self._new(UOp(Ops.DETACH, self.dtype, (self.uop,)))
+  def clone(self) -> Tensor:
+    """A copy in a buffer of its own (contiguous() of a realized tensor is that tensor's buffer; this never is)."""
+    return self._new(UOp(Ops.CONTIGUOUS, self.dtype, (self.uop,), tag="copy"))
+
+  def assign(self, x: Any) -> Tensor:
+    """Write x (broadcast and cast to this tensor's shape and dtype) into this tensor's storage.
+
+    Lazy like everything else: the write happens when the tensor is realized.
+    When this tensor is a view of a buffer (a realized tensor, a slice or
+    transpose of one) the write goes through the view into that buffer;
+    otherwise the tensor gets a fresh buffer."""
+    if self.uop.base.op is Ops.ASSIGN: self.realize()   # an earlier assign is carried out first, not lost
+    if isinstance(x, TensorBase): self._same_device(x); v = x
+    elif is_py_scalar(x) or isinstance(x, np.generic):
+      v = self._new(const(cast_scalar(x, self.dtype), self.dtype, ()))
+    else: v = self._lift(x)
+    try: shape = broadcast_shapes(v.shape, self.shape)
+    except ValueError: shape = None
+    if shape != self.shape:
+      raise ValueError(f"assign: a value of shape {v.shape} does not fit a tensor of shape {self.shape}")
+    value = bcast(v.uop.cast(self.dtype), self.shape)
+    target = self.uop
+    if target.base.op is Ops.BUFFER:
+      try: _engine.view_indices(target)
+      except ValueError as e: raise ValueError(f"assign to a tensor of shape {self.shape}: {e}") from None
+    else: target = new_buffer(self.device, self.numel(), self.dtype).reshape(self.shape)
+    self.uop = UOp(Ops.ASSIGN, self.dtype, (target, value))
+    return self
+
+  def __setitem__(self, idx: Any, value: Any) -> None:
+    if self.uop.base.op is not Ops.BUFFER: self.realize()
+    view = self[idx]
+    view.assign(value).realize()
+
+  def _same_device(self, other: Tensor) -> None:
+    if other.device != self.device:
+      raise ValueError(f"tensors are on different devices: {self.device} and {other.device}; move one with .to()")

@@ -1,0 +1,226 @@
+"""Elementwise operations: arithmetic with broadcasting and dtype promotion, comparisons, where, casts and
+unary math."""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from engine.dtypes import dtypes
+from engine.ops import Ops
+from engine.tensor.args import (broadcast_shapes, is_py_scalar, promote_types,
+                                scalar_of, to_dtype, weak_dtype)
+from engine.tensor.uops import (alu, bcast, cmp, const, u_abs, u_ceil, u_cos, u_exp, u_floor, u_log,
+                                u_maximum, u_neg, u_sigmoid, u_sin, u_tanh)
+from engine.tensor.base import TensorBase
+from engine.uop import UOp
+
+if TYPE_CHECKING: from engine.tensor.tensor import Tensor
+
+
+class ElementwiseMixin:
+  """Elementwise arithmetic, comparisons, selection, casts and math."""
+  __slots__ = ()
+
+  def _pair(self, other: Any, reverse: bool = False) -> tuple[UOp, UOp] | None:
+    """self and other as UOps of one broadcast shape and one promoted dtype (None: not an operand)."""
+    if isinstance(other, TensorBase):
+      self._same_device(other)
+      dt = promote_types(self.dtype, other.dtype)
+      shape = broadcast_shapes(self.shape, other.shape)
+      x, y = bcast(self.uop.cast(dt), shape), bcast(other.uop.cast(dt), shape)
+    elif is_py_scalar(other):
+      dt = weak_dtype(self.dtype, other)
+      x = self.uop.cast(dt)
+      y = x.const_like(scalar_of(other, dt))
+    elif isinstance(other, (np.ndarray, np.generic, list, tuple)):
+      return self._pair(self._lift(other), reverse)
+    else: return None
+    return (y, x) if reverse else (x, y)
+
+  def _arith(self, other: Any, op: Ops, reverse: bool = False) -> Tensor:
+    p = self._pair(other, reverse)
+    if p is None: return NotImplemented
+    x, y = p
+    if x.dtype.is_bool:
+      if op is Ops.ADD: op = Ops.OR
+      elif op is Ops.MUL: op = Ops.AND
+      elif op is Ops.SUB:
+        raise TypeError("bool - bool is not supported (numpy refuses it too); use ^ (xor) or cast to an integer dtype")
+      elif op in (Ops.IDIV, Ops.MOD, Ops.POW): x, y = x.cast(dtypes.int8), y.cast(dtypes.int8)  # numpy gives int8
+    if op is Ops.POW and x.dtype.is_int and not reverse and is_py_scalar(other) and other < 0:
+      raise ValueError(f"integers to negative integer powers are not allowed ({self.dtype.name} ** {other})")
+    return self._new(alu(op, x, y))
+
+  def __add__(self, o): return self._arith(o, Ops.ADD)
+  def __radd__(self, o): return self._arith(o, Ops.ADD, True)
+  def __sub__(self, o): return self._arith(o, Ops.SUB)
+  def __rsub__(self, o): return self._arith(o, Ops.SUB, True)
+  def __mul__(self, o): return self._arith(o, Ops.MUL)
+  def __rmul__(self, o): return self._arith(o, Ops.MUL, True)
+  def __floordiv__(self, o): return self._arith(o, Ops.IDIV)
+  def __rfloordiv__(self, o): return self._arith(o, Ops.IDIV, True)
+  def __mod__(self, o): return self._arith(o, Ops.MOD)
+  def __rmod__(self, o): return self._arith(o, Ops.MOD, True)
+  def __pow__(self, o): return self._arith(o, Ops.POW)
+  def __rpow__(self, o): return self._arith(o, Ops.POW, True)
+
+  def _truediv(self, other: Any, reverse: bool = False) -> Tensor:
+    p = self._pair(other, reverse)
+    if p is None: return NotImplemented
+    x, y = p
+    if not x.dtype.is_float: x, y = x.cast(dtypes.default_float), y.cast(dtypes.default_float)
+    return self._new(alu(Ops.FDIV, x, y))
+
+  def __truediv__(self, o): return self._truediv(o)
+  def __rtruediv__(self, o): return self._truediv(o, True)
+
+  def _bitwise(self, other: Any, op: Ops, reverse: bool = False) -> Tensor:
+    p = self._pair(other, reverse)
+    if p is None: return NotImplemented
+    x, y = p
+    if x.dtype.is_float or (op in (Ops.SHL, Ops.SHR) and x.dtype.is_bool):
+      raise TypeError(f"{op.name.lower()} needs integer or bool tensors, got {x.dtype.name}")
+    return self._new(alu(op, x, y))
+
+  def __and__(self, o): return self._bitwise(o, Ops.AND)
+  def __rand__(self, o): return self._bitwise(o, Ops.AND, True)
+  def __or__(self, o): return self._bitwise(o, Ops.OR)
+  def __ror__(self, o): return self._bitwise(o, Ops.OR, True)
+  def __xor__(self, o): return self._bitwise(o, Ops.XOR)
+  def __rxor__(self, o): return self._bitwise(o, Ops.XOR, True)
+  def __lshift__(self, o): return self._bitwise(o, Ops.SHL)
+  def __rlshift__(self, o): return self._bitwise(o, Ops.SHL, True)
+  def __rshift__(self, o): return self._bitwise(o, Ops.SHR)
+  def __rrshift__(self, o): return self._bitwise(o, Ops.SHR, True)
+
+  def __invert__(self) -> Tensor:
+    dt = self.dtype
+    if dt.is_float: raise TypeError(f"~ needs an integer or bool tensor, got {dt.name}")
+    return self._new(alu(Ops.XOR, self.uop, self.uop.const_like(True if dt.is_bool else -1 if dt.kind == "i" else dt.max())))
+
+  def __neg__(self) -> Tensor:
+    if self.dtype.is_bool: raise TypeError("unary - of a bool tensor is not supported (numpy refuses it too); use ~")
+    return self._new(u_neg(self.uop))
+
+  def __pos__(self) -> Tensor: return self
+
+  # comparisons (numpy's NaN behaviour: a <= b is (a < b) or (a == b))
+  def _compare(self, other: Any, kind: str) -> Tensor:
+    p = self._pair(other)
+    if p is None: return NotImplemented
+    x, y = p
+    if kind == "lt": u = cmp(Ops.CMPLT, x, y)
+    elif kind == "gt": u = cmp(Ops.CMPLT, y, x)
+    elif kind == "le": u = alu(Ops.OR, cmp(Ops.CMPLT, x, y), cmp(Ops.CMPEQ, x, y))
+    elif kind == "ge": u = alu(Ops.OR, cmp(Ops.CMPLT, y, x), cmp(Ops.CMPEQ, x, y))
+    elif kind == "eq": u = cmp(Ops.CMPEQ, x, y)
+    else: u = cmp(Ops.CMPNE, x, y)
+    return self._new(u)
+
+  def __lt__(self, o): return self._compare(o, "lt")
+  def __le__(self, o): return self._compare(o, "le")
+  def __gt__(self, o): return self._compare(o, "gt")
+  def __ge__(self, o): return self._compare(o, "ge")
+  def __eq__(self, o): return self._compare(o, "eq")  # type: ignore[override]
+  def __ne__(self, o): return self._compare(o, "ne")  # type: ignore[override]
+
+  def _binary(self, other: Any, name: str) -> tuple[UOp, UOp]:
+    p = self._pair(other)
+    if p is None: raise TypeError(f"{name}: unsupported operand of type {type(other).__name__}")
+    return p
+
+  def maximum(self, other: Any) -> Tensor:
+    x, y = self._binary(other, "maximum")
+    return self._new(u_maximum(x, y))
+
+  def minimum(self, other: Any) -> Tensor:
+    x, y = self._binary(other, "minimum")
+    if x.dtype.is_float: return self._new(u_neg(u_maximum(u_neg(x), u_neg(y))))
+    if x.dtype.is_bool: return self._new(alu(Ops.AND, x, y))
+    return self._new(UOp(Ops.WHERE, x.dtype, (cmp(Ops.CMPLT, x, y), x, y)))
+
+  def where(self, x: Any, y: Any) -> Tensor:
+    """numpy's where(self, x, y): x where self is true, else y (self is cast to bool)."""
+    cond = self.uop if self.dtype.is_bool else self.uop.cast(dtypes.bool)
+    xs, ys = is_py_scalar(x), is_py_scalar(y)
+    if xs and ys:
+      dt = dtypes.default_float if isinstance(x, float) or isinstance(y, float) else \
+        dtypes.bool if isinstance(x, bool) and isinstance(y, bool) else dtypes.default_int
+      shape = self.shape
+      xu, yu = const(scalar_of(x, dt), dt, shape), const(scalar_of(y, dt), dt, shape)
+    else:
+      xt = None if xs else self._lift(x)
+      yt = None if ys else self._lift(y)
+      for t in (xt, yt):
+        if t is not None: self._same_device(t)
+      if xt is not None and yt is not None: dt = promote_types(xt.dtype, yt.dtype)
+      elif xt is not None: dt = weak_dtype(xt.dtype, y)
+      else: dt = weak_dtype(yt.dtype, x)
+      shape = broadcast_shapes(self.shape, *(t.shape for t in (xt, yt) if t is not None))
+      xu = bcast(xt.uop.cast(dt), shape) if xt is not None else const(scalar_of(x, dt), dt, shape)
+      yu = bcast(yt.uop.cast(dt), shape) if yt is not None else const(scalar_of(y, dt), dt, shape)
+    return self._new(UOp(Ops.WHERE, dt, (bcast(cond, shape), xu, yu)))
+
+  def clip(self, min_: Any = None, max_: Any = None) -> Tensor:
+    """numpy's clip: minimum(maximum(self, min_), max_); either bound may be None."""
+    r = self
+    if min_ is not None: r = r.maximum(min_)
+    if max_ is not None: r = r.minimum(max_)
+    return r
+
+  def cast(self, dtype: Any) -> Tensor: return self._new(self.uop.cast(to_dtype(dtype)))
+  def bitcast(self, dtype: Any) -> Tensor:
+    dt = to_dtype(dtype)
+    if dt.itemsize != self.dtype.itemsize:
+      raise ValueError(f"bitcast from {self.dtype.name} to {dt.name} changes the item size ({self.dtype.itemsize} -> {dt.itemsize})")
+    return self._new(self.uop.bitcast(dt))
+
+  # *** unary math ***
+
+  def _float_unary(self, fn) -> Tensor:
+    x = self.uop if self.dtype.is_float else self.uop.cast(dtypes.default_float)
+    if x.dtype is dtypes.float16: return self._new(fn(x.cast(dtypes.float32)).cast(dtypes.float16))
+    return self._new(fn(x))
+
+  def exp(self) -> Tensor: return self._float_unary(u_exp)
+  def exp2(self) -> Tensor: return self._float_unary(lambda x: alu(Ops.EXP2, x))
+  def log(self) -> Tensor: return self._float_unary(u_log)
+  def log2(self) -> Tensor: return self._float_unary(lambda x: alu(Ops.LOG2, x))
+  def sqrt(self) -> Tensor: return self._float_unary(lambda x: alu(Ops.SQRT, x))
+  def rsqrt(self) -> Tensor: return self._float_unary(lambda x: alu(Ops.RECIPROCAL, alu(Ops.SQRT, x)))
+  def reciprocal(self) -> Tensor: return self._float_unary(lambda x: alu(Ops.RECIPROCAL, x))
+  def sin(self) -> Tensor: return self._float_unary(u_sin)
+  def cos(self) -> Tensor: return self._float_unary(u_cos)
+  def tanh(self) -> Tensor: return self._float_unary(u_tanh)
+  def sigmoid(self) -> Tensor: return self._float_unary(u_sigmoid)
+
+  def _float_keep(self, fn) -> Tensor:
+    """fn on floats; integers and bools are returned unchanged (trunc, floor, ceil of ints)."""
+    return self._new(fn(self.uop)) if self.dtype.is_float else self
+
+  def trunc(self) -> Tensor: return self._float_keep(lambda x: alu(Ops.TRUNC, x))
+  def floor(self) -> Tensor: return self._float_keep(u_floor)
+  def ceil(self) -> Tensor: return self._float_keep(u_ceil)
+
+  def abs(self) -> Tensor:
+    if self.dtype.is_bool or self.dtype.is_unsigned: return self
+    return self._new(u_abs(self.uop))
+  __abs__ = abs
+
+  def relu(self) -> Tensor:
+    if self.dtype.is_bool: return self
+    return self._new(alu(Ops.MAX, self.uop, self.uop.const_like(0)))
+
+  def square(self) -> Tensor:
+    x = self.cast(dtypes.int8) if self.dtype.is_bool else self  # numpy's square of bool is int8
+    return x * x
+
+  # *** reductions ***
+
+  def float(self) -> Tensor: return self.cast(dtypes.float32)
+  def half(self) -> Tensor: return self.cast(dtypes.float16)
+  def double(self) -> Tensor: return self.cast(dtypes.float64)
+  def int(self) -> Tensor: return self.cast(dtypes.int32)
+  def long(self) -> Tensor: return self.cast(dtypes.int64)
+  def bool(self) -> Tensor: return self.cast(dtypes.bool)
