@@ -26,6 +26,11 @@ class AxisError(ValueError, IndexError):
   """An axis argument out of range for the tensor's number of dimensions."""
 
 
+class ShapeError(ValueError, RuntimeError):
+  """Shapes that do not fit the operation. tinygrad raises RuntimeError for these and numpy ValueError, so both
+  `except` clauses catch it."""
+
+
 def to_dtype(d: Any) -> DType:
   """A Tensor dtype from a DType, a dtype name, a numpy dtype or bool / int / float."""
   if isinstance(d, DType): dt = d

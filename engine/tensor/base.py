@@ -39,6 +39,11 @@ def _became(done: dict[UOp, UOp]) -> None:
       if new is not u: t.uop = new
 
 
+def is_advanced_index(it: Any) -> bool:
+  """An index item for advanced (gather-like) indexing: a Tensor, a list, or a numpy array that is not 0-d."""
+  return isinstance(it, (TensorBase, list)) or (isinstance(it, np.ndarray) and it.ndim > 0)
+
+
 # every live Tensor: realizing one graph updates every tensor whose graph holds what was realized
 _LIVE: weakref.WeakSet = weakref.WeakSet()
 
@@ -192,6 +197,8 @@ class TensorBase:
     return self
 
   def __setitem__(self, idx: Any, value: Any) -> None:
+    items = idx if isinstance(idx, tuple) else (idx,)
+    if any(is_advanced_index(it) for it in items): return self._setitem_advanced(items, value)
     if self.uop.base.op is not Ops.BUFFER: self.realize()
     view = self[idx]
     view.assign(value).realize()

@@ -11,7 +11,7 @@ from engine.ops import Ops
 from engine.tensor.args import (cast_scalar, norm_axes, norm_axis, norm_new_axis, pair_arg, promote_types,
                                 shape_arg)
 from engine.tensor.uops import (alu, bcast, const, take_every)
-from engine.tensor.base import TensorBase
+from engine.tensor.base import TensorBase, is_advanced_index
 from engine.uop import UOp, prod
 
 if TYPE_CHECKING: from engine.tensor.tensor import Tensor
@@ -133,8 +133,10 @@ class MovementMixin:
     return self._new(self.uop.flip(tuple(i in axes for i in range(self.ndim))))
 
   def __getitem__(self, idx: Any) -> Tensor:
-    """Basic indexing: ints (negative ok), slices (any step), None and one Ellipsis."""
+    """Indexing: ints (negative ok), slices (any step), None and one Ellipsis; integer or boolean Tensors (and
+    lists of them) go to advanced indexing (engine/tensor/indexing.py)."""
     items = idx if isinstance(idx, tuple) else (idx,)
+    if any(is_advanced_index(it) for it in items): return self._getitem_advanced(items)
     for it in items:
       if it is None or it is Ellipsis or isinstance(it, slice): continue
       if isinstance(it, (bool, np.bool_)): raise TypeError("indexing with booleans is not supported")

@@ -5,15 +5,24 @@ reductions, movement and indexing, neural-network functions. Inside those module
 `type(self)` / `cls` (never imported), so the modules do not depend on this one."""
 from __future__ import annotations
 
+from engine.tensor.activations import ActivationsMixin
+from engine.tensor.autograd import AutogradMixin
 from engine.tensor.base import TensorBase
 from engine.tensor.creation import CreationMixin
 from engine.tensor.elementwise import ElementwiseMixin
+from engine.tensor.indexing import IndexingMixin
+from engine.tensor.losses import LossesMixin
+from engine.tensor.math import MathMixin
 from engine.tensor.movement import MovementMixin
 from engine.tensor.nn import NNMixin
 from engine.tensor.reduce import ReduceMixin
+from engine.tensor.scans import ScansMixin
+from engine.tensor.shape import ShapeMixin
+from engine.tensor.sorting import SortingMixin
 
 
-class Tensor(TensorBase, CreationMixin, ElementwiseMixin, ReduceMixin, MovementMixin, NNMixin):
+class Tensor(TensorBase, CreationMixin, ElementwiseMixin, MathMixin, ReduceMixin, ScansMixin, MovementMixin, ShapeMixin,
+             IndexingMixin, SortingMixin, NNMixin, ActivationsMixin, LossesMixin, AutogradMixin):
   """A lazy tensor: a tensor-level UOp graph and the device its value lives on."""
   __slots__ = ()
   __hash__ = TensorBase.__hash__   # ElementwiseMixin defines __eq__ (elementwise ==), which would clear it
