@@ -9,7 +9,8 @@ from engine.lang.loader import load_library, matcher
 from engine.ops import Ops
 from engine.rewrite import RewriteLoopError, graph_rewrite
 from engine.tensor import Tensor
+from engine.tensor.autograd import no_grad
 from engine.uop import UOp
 
 __all__ = ["Tensor", "UOp", "Ops", "dtypes", "graph_rewrite", "load_library", "matcher", "RuleError", "RewriteLoopError",
-           "rule_helper"]
+           "rule_helper", "no_grad"]

@@ -170,6 +170,13 @@ CASES = [
    "R406", "error", 3, 33, 3, 34, "x"),
   ("R406-ctx-private", "ruleset s:\n  rule r: _ + 0 => ctx._cache\n", "R406", "error", 2, 24, 2, 30, "_cache"),
   ("R406-class", "ruleset s:\n  rule r: x + 0 => UOp.replace(x)\n", "R406", "error", 2, 24, 2, 31, "replace"),
+  # gradient sets (rules/gradient.rules)
+  ("R105-not-a-tuple", "gradients d(g):\n  rule r: ADD(_, _) => g\n", "R105", "error", 2, 24, 2, 25, "g"),
+  ("R105-arity", "gradients d(g):\n  rule r: ADD(_, _) => (g,)\n", "R105", "error", 2, 24, 2, 28, "(g,)"),
+  ("R106", "gradients d(g):\n  rule r: NEG(_) => (-g,)\n    example: NEG(a:BUFFER) => a\n", "R106", "error",
+   3, 5, 3, 32, "example: NEG(a:BUFFER) => a"),
+  ("R506", "ruleset a:\ngradients d(g) includes a:\n", "R506", "error", 2, 25, 2, 26, "a"),
+  ("R204-gradient", "gradients d(g):\n  rule r: NEG(g) => (-g,)\n", "R204", "error", 2, 15, 2, 16, "g"),
   # limits (engine/lang/limits.py)
   ("R701", "ruleset s:\n  rule r: " + " + ".join(["_"] * 10) + " => None\n", "R701", "error", 2, 11, 2, 48,
    " + ".join(["_"] * 10)),

@@ -119,3 +119,54 @@ def test_shipped_rules(examples):
     assert r.status != "not checkable" or r.reason, r.name
   verified = {r.name for r in results if r.status == "verified"}
   assert {"add_zero", "fold_alu", "idiv_signed", "mod_float", "reshape_reshape", "split_reduce", "stage_to_store"} <= verified
+
+
+# *** gradient rules: each family of wrong gradient is refuted against finite differences ***
+
+GRADIENT_MUTANTS = {
+  "mul_swapped": "MUL(x, y) => (g * x, g * y)",
+  "sin_phase": "SIN(x) => (g * (x + 1.5).alu(SIN),)",
+  "recip_sign": "r:RECIPROCAL(_) => (g * r * r,)",
+  "where_leak": "WHERE(c, _, _) => (None, c.where(g, 0.0), g)",
+  "trunc_passes": "TRUNC(_) => (g,)",
+  "sum_scaled": "r:REDUCE_AXIS(x) if r.arg[0] is ADD => (g.expand(x.shape) * 2.0,)",
+  "pad_offset": "p:PAD(x) => (g.shrink(tuple((q[1], q[1] + n) for q, n in zip(p.arg, x.shape))),)",
+  "flip_ignored": "FLIP(_) => (g,)",
+  "compare_flows": "CMPLT(_, y) => (None, y)",
+}
+
+
+def test_wrong_gradient_rules_are_refuted(tmp_path):
+  rules = "\n".join(f"  rule {name}: {body}" for name, body in GRADIENT_MUTANTS.items())
+  _, lib = _lib(tmp_path, "gradients wrong(g):\n" + rules + "\n")
+  res = _results(lib, examples=40)
+  for name in GRADIENT_MUTANTS:
+    r = res[name]
+    assert r.status == "refuted", (name, r)
+    c = r.counterexample
+    assert c["before"] and c["where"] and c["why"], (name, c)
+  mul = res["mul_swapped"].counterexample
+  assert "finite differences" in mul["why"] and "rule = " in mul["values"] and "g (the incoming gradient)" in " ".join(mul["where"])
+
+
+def test_correct_gradient_rules_are_verified(tmp_path):
+  _, lib = _lib(tmp_path, """
+    gradients right(g):
+      rule d_mul: MUL(x, y) => (g * y, g * x)
+      rule d_sin: SIN(x) => (g * (x + 1.5707963267948966).alu(SIN),)
+      rule d_flip: f:FLIP(_) => (g.flip(f.arg),)
+      rule d_cmp: CMPLT(_, _) => (None, None)
+  """)
+  for name, r in _results(lib).items(): assert r.status == "verified" and r.examples == 30, (name, r)
+
+
+def test_gradient_rule_giving_the_wrong_arity_at_run_time_is_located(tmp_path):
+  from engine.lang.runtime import RuleRuntimeError
+  from engine.uop import UOp
+  _, lib = _lib(tmp_path, """
+    gradients odd(g):
+      rule d_any: x:Binary => tuple(g for _ in range(3))
+  """)
+  a, b = UOp.variable("a", 0, 9), UOp.variable("b", 0, 9)
+  with pytest.raises(RuleRuntimeError, match=r"d_any.*t.rules:3:3.*a tuple of 3 for ADD with 2 sources"):
+    lib.matcher("odd").rewrite(a + b, a)

@@ -208,6 +208,7 @@ class Rule:
   ruleset: str
   source_line: str           # the rule's first line, for error messages and generated comments
   examples: tuple[Example, ...] = ()
+  grad: str | None = None    # in a `gradients` set: the name of the incoming gradient
 
 
 @attrs.frozen
@@ -216,6 +217,7 @@ class RuleSet:
   name: str
   includes: tuple[tuple[str, Span], ...]
   rules: tuple[Rule, ...]
+  grad: tuple[str, Span] | None = None   # `gradients NAME(g):` sets: the incoming gradient's name
 
 
 @attrs.frozen

@@ -151,6 +151,10 @@ def _check_includes(lib: CheckedLibrary, diags: list[Diagnostic]):
   for rs in lib.rulesets.values():
     for inc, span in rs.includes:
       if inc not in lib.rulesets: diags.append(Diagnostic("R503", "error", span, f"unknown ruleset '{inc}' in includes"))
+      elif (lib.rulesets[inc].grad is None) != (rs.grad is None):
+        kind = lambda r: "a gradients set" if r.grad is not None else "a ruleset"  # noqa: E731
+        diags.append(Diagnostic("R506", "error", span, f"{kind(rs)} cannot include {kind(lib.rulesets[inc])} ('{inc}')",
+                                note="gradient rules give a tuple per node, rewrite rules a node: the two do not mix"))
   # cycles: depth-first search over includes edges, with an explicit stack
   state: dict[str, int] = {}
   for root in lib.rulesets:
@@ -208,9 +212,18 @@ class _RuleChecker:
     self.diags.append(Diagnostic(code, severity, span, msg, note))
 
   def check(self):
+    g = self.rule.grad
+    if g is not None:   # the incoming gradient: a node bound before the pattern is matched
+      self.bound[g] = self.rule.span
+      self.uses[g] = 1
     self.pattern(self.rule.pattern, in_each=False)
     if self.rule.guard is not None: self.expr(self.rule.guard, {})
     self.expr(self.rule.replacement, {})
+    if g is not None:
+      self._gradient_tuple(self.rule.replacement)
+      for ex in self.rule.examples:
+        self.err("R106", ex.span, "gradient rules take no examples",
+                 note="rulec verify checks every gradient rule against finite differences instead")
     for name, span in self.bound.items():
       if self.uses.get(name, 0) == 0 and not name.startswith("_"):
         self.err("R202", span, f"binding '{name}' is never used", "warning", note="use '_' or drop the name if it is not needed")
@@ -218,6 +231,8 @@ class _RuleChecker:
   # *** patterns ***
   def bind(self, name: str, span: A.Span, with_pattern: bool, in_each: bool):
     if name == "_": return
+    if name == self.rule.grad:
+      self.err("R204", span, f"binding '{name}' hides the incoming gradient of this gradients set"); return
     if in_each:
       self.err("R203", span, f"'{name}' is bound inside an 'each' pattern, which matches many nodes"); return
     if name == "ctx" or name in self.helpers or name in BUILTINS or name in CONSTANT_NAMES:
@@ -266,6 +281,23 @@ class _RuleChecker:
       arities = {FIXED_ARITY.get(o) for o in ops}
       if len(arities) == 1 and (n := arities.pop()) is not None and n != len(p.srcs):
         self.err("R103", span, f"{name} takes {n} source{'s' if n != 1 else ''}, the pattern gives {len(p.srcs)}")
+
+  def _gradient_tuple(self, e):
+    """A gradient rule gives a tuple with one entry per source of the node it matches (or None: no rule here)."""
+    if isinstance(e, A.ECond):
+      for branch in (e.body, e.orelse): self._gradient_tuple(branch)
+      return
+    if isinstance(e, A.EConst) and e.value is None: return
+    if isinstance(e, A.ECall): return   # tuple(...) or a helper: its length is checked when the rule runs
+    if not (isinstance(e, A.ESeq) and e.kind == "tuple"):
+      return self.err("R105", e.span, "a gradient rule's replacement must be a tuple: one gradient (or None) per source",
+                      note="write (g,) for an op with one source")
+    n = pattern_arity(self.rule.pattern)
+    if n is not None and n != len(e.elts):
+      head = self.rule.pattern
+      what = "/".join(name for name, _ in head.ops) if isinstance(head, A.PNode) else "the node"
+      self.err("R105", e.span, f"the gradient tuple has {len(e.elts)} entr{'y' if len(e.elts) == 1 else 'ies'}, "
+               f"but {what} has {n} source{'s' if n != 1 else ''}")
 
   # *** expressions ***
   def expr(self, e, scope: set[str]):
@@ -330,6 +362,14 @@ class _RuleChecker:
     if n[:1].isupper(): return self.err("R101", e.span, f"unknown op or op group '{n}'", note=_did_you_mean(n))
     self.err("R201", e.span, f"unbound name '{n}'",
              note="names must be bound by the pattern, be 'ctx', a helper from a 'use' line, or a builtin")
+
+
+def pattern_arity(p) -> int | None:
+  """How many sources a node matching pattern p has, when the pattern fixes it (its sources, or the op's arity)."""
+  if not isinstance(p, A.PNode): return None
+  if p.srcs is not None and p.tail is None and p.each is None: return len(p.srcs)
+  arities = {FIXED_ARITY.get(o) for name, _ in p.ops for o in (op_set(name) or ())}
+  return arities.pop() if len(arities) == 1 else None
 
 
 def _children(e) -> list:

@@ -163,7 +163,7 @@ class _Emitter:
              "from engine.ops import Ops",
              "from engine.dtypes import dtypes",
              "from engine.lang.names import BUILTINS, CONSTANT_NAMES",
-             "from engine.lang.runtime import RuleAbort, rule_failed, import_helper, not_a_node",
+             "from engine.lang.runtime import RuleAbort, rule_failed, import_helper, not_a_node, check_gradients",
              "from engine.lang.capability import rule_attr",
              "from engine.uop import UOp",
              "RULES = (" + "".join(f"({r.name!r}, {str(r.span)!r}, {r.source_line!r}), " for r in rules) + ")",
@@ -267,18 +267,23 @@ def _comment(text: str) -> str:
 
 
 def _leaf(em: _Emitter, k: int, rule: A.Rule, v: Variant, helpers: dict, pad: str, stats: bool) -> list[str]:
-  pr = ExprPrinter(em, helpers, set(v.binds), pattern_tails(rule.pattern))
+  binds = dict(v.binds)
+  if rule.grad is not None: binds[rule.grad] = "ctx"   # gradient rules: ctx is the incoming gradient
+  pr = ExprPrinter(em, helpers, set(binds), pattern_tails(rule.pattern))
   lines = [f"{pad}# {_comment(f'{rule.name} ({rule.span}): {rule.source_line[:100]}')}"]
   lines.append(f"{pad}try:")
   inner = pad + "  "
-  for name, where in v.binds.items(): lines.append(f"{inner}b_{name} = {where}")
+  for name, where in binds.items(): lines.append(f"{inner}b_{name} = {where}")
   if rule.guard is not None:
     lines.append(f"{inner}if {pr(rule.guard)}:")
     inner += "  "
   lines.append(f"{inner}_r = {pr(rule.replacement)}")
-  lines.append(f"{inner}if _r is not None and _r is not n:")
-  lines.append(f"{inner}  if _r.__class__ is not UOp: not_a_node(RULES[{k}], _r)")
-  lines.append(f"{inner}  return _r")
+  if rule.grad is not None:
+    lines.append(f"{inner}if _r is not None: return check_gradients(RULES[{k}], n, _r)")
+  else:
+    lines.append(f"{inner}if _r is not None and _r is not n:")
+    lines.append(f"{inner}  if _r.__class__ is not UOp: not_a_node(RULES[{k}], _r)")
+    lines.append(f"{inner}  return _r")
   lines.append(f"{pad}except RuleAbort: raise")
   lines.append(f"{pad}except Exception as _e: rule_failed(RULES[{k}], _e)")
   return lines

@@ -291,7 +291,7 @@ def example_time_limit() -> float:
 
 def _jobs(lib: CheckedLibrary) -> list[tuple[str, A.Rule, A.Example]]:
   return [(rs.name, rule, ex) for f in lib.files for rs in f.rulesets if lib.rulesets.get(rs.name) is rs
-          for rule in rs.rules for ex in rule.examples]
+          for rule in rs.rules if rule.grad is None for ex in rule.examples]
 
 
 def _one(lib: CheckedLibrary, job, matchers: dict) -> list[Diagnostic]:

@@ -14,7 +14,7 @@ from engine.lang import ast as A
 from engine.lang.capability import rule_attr
 from engine.lang.compiler import child_orders, pattern_ops
 from engine.lang.names import BUILTINS, CONSTANT_NAMES
-from engine.lang.runtime import RuleAbort, import_helper, not_a_node, rule_failed
+from engine.lang.runtime import RuleAbort, check_gradients, import_helper, not_a_node, rule_failed
 from engine.uop import UOp
 
 _BINOPS = {"+": operator.add, "-": operator.sub, "*": operator.mul, "/": operator.truediv, "//": operator.floordiv,
@@ -156,12 +156,15 @@ class InterpretedMatcher:
       if u.op not in pattern_ops(rule.pattern): continue
       for env in match(rule.pattern, u, {}):
         env = {**env, "ctx": ctx}
+        if rule.grad is not None: env[rule.grad] = ctx
         try:
           if rule.guard is not None and not ev(rule.guard, env): continue
           r = ev(rule.replacement, env)
         except RuleAbort: raise
         except Exception as e: rule_failed((rule.name, str(rule.span), rule.source_line), e)
-        if r is not None and r is not u:
+        if rule.grad is not None:
+          if r is not None: return check_gradients((rule.name, str(rule.span), rule.source_line), u, r)
+        elif r is not None and r is not u:
           if r.__class__ is not UOp: not_a_node((rule.name, str(rule.span), rule.source_line), r)
           return r
     return None

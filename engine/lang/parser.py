@@ -280,6 +280,11 @@ class _Builder(Transformer):
   def name_ref(self, m, ch): return (ch[0].value, self.tsp(ch[0]))
   def includes(self, m, ch): return ("includes", tuple(ch))
 
+  def gradients(self, m, ch):
+    rs = self.ruleset(m, [ch[0]] + list(ch[2:]))
+    grad = (ch[1].value, self.tsp(ch[1]))
+    return attrs.evolve(rs, grad=grad, rules=tuple(attrs.evolve(r, grad=grad[0]) for r in rs.rules))
+
   def ruleset(self, m, ch):
     name = ch[0].value
     includes, rules = (), []

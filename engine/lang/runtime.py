@@ -26,6 +26,22 @@ def not_a_node(rule: tuple[str, str, str], value) -> None:
   raise RuleRuntimeError(rule, TypeError(f"the replacement is a {type(value).__name__}, not a UOp (or None for no rewrite)"))
 
 
+def check_gradients(rule: tuple[str, str, str], node, grads):
+  """A gradient rule's result: a tuple with one UOp or None per source of the node it matched."""
+  from engine.uop import UOp
+  if not isinstance(grads, tuple) or len(grads) != len(node.src):
+    what = f"a tuple of {len(grads)}" if isinstance(grads, tuple) else f"a {type(grads).__name__}"
+    raise RuleRuntimeError(rule, TypeError(f"the gradient rule gave {what} for {node.op.name} with "
+                                           f"{len(node.src)} source{'s' if len(node.src) != 1 else ''}"))
+  for i, (s, g) in enumerate(zip(node.src, grads)):
+    if g is None: continue
+    if g.__class__ is not UOp:
+      raise RuleRuntimeError(rule, TypeError(f"gradient {i} is a {type(g).__name__}, not a UOp or None"))
+    if g._shape != s._shape:
+      raise RuleRuntimeError(rule, ValueError(f"gradient {i} has shape {g._shape}, its source {s._shape}"))
+  return grads
+
+
 def import_helper(module: str, name: str):
   mod, why = resolve_helper_module(module)
   if mod is None: raise ImportError(why)

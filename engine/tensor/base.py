@@ -52,11 +52,19 @@ _LIVE: weakref.WeakSet = weakref.WeakSet()
 class TensorBase:
   """What every Tensor is: a tensor-level UOp graph, the device its value lives on, and how it is realized.
   The operations come from the family mixins (engine/tensor/tensor.py puts them together)."""
-  __slots__ = ("uop", "device", "__weakref__")
+  # grad: the accumulated gradient (autograd.py); requires_grad: None (any float tensor gets one, as tinygrad),
+  # True, or False (no gradient flows into or through it); _forward: the graph a realized tensor was computed from,
+  # kept so backward() still works after the loss was printed
+  __slots__ = ("uop", "device", "grad", "requires_grad", "_forward", "__weakref__")
   _rng: np.random.Generator = np.random.default_rng()
+  no_grad: bool = False   # older tinygrad's switch: tensors made while it is True get requires_grad=False
 
-  def __init__(self, data: Any, dtype: Any = None, device: str | None = None):
+  def __init__(self, data: Any, device: str | None = None, dtype: Any = None, requires_grad: bool | None = None):
+    """tinygrad's signature. For rulec code that passed the dtype second, a dtype there is taken as the dtype."""
     _LIVE.add(self)
+    self.grad, self._forward = None, None
+    self.requires_grad = False if requires_grad is None and type(self).no_grad else requires_grad
+    if device is not None and not isinstance(device, str): device, dtype = dtype, device
     dt = None if dtype is None else to_dtype(dtype)
     if isinstance(data, TensorBase):
       t = data if dt is None else data.cast(dt)
@@ -76,6 +84,7 @@ class TensorBase:
   def _from_uop(cls, u: UOp, device: str) -> Tensor:
     t = object.__new__(cls)
     t.uop, t.device = u, device
+    t.grad, t._forward, t.requires_grad = None, None, (False if cls.no_grad else None)
     _LIVE.add(t)
     return t
 
@@ -133,7 +142,9 @@ class TensorBase:
         uops.append(t.uop if t.uop not in firsts else UOp(Ops.CONTIGUOUS, t.dtype, (t.uop,), tag="copy"))
         firsts.add(t.uop)
       done = _engine.realize_map(uops, [t.device for t in todo])
-      for t, u in zip(todo, uops): t.uop = done.get(u, u)
+      for t, u in zip(todo, uops):
+        if u.op is not Ops.ASSIGN: t._forward = t.uop   # (an assign's graph holds the last step: not kept)
+        t.uop = done.get(u, u)
       _became(done)
     return self
 

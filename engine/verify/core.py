@@ -201,6 +201,9 @@ def verify_rule(rule: A.Rule, helpers_of, examples: int = 100) -> RuleResult:
 
 def _verify_rule(rule: A.Rule, helpers_of, examples: int) -> RuleResult:
   res = RuleResult(rule.name, _location(rule.span), rule.ruleset, "not checkable")
+  if rule.grad is not None:
+    from engine.verify.gradient import verify_gradient_rule
+    return verify_gradient_rule(rule, helpers_of, examples, res)
   if (why := static_reason(rule)) is not None:
     res.reason = why
     return res

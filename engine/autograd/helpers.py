@@ -1,0 +1,28 @@
+"""Helpers for rules/gradient.rules: the two gradients that are not one-line algebra."""
+from __future__ import annotations
+
+from engine.lang.capability import rule_helper
+from engine.ops import Ops
+from engine.uop import UOp
+
+
+@rule_helper
+def sum_to_shape(g: UOp, shape: tuple[int, ...]) -> UOp:
+  """g summed over the axes where `shape` has 1 and g does not (the gradient of an EXPAND to g's shape)."""
+  axes = tuple(i for i, (a, b) in enumerate(zip(shape, g.shape)) if a != b)
+  return g.r(Ops.ADD, axes) if axes else g
+
+
+@rule_helper
+def product_of_others(x: UOp, axes: tuple[int, ...]) -> UOp:
+  """For each element of x, the product of the other elements of its slice along `axes` (exact with zeros).
+
+  With no zero in a slice that is prod / x; with one zero, the zero's entry is the product of the rest and every
+  other entry is 0; with two or more, everything is 0."""
+  zero = x.eq(x.const_like(0))
+  zeros = zero.cast(x.dtype).r(Ops.ADD, axes).expand(x.shape)
+  nonzero_prod = zero.where(x.const_like(1), x).r(Ops.MUL, axes).expand(x.shape)
+  none_zero = zeros.eq(zeros.const_like(0))
+  only_this = zero & zeros.eq(zeros.const_like(1))
+  safe_x = zero.where(x.const_like(1), x)
+  return none_zero.where(nonzero_prod / safe_x, only_this.where(nonzero_prod, x.const_like(0)))
