@@ -20,6 +20,9 @@ and gets no kernel in either front end.
 Needs `pip install '.[bench]'` (tinygrad==0.14.0) and Debian's `clang`
 (tinygrad's CPU device looks for it when it starts). Run: python bench/schedule.py
 (`--check` also runs every program in both front ends on the same random inputs and compares the outputs)
+
+The last three programs are backward passes: the loss of a forward program and its gradients for every input,
+through `Tensor.gradient` in both front ends (rulec's gradients come from rules/gradient.rules).
 """
 from __future__ import annotations
 
@@ -126,11 +129,26 @@ def to_round_trip(T, make):
   return (y - x,)
 
 
+def backward_of(prog):
+  """The program's first output summed into a loss, with the loss's gradients for every input (a training step's
+  backward pass: forward and backward scheduled together)."""
+  def backward(T, make):
+    inputs = []
+    def made(*s):
+      inputs.append(make(*s))
+      return inputs[-1]
+    loss = prog(T, made)[0].sum()
+    return (loss, *loss.gradient(*inputs))
+  return backward
+
+
 PROGRAMS = {"MLP 64x784-256-10": mlp, "conv block 8x3x32x32": conv_block, "attention 128x256x4": attention,
             "softmax 1024x1024": softmax, "layernorm 1024x1024": layernorm, "contiguous": contiguous,
             "strided slicing": strided_slicing, "argmax/argmin variants": arg_variants,
             "permute/reshape chains": movement_chains, "small CNN": small_cnn, "chained means": chained_means,
-            "batched bcast matmul": batched_matmul, ".to() round trip": to_round_trip}
+            "batched bcast matmul": batched_matmul, ".to() round trip": to_round_trip,
+            "MLP backward": backward_of(mlp), "conv block backward": backward_of(conv_block),
+            "attention backward": backward_of(attention)}
 
 
 def rulec_make(*s): return RT(np.zeros(s, dtype=np.float32))

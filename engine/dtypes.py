@@ -31,17 +31,40 @@ class DType:
   @property
   def bits(self) -> int: return self.itemsize * 8
 
-  def min(self):
-    if self.kind == "b": return False
-    if self.kind == "u": return 0
-    if self.kind in "ix": return -(1 << (self.bits - 1))
-    return float("-inf")
+  # min / max are attributes as in tinygrad (`dtypes.int8.max == 127`); compiler code and rules call them
+  # (`dt.max()`), so the value is a number that also returns itself when called
+  @property
+  def min(self) -> _Bound: return _bound(self, False)
+  @property
+  def max(self) -> _Bound: return _bound(self, True)
+  @property
+  def bitsize(self) -> int: return self.bits   # tinygrad's name for bits
 
-  def max(self):
-    if self.kind == "b": return True
-    if self.kind == "u": return (1 << self.bits) - 1
-    if self.kind in "ix": return (1 << (self.bits - 1)) - 1
-    return float("inf")
+
+class _Bound:
+  """A number that is also callable, returning itself: `dt.max` (tinygrad) and `dt.max()` (older rulec) agree."""
+  def __call__(self): return self._plain()
+
+
+class _IntBound(_Bound, int):
+  def _plain(self): return int(self)
+
+
+class _BoolBound(_Bound, int):
+  def _plain(self): return bool(self)
+  def __repr__(self): return repr(bool(self))
+  __str__ = __repr__
+
+
+class _FloatBound(_Bound, float):
+  def _plain(self): return float(self)
+
+
+def _bound(dt: DType, hi: bool) -> _Bound:
+  if dt.kind == "b": return _BoolBound(hi)
+  if dt.kind == "u": return _IntBound((1 << dt.bits) - 1 if hi else 0)
+  if dt.kind in "ix": return _IntBound((1 << (dt.bits - 1)) - 1 if hi else -(1 << (dt.bits - 1)))
+  return _FloatBound(float("inf") if hi else float("-inf"))
 
 
 class dtypes:
@@ -73,8 +96,29 @@ class dtypes:
     try: return ALL_DTYPES[name]
     except KeyError: raise ValueError(f"unknown dtype {name!r}; known dtypes: {', '.join(ALL_DTYPES)}") from None
 
+  # tinygrad's helpers: is_int is False for bool and index (an IR type, not a Tensor dtype)
+  @staticmethod
+  def is_float(d: DType) -> bool: return d.kind == "f"
+  @staticmethod
+  def is_int(d: DType) -> bool: return d.kind in "iu"
+  @staticmethod
+  def is_unsigned(d: DType) -> bool: return d.kind == "u"
+  @staticmethod
+  def is_bool(d: DType) -> bool: return d.kind == "b"
+
+  # tinygrad's C-style aliases (defined last: inside this class body `int` and `float` are dtypes from here on)
+  half, float, double = float16, float32, float64
+  char, short, int, long = int8, int16, int32, int64
+  uchar, ushort, uint, ulong = uint8, uint16, uint32, uint64
+  uints = (uint8, uint16, uint32, uint64)
+  sints = (int8, int16, int32, int64)
+  ints = uints + sints
+  floats = (float16, float32, float64)   # bfloat16 is left out: no Tensor backend computes it
+
 
 ALL_DTYPES: dict[str, DType] = {v.name: v for v in vars(dtypes).values() if isinstance(v, DType)}
+# every name on the namespace a dtype goes by, aliases included (`dtypes.int` is int32): the names Tensor accepts
+DTYPE_ALIASES: dict[str, DType] = {k: v for k, v in vars(dtypes).items() if isinstance(v, DType)}
 
 # dtype classes usable in rule patterns, e.g. `x{ints}` or `CAST(y){floats}`
 DTYPE_CLASSES: dict[str, frozenset[DType]] = {

@@ -30,6 +30,8 @@ DEFAULT_DEVICE = default_device()
 
 def schedule(uops: Sequence[UOp], devices: Sequence[str] | None = None):
   """The kernels that realizing `uops` would run."""
+  keep = [i for i, u in enumerate(uops) if u.base.op is not Ops.CONST]
+  uops, devices = [uops[i] for i in keep], (None if devices is None else [devices[i] for i in keep])
   kernels, _ = _scheduler.schedule(list(uops), default_device(), devices)
   COUNTERS["scheduled"] += len(kernels)
   return kernels
@@ -42,9 +44,11 @@ def _run(kernel) -> None:
 
 
 def is_realized(u: UOp) -> bool:
-  """The value is stored: a buffer, or a view of one (movement ops over a BUFFER), so nothing is left to compute.
-  Realizing a view schedules nothing, as in tinygrad; its value is read through the view."""
-  return u.base.op is Ops.BUFFER
+  """Nothing is left to compute: the value is stored (a buffer, or a view of one: movement ops over a BUFFER), or
+  it is a constant (movement ops over a CONST). Realizing either schedules nothing, as in tinygrad; a view's value
+  is read through the view, a constant's is made on the host when asked for (a gradient that is a constant, such
+  as a bias's under a sum, costs no kernel)."""
+  return u.base.op in (Ops.BUFFER, Ops.CONST)
 
 
 def _through_view(view: UOp, what: str, of_buffer) -> tuple[UOp, np.ndarray]:
@@ -61,7 +65,8 @@ def _through_view(view: UOp, what: str, of_buffer) -> tuple[UOp, np.ndarray]:
 
 
 def host_value(view: UOp) -> np.ndarray:
-  """The value of a realized view (movement ops over a BUFFER) as a numpy array of its shape (read-only)."""
+  """The value of a realized view (movement ops over a BUFFER, or over a CONST) as a numpy array of its shape."""
+  if view.base.op is Ops.CONST: return tensor_eval.evaluate([view])[0]
   return _through_view(view, "a realized value", lambda b: buffer_of(b).host_view())[1]
 
 

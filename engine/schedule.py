@@ -166,11 +166,27 @@ def choose_stages(sink: UOp, hoists: bool = False) -> set[UOp]:
     else: staged.add(u)
     uses = _uses(sink, staged | hoisted, contexts)
   for u in reversed(order):
-    if (u.op is Ops.REDUCE_AXIS or u in epilogues) and uses.get(u, 0) > 1 and u.device is not None: choose(u)
+    if (u.op is Ops.REDUCE_AXIS or u in epilogues) and uses.get(u, 0) > 1 and u.device is not None:
+      # an epilogue over a lower epilogue value that is needed more often than it (relu(x @ w + b) when the
+      # backward pass reads x @ w + b too): that lower value is stored, and this one recomputed from it if cheap
+      if u.op is not Ops.REDUCE_AXIS and _needed_below(u, epilogues, uses): continue
+      choose(u)
   for u in reversed(order):
     if u.op in ALU and uses.get(u, 0) > 1 and u.device is not None and u not in hoisted and not _cheap(u, staged):
       choose(u)
   return staged
+
+
+def _needed_below(u: UOp, epilogues: set[UOp], uses: dict[UOp, float]) -> bool:
+  """A reduce or epilogue value inside u's epilogue (below u, above the reduces) is used more often than u."""
+  seen, todo = set(), [s for s in u.src]
+  while todo:
+    v = todo.pop()
+    if v in seen or not (v in epilogues or v.op is Ops.REDUCE_AXIS): continue
+    seen.add(v)
+    if uses.get(v, 0) > uses.get(u, 0): return True
+    if v.op is not Ops.REDUCE_AXIS: todo += v.src
+  return False
 
 
 # devices whose kernels compute a reduce that depends on no enclosing loop once, before the loops (the CPU
@@ -208,8 +224,8 @@ def _wrap_stages(sink: UOp, staged: set[UOp], devices: list[str]) -> UOp:
   """Each chosen node wrapped in STAGE, and each target realized into a buffer of its own.
 
   A target that is a whole or partial view of a buffer (realized before, or
-  written by an assign in this schedule) or of a chosen stage needs no kernel:
-  it stays that view. Any other target is wrapped in a STAGE tagged "target"
+  written by an assign in this schedule), of a chosen stage, or of a constant
+  needs no kernel: it stays that view. Any other target is wrapped in a STAGE tagged "target"
   (no rule folds it away: the caller reads that buffer), and that same node
   replaces the target everywhere, so a value that is both an output and used by
   another output is computed once. CONTIGUOUS of a value that is staged anyway
@@ -218,6 +234,7 @@ def _wrap_stages(sink: UOp, staged: set[UOp], devices: list[str]) -> UOp:
   target_of: dict[UOp, str] = {}   # node -> device of the buffer its target stage writes
   for t, dev in zip(targets, devices):
     if t.size == 0 or t.base.op in (Ops.BUFFER, Ops.AFTER): continue
+    if t.base.op is Ops.CONST: continue   # a constant (one the earlier passes folded, too) stays a constant
     if t.op is not Ops.CONTIGUOUS and t.base in staged: continue
     # a copy of a computed value is that value's stage; a copy of a view of a buffer stages the CONTIGUOUS
     # itself, so the view (an assign's target, say) stays what it is everywhere else

@@ -108,11 +108,23 @@ def check(key, want, dtype, tol):
 def is_f(dt: str) -> bool: return dt in FLOATS
 def is_i(dt: str) -> bool: return dt in INTS
 def is_u(dt: str) -> bool: return dt.startswith("uint")
-def promote(*dts: str) -> str: return np.result_type(*(np.dtype(d) for d in dts)).name
+def promote(*dts: str) -> str:
+  """tinygrad's promotion lattice (engine/tensor/args.py promote_types; the table in tests/test_api_conventions.py):
+  the widest float if any; else the narrowest int holding every operand (uint8 + int8 -> int16), float32 when a
+  signed int meets uint64; bool below everything."""
+  fl = [d for d in dts if d in FLOATS]
+  if fl: return max(fl, key=lambda d: np.dtype(d).itemsize)
+  sb = max((np.dtype(d).itemsize * 8 for d in dts if d.startswith("int")), default=0)
+  ub = max((np.dtype(d).itemsize * 8 for d in dts if d.startswith("uint")), default=0)
+  if not sb and not ub: return "bool"
+  if not ub: return f"int{sb}"
+  if not sb: return f"uint{ub}"
+  if sb > ub: return f"int{sb}"
+  return f"int{2 * ub}" if ub < 64 else "float32"
 
 
 def sum_dtype(dt: str) -> str:
-  """engine/tensor/__init__.py: sum/prod of bool, int8-32 give int32, of uint8-32 uint32; others keep their dtype."""
+  """engine/tensor/__init__.py: sum of bool, int8-32 gives int32, of uint8-32 uint32; others keep their dtype."""
   if dt == "bool" or dt in ("int8", "int16", "int32"): return "int32"
   if dt in ("uint8", "uint16", "uint32"): return "uint32"
   return dt
@@ -394,16 +406,13 @@ class Gen:
       args = f"{start!r}, {stop!r}" + ("" if step == 1 else f", {step!r}")
       default = "float32" if any(isinstance(x, float) for x in (start, stop, step)) else "int32"
       self.emit(f"{name} = Tensor.arange({args}{'' if dt == default and r.random() < 0.5 else f', dtype={dt!r}'}, device=DEV)")
-      b = self.newbuf()
-      return self.add(Val(name, ref, dt, reads={b}, buf=b, view=np.arange(n), computed=False, tag="arange"))
+      return self.add(Val(name, ref, dt, tag="arange"))   # lazy, like full (no storage until realized)
     if k == "eye" and len(shape) == 2:
       n, m = shape
       dt = r.choice([None, "int32", "bool", "float16"])
       ref = np.eye(n, m).astype(dt or "float32")
       self.emit(f"{name} = Tensor.eye({n}, {m}{'' if dt is None else f', dtype={dt!r}'}, device=DEV)")
-      b = self.newbuf()
-      return self.add(Val(name, ref, dt or "float32", reads={b}, buf=b, view=np.arange(n * m).reshape(shape),
-                          computed=False, tag="eye"))
+      return self.add(Val(name, ref, dt or "float32", tag="eye"))   # lazy, like full
     if k == "like" and any(v.shape == shape for v in self.live):
       src = self.pick(lambda v: v.shape == shape)
       dt = r.choice([None, self.rdt()])
@@ -475,8 +484,11 @@ class Gen:
         if op in ("+", "|", "maximum"): return np.logical_or(a, b), None, "bool"
         if op in ("*", "&", "minimum"): return np.logical_and(a, b), None, "bool"
         if op == "^": return np.logical_xor(a, b), None, "bool"
-        if op in ("//", "%", "**"):
-          return self.binary_core(op, a.astype("int8"), None, b.astype("int8"), None, "int8")
+        # tinygrad: - and ** are a or not b; // and % compute in float32
+        if op in ("-", "**"): return np.logical_or(a, np.logical_not(b)), None, "bool"
+        if op in ("//", "%"):
+          fa, fb = a.astype("float32"), b.astype("float32")
+          return self.binary_core(op, fa, zeros_err(fa.shape), fb, zeros_err(fb.shape), "float32")
         raise Reject("bool op")
       if is_i(R):
         if op == "+": return np.add(a, b), None, R
@@ -682,19 +694,18 @@ class Gen:
       if op in ("neg", "abs", "relu", "square", "invert", "pos", "trunc", "floor", "ceil", "clip"):
         if a.special and op in ("square",): raise Reject("special")
         if op == "neg":
-          if dt == "bool": raise Reject("neg bool")
-          ref, err, odt = np.negative(x), a.err, dt
+          ref, err, odt = (np.logical_not(x) if dt == "bool" else np.negative(x)), a.err, dt   # tinygrad: -bool is not
           code = r.choice([f"-{a.name}", f"{a.name}.__neg__()"])
         elif op == "abs":
           if dt == "bool" or is_u(dt): alias = True
           ref, err, odt = np.abs(x), a.err, dt
           code = r.choice([f"{a.name}.abs()", f"abs({a.name})"])
         elif op == "relu":
-          if dt == "bool": alias = True; ref = x
-          else: ref = np.maximum(x, np.zeros((), dtype=dt))
-          err, odt, code = a.err, dt, f"{a.name}.relu()"
+          if dt == "bool": ref, odt = x.astype("int32"), "int32"   # tinygrad: relu of bool is int32
+          else: ref, odt = np.maximum(x, np.zeros((), dtype=dt)), dt
+          err, code = a.err, f"{a.name}.relu()"
         elif op == "square":
-          if dt == "bool": x2 = x.astype("int8"); ref, err, odt = x2 * x2, None, "int8"
+          if dt == "bool": ref, err, odt = x, None, "bool"   # tinygrad: bool * bool is and
           elif is_i(dt): ref, err, odt = x * x, None, dt
           else:
             ref = x * x
@@ -710,13 +721,14 @@ class Gen:
           ref, err, odt, code = x, a.err, dt, f"+{a.name}"
         elif op in ("trunc", "floor", "ceil"):
           f = {"trunc": np.trunc, "floor": np.floor, "ceil": np.ceil}[op]
-          if not is_f(dt): alias = True; ref, err = x, None
+          if dt == "bool" and op != "trunc": ref, err = x.astype("int32"), None   # tinygrad: floor/ceil of bool is int32
+          elif not is_f(dt): alias = True; ref, err = x, None
           else:
             xx = f64(x)
             fin = np.isfinite(xx)
             if (f(np.where(fin, xx - e, 0)) != f(np.where(fin, xx + e, 0))).any(): raise Reject("rounding near an integer")
             ref, err = f(x), None
-          odt, code = dt, f"{a.name}.{op}()"
+          odt, code = ("int32" if dt == "bool" and op != "trunc" else dt), f"{a.name}.{op}()"
         else:  # clip
           lo = None if r.random() < 0.3 else self.scalar_for(dt)
           hi = None if (lo is None or r.random() < 0.7) else self.scalar_for(dt)
@@ -857,7 +869,7 @@ class Gen:
           R = r.choice(["int32", "int64", "float32", "float64", "uint32", "float16", "int8", "bool"])
           args.append(f"dtype={R!r}")
           kind = "sum"
-        else: R = sum_dtype(a.dt)
+        else: R = sum_dtype(a.dt) if kind == "sum" else a.dt   # tinygrad: prod keeps the dtype
         X, EX = cast_mirror(x, a.err, a.dt, R)
         if is_f(R) and not np.isfinite(f64(X)).all(): raise Reject("reduce of non-finite")
         err = None
@@ -902,7 +914,7 @@ class Gen:
         else:
           ddof = r.choice([0, 0, 1])
           if n - ddof <= 0: raise Reject("var of too few")
-          if ddof: args.append(f"ddof={ddof}")
+          args.append(r.choice([f"ddof={ddof}", f"correction={ddof}"]))   # tinygrad's default correction is 1
           mu = np.mean(xx, axis=ax, keepdims=True)
           d = xx - mu
           var = np.sum(d * d, axis=ax, keepdims=keep) / (n - ddof)

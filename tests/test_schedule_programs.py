@@ -342,7 +342,8 @@ def test_two_tensors_with_one_graph_do_not_share_a_buffer():
 def test_two_tensors_with_one_graph_realized_together_get_a_buffer_each():
   a, b = Tensor.full((2, 4), 1), Tensor.full((2, 4), 1)
   Tensor.realize(a, b)
-  assert a.uop.base is not b.uop.base
+  # constants are realized without storage (nothing to share); anything stored is stored twice
+  assert a.uop.base is not b.uop.base or a.uop.base.op is Ops.CONST
   a.assign(Tensor.full((2, 4), 3)).realize()
   assert a.tolist() == [[3] * 4] * 2 and b.tolist() == [[1] * 4] * 2
   x = Tensor(np.arange(3, dtype=np.float32)).realize()
@@ -361,8 +362,10 @@ def test_constants_fold_in_their_own_dtype():
 def test_a_copy_of_a_padded_constant_keeps_its_padding():
   t = Tensor.full((2,), 5.0, device="NUMPY").pad(((1, 1),)).to("CPU")
   assert t.tolist() == [0.0, 5.0, 5.0, 0.0] and t.device == "CPU"
-  t.realize()
-  assert t.uop.base.arg[1] == "CPU"
+  # a constant is realized without storage; one asked to be stored is stored on the tensor's device
+  assert t.realize().uop.base.op is Ops.CONST
+  c = t.contiguous().realize()
+  assert c.uop.base.op is Ops.BUFFER and c.uop.base.arg[1] == "CPU" and c.tolist() == [0.0, 5.0, 5.0, 0.0]
 
 
 def test_abs_of_a_float_modulo():

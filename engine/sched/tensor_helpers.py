@@ -7,6 +7,7 @@ from engine.lang.capability import rule_helper
 import math
 import os
 
+from engine.dtypes import dtypes
 from engine.ops import MOVEMENT, Ops
 from engine.sched.indexing import identity_element
 from engine.uop import UOp, prod
@@ -20,6 +21,29 @@ REDUCE_SPLIT_THRESHOLD = int(os.environ.get("RULEC_REDUCE_SPLIT_THRESHOLD", 3276
 def reduce_identity(red: UOp) -> UOp:
   """A reduce over nothing: its identity element, in the reduce's shape."""
   return red.const_like(identity_element(red.arg[0], red.dtype))
+
+
+# float mantissa bits: a sum of n copies of an integer c is exact while |n * c| stays below 2 ** bits
+_MANTISSA = {"float16": 11, "float32": 24, "float64": 53}
+
+
+@rule_helper
+def fold_constant_reduce(red: UOp, x: UOp) -> UOp | None:
+  """A reduce of a broadcast constant (no padding on the way) as a constant, where that is exact: a max is the
+  constant, a sum n * c (for floats only when every partial sum is exact: c an integer and |n * c| small), a
+  product of 0 or 1 itself. The gradient of a sum is such a constant, so its own sums fold away."""
+  v = x
+  while v.op in MOVEMENT:
+    if v.op is Ops.PAD: return None
+    v = v.src[0]
+  if v.op is not Ops.CONST or not red._shape or prod(red.shape) == 0: return None
+  n, c, op = prod(x.shape) // prod(red.shape), v.arg, red.arg[0]
+  if op is Ops.MAX or red.dtype is dtypes.bool: return red.const_like(c)
+  if op is Ops.MUL: return red.const_like(c) if c in (0, 1) else None
+  if op is not Ops.ADD: return None
+  if red.dtype.is_float and not (c == 0 or (float(c).is_integer() and abs(c) * n < 2 ** _MANTISSA.get(red.dtype.name, 0))):
+    return None
+  return red.const_like(c * n)
 
 
 @rule_helper

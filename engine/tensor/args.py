@@ -1,9 +1,9 @@
 """Checking and normalising what users pass to Tensor: dtypes, devices, axes, shapes, scalars, host data.
 
 Every function here raises at the user's call with a message that names the
-bad value (TypeError, ValueError, AxisError, OverflowError); dtype promotion
-follows numpy 2 with rulec's default float32 / int32 (engine/tensor/__init__.py's
-docstring lists the differences).
+bad value, with the exception class tinygrad raises for it (ShapeError, AxisError,
+DTypeNameError, ... derive from the classes numpy would raise too); dtype
+promotion is tinygrad's lattice (engine/tensor/__init__.py's docstring spells it out).
 """
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from engine.dtypes import ALL_DTYPES, DType, dtypes
+from engine.dtypes import DTYPE_ALIASES, DType, dtypes
 from runtime.buffer import np_dtype
 from runtime.devices import DEVICES, default_device
 
@@ -26,23 +26,54 @@ class AxisError(ValueError, IndexError):
   """An axis argument out of range for the tensor's number of dimensions."""
 
 
+class DuplicateAxisError(AxisError, RuntimeError):
+  """An axis named twice (flip, reductions, permute); tinygrad raises RuntimeError, numpy ValueError."""
+
+
+class DTypeNameError(TypeError, AttributeError):
+  """A dtype name that is no dtype: tinygrad looks names up on `dtypes` (AttributeError), numpy raises TypeError."""
+
+
+class DTypeError(TypeError, ValueError, RuntimeError):
+  """An operand dtype the operation does not take (int ** negative int, shifts of floats): tinygrad raises
+  RuntimeError, numpy TypeError or ValueError."""
+
+
 class ShapeError(ValueError, RuntimeError):
   """Shapes that do not fit the operation. tinygrad raises RuntimeError for these and numpy ValueError, so both
   `except` clauses catch it."""
 
 
+def _unknown(d: Any) -> str:
+  return f"unknown dtype {d!r}; Tensor dtypes: {', '.join(TENSOR_DTYPES)} (and tinygrad's aliases: int, float, half, long, ...)"
+
+
+class DefaultInt(int):
+  """A keyword default (var's correction=1, cat's dim=0) told apart from the same number passed by the caller, so
+  passing it together with its older alias (ddof=, axis=) is a TypeError; it shows as the plain number."""
+
+
+def alias_arg(value: Any, alias: Any, name: str, alias_name: str, fn: str) -> Any:
+  """tinygrad's keyword (value) or rulec's older alias in its place, not both."""
+  if alias is None: return int(value) if isinstance(value, DefaultInt) else value
+  if value is not None and not isinstance(value, DefaultInt):
+    raise TypeError(f"{fn}() got both {name}={value!r} and {alias_name}={alias!r}; pass one")
+  return alias
+
+
 def to_dtype(d: Any) -> DType:
-  """A Tensor dtype from a DType, a dtype name, a numpy dtype or bool / int / float."""
+  """A Tensor dtype from a DType, a dtype name (tinygrad's aliases such as 'int' or 'half' too, any case), a numpy
+  dtype or bool / int / float."""
   if isinstance(d, DType): dt = d
   elif d is bool: return dtypes.bool
   elif d is int: return dtypes.default_int
   elif d is float: return dtypes.default_float
   elif isinstance(d, str):
-    dt = ALL_DTYPES.get(d)
-    if dt is None: raise TypeError(f"unknown dtype {d!r}; Tensor dtypes: {', '.join(TENSOR_DTYPES)}")
+    dt = DTYPE_ALIASES.get(d.lower())   # tinygrad resolves names as getattr(dtypes, name.lower())
+    if dt is None: raise DTypeNameError(_unknown(d))
   else:
     try: name = np.dtype(d).name
-    except Exception: raise TypeError(f"unknown dtype {d!r}; Tensor dtypes: {', '.join(TENSOR_DTYPES)}") from None
+    except Exception: raise DTypeNameError(_unknown(d)) from None
     if name not in TENSOR_DTYPES: raise TypeError(f"numpy dtype {name} is not supported; Tensor dtypes: {', '.join(TENSOR_DTYPES)}")
     return TENSOR_DTYPES[name]
   if dt.name not in TENSOR_DTYPES:
@@ -59,9 +90,26 @@ def canon_device(device: Any) -> str:
 
 
 def promote_types(*dts: DType) -> DType:
-  """numpy's promotion of array dtypes (all at once: numpy's promotion is not associative)."""
+  """tinygrad's promotion: the least upper bound in its lattice of the dtypes given (it is a lattice, so the order
+  and grouping of the operands do not matter).
+
+  bool is below every other dtype; any float wins over the ints, and the widest float over the others; among ints
+  the result is the narrowest that holds every operand's range: uint8 + int8 -> int16, uint32 + int32 -> int64.
+  A signed int with uint64 has no such int: tinygrad gives its (weak) default float, float32."""
   if all(d is dts[0] for d in dts): return dts[0]
-  return TENSOR_DTYPES[np.result_type(*(np_dtype(d) for d in dts)).name]
+  floats = [d for d in dts if d.is_float]
+  if floats: return max(floats, key=lambda d: d.itemsize)
+  sbits = max((d.bits for d in dts if d.kind == "i"), default=0)
+  ubits = max((d.bits for d in dts if d.kind == "u"), default=0)
+  if not sbits and not ubits: return dtypes.bool
+  if not ubits: return _INT[sbits]
+  if not sbits: return _UINT[ubits]
+  if sbits > ubits: return _INT[sbits]
+  return _INT.get(2 * ubits, dtypes.default_float)
+
+
+_INT = {8: dtypes.int8, 16: dtypes.int16, 32: dtypes.int32, 64: dtypes.int64}
+_UINT = {8: dtypes.uint8, 16: dtypes.uint16, 32: dtypes.uint32, 64: dtypes.uint64}
 
 
 def is_py_scalar(v: Any) -> bool:
@@ -69,22 +117,28 @@ def is_py_scalar(v: Any) -> bool:
 
 
 def weak_dtype(t: DType, v: Any) -> DType:
-  """The dtype of `tensor(t) op v` for a Python scalar v (weak, NEP 50, with our default float/int)."""
+  """The dtype of `tensor(t) op v` for a Python scalar v: weak, as in tinygrad (a Python int never widens an int
+  tensor, a Python float never widens a float tensor; bool tensors go to int32 / float32)."""
   if isinstance(v, bool): return t
   if isinstance(v, int): return dtypes.default_int if t.is_bool else t
   return t if t.is_float else dtypes.default_float
 
 
+def wrap_int(v: int, dt: DType) -> int:
+  """v in dt's two's-complement range, as the integer would be stored (tinygrad wraps Python ints that do not fit:
+  int8 tensor + 300 adds 44)."""
+  m = v & ((1 << dt.bits) - 1)
+  return m - (1 << dt.bits) if dt.kind == "i" and m > dt.max() else m
+
+
 def scalar_of(v: Any, dt: DType) -> Any:
-  """A Python scalar as a constant of dt; integers that do not fit raise OverflowError (like numpy)."""
+  """A Python scalar as a constant of dt; integers that do not fit wrap around (tinygrad; numpy raises)."""
   if dt.is_bool: return bool(v)
   if dt.is_int:
     if isinstance(v, float):
       if not v.is_integer(): raise TypeError(f"{v!r} is not an integer for {dt.name}")
       v = int(v)
-    v = int(v)
-    if not dt.min() <= v <= dt.max(): raise OverflowError(f"Python integer {v} out of bounds for {dt.name}")
-    return v
+    return wrap_int(int(v), dt)
   return float(v)
 
 
@@ -128,10 +182,16 @@ def norm_new_axis(a: Any, ndim: int) -> int:
 
 
 def norm_axes(axis: Any, ndim: int) -> tuple[int, ...]:
+  """Axes (an int, a tuple/list, or None for all) as non-negative ints, in the order given. A 0-d tensor takes 0 and -1
+  and they name no axis (tinygrad: `Tensor(3.0).sum(0)` is 3.0)."""
   if axis is None: return tuple(range(ndim))
   axes = tuple(axis) if isinstance(axis, (tuple, list)) else (axis,)
+  if ndim == 0:
+    for a in axes:
+      if int_arg(a, "axis") not in (0, -1): raise AxisError(f"axis {a} is out of bounds for a tensor of dimension 0 (0 or -1 allowed)")
+    return ()
   out = tuple(norm_axis(a, ndim) for a in axes)
-  if len(set(out)) != len(out): raise ValueError(f"duplicate value in axis {axis!r}")
+  if len(set(out)) != len(out): raise DuplicateAxisError(f"duplicate value in axis {axis!r}: each axis can appear at most once")
   return out
 
 
@@ -156,7 +216,14 @@ def lowest(dt: DType) -> Any:
   return dt.min()
 
 
+def highest(dt: DType) -> Any:
+  if dt.is_bool: return True
+  if dt.is_float: return math.inf
+  return dt.max()
+
+
 def sum_dtype(dt: DType) -> DType:
+  """tinygrad's sum accumulator: small signed ints and bool to int32, small unsigned to uint32."""
   if dt.is_bool or (dt.kind == "i" and dt.itemsize <= 4): return dtypes.int32
   if dt.kind == "u" and dt.itemsize <= 4: return dtypes.uint32
   return dt

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from engine.autograd import gradients as _gradients
 from engine.ops import Ops
+from engine.rewrite import substitute
 from engine.tensor.base import _LIVE, TensorBase
 from engine.tensor.uops import bcast, const
 from engine.uop import UOp
@@ -24,7 +25,19 @@ def _nodes(t: TensorBase) -> tuple[UOp, ...]:
   return (t.uop,) if t._forward is None else (t.uop, t._forward)
 
 
-def _root(t: TensorBase) -> UOp: return t._forward if t._forward is not None else t.uop
+def _root(t: TensorBase) -> UOp: return _unrealized(t._forward if t._forward is not None else t.uop)
+
+
+def _unrealized(root: UOp) -> UOp:
+  """root with each realized tensor's buffer replaced by the graph it was computed from (while that buffer holds
+  what the graph computed: an assign into it drops the graph), so gradients flow through values realized
+  before the loss was built (`z = x.exp().realize(); (z * x).sum().backward()`)."""
+  back = {t.uop: t._forward for t in list(_LIVE) if t._forward is not None and t.uop is not t._forward}
+  for _ in range(len(back) + 1):
+    new = substitute(root, back)
+    if new is root: break
+    root = new
+  return root
 
 
 def _stops() -> set[UOp]:

@@ -31,8 +31,11 @@ def _became(done: dict[UOp, UOp]) -> None:
   into one of them change the other."""
   assigned = {u: v for u, v in done.items() if u.op is Ops.ASSIGN}
   if not assigned: return
+  written = {v.base for v in assigned.values()}
   for t in list(_LIVE):
     u = t.uop
+    # a buffer written over no longer holds what its tensor's graph computed: that graph is not its value now
+    if t._forward is not None and u.base in written: t._forward = None
     if u in assigned: t.uop = assigned[u]
     elif not _engine.is_realized(u):
       new = substitute(u, assigned)
@@ -97,34 +100,51 @@ class TensorBase:
   # *** properties ***
 
   @property
-  def shape(self) -> tuple[int, ...]: return self.uop.shape
+  def shape(self) -> tuple[int, ...]:
+    """The tensor's shape, a tuple of ints."""
+    return self.uop.shape
   @property
-  def dtype(self) -> DType: return self.uop.dtype
+  def dtype(self) -> DType:
+    """The element type (a `dtypes` member)."""
+    return self.uop.dtype
   @property
-  def ndim(self) -> int: return len(self.shape)
-  def numel(self) -> int: return prod(self.shape)
+  def ndim(self) -> int:
+    """The number of axes."""
+    return len(self.shape)
+  def numel(self) -> int:
+    """The number of elements."""
+    return prod(self.shape)
   @property
-  def T(self) -> Tensor: return self.permute(tuple(range(self.ndim))[::-1])
+  def T(self) -> Tensor:
+    """The axes reversed (a view)."""
+    return self.permute(tuple(range(self.ndim))[::-1])
 
   def __repr__(self) -> str:
     return f"<Tensor shape={self.shape} dtype={self.dtype.name} device={self.device!r}>"
 
   def __len__(self) -> int:
+    """The size of the first axis (TypeError for a 0-d tensor)."""
     if self.ndim == 0: raise TypeError("len() of a 0-d tensor")
     return self.shape[0]
 
   def __iter__(self):
+    """The sub-tensors along the first axis."""
     for i in range(len(self)): yield self[i]
 
   __hash__ = object.__hash__
 
   def __bool__(self) -> bool:
+    """The truth of a one-element tensor (realizes it)."""
     if self.numel() != 1:
       raise ValueError(f"the truth value of a tensor of shape {self.shape} is ambiguous; use .any() or .all()")
     return bool(self.item())
 
-  def __float__(self) -> float: return float(self.item())
-  def __int__(self) -> int: return int(self.item())
+  def __float__(self) -> float:
+    """float() of a one-element tensor."""
+    return float(self.item())
+  def __int__(self) -> int:
+    """int() of a one-element tensor."""
+    return int(self.item())
 
 
   def realize(self, *others: Tensor) -> Tensor:
@@ -159,16 +179,21 @@ class TensorBase:
     return np.array(_engine.host_value(self.uop), copy=True).reshape(self.shape)
 
   def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+    """numpy's conversion protocol: np.asarray(t) (realizes the tensor)."""
     a = self.numpy()
     return a if dtype is None else a.astype(dtype)
 
-  def tolist(self) -> Any: return self.numpy().tolist()
+  def tolist(self) -> Any:
+    """The value as nested Python lists (realizes the tensor)."""
+    return self.numpy().tolist()
 
   def item(self) -> Any:
+    """The Python scalar of a one-element tensor (realizes it)."""
     if self.numel() != 1: raise ValueError(f"item() needs a tensor with exactly one element, got shape {self.shape}")
     return self.numpy().reshape(()).item()
 
   def to(self, device: str) -> Tensor:
+    """This value on another device ('CPU', 'CL', 'NUMPY'; a lazy copy)."""
     d = canon_device(device)
     if d == self.device: return self
     return type(self)._from_uop(UOp(Ops.COPY, self.dtype, (self.uop,), d), d)
@@ -177,7 +202,9 @@ class TensorBase:
     """This value laid out in order in a buffer. A realized tensor that already is (a whole buffer) is returned
     as itself, sharing the buffer, as in tinygrad and torch; `clone()` always copies."""
     return self._new(self.uop if is_buffer_view(self.uop) else self.uop.contiguous())
-  def detach(self) -> Tensor: return self._new(UOp(Ops.DETACH, self.dtype, (self.uop,)))
+  def detach(self) -> Tensor:
+    """The same value with no gradient flowing through it."""
+    return self._new(UOp(Ops.DETACH, self.dtype, (self.uop,)))
   def clone(self) -> Tensor:
     """A copy in a buffer of its own (contiguous() of a realized tensor is that tensor's buffer; this never is)."""
     return self._new(UOp(Ops.CONTIGUOUS, self.dtype, (self.uop,), tag="copy"))
@@ -208,9 +235,12 @@ class TensorBase:
     return self
 
   def __setitem__(self, idx: Any, value: Any) -> None:
+    """t[idx] = value: writes value into this tensor's storage through the view t[idx] (realizes at once)."""
     items = idx if isinstance(idx, tuple) else (idx,)
     if any(is_advanced_index(it) for it in items): return self._setitem_advanced(items, value)
-    if self.uop.base.op is not Ops.BUFFER: self.realize()
+    if self.uop.base.op is not Ops.BUFFER:   # (a constant is realized without storage: give it a buffer to write)
+      if self.uop.base.op is Ops.CONST: self.uop = self.uop.contiguous()
+      self.realize()
     view = self[idx]
     view.assign(value).realize()
 

@@ -1,5 +1,5 @@
-"""Elementwise operations: arithmetic with broadcasting and dtype promotion, comparisons, where, casts and
-unary math."""
+"""Elementwise operations: arithmetic with broadcasting and tinygrad's dtype promotion, comparisons, where, casts
+and unary math."""
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
@@ -8,7 +8,7 @@ import numpy as np
 
 from engine.dtypes import dtypes
 from engine.ops import Ops
-from engine.tensor.args import (broadcast_shapes, is_py_scalar, promote_types,
+from engine.tensor.args import (DTypeError, broadcast_shapes, is_py_scalar, promote_types,
                                 scalar_of, to_dtype, weak_dtype)
 from engine.tensor.uops import (alu, bcast, cmp, const, u_abs, u_ceil, u_cos, u_exp, u_floor, u_log,
                                 u_maximum, u_neg, u_sigmoid, u_sin, u_tanh)
@@ -39,18 +39,24 @@ class ElementwiseMixin:
     return (y, x) if reverse else (x, y)
 
   def _arith(self, other: Any, op: Ops, reverse: bool = False) -> Tensor:
+    if op is Ops.POW and not reverse and (self.dtype.is_int or self.dtype.is_bool) and is_py_scalar(other) \
+       and isinstance(other, int) and not isinstance(other, bool) and other < 0:
+      raise DTypeError(f"base needs to be float: {self.dtype.name} ** {other} (an integer to a negative integer power)")
     p = self._pair(other, reverse)
     if p is None: return NotImplemented
     x, y = p
-    if x.dtype.is_bool:
-      if op is Ops.ADD: op = Ops.OR
-      elif op is Ops.MUL: op = Ops.AND
-      elif op is Ops.SUB:
-        raise TypeError("bool - bool is not supported (numpy refuses it too); use ^ (xor) or cast to an integer dtype")
-      elif op in (Ops.IDIV, Ops.MOD, Ops.POW): x, y = x.cast(dtypes.int8), y.cast(dtypes.int8)  # numpy gives int8
-    if op is Ops.POW and x.dtype.is_int and not reverse and is_py_scalar(other) and other < 0:
-      raise ValueError(f"integers to negative integer powers are not allowed ({self.dtype.name} ** {other})")
+    if x.dtype.is_bool: return self._new(self._bool_arith(op, x, y))
     return self._new(alu(op, x, y))
+
+  @staticmethod
+  def _bool_arith(op: Ops, x: UOp, y: UOp) -> UOp:
+    """tinygrad's bool arithmetic: + is or, * is and, - is x + (-y) with - as not, ** stays bool (0**0 = 1),
+    // and % compute in float32."""
+    if op is Ops.ADD: return alu(Ops.OR, x, y)
+    if op is Ops.MUL: return alu(Ops.AND, x, y)
+    if op in (Ops.SUB, Ops.POW): return alu(Ops.OR, x, alu(Ops.XOR, y, y.const_like(True)))
+    f = dtypes.default_float
+    return alu(op, x.cast(f), y.cast(f))
 
   def __add__(self, o): return self._arith(o, Ops.ADD)
   def __radd__(self, o): return self._arith(o, Ops.ADD, True)
@@ -80,7 +86,7 @@ class ElementwiseMixin:
     if p is None: return NotImplemented
     x, y = p
     if x.dtype.is_float or (op in (Ops.SHL, Ops.SHR) and x.dtype.is_bool):
-      raise TypeError(f"{op.name.lower()} needs integer or bool tensors, got {x.dtype.name}")
+      raise DTypeError(f"{op.name.lower()} needs integer{'' if op in (Ops.SHL, Ops.SHR) else ' or bool'} operands, got {x.dtype.name}")
     return self._new(alu(op, x, y))
 
   def __and__(self, o): return self._bitwise(o, Ops.AND)
@@ -96,11 +102,12 @@ class ElementwiseMixin:
 
   def __invert__(self) -> Tensor:
     dt = self.dtype
-    if dt.is_float: raise TypeError(f"~ needs an integer or bool tensor, got {dt.name}")
+    if dt.is_float: raise DTypeError(f"~ needs an integer or bool tensor, got {dt.name}")
     return self._new(alu(Ops.XOR, self.uop, self.uop.const_like(True if dt.is_bool else -1 if dt.kind == "i" else dt.max())))
 
   def __neg__(self) -> Tensor:
-    if self.dtype.is_bool: raise TypeError("unary - of a bool tensor is not supported (numpy refuses it too); use ~")
+    """-x; of a bool tensor it is logical not, as in tinygrad (numpy refuses it)."""
+    if self.dtype.is_bool: return ~self
     return self._new(u_neg(self.uop))
 
   def __pos__(self) -> Tensor: return self
@@ -131,17 +138,20 @@ class ElementwiseMixin:
     return p
 
   def maximum(self, other: Any) -> Tensor:
+    """maximum(x): the elementwise larger of self and x (broadcast, promoted); NaN if either is NaN."""
     x, y = self._binary(other, "maximum")
     return self._new(u_maximum(x, y))
 
   def minimum(self, other: Any) -> Tensor:
+    """minimum(x): the elementwise smaller of self and x (broadcast, promoted); NaN if either is NaN."""
     x, y = self._binary(other, "minimum")
     if x.dtype.is_float: return self._new(u_neg(u_maximum(u_neg(x), u_neg(y))))
     if x.dtype.is_bool: return self._new(alu(Ops.AND, x, y))
     return self._new(UOp(Ops.WHERE, x.dtype, (cmp(Ops.CMPLT, x, y), x, y)))
 
   def where(self, x: Any, y: Any) -> Tensor:
-    """numpy's where(self, x, y): x where self is true, else y (self is cast to bool)."""
+    """where(x, y): x where self is true, else y. tinygrad needs a bool self; rulec also takes other dtypes and
+    casts them to bool (nonzero is true), as numpy does."""
     cond = self.uop if self.dtype.is_bool else self.uop.cast(dtypes.bool)
     xs, ys = is_py_scalar(x), is_py_scalar(y)
     if xs and ys:
@@ -163,18 +173,40 @@ class ElementwiseMixin:
     return self._new(UOp(Ops.WHERE, dt, (bcast(cond, shape), xu, yu)))
 
   def clip(self, min_: Any = None, max_: Any = None) -> Tensor:
-    """numpy's clip: minimum(maximum(self, min_), max_); either bound may be None."""
+    """clip(min_=None, max_=None): min_ where self is below it, max_ where above, else self (NaN stays NaN); one
+    bound may be None, not both (tinygrad raises RuntimeError then). At a bound the gradient is 1, as tinygrad's."""
+    if min_ is None and max_ is None: raise RuntimeError("clip: at least one of 'min_' or 'max_' must not be None")
     r = self
-    if min_ is not None: r = r.maximum(min_)
-    if max_ is not None: r = r.minimum(max_)
+    if min_ is not None: r = r.maximum(min_) if not r.dtype.is_float else (r < min_).where(min_, r)
+    if max_ is not None: r = r.minimum(max_) if not r.dtype.is_float else (r > max_).where(max_, r)
     return r
 
-  def cast(self, dtype: Any) -> Tensor: return self._new(self.uop.cast(to_dtype(dtype)))
+  def clamp(self, min_: Any = None, max_: Any = None) -> Tensor:
+    """clamp(min_=None, max_=None): the same as clip."""
+    return self.clip(min_, max_)
+
+  def cast(self, dtype: Any) -> Tensor:
+    """cast(dtype): the values converted to dtype (a DType or a name such as 'int' or 'half'); floats to ints truncate."""
+    return self._new(self.uop.cast(to_dtype(dtype)))
+
   def bitcast(self, dtype: Any) -> Tensor:
+    """bitcast(dtype): the same bits read as dtype, which must have the same item size."""
     dt = to_dtype(dtype)
     if dt.itemsize != self.dtype.itemsize:
       raise ValueError(f"bitcast from {self.dtype.name} to {dt.name} changes the item size ({self.dtype.itemsize} -> {dt.itemsize})")
     return self._new(self.uop.bitcast(dt))
+
+  def element_size(self) -> int:
+    """element_size(): bytes per element."""
+    return self.dtype.itemsize
+
+  def nbytes(self) -> int:
+    """nbytes(): bytes of the whole tensor (numel * element_size)."""
+    return self.numel() * self.dtype.itemsize
+
+  def is_floating_point(self) -> bool:
+    """is_floating_point(): whether the dtype is a float."""
+    return self.dtype.is_float
 
   # *** unary math ***
 
@@ -183,44 +215,93 @@ class ElementwiseMixin:
     if x.dtype is dtypes.float16: return self._new(fn(x.cast(dtypes.float32)).cast(dtypes.float16))
     return self._new(fn(x))
 
-  def exp(self) -> Tensor: return self._float_unary(u_exp)
-  def exp2(self) -> Tensor: return self._float_unary(lambda x: alu(Ops.EXP2, x))
-  def log(self) -> Tensor: return self._float_unary(u_log)
-  def log2(self) -> Tensor: return self._float_unary(lambda x: alu(Ops.LOG2, x))
-  def sqrt(self) -> Tensor: return self._float_unary(lambda x: alu(Ops.SQRT, x))
-  def rsqrt(self) -> Tensor: return self._float_unary(lambda x: alu(Ops.RECIPROCAL, alu(Ops.SQRT, x)))
-  def reciprocal(self) -> Tensor: return self._float_unary(lambda x: alu(Ops.RECIPROCAL, x))
-  def sin(self) -> Tensor: return self._float_unary(u_sin)
-  def cos(self) -> Tensor: return self._float_unary(u_cos)
-  def tanh(self) -> Tensor: return self._float_unary(u_tanh)
-  def sigmoid(self) -> Tensor: return self._float_unary(u_sigmoid)
+  def exp(self) -> Tensor:
+    """exp(): e ** self (ints and bools in float32; float16 computed in float32 and rounded back)."""
+    return self._float_unary(u_exp)
+  def exp2(self) -> Tensor:
+    """exp2(): 2 ** self (ints and bools in float32)."""
+    return self._float_unary(lambda x: alu(Ops.EXP2, x))
+  def log(self) -> Tensor:
+    """log(): natural logarithm (ints and bools in float32)."""
+    return self._float_unary(u_log)
+  def log2(self) -> Tensor:
+    """log2(): base-2 logarithm (ints and bools in float32)."""
+    return self._float_unary(lambda x: alu(Ops.LOG2, x))
+  def sqrt(self) -> Tensor:
+    """sqrt(): square root (ints and bools in float32)."""
+    return self._float_unary(lambda x: alu(Ops.SQRT, x))
+  def rsqrt(self) -> Tensor:
+    """rsqrt(): 1 / sqrt(self) (ints and bools in float32)."""
+    return self._float_unary(lambda x: alu(Ops.RECIPROCAL, alu(Ops.SQRT, x)))
+  def reciprocal(self) -> Tensor:
+    """reciprocal(): 1 / self (ints and bools in float32)."""
+    return self._float_unary(lambda x: alu(Ops.RECIPROCAL, x))
+  def sin(self) -> Tensor:
+    """sin(): sine (ints and bools in float32)."""
+    return self._float_unary(u_sin)
+  def cos(self) -> Tensor:
+    """cos(): cosine (ints and bools in float32)."""
+    return self._float_unary(u_cos)
+  def tanh(self) -> Tensor:
+    """tanh(): hyperbolic tangent (ints and bools in float32)."""
+    return self._float_unary(u_tanh)
+  def sigmoid(self) -> Tensor:
+    """sigmoid(): 1 / (1 + exp(-self)) (ints and bools in float32)."""
+    return self._float_unary(u_sigmoid)
 
-  def _float_keep(self, fn) -> Tensor:
-    """fn on floats; integers and bools are returned unchanged (trunc, floor, ceil of ints)."""
-    return self._new(fn(self.uop)) if self.dtype.is_float else self
+  def _float_keep(self, fn, bool_int: bool = False) -> Tensor:
+    """fn on floats; integers are returned unchanged, bools too, or as int32 where tinygrad gives that (bool_int)."""
+    if self.dtype.is_float: return self._new(fn(self.uop))
+    return self.cast(dtypes.default_int) if bool_int and self.dtype.is_bool else self
 
-  def trunc(self) -> Tensor: return self._float_keep(lambda x: alu(Ops.TRUNC, x))
-  def floor(self) -> Tensor: return self._float_keep(u_floor)
-  def ceil(self) -> Tensor: return self._float_keep(u_ceil)
+  def trunc(self) -> Tensor:
+    """trunc(): rounded toward zero; ints and bools unchanged."""
+    return self._float_keep(lambda x: alu(Ops.TRUNC, x))
+  def floor(self) -> Tensor:
+    """floor(): rounded down; ints unchanged, bools become int32 (tinygrad)."""
+    return self._float_keep(u_floor, True)
+  def ceil(self) -> Tensor:
+    """ceil(): rounded up; ints unchanged, bools become int32 (tinygrad)."""
+    return self._float_keep(u_ceil, True)
 
   def abs(self) -> Tensor:
+    """abs(): absolute value (bools and unsigned ints unchanged)."""
     if self.dtype.is_bool or self.dtype.is_unsigned: return self
     return self._new(u_abs(self.uop))
   __abs__ = abs
 
   def relu(self) -> Tensor:
-    if self.dtype.is_bool: return self
-    return self._new(alu(Ops.MAX, self.uop, self.uop.const_like(0)))
+    """relu(): self where it is positive, else 0 (NaN stays NaN); a bool tensor becomes int32 (tinygrad).
+
+    Its gradient at 0 is 0, as tinygrad's (a maximum would send half there)."""
+    x = self.cast(dtypes.default_int) if self.dtype.is_bool else self
+    if not x.dtype.is_float: return x._new(alu(Ops.MAX, x.uop, x.uop.const_like(0)))
+    u = x.uop
+    keep = alu(Ops.OR, cmp(Ops.CMPLT, u.const_like(0), u), cmp(Ops.CMPNE, u, u))
+    return x._new(UOp(Ops.WHERE, u.dtype, (keep, u, u.const_like(0))))
 
   def square(self) -> Tensor:
-    x = self.cast(dtypes.int8) if self.dtype.is_bool else self  # numpy's square of bool is int8
-    return x * x
+    """square(): self * self, in self's dtype (of bools: bool, as in tinygrad; numpy gives int8)."""
+    return self * self
 
-  # *** reductions ***
-
-  def float(self) -> Tensor: return self.cast(dtypes.float32)
-  def half(self) -> Tensor: return self.cast(dtypes.float16)
-  def double(self) -> Tensor: return self.cast(dtypes.float64)
-  def int(self) -> Tensor: return self.cast(dtypes.int32)
-  def long(self) -> Tensor: return self.cast(dtypes.int64)
-  def bool(self) -> Tensor: return self.cast(dtypes.bool)
+  def float(self) -> Tensor:
+    """float(): cast to float32."""
+    return self.cast(dtypes.float32)
+  def half(self) -> Tensor:
+    """half(): cast to float16."""
+    return self.cast(dtypes.float16)
+  def double(self) -> Tensor:
+    """double(): cast to float64."""
+    return self.cast(dtypes.float64)
+  def short(self) -> Tensor:
+    """short(): cast to int16."""
+    return self.cast(dtypes.int16)
+  def int(self) -> Tensor:
+    """int(): cast to int32."""
+    return self.cast(dtypes.int32)
+  def long(self) -> Tensor:
+    """long(): cast to int64."""
+    return self.cast(dtypes.int64)
+  def bool(self) -> Tensor:
+    """bool(): cast to bool (nonzero is True)."""
+    return self.cast(dtypes.bool)

@@ -1,4 +1,7 @@
-"""Movement and indexing: reshape, permute, expand, pad, shrink, flip, basic indexing, cat and stack."""
+"""Movement and indexing: reshape, permute, expand, pad, shrink, flip, basic indexing, cat and stack.
+
+Names and defaults are tinygrad's (`dim=` for cat/stack/squeeze/unsqueeze, `transpose(dim0=1, dim1=0)`,
+`pad(padding, mode, value)`); rulec's older `axis=` keywords stay as aliases."""
 from __future__ import annotations
 
 import math
@@ -8,13 +11,15 @@ import numpy as np
 
 from engine.dtypes import dtypes
 from engine.ops import Ops
-from engine.tensor.args import (cast_scalar, norm_axes, norm_axis, norm_new_axis, pair_arg, promote_types,
-                                shape_arg)
+from engine.tensor.args import (DefaultInt, DuplicateAxisError, ShapeError, alias_arg, cast_scalar, int_arg, is_py_scalar, norm_axes,
+                                norm_axis, norm_new_axis, pair_arg, promote_types, shape_arg, weak_dtype)
 from engine.tensor.uops import (alu, bcast, const, take_every)
 from engine.tensor.base import TensorBase, is_advanced_index
 from engine.uop import UOp, prod
 
 if TYPE_CHECKING: from engine.tensor.tensor import Tensor
+
+_ZERO = DefaultInt(0)   # cat's and stack's dim default: passing dim= and axis= together is a TypeError
 
 
 class MovementMixin:
@@ -22,114 +27,166 @@ class MovementMixin:
   __slots__ = ()
 
 
-  def reshape(self, *shape) -> Tensor:
-    new = shape_arg(shape, "reshape")
+  def reshape(self, shape, *args) -> Tensor:
+    """reshape(shape, *args): the same elements in a new shape (a tuple or ints; one -1 is inferred)."""
+    new = shape_arg((shape,) + args, "reshape")
     n = self.numel()
-    if sum(1 for s in new if s == -1) > 1: raise ValueError(f"reshape: only one dimension can be -1, got {new}")
-    if any(s < -1 for s in new): raise ValueError(f"reshape: negative dimension in {new}")
+    if sum(1 for s in new if s == -1) > 1: raise ShapeError(f"reshape: only one dimension can be inferred using -1, got {new}")
+    if any(s < -1 for s in new): raise ShapeError(f"reshape: negative dimension in {new}")
     if -1 in new:
       known = prod(s for s in new if s != -1)
       if known == 0 or n % known != 0:
-        raise ValueError(f"cannot reshape a tensor of shape {self.shape} (size {n}) into shape {new}")
+        raise ShapeError(f"cannot reshape a tensor of shape {self.shape} (size {n}) into shape {new}")
       new = tuple(n // known if s == -1 else s for s in new)
-    if prod(new) != n: raise ValueError(f"cannot reshape a tensor of shape {self.shape} (size {n}) into shape {new}")
+    if prod(new) != n: raise ShapeError(f"cannot reshape a tensor of shape {self.shape} (size {n}) into shape {new}")
     return self._new(self.uop.reshape(new))
 
-  def permute(self, *order) -> Tensor:
-    order = shape_arg(order, "permute")
+  def view(self, shape, *args) -> Tensor:
+    """view(shape, *args): the same as reshape."""
+    return self.reshape(shape, *args)
+
+  def permute(self, order, *args) -> Tensor:
+    """permute(order, *args): the axes in a new order (a tuple or ints; negative axes count from the end)."""
+    order = shape_arg((order,) + args, "permute")
     nd = self.ndim
-    if len(order) != nd:
-      raise ValueError(f"permute order {order} does not name each of the {nd} axes of shape {self.shape} once")
     norm = tuple(norm_axis(a, nd) for a in order)
+    if len(order) != nd: raise ShapeError(f"permute order {order} is not a valid permutation of the {nd} axes of shape {self.shape}")
     if sorted(norm) != list(range(nd)):
-      raise ValueError(f"permute order {order} does not name each of the {nd} axes of shape {self.shape} once")
+      raise DuplicateAxisError(f"permute order {order} is not a valid permutation of the {nd} axes of shape {self.shape}")
     return self._new(self.uop.permute(norm))
 
-  def transpose(self, ax0: int | None = None, ax1: int | None = None) -> Tensor:
-    """transpose() reverses the axes (numpy); transpose(a, b) swaps axes a and b."""
-    if ax0 is None and ax1 is None: return self.T
-    if ax0 is None or ax1 is None: raise TypeError("transpose takes no axes or two axes to swap")
-    a, b = norm_axis(ax0, self.ndim), norm_axis(ax1, self.ndim)
+  def transpose(self, dim0: int = 1, dim1: int = 0) -> Tensor:
+    """transpose(dim0=1, dim1=0): axes dim0 and dim1 swapped (tinygrad's default swaps the first two axes; numpy's
+    transpose() reverses them all, which is `.T` or `permute` here)."""
+    a, b = norm_axis(dim0, self.ndim), norm_axis(dim1, self.ndim)
     order = list(range(self.ndim))
     order[a], order[b] = order[b], order[a]
     return self.permute(order)
 
-  def expand(self, *shape) -> Tensor:
-    """Broadcast to shape (numpy's broadcast_to; -1 keeps a dimension)."""
-    new = shape_arg(shape, "expand")
+  def expand(self, shape, *args) -> Tensor:
+    """expand(shape, *args): broadcast to shape (numpy's broadcast_to; -1 keeps a dimension)."""
+    new = shape_arg((shape,) + args, "expand")
     old = self.shape
-    if len(new) < len(old): raise ValueError(f"cannot expand shape {old} to {new}: fewer dimensions")
+    if len(new) < len(old): raise ShapeError(f"cannot broadcast {old} to new_shape={new}: fewer dimensions")
     lead = len(new) - len(old)
     full = []
     for i, s in enumerate(new):
       o = old[i - lead] if i >= lead else None
       if s == -1:
-        if o is None: raise ValueError(f"cannot expand shape {old} to {new}: -1 for a new leading dimension")
+        if o is None: raise ShapeError(f"cannot broadcast {old} to new_shape={new}: -1 for a new leading dimension")
         s = o
-      if s < 0: raise ValueError(f"cannot expand shape {old} to {new}: negative dimension")
-      if o is not None and o != s and o != 1: raise ValueError(f"cannot expand shape {old} to {new}: axis {i} has size {o}")
+      if s < 0: raise ShapeError(f"cannot broadcast {old} to new_shape={new}: negative dimension")
+      if o is not None and o != s and o != 1: raise ShapeError(f"cannot broadcast {old} to new_shape={new}: axis {i} has size {o}")
       full.append(s)
     return self._new(bcast(self.uop, tuple(full)))
 
-  def broadcast_to(self, *shape) -> Tensor: return self.expand(*shape)
+  def broadcast_to(self, shape, *args) -> Tensor:
+    """broadcast_to(shape, *args): the same as expand (torch's name)."""
+    return self.expand(shape, *args)
 
   def flatten(self, start_dim: int = 0, end_dim: int = -1) -> Tensor:
+    """flatten(start_dim=0, end_dim=-1): axes start_dim..end_dim merged into one; a 0-d tensor becomes shape (1,)."""
     if self.ndim == 0: return self.reshape(1)
     s, e = norm_axis(start_dim, self.ndim), norm_axis(end_dim, self.ndim)
-    if s > e: raise ValueError(f"flatten: start_dim {start_dim} comes after end_dim {end_dim} (shape {self.shape})")
+    if s > e: raise ShapeError(f"flatten: start_dim {start_dim} comes after end_dim {end_dim} (shape {self.shape})")
     sh = self.shape
     return self.reshape(sh[:s] + (prod(sh[s:e + 1]),) + sh[e + 1:])
 
-  def squeeze(self, axis: Any = None) -> Tensor:
+  def squeeze(self, dim: Any = None, *, axis: Any = None) -> Tensor:
+    """squeeze(dim=None): without dim every size-1 axis removed; with dim that axis if it has size 1, else the
+    tensor unchanged (tinygrad; numpy raises). rulec also takes a tuple of axes, and `axis=` as an alias."""
+    dim = alias_arg(dim, axis, "dim", "axis", "squeeze")
     sh = self.shape
-    if axis is None: axes = tuple(i for i, d in enumerate(sh) if d == 1)
-    else:
-      axes = norm_axes(axis, self.ndim)
-      for a in axes:
-        if sh[a] != 1: raise ValueError(f"cannot squeeze axis {a} of size {sh[a]} (shape {sh}): only size-1 axes can be squeezed")
+    if dim is None: axes = tuple(i for i, d in enumerate(sh) if d == 1)
+    else: axes = tuple(a for a in norm_axes(dim, self.ndim) if sh[a] == 1)
     return self.reshape(tuple(d for i, d in enumerate(sh) if i not in axes))
 
-  def unsqueeze(self, axis: int) -> Tensor:
-    a = norm_new_axis(axis, self.ndim)
+  def unsqueeze(self, dim: Any = None, *, axis: Any = None) -> Tensor:
+    """unsqueeze(dim): a size-1 axis inserted at dim (-ndim-1 .. ndim); `axis=` is an alias."""
+    dim = alias_arg(dim, axis, "dim", "axis", "unsqueeze")
+    if dim is None: raise TypeError("unsqueeze() missing the axis: unsqueeze(dim)")
+    a = norm_new_axis(dim, self.ndim)
     sh = self.shape
     return self.reshape(sh[:a] + (1,) + sh[a:])
 
-  def pad(self, padding: Any, value: Any = 0) -> Tensor:
-    """numpy-style padding: ((before, after), ...) per axis (None for none), or one int for every side.
+  def pad(self, padding: Any, mode: str = "constant", value: Any = 0.0) -> Tensor:
+    """pad(padding, mode='constant', value=0.0): pad (or, negative, crop) the axes.
 
-    Negative amounts crop. The fill is `value` cast to the tensor's dtype."""
-    nd = self.ndim
-    if isinstance(padding, (int, np.integer)) and not isinstance(padding, bool): pads = ((int(padding),) * 2,) * nd
-    else:
-      pads = tuple(padding)
-      if len(pads) != nd: raise ValueError(f"pad: {len(pads)} (before, after) pairs given for a tensor of shape {self.shape}")
-      pads = tuple((0, 0) if p is None else pair_arg(p, "pad amount") for p in pads)
+    padding is a flat sequence of ints, (left, right) of the last axis first, then of the one before
+    (torch's form: `(1, 2, 0, 1)`), or one (before, after) pair or None per axis (`((0, 1), (1, 2))`); rulec also
+    takes one int for every side. mode is 'constant' (fill with value; a Python float on an int tensor makes
+    it float32, as in tinygrad), 'reflect' (mirror without the edge, like np.pad's 'reflect'), 'replicate'
+    (np.pad's 'edge') or 'circular' (np.pad's 'wrap'); crops happen before the padding."""
+    if mode not in _PAD_MODES: raise NotImplementedError(f"pad mode={mode!r} is not supported; modes: {', '.join(_PAD_MODES)}")
+    pads = self._pad_pairs(padding)
     sh = self.shape
     for i, ((b, a), d) in enumerate(zip(pads, sh)):
-      if min(b, 0) + min(a, 0) + d < 0: raise ValueError(f"pad: cropping {pads[i]} is more than axis {i} of shape {sh} holds")
-    u = self.uop.shrink(tuple((-min(b, 0), d + min(a, 0)) for (b, a), d in zip(pads, sh)))
+      if min(b, 0) + min(a, 0) + d < 0: raise ShapeError(f"pad: cropping {pads[i]} is more than axis {i} of shape {sh} holds")
+    x = self.shrink(tuple((-min(b, 0), d + min(a, 0)) for (b, a), d in zip(pads, sh)))
     pos = tuple((max(b, 0), max(a, 0)) for b, a in pads)
+    if mode != "constant": return x._pad_views(pos, mode)
+    dt = self.dtype if not is_py_scalar(value) or value == 0 else weak_dtype(self.dtype, value)
+    if dt is not self.dtype: x = x.cast(dt)
+    u = x.uop
     padded = u.pad(pos)
-    fill = cast_scalar(value, self.dtype)
-    zero_fill = fill == 0 and not (self.dtype.is_float and math.copysign(1.0, fill) < 0)
+    fill = cast_scalar(value, dt)
+    zero_fill = fill == 0 and not (dt.is_float and math.copysign(1.0, fill) < 0)
     if zero_fill or padded is u: return self._new(padded)
     mask = const(True, dtypes.bool, u.shape).pad(pos)
-    return self._new(UOp(Ops.WHERE, self.dtype, (mask, padded, padded.const_like(fill))))
+    return self._new(UOp(Ops.WHERE, dt, (mask, padded, padded.const_like(fill))))
 
-  def shrink(self, bounds: Any) -> Tensor:
-    """Keep [start, end) along each axis: ((start, end) or None, ...)."""
+  def _pad_pairs(self, padding: Any) -> tuple[tuple[int, int], ...]:
+    """pad's padding argument as one (before, after) pair per axis."""
+    nd = self.ndim
+    if isinstance(padding, (int, np.integer)) and not isinstance(padding, bool): return ((int(padding),) * 2,) * nd
+    pads = tuple(padding)
+    if all(isinstance(p, (int, np.integer)) for p in pads):   # flat, torch style: last axis first
+      if len(pads) % 2: raise ValueError(f"pad: flat padding must have an even number of pads, got {pads}")
+      if len(pads) > 2 * nd: raise ValueError(f"pad: padding length is improper: {pads} for a tensor of shape {self.shape}")
+      flat = [int_arg(p, "pad amount") for p in pads]
+      pairs = [(flat[i], flat[i + 1]) for i in range(0, len(flat), 2)][::-1]
+      return ((0, 0),) * (nd - len(pairs)) + tuple(pairs)
+    if len(pads) != nd:
+      raise ValueError(f"pad: padding length is improper: {len(pads)} (before, after) pairs for a tensor of shape {self.shape}")
+    return tuple((0, 0) if p is None else pair_arg(p, "pad amount") for p in pads)
+
+  def _pad_views(self, pos: tuple[tuple[int, int], ...], mode: str) -> Tensor:
+    """reflect / replicate / circular padding, axis by axis, from shrinks, flips and expands of self, joined by cat."""
+    x = self
+    for ax, (b, a) in enumerate(pos):
+      if not b and not a: continue
+      n = x.shape[ax]
+      if mode == "reflect" and max(b, a) >= n:
+        raise ValueError(f"pad: reflect padding ({b}, {a}) must be less than the size {n} of axis {ax}")
+      if mode == "circular" and max(b, a) > n:
+        raise ValueError(f"pad: circular padding ({b}, {a}) wraps around axis {ax} of size {n} more than once")
+      if mode == "replicate" and n == 0: raise ValueError(f"pad: cannot replicate the edge of axis {ax}, which is empty")
+      part = lambda s, e: x.shrink(tuple((s, e) if i == ax else None for i in range(x.ndim)))  # noqa: E731
+      if mode == "reflect": lo, hi = part(1, b + 1).flip(ax), part(n - 1 - a, n - 1).flip(ax)
+      elif mode == "circular": lo, hi = part(n - b, n), part(0, a)
+      else:
+        grow = lambda t, k: t.expand(tuple(k if i == ax else d for i, d in enumerate(t.shape)))  # noqa: E731
+        lo, hi = grow(part(0, 1), b), grow(part(n - 1, n), a)
+      x = type(x).cat(lo, x, hi, dim=ax)
+    return x
+
+  def shrink(self, arg: Any) -> Tensor:
+    """shrink(arg): keep [start, end) along each axis: ((start, end) or None, ...)."""
+    bounds = arg
     bounds = tuple(bounds)
     sh = self.shape
-    if len(bounds) != len(sh): raise ValueError(f"shrink: {len(bounds)} bounds given for a tensor of shape {sh}")
+    if len(bounds) != len(sh): raise ShapeError(f"shrink: {len(bounds)} bounds given for a tensor of shape {sh}")
     out = []
     for i, (b, d) in enumerate(zip(bounds, sh)):
       s, e = (0, d) if b is None else pair_arg(b, "shrink bound")
-      if not 0 <= s <= e <= d: raise ValueError(f"shrink: bounds ({s}, {e}) do not fit axis {i} of shape {sh}")
+      if not 0 <= s <= e <= d: raise ShapeError(f"shrink: bounds ({s}, {e}) do not fit axis {i} of shape {sh}")
       out.append((s, e))
     return self._new(self.uop.shrink(tuple(out)))
 
-  def flip(self, axis: Any = None) -> Tensor:
-    axes = norm_axes(axis, self.ndim)
+  def flip(self, axis: Any = None, *args) -> Tensor:
+    """flip(axis, *args): the order reversed along the axes given (ints or a tuple; each at most once). rulec
+    also takes flip() for every axis (tinygrad needs the axes)."""
+    axes = norm_axes(axis if not args else (axis, *args), self.ndim)
     return self._new(self.uop.flip(tuple(i in axes for i in range(self.ndim))))
 
   def __getitem__(self, idx: Any) -> Tensor:
@@ -180,20 +237,21 @@ class MovementMixin:
 
   # *** joining ***
 
-  def cat(self, *others: Tensor, axis: int = 0) -> Tensor:
-    """numpy's concatenate: `Tensor.cat(a, b, axis=1)`, `a.cat(b, c)` or `Tensor.cat([a, b])`."""
-    ts = (list(self) if isinstance(self, (list, tuple)) else [self]) + list(others)
-    if not ts: raise ValueError("cat needs at least one tensor")
+  def cat(self, *args: Tensor, dim: int = _ZERO, axis: Any = None) -> Tensor:
+    """cat(*args, dim=0): self and args joined along dim (`a.cat(b, c, dim=1)`, `Tensor.cat(a, b)`, and rulec's
+    `Tensor.cat([a, b])`); dtypes are promoted; `axis=` is an alias of dim."""
+    a = alias_arg(dim, axis, "dim", "axis", "cat")
+    ts = (list(self) if isinstance(self, (list, tuple)) else [self]) + list(args)
     for t in ts:
       if not isinstance(t, TensorBase): raise TypeError(f"cat takes Tensors, got {type(t).__name__}")
       ts[0]._same_device(t)
     nd = ts[0].ndim
     shapes = [t.shape for t in ts]
-    if nd == 0: raise ValueError("zero-dimensional tensors cannot be concatenated")
-    a = norm_axis(axis, nd)
+    if nd == 0: raise ShapeError("zero-dimensional tensors cannot be concatenated")
+    a = norm_axis(a, nd)
     for s in shapes:
       if len(s) != nd or any(s[i] != shapes[0][i] for i in range(nd) if i != a):
-        raise ValueError(f"cat along axis {axis}: shapes {' and '.join(map(str, shapes))} differ off that axis")
+        raise ShapeError(f"cat along dim {a}: shapes {' and '.join(map(str, shapes))} differ off that axis")
     dt = promote_types(*(t.dtype for t in ts))
     total = sum(s[a] for s in shapes)
     out, off = None, 0
@@ -204,16 +262,17 @@ class MovementMixin:
       off += n
     return ts[0]._new(out)
 
-  def stack(self, *others: Tensor, axis: int = 0) -> Tensor:
-    """numpy's stack: `Tensor.stack(a, b, axis=0)` or `Tensor.stack([a, b])`."""
-    ts = (list(self) if isinstance(self, (list, tuple)) else [self]) + list(others)
-    if not ts: raise ValueError("stack needs at least one tensor")
+  def stack(self, *args: Tensor, dim: int = _ZERO, axis: Any = None) -> Tensor:
+    """stack(*args, dim=0): self and args (of one shape) joined along a new axis dim; `axis=` is an alias."""
+    a = alias_arg(dim, axis, "dim", "axis", "stack")
+    ts = (list(self) if isinstance(self, (list, tuple)) else [self]) + list(args)
     for t in ts:
       if not isinstance(t, TensorBase): raise TypeError(f"stack takes Tensors, got {type(t).__name__}")
     shapes = [t.shape for t in ts]
     if any(s != shapes[0] for s in shapes):
-      raise ValueError(f"stack needs tensors of one shape, got {' and '.join(map(str, shapes))}")
-    a = norm_new_axis(axis, ts[0].ndim)
-    return type(ts[0]).cat(*[t.unsqueeze(a) for t in ts], axis=a)
+      raise ShapeError(f"all shapes must match for stack, got {' and '.join(map(str, shapes))}")
+    a = norm_new_axis(a, ts[0].ndim)
+    return type(ts[0]).cat(*[t.unsqueeze(a) for t in ts], dim=a)
 
-  # *** linear algebra and nn ***
+
+_PAD_MODES = ("constant", "reflect", "replicate", "circular")

@@ -1,4 +1,7 @@
-"""Reductions over axes: sum, prod, max/min, any/all, mean/var/std, argmax/argmin."""
+"""Reductions over axes: sum, prod, max/min, any/all, mean/var/std (and var_mean/std_mean), argmax/argmin.
+
+Signatures are tinygrad's: `axis=None` (an int, a tuple of ints, or None for every axis), `keepdim=False`; a
+0-d tensor takes axis 0 or -1 and reduces nothing, as in tinygrad."""
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
@@ -6,11 +9,14 @@ from typing import TYPE_CHECKING, Any
 
 from engine.dtypes import DType, dtypes
 from engine.ops import Ops
-from engine.tensor.args import (norm_axes, norm_axis, sum_dtype, to_dtype)
+from engine.tensor.args import (DefaultInt, alias_arg, norm_axes, norm_axis, sum_dtype, to_dtype)
 from engine.tensor.uops import (alu, u_max_reduce, u_neg)
 from engine.uop import UOp, prod
 
 if TYPE_CHECKING: from engine.tensor.tensor import Tensor
+
+
+_ONE = DefaultInt(1)   # correction's default: passing correction= and ddof= together is a TypeError
 
 
 class ReduceMixin:
@@ -27,26 +33,28 @@ class ReduceMixin:
     if not keepdim: u = u.reshape(tuple(d for i, d in enumerate(shape) if i not in axes))
     return u
 
-  def _check_nonempty(self, axis: Any, name: str) -> None:
-    axes = norm_axes(axis, self.ndim)
-    if any(self.shape[a] == 0 for a in axes):
-      raise ValueError(f"{name}() of a tensor of shape {self.shape} over axis {axis}: a zero-size reduction has no identity")
-
   def sum(self, axis: Any = None, keepdim: bool = False, dtype: Any = None) -> Tensor:
+    """sum(axis=None, keepdim=False, dtype=None): the sum over axis (an int, a tuple, or None for all); bool and
+    small signed ints accumulate and return in int32, small unsigned ints in uint32, unless dtype says otherwise."""
     dt = sum_dtype(self.dtype) if dtype is None else to_dtype(dtype)
-    u = self.uop.cast(dt)
-    return self._new(self._reduce(Ops.ADD, axis, keepdim, u))
+    return self._new(self._reduce(Ops.ADD, axis, keepdim, self.uop.cast(dt)))
 
   def prod(self, axis: Any = None, keepdim: bool = False, dtype: Any = None) -> Tensor:
-    dt = sum_dtype(self.dtype) if dtype is None else to_dtype(dtype)
-    return self._new(self._reduce(Ops.MUL, axis, keepdim, self.uop.cast(dt)))
+    """prod(axis=None, keepdim=False, dtype=None): the product over axis, in self's dtype (tinygrad keeps it, so
+    int8 products wrap; numpy widens) unless dtype says otherwise."""
+    dt = self.dtype if dtype is None else to_dtype(dtype)
+    u = self.uop.cast(dt)
+    if dt.is_bool: return self._new(self._reduce(Ops.MUL, axis, keepdim, u.cast(dtypes.int8)).cast(dt))
+    return self._new(self._reduce(Ops.MUL, axis, keepdim, u))
 
   def max(self, axis: Any = None, keepdim: bool = False) -> Tensor:
-    self._check_nonempty(axis, "max")
+    """max(axis=None, keepdim=False): the largest element over axis; NaN if one is NaN. Over an empty axis it is
+    the dtype's lowest value (-inf for floats), as in tinygrad (numpy raises)."""
     return self._new(self._reduce(Ops.MAX, axis, keepdim))
 
   def min(self, axis: Any = None, keepdim: bool = False) -> Tensor:
-    self._check_nonempty(axis, "min")
+    """min(axis=None, keepdim=False): the smallest element over axis; NaN if one is NaN; over an empty axis the
+    dtype's highest value (inf for floats)."""
     return self._new(self._flip_order(self._reduce(Ops.MAX, axis, keepdim, self._flip_order(self.uop))))
 
   @staticmethod
@@ -56,9 +64,11 @@ class ReduceMixin:
     return alu(Ops.XOR, u, u.const_like(True if u.dtype.is_bool else -1 if u.dtype.kind == "i" else u.dtype.max()))
 
   def any(self, axis: Any = None, keepdim: bool = False) -> Tensor:
+    """any(axis=None, keepdim=False): whether any element over axis is nonzero (bool)."""
     return self._new(self._reduce(Ops.MAX, axis, keepdim, self.uop.cast(dtypes.bool)))
 
   def all(self, axis: Any = None, keepdim: bool = False) -> Tensor:
+    """all(axis=None, keepdim=False): whether every element over axis is nonzero (bool)."""
     return ~(~self.bool()).any(axis, keepdim)
 
   def _half_up(self) -> tuple[Tensor, DType]:
@@ -71,18 +81,35 @@ class ReduceMixin:
     return prod(self.shape[a] for a in norm_axes(axis, self.ndim))
 
   def mean(self, axis: Any = None, keepdim: bool = False) -> Tensor:
+    """mean(axis=None, keepdim=False): the average over axis; ints and bools give float32, float16 is computed in
+    float32; NaN over an empty axis."""
     x, out = self._half_up()
     return (x.sum(axis, keepdim) / self._count(axis)).cast(out)
 
-  def var(self, axis: Any = None, keepdim: bool = False, ddof: int = 0) -> Tensor:
-    """numpy's var: mean squared deviation, divided by max(n - ddof, 0)."""
+  def var(self, axis: Any = None, keepdim: bool = False, correction: Any = _ONE, *, ddof: Any = None) -> Tensor:
+    """var(axis=None, keepdim=False, correction=1): the sum of squared deviations divided by max(n - correction, 0).
+    tinygrad's default correction=1 is the sample variance (numpy's default ddof=0 is not); `ddof=` is kept as
+    an alias of correction (passing both is a TypeError)."""
+    c = alias_arg(correction, ddof, "correction", "ddof", "var")
     x, out = self._half_up()
     d = x - x.mean(axis, keepdim=True)
-    return ((d * d).sum(axis, keepdim) / max(self._count(axis) - ddof, 0)).cast(out)
+    return ((d * d).sum(axis, keepdim) / max(self._count(axis) - c, 0)).cast(out)
 
-  def std(self, axis: Any = None, keepdim: bool = False, ddof: int = 0) -> Tensor:
+  def std(self, axis: Any = None, keepdim: bool = False, correction: Any = _ONE, *, ddof: Any = None) -> Tensor:
+    """std(axis=None, keepdim=False, correction=1): sqrt of var(axis, keepdim, correction); `ddof=` is an alias."""
+    c = alias_arg(correction, ddof, "correction", "ddof", "std")
     x, out = self._half_up()
-    return x.var(axis, keepdim, ddof).sqrt().cast(out)
+    return x.var(axis, keepdim, c).sqrt().cast(out)
+
+  def var_mean(self, axis: Any = None, keepdim: bool = False, correction: Any = _ONE, *, ddof: Any = None) -> tuple[Tensor, Tensor]:
+    """var_mean(axis=None, keepdim=False, correction=1): (var, mean) over axis."""
+    c = alias_arg(correction, ddof, "correction", "ddof", "var_mean")
+    return self.var(axis, keepdim, c), self.mean(axis, keepdim)
+
+  def std_mean(self, axis: Any = None, keepdim: bool = False, correction: Any = _ONE, *, ddof: Any = None) -> tuple[Tensor, Tensor]:
+    """std_mean(axis=None, keepdim=False, correction=1): (std, mean) over axis."""
+    c = alias_arg(correction, ddof, "correction", "ddof", "std_mean")
+    return self.std(axis, keepdim, c), self.mean(axis, keepdim)
 
   def _arg_best(self, axis: Any, keepdim: bool, name: str, x: Tensor) -> Tensor:
     if axis is None:
@@ -100,10 +127,10 @@ class ReduceMixin:
     return n - best
 
   def argmax(self, axis: Any = None, keepdim: bool = False) -> Tensor:
-    """Index of the first largest element (int32); NaN counts as largest, like numpy."""
+    """argmax(axis=None, keepdim=False): index (int32) of the first largest element over axis, of the flattened
+    tensor when axis is None; NaN counts as largest. An empty axis raises ValueError (tinygrad returns garbage)."""
     return self._arg_best(axis, keepdim, "argmax", self)
 
   def argmin(self, axis: Any = None, keepdim: bool = False) -> Tensor:
+    """argmin(axis=None, keepdim=False): index (int32) of the first smallest element over axis."""
     return self._arg_best(axis, keepdim, "argmin", self._new(self._flip_order(self.uop)))
-
-  # *** movement ***

@@ -11,6 +11,7 @@ from engine.tensor.base import TensorBase
 from engine.tensor.creation import CreationMixin
 from engine.tensor.elementwise import ElementwiseMixin
 from engine.tensor.indexing import IndexingMixin
+from engine.tensor.linalg import LinalgMixin
 from engine.tensor.losses import LossesMixin
 from engine.tensor.math import MathMixin
 from engine.tensor.movement import MovementMixin
@@ -22,7 +23,7 @@ from engine.tensor.sorting import SortingMixin
 
 
 class Tensor(TensorBase, CreationMixin, ElementwiseMixin, MathMixin, ReduceMixin, ScansMixin, MovementMixin, ShapeMixin,
-             IndexingMixin, SortingMixin, NNMixin, ActivationsMixin, LossesMixin, AutogradMixin):
+             IndexingMixin, SortingMixin, NNMixin, LinalgMixin, ActivationsMixin, LossesMixin, AutogradMixin):
   """A lazy tensor: a tensor-level UOp graph and the device its value lives on."""
   __slots__ = ()
   __hash__ = TensorBase.__hash__   # ElementwiseMixin defines __eq__ (elementwise ==), which would clear it

@@ -65,7 +65,17 @@ def u_cos(x: UOp) -> UOp: return alu(Ops.SIN, alu(Ops.ADD, x, x.const_like(math.
 def u_neg(x: UOp) -> UOp: return alu(Ops.NEG, x)
 
 
-def u_abs(x: UOp) -> UOp: return UOp(Ops.WHERE, x.dtype, (cmp(Ops.CMPLT, x, x.const_like(0)), u_neg(x), x))
+def sign_bit(x: UOp) -> UOp:
+  """The float's sign bit as a bool (true for -0.0 and for a NaN with its sign set)."""
+  idt = {2: dtypes.int16, 4: dtypes.int32, 8: dtypes.int64}[x.dtype.itemsize]
+  bits = x.bitcast(idt)
+  return cmp(Ops.CMPLT, bits, bits.const_like(0))
+
+
+def u_abs(x: UOp) -> UOp:
+  # floats by their sign bit, so abs(-0.0) is +0.0 as in numpy (a comparison with 0 would keep -0.0)
+  neg = sign_bit(x) if x.dtype.is_float else cmp(Ops.CMPLT, x, x.const_like(0))
+  return UOp(Ops.WHERE, x.dtype, (neg, u_neg(x), x))
 
 
 def u_sigmoid(x: UOp) -> UOp: return alu(Ops.RECIPROCAL, alu(Ops.ADD, x.const_like(1.0), u_exp(u_neg(x))))
