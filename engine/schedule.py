@@ -81,13 +81,15 @@ DEVICE_MAX_BUFFERS: dict[str, int] = {}   # no current device has a limit
 
 # *** what to realize ***
 
-MAX_RECOMPUTE_READS = int(os.environ.get("RULEC_MAX_RECOMPUTE_READS", 3))
+MAX_RECOMPUTE_READS = int(os.environ.get("RULEC_MAX_RECOMPUTE_READS", 5))
 
 
 def _cheap(u: UOp, staged: set[UOp]) -> bool:
   """Recomputing u is cheap: no reduce inside, and it reads at most MAX_RECOMPUTE_READS buffers
-  (realized values count). The seeds' remove-bufferize cost model, with three reads instead of two
-  so a residual add feeding a normalisation (x + y - mean) is recomputed, not stored."""
+  (realized values count). The seeds' remove-bufferize cost model, with five reads instead of two: a residual
+  add feeding a normalisation (x + y - mean) is recomputed, not stored, and so are the elementwise gradients of
+  a layernorm and a softmax (x, mean, rstd, g and a row sum), which puts the attention block's backward at
+  tinygrad's kernel count (bench/schedule.py)."""
   reads: set[UOp] = set()
   for x in u.toposort(gate=lambda x: x is u or (x not in staged and x.op not in (Ops.CONTIGUOUS, Ops.BUFFER))):
     if x is not u and (x in staged or x.op in (Ops.CONTIGUOUS, Ops.BUFFER)): reads.add(x)
@@ -178,13 +180,15 @@ def choose_stages(sink: UOp, hoists: bool = False) -> set[UOp]:
 
 
 def _needed_below(u: UOp, epilogues: set[UOp], uses: dict[UOp, float]) -> bool:
-  """A reduce or epilogue value inside u's epilogue (below u, above the reduces) is used more often than u."""
+  """A reduce inside u's epilogue is used more often than u, or an epilogue value below u at least as often:
+  then that value is the one to store, and u is recomputed from it."""
   seen, todo = set(), [s for s in u.src]
   while todo:
     v = todo.pop()
     if v in seen or not (v in epilogues or v.op is Ops.REDUCE_AXIS): continue
     seen.add(v)
-    if uses.get(v, 0) > uses.get(u, 0): return True
+    # (an elementwise value below that is needed as often is stored instead: the one nearest the reduce is)
+    if uses.get(v, 0) > uses.get(u, 0) or (v.op is not Ops.REDUCE_AXIS and uses.get(v, 0) >= uses.get(u, 0)): return True
     if v.op is not Ops.REDUCE_AXIS: todo += v.src
   return False
 
