@@ -52,6 +52,18 @@ _LIVE: weakref.WeakSet = weakref.WeakSet()
 
 
 
+class _Mode:
+  """A context manager that sets a class flag (Tensor.training) for its block and restores it after."""
+  def __init__(self, cls: type, flag: str, value: bool): self.cls, self.flag, self.value = cls, flag, value
+
+  def __enter__(self):
+    self.prev = getattr(self.cls, self.flag)
+    setattr(self.cls, self.flag, self.value)
+    return self
+
+  def __exit__(self, *exc): setattr(self.cls, self.flag, self.prev)
+
+
 class TensorBase:
   """What every Tensor is: a tensor-level UOp graph, the device its value lives on, and how it is realized.
   The operations come from the family mixins (engine/tensor/tensor.py puts them together)."""
@@ -61,6 +73,17 @@ class TensorBase:
   __slots__ = ("uop", "device", "grad", "requires_grad", "_forward", "__weakref__")
   _rng: np.random.Generator = np.random.default_rng()
   no_grad: bool = False   # older tinygrad's switch: tensors made while it is True get requires_grad=False
+  training: bool = False  # training mode: dropout drops, BatchNorm uses and updates batch statistics
+
+  @classmethod
+  def train(cls, mode: bool = True) -> _Mode:
+    """`with Tensor.train():` runs its block in training mode (`Tensor.training` is True), then restores it."""
+    return _Mode(cls, "training", bool(mode))
+
+  @classmethod
+  def test(cls) -> _Mode:
+    """`with Tensor.test():` runs its block out of training mode."""
+    return _Mode(cls, "training", False)
 
   def __init__(self, data: Any, device: str | None = None, dtype: Any = None, requires_grad: bool | None = None):
     """tinygrad's signature. For rulec code that passed the dtype second, a dtype there is taken as the dtype."""
