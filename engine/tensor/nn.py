@@ -197,6 +197,7 @@ class NNMixin:
 
   def softmax(self, axis: int = -1, dtype: Any = None) -> Tensor:
     """softmax(axis=-1, dtype=None): exp(x - max) / sum(exp(x - max)) along axis, computed in dtype if given."""
+    if self.ndim == 0: return self.reshape(1).softmax(norm_axis(axis, 1), dtype).reshape(())   # 0-d: 1.0 (tinygrad)
     x, out = self._soft_in(dtype)
     ax = norm_axis(axis, self.ndim)
     m = self._new(x._reduce(Ops.MAX, ax, True, numpy_nan=False))  # (a NaN makes the whole slice NaN anyway)
@@ -205,6 +206,7 @@ class NNMixin:
 
   def log_softmax(self, axis: int = -1, dtype: Any = None) -> Tensor:
     """log_softmax(axis=-1, dtype=None): x - max - log(sum(exp(x - max))) along axis."""
+    if self.ndim == 0: return self.reshape(1).log_softmax(norm_axis(axis, 1), dtype).reshape(())
     x, out = self._soft_in(dtype)
     ax = norm_axis(axis, self.ndim)
     s = x - self._new(x._reduce(Ops.MAX, ax, True, numpy_nan=False))
