@@ -257,13 +257,18 @@ class TensorBase:
     self.uop = UOp(Ops.ASSIGN, self.dtype, (target, value))
     return self
 
+  def _ensure_storage(self) -> None:
+    """Realize this tensor into a buffer of its own if it has none (writes go through storage; a constant is
+    realized without any, so it is made contiguous first)."""
+    if self.uop.base.op is Ops.BUFFER: return
+    if self.uop.base.op is Ops.CONST: self.uop = self.uop.contiguous()
+    self.realize()
+
   def __setitem__(self, idx: Any, value: Any) -> None:
     """t[idx] = value: writes value into this tensor's storage through the view t[idx] (realizes at once)."""
     items = idx if isinstance(idx, tuple) else (idx,)
     if any(is_advanced_index(it) for it in items): return self._setitem_advanced(items, value)
-    if self.uop.base.op is not Ops.BUFFER:   # (a constant is realized without storage: give it a buffer to write)
-      if self.uop.base.op is Ops.CONST: self.uop = self.uop.contiguous()
-      self.realize()
+    self._ensure_storage()
     view = self[idx]
     view.assign(value).realize()
 

@@ -15,7 +15,6 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from engine.dtypes import dtypes
-from engine.ops import Ops
 from engine.tensor.args import ShapeError, broadcast_shapes, int_arg, lowest, norm_axis
 from engine.tensor.base import TensorBase
 from engine.uop import prod
@@ -149,9 +148,7 @@ class IndexingMixin:
     """Writes through tensor indices (tinygrad's semantics): where an index repeats, the value that comes last in
     the broadcast index order wins; out-of-range positions are dropped. The tensor must hold storage: it is
     realized first if it does not."""
-    if self.uop.base.op is not Ops.BUFFER:   # (a constant is realized without storage: give it a buffer)
-      if self.uop.base.op is Ops.CONST: self.uop = self.uop.contiguous()
-      self.realize()
+    self._ensure_storage()
     basic, dims, tensors = self._split_index(items)
     view = self[basic]
     lin, big = self._linear_index(view, dims, tensors)

@@ -91,13 +91,17 @@ def _graph_text(u: UOp) -> str:
   return f"{text}  # {', '.join(notes)}" if notes else text
 
 
+def compiled_rule(rule: A.Rule, helpers_of) -> tuple[Any, InterpretedMatcher]:
+  """The rule alone as a compiled matcher function fn(node, ctx), and the reference interpreter of it."""
+  ns: dict[str, Any] = {"__name__": f"rulec_verify_{rule.name}"}
+  exec(compile(per_rule_functions([rule], helpers_of), f"<rulec verify {rule.name}>", "exec"), ns)
+  return ns["RULE_FNS"][0], InterpretedMatcher([rule], helpers_of)
+
+
 class _Checker:
   def __init__(self, rule: A.Rule, helpers_of, examples: int):
     self.rule, self.examples = rule, examples
-    ns: dict[str, Any] = {"__name__": f"rulec_verify_{rule.name}"}
-    exec(compile(per_rule_functions([rule], helpers_of), f"<rulec verify {rule.name}>", "exec"), ns)
-    self.fn = ns["RULE_FNS"][0]
-    self.interp = InterpretedMatcher([rule], helpers_of)
+    self.fn, self.interp = compiled_rule(rule, helpers_of)
     self.tries, self.compared = 0, 0
     self.tags = "tag" in _attrs_read(rule)   # only a rule that reads tags sees tagged roots
     self.why_not: collections.Counter = collections.Counter()

@@ -15,7 +15,6 @@ Two kinds of rule are checked without differences:
 from __future__ import annotations
 
 import collections
-from typing import Any
 
 import numpy as np
 from hypothesis import HealthCheck, Phase, given, reject, settings
@@ -24,8 +23,7 @@ from hypothesis.errors import Unsatisfiable
 
 from engine.dtypes import DType, dtypes
 from engine.lang import ast as A
-from engine.lang.compiler import pattern_ops, per_rule_functions
-from engine.lang.interp import InterpretedMatcher
+from engine.lang.compiler import pattern_ops
 from engine.lang.runtime import RuleAbort, RuleRuntimeError
 from engine.ops import BINARY, MOVEMENT, UNARY, Ops
 from engine.uop import UOp, prod, render
@@ -124,11 +122,9 @@ def _objective(node: UOp, g: np.ndarray, values: dict) -> float:
 
 class GradChecker:
   def __init__(self, rule: A.Rule, helpers_of, examples: int):
+    from engine.verify.core import compiled_rule
     self.rule, self.examples = rule, examples
-    ns: dict[str, Any] = {"__name__": f"rulec_verify_{rule.name}"}
-    exec(compile(per_rule_functions([rule], helpers_of), f"<rulec verify {rule.name}>", "exec"), ns)
-    self.fn = ns["RULE_FNS"][0]
-    self.interp = InterpretedMatcher([rule], helpers_of)
+    self.fn, self.interp = compiled_rule(rule, helpers_of)
     self.compared, self.tries = 0, 0
     self.why_not: collections.Counter = collections.Counter()
 
