@@ -3,7 +3,8 @@
 `realize` schedules the graphs into kernels (engine/schedule.py, every
 rewrite a rule in rules/) and runs the kernels on their device. The numpy
 interpreter of tensor graphs (`engine.tensor_eval`) is the oracle tests
-compare against; `RULEC_REALIZE=eval` makes realize use it instead.
+compare against; `RULEC_REALIZE=eval` makes realize use it instead. A graph of a shape scheduled before gets
+its kernels from engine/schedule_cache.py; engine/jit.py (TinyJit) records the kernels `_run` runs.
 """
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from typing import Sequence
 import numpy as np
 
 from engine import schedule as _scheduler
+from engine import schedule_cache
 from engine import tensor_eval
 from runtime.devices import default_device, run_kernel
 from engine.ops import MOVEMENT, Ops
@@ -32,15 +34,20 @@ def schedule(uops: Sequence[UOp], devices: Sequence[str] | None = None):
   """The kernels that realizing `uops` would run."""
   keep = [i for i, u in enumerate(uops) if u.base.op is not Ops.CONST]
   uops, devices = [uops[i] for i in keep], (None if devices is None else [devices[i] for i in keep])
-  kernels, _ = _scheduler.schedule(list(uops), default_device(), devices)
+  kernels, _ = schedule_cache.schedule(list(uops), default_device(), devices)
   COUNTERS["scheduled"] += len(kernels)
   return kernels
+
+
+# TinyJit's capture (engine/jit.py): while a list is here, every kernel run is appended to the innermost one
+CAPTURING: list[list] = []
 
 
 def _run(kernel) -> None:
   # a kernel runs on the device of the buffer it writes (slot 0: the store target is numbered first)
   run_kernel(kernel, kernel.bufs[0].arg[1] if kernel.bufs else default_device())
   COUNTERS["run"] += 1
+  if CAPTURING: CAPTURING[-1].append(kernel)
 
 
 def is_realized(u: UOp) -> bool:
@@ -66,6 +73,9 @@ def _through_view(view: UOp, what: str, of_buffer) -> tuple[UOp, np.ndarray]:
 
 def host_value(view: UOp) -> np.ndarray:
   """The value of a realized view (movement ops over a BUFFER, or over a CONST) as a numpy array of its shape."""
+  if CAPTURING:   # (as tinygrad: a value read on the host while capturing would be baked into the replay)
+    from engine.jit import JitError
+    raise JitError("cannot access tensor data during JIT capture, the value will be baked in")
   if view.base.op is Ops.CONST: return tensor_eval.evaluate([view])[0]
   return _through_view(view, "a realized value", lambda b: buffer_of(b).host_view())[1]
 
@@ -119,7 +129,7 @@ def realize_map(uops: Sequence[UOp], devices: Sequence[str] | None = None) -> di
   if os.environ.get("RULEC_REALIZE", "") == "eval":
     done.update(_realize_by_evaluation([u for u, _ in todo], [d for _, d in todo], assigns))
     return done
-  kernels, views = _scheduler.schedule([u for u, _ in todo], default_device(), [d for _, d in todo])
+  kernels, views = schedule_cache.schedule([u for u, _ in todo], default_device(), [d for _, d in todo])
   COUNTERS["scheduled"] += len(kernels)
   for k in kernels: _run(k)
   done.update((u, v) for (u, _), v in zip(todo, views))

@@ -1,16 +1,18 @@
 """rulec: a tensor compiler whose rewrites are .rules files.
 
-The front door: the rule library and graph rewriting. (The Tensor front end
-arrives with the scheduler.)"""
+The front door: `Tensor` (tinygrad's API), `nn` (modules, `nn.optim`, `nn.state`), `TinyJit`, and the rule
+library and graph rewriting."""
 from engine.dtypes import dtypes
 from engine.lang.capability import rule_helper
 from engine.lang.diagnostics import RuleError
 from engine.lang.loader import load_library, matcher
+from engine.jit import JitError, TinyJit, jit
 from engine.ops import Ops
 from engine.rewrite import RewriteLoopError, graph_rewrite
 from engine.tensor import Tensor
 from engine.tensor.autograd import no_grad
 from engine.uop import UOp
+from rulec import nn
 
 __all__ = ["Tensor", "UOp", "Ops", "dtypes", "graph_rewrite", "load_library", "matcher", "RuleError", "RewriteLoopError",
-           "rule_helper", "no_grad"]
+           "rule_helper", "no_grad", "TinyJit", "jit", "JitError", "nn"]

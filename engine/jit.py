@@ -1,0 +1,242 @@
+"""TinyJit: run a function of Tensors once, capture the kernels it runs, then replay them.
+
+tinygrad 0.14's semantics. Call 1 runs the function as it is. Call 2 runs it again while every kernel that
+runs is recorded (engine/realize.py appends to `CAPTURING`), with the buffers it reads and writes. From call
+3 on the function is not run at all: the recorded kernels run again, in order, with each input buffer (the
+Tensor arguments, also inside a list, tuple or dict argument) replaced by this call's. Everything else a
+kernel touches is the same buffer as at capture: parameters and optimizer state reached through the
+function's closure (their assigns write them in place, so replays update them), and the intermediates and
+outputs the capture allocated, which are reused.
+
+So the function's return value is the same Tensor objects every call, holding the same buffers: an output
+is overwritten by the next call (copy it, `.clone().realize()` or `.numpy()`, to keep it). Python side
+effects, host data created inside the function (`Tensor(np_array)`) and random draws are baked in at
+capture. Tensor state the function leaves unrealized is not updated by replays: realize what must persist.
+A returned Tensor that is a view of an input (the function assigned into its argument and returned it) is
+re-pointed at this call's input. `RULEC_JIT=0` runs the function on every call; `RULEC_REALIZE=eval` runs no
+kernels, so there is nothing to capture (JitError).
+
+Checked on every replay: the same argument names hold Tensors, and each input has the shape, view, dtype
+and device it had at capture (else JitError, as in tinygrad). Non-Tensor arguments must equal the captured
+ones: tinygrad silently replays with the captured values; rulec raises JitError instead.
+"""
+from __future__ import annotations
+
+import functools
+import os
+from typing import Any, Callable
+
+import numpy as np
+
+from engine import realize as _realize
+from engine.ops import MOVEMENT, Ops
+from engine.rewrite import substitute
+from engine.tensor.base import TensorBase
+from engine.uop import UOp
+from runtime.buffer import buffer_of, new_buffer
+from runtime.kernel import Kernel
+
+__all__ = ["TinyJit", "JitError", "jit"]
+
+
+class JitError(Exception):
+  """A TinyJit call that cannot be captured or replayed (tinygrad's name)."""
+
+
+def _jit_enabled() -> bool: return os.environ.get("RULEC_JIT", "1") != "0"
+
+
+# *** inputs ***
+
+def _input_tensors(args: tuple, kwargs: dict) -> tuple[list, list[TensorBase]]:
+  """(names, tensors): Tensor arguments by position or keyword, then Tensors inside list/tuple/dict arguments
+  (one level deep, not recursive: a model object's weights are state, not inputs)."""
+  named = [(n, t) for n, t in list(enumerate(args)) + sorted(kwargs.items()) if isinstance(t, TensorBase)]
+  names, tensors = [n for n, _ in named], [t for _, t in named]
+  for x in (*args, *kwargs.values()):
+    inner = x if isinstance(x, (tuple, list)) else x.values() if isinstance(x, dict) else ()
+    tensors += [t for t in inner if isinstance(t, TensorBase) and not any(t is y for y in tensors)]
+  return names, tensors
+
+
+def _view_info(u: UOp) -> tuple:
+  """What a replay assumes of one input: its shape, its movement ops down to the buffer, the buffer's size,
+  the dtype and the device."""
+  shape, chain = u.shape, []
+  while u.op in MOVEMENT:
+    chain.append((u.op, u.arg))
+    u = u.src[0]
+  return (shape, tuple(chain), u.arg[2], u.dtype, u.arg[1])
+
+
+def _describe(info: tuple) -> str:
+  shape, chain, size, dtype, device = info
+  plain = all(op is Ops.RESHAPE for op, _ in chain)
+  view = "" if plain else f" (a view: {', '.join(op.name for op, _ in reversed(chain))} of a buffer of {size})"
+  return f"shape {shape}{view}, {dtype.name}, on {device}"
+
+
+def _prepare(args: tuple, kwargs: dict) -> tuple[list, list[TensorBase], list[UOp], list[tuple]]:
+  """Realize the input tensors; (names, tensors, their buffers, their view info)."""
+  names, tensors = _input_tensors(args, kwargs)
+  todo = [t for t in tensors if not _realize.is_realized(t.uop)]
+  if todo: todo[0].realize(*todo[1:])
+  for t in tensors:
+    if t.uop.base.op is not Ops.BUFFER: raise JitError("JIT inputs must be real buffers; use .clone()")
+  bufs = [t.uop.base for t in tensors]
+  if len(set(bufs)) != len(bufs): raise JitError("duplicate inputs to JIT")
+  return names, tensors, bufs, [_view_info(t.uop) for t in tensors]
+
+
+def _static(x: Any) -> Any:
+  """A non-Tensor argument as compared between calls: Tensors in containers stand for their slot."""
+  if isinstance(x, TensorBase): return TensorBase
+  if isinstance(x, (tuple, list)): return (type(x), tuple(_static(e) for e in x))
+  if isinstance(x, dict): return (dict, tuple((k, _static(v)) for k, v in x.items()))
+  return x
+
+
+def _same(a: Any, b: Any) -> bool:
+  if a is b: return True
+  if type(a) is not type(b): return False
+  if isinstance(a, tuple) and len(a) == len(b): return all(_same(x, y) for x, y in zip(a, b))
+  if isinstance(a, np.ndarray): return a.dtype == b.dtype and np.array_equal(a, b)
+  try: return bool(a == b)
+  except Exception: return False   # (== that does not give a truth value: not the same)
+
+
+def _statics(args: tuple, kwargs: dict) -> list:
+  return [(n, _static(v)) for n, v in list(enumerate(args)) + sorted(kwargs.items()) if not isinstance(v, TensorBase)]
+
+
+# *** outputs ***
+
+def _returned(ret: Any) -> list[TensorBase]:
+  """The Tensors in a return value (a Tensor, None, or lists, tuples and dicts of them)."""
+  if isinstance(ret, TensorBase): return [ret]
+  if isinstance(ret, (tuple, list)): return [t for x in ret for t in _returned(x)]
+  if isinstance(ret, dict): return [t for x in ret.values() for t in _returned(x)]
+  return []
+
+
+def _check_return(ret: Any) -> None:
+  if ret is None or isinstance(ret, TensorBase): return
+  if isinstance(ret, (tuple, list, dict)):
+    for x in (ret.values() if isinstance(ret, dict) else ret): _check_return(x)
+    return
+  raise JitError(f"JIT return contains non-Tensor value of type {type(ret).__name__}")
+
+
+def _realize_returned(ret: Any) -> None:
+  ts = _returned(ret)
+  if ts: ts[0].realize(*ts[1:])
+
+
+# *** the captured program ***
+
+class _Captured:
+  """The kernels of call 2, each with the positions of its buffers that are inputs, and the outputs."""
+
+  def __init__(self, kernels: list[Kernel], in_bufs: list[UOp], names: list, infos: list[tuple], statics: list,
+               ret: Any):
+    where = {b: j for j, b in enumerate(in_bufs)}
+    # a kernel that touches no input runs as it is; the others get this call's inputs at those positions (the
+    # capture's inputs are not kept: nothing holds on to call 2's data)
+    self.plan = []
+    for k in kernels:
+      subs = tuple((p, where[b]) for p, b in enumerate(k.bufs) if b in where)
+      self.plan.append((k, ()) if not subs else (k.ast, tuple(None if b in where else b for b in k.bufs), subs))
+    self.names, self.infos, self.statics, self.ret = names, infos, statics, ret
+    # buffers the replay writes that are not inputs: an input that is one of them is copied first
+    self.written = {k.bufs[s] for k in kernels for s in k.outputs} - set(in_bufs)
+    # the returned tensors' views; those over an input show this call's input (kept as its position)
+    self.outs = []
+    for t in _returned(ret):
+      t._forward = None   # (the graph of call 2, which holds its inputs: no backward through a jitted output)
+      self.outs.append((t, t.uop, where.get(t.uop.base)))
+
+  def check(self, names: list, infos: list[tuple], statics: list) -> None:
+    if names != self.names: raise JitError(f"args mismatch in JIT: Tensor arguments at {names}, captured at {self.names}")
+    if len(infos) != len(self.infos):
+      raise JitError(f"args mismatch in JIT: {len(infos)} input Tensors, captured with {len(self.infos)}")
+    for j, (got, want) in enumerate(zip(infos, self.infos)):
+      if got != want:
+        where = f"argument {names[j]!r}" if j < len(names) else f"input tensor {j} (inside a container argument)"
+        raise JitError(f"args mismatch in JIT: {where} has {_describe(got)}; it was captured with {_describe(want)}")
+    if [n for n, _ in statics] != [n for n, _ in self.statics]:
+      raise JitError(f"args mismatch in JIT: non-Tensor arguments {[n for n, _ in statics]}, captured with "
+                     f"{[n for n, _ in self.statics]}")
+    for (n, got), (_, want) in zip(statics, self.statics):
+      if not _same(got, want):
+        raise JitError(f"args mismatch in JIT: non-Tensor argument {n!r} is {got!r}, captured with {want!r}; "
+                       "a replay would compute with the captured value (tinygrad does so silently)")
+
+  def __call__(self, bufs: list[UOp]) -> Any:
+    bufs = [_copy(b) if b in self.written else b for b in bufs]
+    for step in self.plan:
+      if len(step) == 2: _realize._run(step[0]); continue
+      ast, template, subs = step
+      new = list(template)
+      for p, j in subs: new[p] = bufs[j]
+      _realize._run(Kernel(ast, tuple(new)))
+    for t, v, j in self.outs: t.uop = v if j is None else substitute(v, {v.base: bufs[j]})
+    return self.ret
+
+
+def _copy(b: UOp) -> UOp:
+  """A new buffer holding b's contents (an input the replay would also overwrite: a previous call's output)."""
+  c = new_buffer(b.arg[1], b.arg[2], b.dtype)
+  buffer_of(c).copyin(buffer_of(b).host_view())
+  return c
+
+
+# *** the decorator ***
+
+class TinyJit:
+  """`@TinyJit` (or `TinyJit(fn)`): call 1 runs fn, call 2 runs it capturing its kernels, later calls replay
+  them on the new Tensor arguments without building or scheduling a graph. See this module's docstring for
+  what is replayed, what is baked in, and that outputs are overwritten by the next call."""
+
+  def __init__(self, fxn: Callable | None = None, *, prune: bool = False):
+    if fxn is None or not callable(fxn): raise TypeError(f"TinyJit needs a function, got {type(fxn).__name__}")
+    if prune: raise NotImplementedError("TinyJit(prune=True) is not supported in rulec")
+    self.fxn, self.cnt, self.captured = fxn, 0, None
+    functools.update_wrapper(self, fxn)
+
+  def reset(self) -> None:
+    """Forget the capture: the next call runs the function again (and the one after captures)."""
+    self.cnt, self.captured = 0, None
+
+  def __get__(self, obj, objtype=None):
+    """A jitted method: the instance is passed as the first (non-Tensor) argument."""
+    return self if obj is None else functools.partial(self.__call__, obj)
+
+  def __call__(self, *args, **kwargs) -> Any:
+    names, _, bufs, infos = _prepare(args, kwargs)
+    if not _jit_enabled() or self.cnt == 0:
+      ret = self.fxn(*args, **kwargs)
+      _realize_returned(ret)
+    elif self.cnt == 1: ret = self._capture(args, kwargs, names, bufs, infos)
+    else:
+      self.captured.check(names, infos, _statics(args, kwargs))
+      ret = self.captured(bufs)
+    self.cnt += 1
+    return ret
+
+  def _capture(self, args: tuple, kwargs: dict, names: list, bufs: list[UOp], infos: list[tuple]) -> Any:
+    if _realize.CAPTURING: raise RuntimeError("having TinyJit inside another TinyJit is not supported")
+    kernels: list[Kernel] = []
+    _realize.CAPTURING.append(kernels)
+    try:
+      ret = self.fxn(*args, **kwargs)
+      _realize_returned(ret)
+    finally: _realize.CAPTURING.pop()
+    if not kernels: raise JitError("didn't JIT anything!")
+    _check_return(ret)
+    self.captured = _Captured(kernels, bufs, names, infos, _statics(args, kwargs), ret)
+    return ret
+
+
+def jit(fxn: Callable | None = None, **kw) -> TinyJit | Callable[[Callable], TinyJit]:
+  """`@jit` or `@jit(prune=False)`: TinyJit as a decorator that also takes options."""
+  return (lambda f: TinyJit(f, **kw)) if fxn is None else TinyJit(fxn, **kw)

@@ -1,0 +1,140 @@
+"""The schedule cache: kernels of a graph shape, reused for every graph of that shape.
+
+A training loop builds the same tensor-level graph every step, over other buffers (new inputs, freshly
+allocated gradients) or the same ones (parameters). Scheduling it runs every rule pass (tens to hundreds of
+ms); the result depends only on the graph's structure, so it is kept here under a key that abstracts each
+BUFFER to a parameter slot: its position in first-visit order plus its dtype, device and size (and each
+constant's leaf tag, an identity too, to its first-visit number). Constants, args and other tags stay concrete. A hit re-binds the cached kernels to this call's buffers, allocating new
+intermediate and output buffers (never one a live tensor holds) and running no rule pass.
+
+`RULEC_SCHEDULE_CACHE=0` turns the cache off; `STATS` counts hits and misses; at most `MAX_ENTRIES` shapes
+are kept (least recently used go first). Tracing (engine/trace.py) and RULEC_DEBUG bypass it: they exist to
+show the passes run.
+"""
+from __future__ import annotations
+
+import os
+from collections import OrderedDict
+from typing import Sequence
+
+from engine import schedule as _scheduler
+from engine import trace as _trace
+from engine.ops import Ops
+from engine.rewrite import substitute
+from engine.sched import tensor_helpers as _helpers
+from engine.uop import UOp
+from runtime.buffer import new_buffer
+from runtime.devices import split_parts
+from runtime.kernel import Kernel
+
+__all__ = ["STATS", "MAX_ENTRIES", "enabled", "graph_key", "schedule", "clear"]
+
+STATS = {"hits": 0, "misses": 0}
+MAX_ENTRIES = 256
+
+
+def enabled() -> bool:
+  """The cache is on unless RULEC_SCHEDULE_CACHE=0 (read on every call, so tests can switch it)."""
+  return os.environ.get("RULEC_SCHEDULE_CACHE", "1") != "0" and not _trace.ACTIVE and not _scheduler.DEBUG
+
+
+def _arg_key(u: UOp):
+  """u's arg as a key part. A CONST keeps its type (0, 0.0 and False differ) and a float its exact bits as hex,
+  so -0.0 and 0.0 differ and a NaN equals itself."""
+  a = u.arg
+  if type(a) is float: return (float, a.hex())
+  if u.op is Ops.CONST: return (type(a), a)
+  return a
+
+
+def graph_key(targets: Sequence[UOp]) -> tuple[tuple, list[UOp]]:
+  """The structure of the graphs of `targets` with buffers as slots, and the buffers in slot order.
+
+  One entry per distinct node in topological order; sources are named by position, so sharing is part of
+  the key, and two graphs with equal keys are the same graph up to which buffers they read."""
+  pos: dict[UOp, int] = {}
+  bufs: list[UOp] = []
+  leaves: dict = {}
+  entries = []
+  for u in UOp.sink(*targets).toposort():
+    tag = u.tag
+    # a float constant made by Tensor.full is tagged ("leaf", n) to be a node of its own (engine/tensor/creation.py):
+    # an identity like a buffer's, numbered in first-visit order too
+    if type(tag) is tuple and tag and tag[0] == "leaf": tag = ("leaf", leaves.setdefault(tag, len(leaves)))
+    if u.op is Ops.BUFFER:
+      bufs.append(u)
+      e = (Ops.BUFFER, u.dtype, u.arg[1], u.arg[2], tag)
+    else: e = (u.op, u.dtype, _arg_key(u), tag, tuple(pos[s] for s in u.src))
+    pos[u] = len(entries)
+    entries.append(e)
+  return tuple(entries), bufs
+
+
+def _slot(i: int, b: UOp) -> UOp:
+  """A stand-in for buffer slot i in a cached view: a BUFFER whose uid is ('slot', i), never a real one."""
+  return UOp(Ops.BUFFER, b.dtype, (), (("slot", i), b.arg[1], b.arg[2]))
+
+
+class _Entry:
+  """One cached schedule: kernel ASTs with their buffers as slot numbers (inputs first, then the fresh buffers
+  the schedule allocated, as (device, size, dtype)), and the output views over slot stand-ins."""
+  __slots__ = ("kernels", "fresh", "views", "stand_ins")
+
+  def __init__(self, inputs: list[UOp], kernels: list[Kernel], views: list[UOp]):
+    slot: dict[UOp, int] = {b: i for i, b in enumerate(inputs)}
+    fresh: list[UOp] = []
+    def number(b: UOp) -> int:
+      if b not in slot:
+        slot[b] = len(inputs) + len(fresh)
+        fresh.append(b)
+      return slot[b]
+    self.kernels = [(k.ast, tuple(number(b) for b in k.bufs)) for k in kernels]
+    for v in views:
+      for b in v.toposort():
+        if b.op is Ops.BUFFER: number(b)
+    self.fresh = [(b.arg[1], b.arg[2], b.dtype) for b in fresh]
+    self.stand_ins = [_slot(i, b) for b, i in slot.items()]
+    self.views = [substitute(v, {b: self.stand_ins[i] for b, i in slot.items()}) for v in views]
+
+  def bind(self, inputs: list[UOp]) -> tuple[list[Kernel], list[UOp]]:
+    """The kernels and views over this call's input buffers and newly allocated ones."""
+    bufs = list(inputs) + [new_buffer(d, n, dt) for d, n, dt in self.fresh]
+    kernels = [Kernel(ast, tuple(bufs[i] for i in slots)) for ast, slots in self.kernels]
+    mapping = {s: bufs[i] for i, s in enumerate(self.stand_ins)}
+    return kernels, [substitute(v, mapping) if v.base.op is Ops.BUFFER else v for v in self.views]
+
+
+def _knobs(devices: set) -> tuple:
+  """The settings besides the graph that a schedule depends on (tests change them): the kernel-buffer limit,
+  the reduce-split threshold and parts per device, the recompute cost model, the hoisting devices."""
+  ds = sorted(d for d in devices if d)
+  return (tuple(_scheduler.max_kernel_buffers(d) for d in ds), tuple(split_parts(d) for d in ds),
+          _helpers.REDUCE_SPLIT_THRESHOLD, _scheduler.MAX_RECOMPUTE_READS, _scheduler.HOISTING_DEVICES)
+
+
+_entries: "OrderedDict[tuple, _Entry]" = OrderedDict()
+
+
+def clear() -> None:
+  """Forget every cached schedule and reset the counters."""
+  _entries.clear()
+  STATS.update(hits=0, misses=0)
+
+
+def schedule(targets: list[UOp], default_device: str, devices: Sequence[str] | None = None) -> tuple[list[Kernel], list[UOp]]:
+  """engine.schedule.schedule(targets, default_device, devices), from the cache when a graph of the same
+  shape was scheduled before."""
+  devices = list(devices) if devices is not None else [default_device] * len(targets)
+  if not enabled(): return _scheduler.schedule(targets, default_device, devices)
+  structure, inputs = graph_key(targets)
+  key = (structure, default_device, tuple(devices), _knobs({default_device, *devices, *(b.arg[1] for b in inputs)}))
+  entry = _entries.get(key)
+  if entry is not None:
+    _entries.move_to_end(key)
+    STATS["hits"] += 1
+    return entry.bind(inputs)
+  STATS["misses"] += 1
+  kernels, views = _scheduler.schedule(targets, default_device, devices)
+  _entries[key] = _Entry(inputs, kernels, views)
+  while len(_entries) > MAX_ENTRIES: _entries.popitem(last=False)
+  return kernels, views
