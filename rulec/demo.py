@@ -4,7 +4,8 @@ An MLP forward, a conv block and an attention block on random data are built
 with Tensor, scheduled by the rules in rules/, run on a device, and checked
 against the same computation in numpy. A second table shows the rule engine
 alone: random index expressions simplified by rules/symbolic.rules and
-checked by evaluation.
+checked by evaluation. Last, a short training run: an MLP on scikit-learn's digits, jitted, its loss
+going down and its test accuracy (skipped when scikit-learn is not installed).
 """
 from __future__ import annotations
 
@@ -91,6 +92,7 @@ def run_demo(args) -> int:
     print(f"  {name:<32} {len(kernels):>7} {s2 * 1e3:>12.1f} {max(0.0, r1 - r2) * 1e3:>11.1f} {r2 * 1e3:>8.1f} "
           f"{err:>10.2e}{'' if ok else '  WRONG'}")
   failed |= _symbolic_demo(args.count)
+  failed |= _training_demo()
   return 1 if failed else 0
 
 
@@ -119,3 +121,43 @@ def _symbolic_demo(count: int) -> bool:
   print(f"  nodes {nodes_in} -> {len(out.toposort())} in {t_rw * 1e3:.1f} ms ({nodes_in / t_rw / 1e3:.0f}k nodes/s); "
         f"checked at {checked} points: {bad} mismatches")
   return bad > 0
+
+
+def _training_demo(steps: int = 300, batch: int = 64) -> bool:
+  """Train a 64-128-10 MLP on the digits with Adam in a TinyJit step; True when it failed to learn."""
+  try:
+    from sklearn.datasets import load_digits
+    from sklearn.model_selection import train_test_split
+  except ImportError:
+    print("training: skipped, it needs scikit-learn (pip install 'rulec[examples]')")
+    return False
+  from rulec import Tensor, TinyJit, nn
+  d = load_digits()
+  xtr, xte, ytr, yte = train_test_split((d.data / 16).astype(np.float32), d.target.astype(np.int32), test_size=0.2,
+                                        random_state=0, stratify=d.target)
+  Tensor.manual_seed(0)
+  l1, l2 = nn.Linear(64, 128), nn.Linear(128, 10)
+  def model(x): return l2(l1(x).relu())
+  opt = nn.optim.Adam(nn.state.get_parameters([l1, l2]), lr=3e-3)
+
+  @TinyJit
+  def step(x, y):
+    with Tensor.train():
+      opt.zero_grad()
+      loss = model(x).sparse_categorical_crossentropy(y).backward()
+      return loss.realize(*opt.schedule_step())   # the loss before the update, in the same realize
+
+  print(f"training: MLP 64-128-10 on {len(xtr)} digits (scikit-learn), Adam, batch {batch}, jitted step")
+  rng, losses, shown = np.random.default_rng(0), [], []
+  t0 = time.perf_counter()
+  for i in range(steps):
+    idx = rng.choice(len(xtr), batch, replace=False)
+    losses.append(step(Tensor(xtr[idx]), Tensor(ytr[idx])).item())
+    if i == 0 or (i + 1) % (steps // 5) == 0: shown.append(f"{i + 1}: {np.mean(losses[-20:]):.3f}")
+  dt = time.perf_counter() - t0
+  acc = float((model(Tensor(xte)).argmax(1).numpy() == yte).mean())
+  print(f"  train loss (mean of the last 20 steps) at step {', '.join(shown)}")
+  ok = acc > 0.9 and np.mean(losses[-20:]) < 0.5 * np.mean(losses[:20])
+  print(f"  {steps} steps in {dt:.1f} s ({steps / dt:.0f} steps/s); test accuracy {acc * 100:.1f}% on {len(xte)} digits"
+        f"{'' if ok else '  DID NOT LEARN'}")
+  return not ok

@@ -4,6 +4,7 @@ Realizing replaces a tensor's uop with the realized view (`BUFFER.reshape(shape)
 buffer; `_became` carries an executed assign over to every live tensor that holds it."""
 from __future__ import annotations
 
+import contextlib
 import weakref
 from typing import TYPE_CHECKING, Any
 
@@ -52,8 +53,9 @@ _LIVE: weakref.WeakSet = weakref.WeakSet()
 
 
 
-class _Mode:
-  """A context manager that sets a class flag (Tensor.training) for its block and restores it after."""
+class _Mode(contextlib.ContextDecorator):
+  """A context manager (or decorator: `@Tensor.train()`) that sets a class flag (Tensor.training) for its block
+  and restores it after."""
   def __init__(self, cls: type, flag: str, value: bool): self.cls, self.flag, self.value = cls, flag, value
 
   def __enter__(self):
