@@ -2,7 +2,9 @@
 # The CL device on an NVIDIA H200 (the `device` tool's nvidia-h200 machine): set up, then run
 #   bench/h200.sh bench     bench/kernels.py --device CL, side by side with torch on CUDA
 #   bench/h200.sh tests     the CL device tests and the tensor-program suite on CL
-#   bench/h200.sh all       both (default)
+#   bench/h200.sh train     bench/train.py --device CL: the digits CNN's jitted train step against torch on CUDA,
+#                           then the autograd, optimizer and JIT tests on CL
+#   bench/h200.sh all       bench and tests (default)
 #   bench/h200.sh bench --only relu    (anything after the first word goes to bench/kernels.py)
 # Logs go to $OUT (or ./h200-out). That machine has numpy, attrs, llvmlite, hypothesis, pytest and torch, but no
 # network: pyopencl and the rest travel as cp312 wheels in .whl/ (see docs/architecture.md, "Running on a GPU"):
@@ -22,6 +24,11 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 python3 -c "from runtime import cl_device; print(cl_device.get_device(), cl_device.get_device().target)" || exit 1
 if [[ $what == bench || $what == all ]]; then
   python3 bench/kernels.py --device CL "$@" 2>&1 | tee "$out/bench.log"
+fi
+if [[ $what == train ]]; then
+  python3 bench/train.py --device CL 2>&1 | tee "$out/train.log"
+  RULEC_DEVICE=CL timeout "${TEST_TIMEOUT:-300}" python3 -m pytest -q -p no:cacheprovider tests/test_autograd.py \
+    tests/test_nn_optim.py tests/test_jit.py 2>&1 | tail -5 | tee "$out/tests_training_on_cl.log"
 fi
 if [[ $what == tests || $what == all ]]; then
   timeout "${TEST_TIMEOUT:-420}" python3 -m pytest -q -p no:cacheprovider tests/test_cl_device.py 2>&1 | tee "$out/tests_cl_device.log"
