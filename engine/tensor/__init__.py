@@ -58,9 +58,10 @@ Types follow tinygrad 0.14 (default float float32, default int int32). Concretel
   (engine/alu.py); numpy (and Python) compute it from the remainder, so the
   two can differ by one where the rounding of a / b crosses an integer
   (1.0 // 0.1 is 10.0 here, 9.0 in numpy). `%` on floats is numpy's.
-- NaNs propagate through maximum, minimum, clip, max, min and max_pool2d as
-  in numpy (the IR's MAX keeps its first operand when the second is NaN and
-  its reduction skips NaNs, so these add explicit NaN checks).
+- NaNs propagate through maximum, minimum, clip, max and min as in numpy (the
+  IR's MAX keeps its first operand when the second is NaN and its reduction
+  skips NaNs, so these add explicit NaN checks). max_pool2d skips NaNs, as
+  tinygrad's does: one reduce per window, and its backward needs no second one.
 
 Bad input raises at the call that passes it, with the exception class tinygrad
 raises (ShapeError is a ValueError and RuntimeError, AxisError an IndexError,

@@ -14,7 +14,7 @@ from engine.dtypes import dtypes
 from engine.ops import Ops
 from engine.tensor.args import (ShapeError, broadcast_shapes, int_arg, lowest, norm_axes, norm_axis, promote_types,
                                 to_dtype)
-from engine.tensor.uops import (alu, bcast, u_max_reduce, window)
+from engine.tensor.uops import (alu, bcast, window)
 from engine.tensor.base import TensorBase
 from engine.uop import UOp, prod
 
@@ -356,10 +356,12 @@ class NNMixin:
                  ceil_mode: bool = False, return_indices: bool = False) -> Any:
     """max_pool2d(kernel_size=(2, 2), stride=None, dilation=1, padding=0, ceil_mode=False, return_indices=False):
     max over windows of the last len(kernel_size) axes (padding counts as -inf); return_indices also gives each
-    max's flat index into those axes (int32, first max wins), as torch and tinygrad. Positional order is tinygrad's."""
+    max's flat index into those axes (int32, first max wins), as torch and tinygrad. Positional order is tinygrad's.
+    NaNs are skipped, as in tinygrad (a window of NaNs only gives -inf); `max()` propagates them, as numpy. One
+    reduce per window, so a backward pass needs the window max and nothing else (tinygrad's kernel count)."""
     k, s, d, _, full = self._pool_args("max_pool2d", kernel_size, stride, dilation, padding, ceil_mode)
     u, taps = _windows(self, k, s, d, full, lowest(self.dtype), "max_pool2d")
-    vals = self._new(u_max_reduce(u, taps).reshape(_drop(u.shape, taps)))
+    vals = self._new(u.r(Ops.MAX, taps).reshape(_drop(u.shape, taps)))
     if not return_indices: return vals
     sp = self.shape[self.ndim - len(k):]
     idx = type(self).arange(prod(sp), device=self.device).reshape(sp).expand(self.shape)
