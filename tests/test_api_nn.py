@@ -298,3 +298,11 @@ def test_dropout():
   finally:
     if old is None: del T.training
     else: T.training = old
+
+
+def test_max_pool2d_skips_nans_as_tinygrad():
+  # tinygrad's max_pool2d skips NaNs (one reduce per window); max() keeps numpy's NaN propagation
+  x = Tensor(np.array([[[[1.0, np.nan], [2.0, 3.0]], [[np.nan, np.nan], [np.nan, np.nan]]]], dtype=np.float32))
+  out = x.max_pool2d(2).numpy()
+  assert out[0, 0, 0, 0] == 3.0 and out[0, 1, 0, 0] == -np.inf
+  assert np.isnan(x.max().item())
