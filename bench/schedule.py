@@ -5,7 +5,7 @@ Every program is one function of the Tensor class `T` and an input maker
 for every repetition (inputs are buffers on both sides: rulec tensors made from
 numpy arrays, tinygrad `Tensor.empty`; `check_inputs` makes sure scheduling an
 input alone is no kernel in either), then scheduled without running: rulec
-`Tensor.schedule`, tinygrad `linear_with_vars` with its schedule cache cleared,
+`Tensor.schedule` with its schedule cache cleared, tinygrad `linear_with_vars` with its schedule cache cleared,
 so both do the real work every time. Medians of REPEATS runs after a warm-up.
 
 Kernels are compiled kernels: for tinygrad the SINK calls of the linear
@@ -42,6 +42,7 @@ import tinygrad  # noqa: E402
 import tinygrad.schedule as tg_schedule  # noqa: E402
 from tinygrad import Tensor as TT  # noqa: E402
 
+from engine import schedule_cache  # noqa: E402
 from engine.tensor import Tensor as RT  # noqa: E402
 
 REPEATS = 7
@@ -158,6 +159,7 @@ def tinygrad_make(*s): return TT.empty(*s)
 def rulec_run(prog):
   # inputs are real buffers (Tensor.zeros would be a constant the scheduler folds away)
   outs = prog(RT, rulec_make)
+  schedule_cache.clear()   # the real work every time, as tinygrad's cache is cleared
   t0 = time.perf_counter()
   kernels = RT.schedule(*outs)
   return time.perf_counter() - t0, len(kernels), 0
