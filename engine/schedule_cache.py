@@ -19,6 +19,7 @@ from typing import Sequence
 
 from engine import schedule as _scheduler
 from engine import trace as _trace
+from engine.lang.loader import load_library
 from engine.ops import Ops
 from engine.rewrite import substitute
 from engine.sched import tensor_helpers as _helpers
@@ -106,10 +107,11 @@ class _Entry:
 
 def _knobs(devices: set) -> tuple:
   """The settings besides the graph that a schedule depends on (tests change them): the kernel-buffer limit,
-  the reduce-split threshold and parts per device, the recompute cost model, the hoisting devices."""
+  the reduce-split threshold and parts per device, the recompute cost model, the hoisting devices, the rules."""
   ds = sorted(d for d in devices if d)
   return (tuple(_scheduler.max_kernel_buffers(d) for d in ds), tuple(split_parts(d) for d in ds),
-          _helpers.REDUCE_SPLIT_THRESHOLD, _scheduler.MAX_RECOMPUTE_READS, _scheduler.HOISTING_DEVICES)
+          _helpers.REDUCE_SPLIT_THRESHOLD, _scheduler.MAX_RECOMPUTE_READS, _scheduler.HOISTING_DEVICES,
+          load_library().digest)   # the rules themselves: RULEC_RULES may change between calls
 
 
 _entries: "OrderedDict[tuple, _Entry]" = OrderedDict()

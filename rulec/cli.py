@@ -1,21 +1,46 @@
-"""The `rulec` command: check, compile --emit, demo."""
+"""The `rulec` command: check, compile --emit, explain, demo, trace, verify.
+
+Every command takes `--rules PATH` (repeatable): a directory (or file) of .rules layered over the shipped
+rules, as RULEC_RULES=PATH does (docs/rules.md, "Your own rules directory")."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
 import sys
 from pathlib import Path
 
 
+def _missing(cmd: str, paths) -> bool:
+  missing = [str(p) for p in paths or () if not Path(p).exists()]
+  if missing: print(f"rulec {cmd}: no such file or directory: {', '.join(missing)}", file=sys.stderr)
+  return bool(missing)
+
+
+@contextlib.contextmanager
+def _user_rules(rules: list[str] | None):
+  """While running a program: RULEC_RULES names the --rules paths, so every default library layers them."""
+  if not rules:
+    yield
+    return
+  old = os.environ.get("RULEC_RULES")
+  os.environ["RULEC_RULES"] = os.pathsep.join(str(p) for p in rules)
+  try: yield
+  finally:
+    if old is None: os.environ.pop("RULEC_RULES", None)
+    else: os.environ["RULEC_RULES"] = old
+
+
 def _cmd_check(args) -> int:
   from engine.lang.diagnostics import render_all
-  from engine.lang.loader import check_paths
-  missing = [p for p in args.paths if not Path(p).exists()]
-  if missing:
-    print(f"rulec check: no such file or directory: {', '.join(missing)}", file=sys.stderr)
-    return 2
+  from engine.lang.loader import check_paths, user_rules_paths
+  if _missing("check", args.paths) or _missing("check", args.rules): return 2
+  # explicit PATHS are a library of their own (RULEC_RULES is not layered over them; --rules is)
+  user = args.rules or (None if args.paths else [str(p) for p in user_rules_paths()] or None)
+  if _missing("check", user): return 2
   try:
-    lib, sources = check_paths(args.paths or None, examples=not args.no_examples)
+    lib, sources = check_paths(args.paths or None, examples=not args.no_examples, user=user)
   except Exception as e:  # noqa: BLE001 - a bug of rulec's own; say so without a traceback
     print(f"rulec check: internal error: {type(e).__name__}: {e}", file=sys.stderr)
     return 3
@@ -34,15 +59,13 @@ def _cmd_check(args) -> int:
 
 
 def _library_with(cmd: str, rules: list[str] | None, rulesets: list[str]):
-  """The rule library (default rules/, or --rules paths) when it is clean and has every named rule set,
-  else the exit status after saying why: 2 for a missing path or an unknown rule set, 1 for rule errors."""
+  """The rule library (the shipped rules, with --rules paths or else RULEC_RULES layered over them) when it is
+  clean and has every named rule set, else the exit status after saying why: 2 for a missing path or an
+  unknown rule set, 1 for rule errors (each located in its file)."""
   from engine.lang.diagnostics import RuleError
-  from engine.lang.loader import load_library
-  missing = [p for p in rules or () if not Path(p).exists()]
-  if missing:
-    print(f"rulec {cmd}: no such file or directory: {', '.join(missing)}", file=sys.stderr)
-    return 2
-  lib = load_library(rules or None)
+  from engine.lang.loader import load_library, user_rules_paths
+  if _missing(cmd, rules or user_rules_paths()): return 2
+  lib = load_library(user=rules) if rules else load_library()
   try:
     known = lib.ruleset_names()
     lib.require_clean()
@@ -69,22 +92,24 @@ def _cmd_compile(args) -> int:
 
 def _cmd_explain(args) -> int:
   from engine.lang.explain import explain_program
-  missing = [p for p in args.rules or () if not Path(p).exists()]
-  if missing:
-    print(f"rulec explain: no such file or directory: {', '.join(missing)}", file=sys.stderr)
-    return 2
+  if _missing("explain", args.rules): return 2
   argv = args.args[1:] if args.args[:1] == ["--"] else args.args
-  return explain_program(args.rule, args.program, argv, args.rules, shown=args.show)
+  with _user_rules(args.rules):   # the program's scheduler sees the same layered library
+    return explain_program(args.rule, args.program, argv, None, shown=args.show)
 
 
 def _cmd_demo(args) -> int:
   from rulec.demo import run_demo
-  return run_demo(args)
+  lib = _library_with("demo", args.rules, [])
+  if isinstance(lib, int): return lib
+  with _user_rules(args.rules): return run_demo(args)
 
 
 def _cmd_trace(args) -> int:
   from rulec.trace_view import trace_program
-  return trace_program(args.program, args.args, args.output)
+  lib = _library_with("trace", args.rules, [])
+  if isinstance(lib, int): return lib
+  with _user_rules(args.rules): return trace_program(args.program, args.args, args.output)
 
 
 def _cmd_verify(args) -> int:
@@ -95,10 +120,18 @@ def _cmd_verify(args) -> int:
     return 2
   lib = _library_with("verify", args.rules, args.ruleset)
   if isinstance(lib, int): return lib
-  results = verify_library(lib, args.ruleset, examples=args.examples)
+  # with a user's rules and no set named: the sets the user's layer defines, replaces or extends
+  names = args.ruleset or lib.user_ruleset_names()
+  results = verify_library(lib, names, examples=args.examples)
   out = format_json(results) if args.format == "json" else None
   print(json.dumps(out, indent=2) if out is not None else format_human(results))
   return 1 if any(r.status == "refuted" for rs in results for r in rs.rules) else 0
+
+
+def _rules_option(p: argparse.ArgumentParser):
+  p.add_argument("--rules", action="append", metavar="PATH",
+                 help="a directory (or file) of .rules layered over the shipped rules: its sets replace or extend "
+                      "the shipped sets of their names (repeatable; default: RULEC_RULES)")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -112,33 +145,36 @@ def main(argv: list[str] | None = None) -> int:
   c.add_argument("paths", nargs="*", help="files or directories (default: rules/)")
   c.add_argument("--format", choices=("human", "json"), default="human")
   c.add_argument("--no-examples", action="store_true", help="do not run the rules' examples")
+  _rules_option(c)
   c.set_defaults(fn=_cmd_check)
   k = sub.add_parser("compile", help="compile rule sets to matchers")
   k.add_argument("ruleset", nargs="+", help="rule set name(s); several are combined in order")
   k.add_argument("--emit", action="store_true", help="print the generated matcher source")
   k.add_argument("--stats", action="store_true", help="generate the instrumented (RULEC_STATS) variant")
-  k.add_argument("--rules", action="append", help="rule files or directories (default: rules/)")
+  _rules_option(k)
   k.set_defaults(fn=_cmd_compile)
   e = sub.add_parser("explain", help="run a Python program and explain why a rule never fired on it")
   e.add_argument("rule", help="the rule's name")
   e.add_argument("program", help="the Python program to run (as `python PROGRAM ARGS...`)")
   e.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the program")
-  e.add_argument("--rules", action="append", help="rule files or directories (default: rules/)")
+  _rules_option(e)
   e.add_argument("--show", type=int, default=5, help="nodes to explain (default: 5)")
   e.set_defaults(fn=_cmd_explain)
   d = sub.add_parser("demo", help="run the demo workload")
   d.add_argument("--count", type=int, default=2000, help="number of random index expressions")
   d.add_argument("--device", default=None, help="device to run on (default: RULEC_DEVICE or CPU)")
+  _rules_option(d)
   d.set_defaults(fn=_cmd_demo)
   t = sub.add_parser("trace", help="run a Python program, record every scheduler pass and rewrite, write an HTML viewer")
   t.add_argument("program", help="the Python program to run (as `python PROGRAM ARGS...`)")
   t.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the program (after --: `rulec trace p.py -o t.html -- --n 3`)")
   t.add_argument("-o", "--output", default="trace.html", help="the HTML file to write (default: trace.html)")
+  _rules_option(t)
   t.set_defaults(fn=_cmd_trace)
   v = sub.add_parser("verify", help="check every rule's soundness on random graphs that match it (needs hypothesis)")
-  v.add_argument("ruleset", nargs="*", help="rule sets to verify, with the sets they include (default: all)")
+  v.add_argument("ruleset", nargs="*", help="rule sets to verify, with the sets they include (default: all; with --rules or RULEC_RULES: the sets they define)")
   v.add_argument("--examples", type=int, default=100, help="examples per rule (default: 100)")
-  v.add_argument("--rules", action="append", help="rule files or directories (default: rules/)")
+  _rules_option(v)
   v.add_argument("--format", choices=("human", "json"), default="human")
   v.set_defaults(fn=_cmd_verify)
   try:

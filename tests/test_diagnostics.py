@@ -176,6 +176,7 @@ CASES = [
   ("R106", "gradients d(g):\n  rule r: NEG(_) => (-g,)\n    example: NEG(a:BUFFER) => a\n", "R106", "error",
    3, 5, 3, 32, "example: NEG(a:BUFFER) => a"),
   ("R506", "ruleset a:\ngradients d(g) includes a:\n", "R506", "error", 2, 25, 2, 26, "a"),
+  ("R507", "ruleset s extends nope:\n  rule r: x + 0 => x\n", "R507", "error", 1, 19, 1, 23, "nope"),
   ("R204-gradient", "gradients d(g):\n  rule r: NEG(g) => (-g,)\n", "R204", "error", 2, 15, 2, 16, "g"),
   # limits (engine/lang/limits.py)
   ("R701", "ruleset s:\n  rule r: " + " + ".join(["_"] * 10) + " => None\n", "R701", "error", 2, 11, 2, 48,

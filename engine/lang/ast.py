@@ -218,6 +218,7 @@ class RuleSet:
   includes: tuple[tuple[str, Span], ...]
   rules: tuple[Rule, ...]
   grad: tuple[str, Span] | None = None   # `gradients NAME(g):` sets: the incoming gradient's name
+  extends: tuple[str, Span] | None = None  # `ruleset NAME extends BASE:`: BASE, a set of a layer beneath
 
 
 @attrs.frozen

@@ -67,37 +67,83 @@ class CheckedLibrary:
     return list(self._flat.get(name, ()))
 
 
-def check_library(files: list[A.RuleFile], pre_diags: list[Diagnostic] = ()) -> CheckedLibrary:
+def check_library(files: list[A.RuleFile], pre_diags: list[Diagnostic] = (), layers: dict[str, int] | None = None) -> CheckedLibrary:
+  """Check parsed files. `layers` maps a file's path to its layer (default 0: the shipped rules; a user's rules
+  directory is layer 1): a rule set of a higher layer replaces the set of that name beneath it, and
+  `ruleset NAME extends BASE:` starts from BASE as the layers beneath define it."""
   diags: list[Diagnostic] = list(pre_diags)
   lib = CheckedLibrary(files, diags, {}, {}, {})
-  rule_names: dict[str, A.Rule] = {}
+  layer_of = lambda path: (layers or {}).get(path, 0)  # noqa: E731
+  rule_names: dict[tuple[int, str], A.Rule] = {}       # rule names are unique within a layer
+  merged: dict[int, A.RuleSet] = {}                    # id(extending set as parsed) -> the set it stands for
+  defined_in: dict[str, int] = {}                      # ruleset name -> layer of its live definition
+  parsed: dict[str, A.RuleSet] = {}                    # ruleset name -> its live definition, as parsed
+  replaced: set[int] = set()                           # id() of parsed sets a higher layer replaced
   for f in files:
     lib.helpers[f.path] = _check_uses(f, diags)
     lib.helper_origin[f.path] = {n: (u.module, n) for u in f.uses for n, _ in u.names if lib.helpers[f.path].get(n)}
-    for rs in f.rulesets:
-      if rs.name in lib.rulesets:
-        diags.append(Diagnostic("R502", "error", rs.span, f"ruleset '{rs.name}' is already defined",
-                                note=f"first defined at {lib.rulesets[rs.name].span}"))
-        continue
-      lib.rulesets[rs.name] = rs
-      lib.ruleset_file[rs.name] = f.path
+  for layer in sorted({layer_of(f.path) for f in files}):
+    below = dict(lib.rulesets)                         # the library as the layers beneath define it
+    for f in files:
+      if layer_of(f.path) != layer: continue
+      for rs in f.rulesets:
+        if rs.name in lib.rulesets and defined_in[rs.name] == layer:
+          diags.append(Diagnostic("R502", "error", rs.span, f"ruleset '{rs.name}' is already defined",
+                                  note=f"first defined at {lib.rulesets[rs.name].span}"))
+          continue
+        live = rs
+        if rs.name in below and _kind(below[rs.name]) != _kind(rs):
+          diags.append(Diagnostic("R506", "error", rs.span, f"{_kind(rs)} cannot replace {_kind(below[rs.name])} "
+                                  f"('{rs.name}', defined at {below[rs.name].span})",
+                                  note="a gradients set is replaced or extended by a gradients set, a ruleset by a ruleset"))
+        elif rs.extends is not None:
+          base_name, span = rs.extends
+          base = below.get(base_name)
+          if base is None:
+            diags.append(Diagnostic("R507", "error", span, f"ruleset '{rs.name}' extends '{base_name}', "
+                                    "but no layer beneath this file defines a rule set of that name",
+                                    note="extends builds on a set of the shipped rules (or of the files a user's rules "
+                                    "directory is layered over); to build on a set of the same directory, use includes"))
+          elif _kind(base) != _kind(rs):
+            diags.append(Diagnostic("R506", "error", span, f"{_kind(rs)} cannot extend {_kind(base)} ('{base_name}')",
+                                    note="gradient rules give a tuple per node, rewrite rules a node: the two do not mix"))
+          else:
+            for r in rs.rules:
+              clash = next((b for b in base.rules if r.named and b.named and b.name == r.name), None)
+              if clash is not None:
+                diags.append(Diagnostic("R501", "error", r.span, f"rule name '{r.name}' is already used in '{base_name}', "
+                                        "which this set extends", note=f"first used at {clash.span}"))
+            # the base's sets and rules first, then this set's: the added rules have the lowest priority
+            includes = base.includes + tuple(i for i in rs.includes if i[0] not in {n for n, _ in base.includes})
+            live = merged[id(rs)] = attrs.evolve(rs, includes=includes, rules=base.rules + rs.rules)
+        if rs.name in parsed: replaced.add(id(parsed[rs.name]))
+        lib.rulesets[rs.name], parsed[rs.name] = live, rs
+        lib.ruleset_file[rs.name] = f.path
+        defined_in[rs.name] = layer
   for f in files:
     for rs in f.rulesets:
       for r in rs.rules:
-        if r.named:
-          if r.name in rule_names:
+        if r.named and id(rs) not in replaced:     # a replaced set's rule names are free for the set replacing it
+          key = (layer_of(f.path), r.name)
+          if key in rule_names:
             diags.append(Diagnostic("R501", "error", r.span, f"rule name '{r.name}' is already used",
-                                    note=f"first used at {rule_names[r.name].span}"))
-          else: rule_names[r.name] = r
+                                    note=f"first used at {rule_names[key].span}"))
+          else: rule_names[key] = r
         if (limit := _over_limits(r)) is not None:
           diags.append(limit)
           lib.too_big.add(id(r))
           continue
         _RuleChecker(r, lib.helpers[f.path], diags).check()
+  if merged:   # a file holds the set its `extends` stands for, so its examples run against the extended set
+    lib.files = [attrs.evolve(f, rulesets=tuple(merged.get(id(rs), rs) for rs in f.rulesets)) if
+                 any(id(rs) in merged for rs in f.rulesets) else f for f in files]
   _check_includes(lib, diags)
   _check_shadowing(lib, diags)
   diags.sort(key=lambda d: (d.span.file, d.span.line, d.span.col, d.code))
   return lib
+
+
+def _kind(rs: A.RuleSet) -> str: return "a gradients set" if rs.grad is not None else "a ruleset"
 
 
 def _check_uses(f: A.RuleFile, diags: list[Diagnostic]) -> dict[str, Callable]:

@@ -41,6 +41,7 @@ CODES: dict[str, str] = {
   "R504": "includes form a cycle",
   "R505": "rule is shadowed by an earlier rule that always matches first",
   "R506": "a gradients set and a ruleset include each other",
+  "R507": "`extends` names a rule set that no layer beneath defines",
   "R601": "example gives a different graph than expected",
   "R602": "rule does not fire on its example",
   "R603": "rule fires on an example marked `unchanged`",

@@ -319,10 +319,14 @@ def report(rec: _Recording, source: str | None, shown: int = SHOWN) -> tuple[str
 
 
 def find_rule(lib, name: str) -> tuple[A.Rule | None, list[str]]:
-  """The rule named `name` in a checked library, or (None, close names)."""
+  """The rule named `name` in a checked library, or (None, close names). With a user's rules layered over the
+  shipped ones, the user's rules are looked up (and suggested) first."""
   rules = {r.name: r for rs in lib.checked.rulesets.values() for r in rs.rules}
+  user = getattr(lib, "user_ruleset_names", lambda: [])()
+  mine = {r.name: r for n in user for r in lib.checked.rulesets[n].rules}
+  if name in mine: return mine[name], []
   if name in rules: return rules[name], []
-  return None, difflib.get_close_matches(name, list(rules), n=5, cutoff=0.6)
+  return None, difflib.get_close_matches(name, list(mine or rules), n=5, cutoff=0.6)
 
 
 def explain_program(rule_name: str, program: str, argv: list[str], rules: list[str] | None = None, out=None,

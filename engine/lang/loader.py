@@ -1,7 +1,8 @@
 """Loading rule files: parse, check, compile, and cache the generated matchers.
 
 `load_library()` finds rules/ (in a checkout, or inside the installed
-package), and `library.matcher("symbolic")` returns a Matcher. Generated
+package), layers the user's rules directory (RULEC_RULES) over it, and
+`library.matcher("symbolic")` returns a Matcher. Generated
 matcher source is cached on disk under a key made of the rule files' content
 and the compiler's own source, so a warm process skips Lark and the checker
 entirely. A cache entry that fails its checksum or does not load is ignored
@@ -47,6 +48,11 @@ def rule_files(paths: list[str | Path] | None = None) -> list[Path]:
     if p.is_dir(): out += sorted(p.rglob("*.rules"))
     else: out.append(p)
   return out
+
+
+def user_rules_paths() -> list[Path]:
+  """The user's rules directories (or files) from RULEC_RULES, several separated by os.pathsep; [] when unset."""
+  return [Path(p) for p in os.environ.get("RULEC_RULES", "").split(os.pathsep) if p]
 
 
 def stats_enabled() -> bool: return os.environ.get("RULEC_STATS", "") not in ("", "0")
@@ -102,30 +108,38 @@ class Matcher:
 
 
 class RuleLibrary:
-  """Every rule set in a set of .rules files."""
+  """Every rule set in a set of .rules files, with `user_files` (a user's rules directory) layered over them:
+  a set they define replaces the one of that name, and `ruleset NAME extends BASE:` builds on a set beneath."""
 
-  def __init__(self, files: list[Path]):
-    self.files = files
-    self.raw = {str(f): read_rule_file(f) for f in files}
+  def __init__(self, files: list[Path], user_files: list[Path] = ()):
+    self.files = list(files) + list(user_files)
+    self.raw = {str(f): read_rule_file(f) for f in self.files}
+    self.layers = {str(f): 1 for f in user_files}
     self.sources = {p: source_text(p, data) for p, data in self.raw.items()}
     h = hashlib.sha256(_compiler_digest().encode())
     for path in sorted(self.sources):
-      # the full path: generated code names rule locations, so two copies must not share an entry
+      # the full path: generated code names rule locations, so two copies must not share an entry;
+      # the layer: the same files give another library when one of them is layered over the others
       data = self.raw[path] if isinstance(self.raw[path], bytes) else repr(self.raw[path]).encode()
-      h.update(path.encode("utf-8", "surrogateescape") + b"\0" + data + b"\0")
+      h.update(path.encode("utf-8", "surrogateescape") + b"\0" + str(self.layers.get(path, 0)).encode() + b"\0"
+               + data + b"\0")
     self.digest = h.hexdigest()
     self._checked: CheckedLibrary | None = None
     self._matchers: dict[tuple[str, ...], Matcher] = {}
 
   @property
   def checked(self) -> CheckedLibrary:
-    if self._checked is None: self._checked = check_sources(self.raw)
+    if self._checked is None: self._checked = check_sources(self.raw, layers=self.layers)
     return self._checked
 
   def require_clean(self):
     if self.checked.errors: raise RuleError(self.checked.errors, self.sources)
 
   def ruleset_names(self) -> list[str]: return list(self.checked.rulesets)
+
+  def user_ruleset_names(self) -> list[str]:
+    """The rule sets the user's layer defines, replaces or extends."""
+    return [n for n in self.checked.rulesets if self.layers.get(self.checked.ruleset_file[n], 0) > 0]
 
   def rules_of(self, names: tuple[str, ...]) -> list[A.Rule]:
     self.require_clean()
@@ -170,8 +184,10 @@ def source_text(path: str, data: str | bytes | OSError) -> str:
   return decode_source(path, data)[0]
 
 
-def check_sources(sources: dict[str, str | bytes | OSError], examples: bool = False) -> CheckedLibrary:
+def check_sources(sources: dict[str, str | bytes | OSError], examples: bool = False,
+                  layers: dict[str, int] | None = None) -> CheckedLibrary:
   """Parse and check rule sources (text, or a file's bytes); with examples=True (and no errors) also run the rules' examples.
+  `layers` maps a source to its layer (default 0); a user's rules directory is layer 1 (see check_library).
 
   Nothing in a source can make this raise: every problem is a located Diagnostic."""
   files, diags = [], []
@@ -187,7 +203,7 @@ def check_sources(sources: dict[str, str | bytes | OSError], examples: bool = Fa
     rf, d = parse_rules(text, path)
     diags += d
     if rf is not None: files.append(rf)
-  lib = check_library(files, diags)
+  lib = check_library(files, diags, layers)
   if examples and not lib.errors:
     from engine.lang.examples import run_examples
     lib.diagnostics += run_examples(lib)
@@ -195,9 +211,13 @@ def check_sources(sources: dict[str, str | bytes | OSError], examples: bool = Fa
   return lib
 
 
-def check_paths(paths: list[str | Path] | None = None, examples: bool = False) -> tuple[CheckedLibrary, dict[str, str]]:
-  raw = {str(f): read_rule_file(f) for f in rule_files(paths)}
-  return check_sources(raw, examples=examples), {p: source_text(p, data) for p, data in raw.items()}
+def check_paths(paths: list[str | Path] | None = None, examples: bool = False,
+                user: list[str | Path] | None = None) -> tuple[CheckedLibrary, dict[str, str]]:
+  """Check files (default: the shipped rules), with the files of `user` layered over them."""
+  base, top = rule_files(paths), rule_files(user) if user else []
+  raw = {str(f): read_rule_file(f) for f in base + top}
+  layers = {str(f): 1 for f in top}
+  return check_sources(raw, examples=examples, layers=layers), {p: source_text(p, data) for p, data in raw.items()}
 
 
 def _exec(src: str, names) -> dict:
@@ -225,23 +245,26 @@ def _write_cache(path: Path, key: str, src: str):
   except OSError: pass  # a read-only cache only costs speed
 
 
-_LIBRARIES: dict[tuple[str, ...], RuleLibrary] = {}
+_LIBRARIES: dict[tuple[tuple[str, ...], tuple[str, ...]], RuleLibrary] = {}
 
 
-def load_library(paths: list[str | Path] | None = None) -> RuleLibrary:
-  """The library for these paths (default: rules/), loaded once per process.
+def load_library(paths: list[str | Path] | None = None, user: list[str | Path] | None = None) -> RuleLibrary:
+  """The library for these paths (default: rules/) with the user's rules `user` layered over them, loaded once
+  per process (again when a file changed). Without `paths` and `user`, the user's rules are RULEC_RULES's;
+  with explicit `paths` and no `user`, the files alone are the library.
 
   Errors surface as RuleError when a matcher is asked for (or on require_clean())."""
-  files = rule_files(paths)
-  key = tuple(str(f) for f in files)
+  if user is None and paths is None: user = user_rules_paths()
+  files, top = rule_files(paths), rule_files(user) if user else []
+  key = (tuple(str(f) for f in files), tuple(str(f) for f in top))
   lib = _LIBRARIES.get(key)
-  if lib is None or any(lib.raw[str(f)] != read_rule_file(f) for f in files):
-    lib = _LIBRARIES[key] = RuleLibrary(files)
+  if lib is None or any(lib.raw[str(f)] != read_rule_file(f) for f in files + top):
+    lib = _LIBRARIES[key] = RuleLibrary(files, top)
   return lib
 
 
 def matcher(*names: str) -> Matcher:
-  """A matcher over the default rules/ library: `matcher("symbolic")`."""
+  """A matcher over the default library (rules/, with RULEC_RULES layered over it): `matcher("symbolic")`."""
   return load_library().matcher(*names)
 
 

@@ -279,6 +279,7 @@ class _Builder(Transformer):
   def dotted(self, m, ch): return (".".join(t.value for t in ch), self.sp(m))
   def name_ref(self, m, ch): return (ch[0].value, self.tsp(ch[0]))
   def includes(self, m, ch): return ("includes", tuple(ch))
+  def extends(self, m, ch): return ("extends", ch[0])
 
   def gradients(self, m, ch):
     rs = self.ruleset(m, [ch[0]] + list(ch[2:]))
@@ -287,9 +288,10 @@ class _Builder(Transformer):
 
   def ruleset(self, m, ch):
     name = ch[0].value
-    includes, rules = (), []
+    includes, extends, rules = (), None, []
     for c in ch[1:]:
       if isinstance(c, tuple) and c and c[0] == "includes": includes = c[1]
+      elif isinstance(c, tuple) and c and c[0] == "extends": extends = c[1]
       elif isinstance(c, A.Example):
         if rules: rules[-1] = attrs.evolve(rules[-1], examples=rules[-1].examples + (c,))
         else: self.diags.append(Diagnostic("R001", "error", A.Span(self.path, c.span.line, c.span.col, c.span.line,
@@ -297,7 +299,7 @@ class _Builder(Transformer):
                                            "an example must follow the rule it shows"))
       elif c is not None: rules.append(c)
     rules = tuple(attrs.evolve(r, ruleset=name) for r in rules)
-    return A.RuleSet(self.tsp(ch[0]), name, includes, rules)
+    return A.RuleSet(self.tsp(ch[0]), name, includes, rules, extends=extends)
 
   def rule_name(self, m, ch): return ("rule_name", ch[0].value, self.tsp(ch[0]))
   def guard(self, m, ch): return ("guard", ch[0])
