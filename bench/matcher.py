@@ -25,6 +25,7 @@ import os
 import platform
 import random
 import statistics
+import struct
 import sys
 import time
 from pathlib import Path
@@ -145,19 +146,98 @@ def tg_divmod_parts(x: UOp, c: int, div: bool):
   return sum(((v if q == 1 else v * q) for q, r, v in parts if q), x.const_like(qk))
 
 
+# helpers of the rules added for symbolic parity (engine/sched/symbolic_helpers.py: lossless, fold_cast, lt_gcd)
+SINTS = tuple(tdtypes.sints) + (tdtypes.weakint,)   # rulec's {sints}
+_T_MANTISSA = {tdtypes.float16: 11, tdtypes.bfloat16: 8, tdtypes.float32: 24, tdtypes.float64: 53}
+
+
+def _tg_limits(dt) -> tuple[int, int]: return _I64 if dt is tdtypes.weakint else (dt.min, dt.max)
+def _tg_bits(dt) -> int: return 64 if dt is tdtypes.weakint else dt.itemsize * 8
+def _tg_fits(dt, v) -> bool: return _tg_limits(dt)[0] <= v <= _tg_limits(dt)[1]
+
+
+def tg_lossless(src, dst) -> bool:
+  """engine.sched.symbolic_helpers.lossless on tinygrad dtypes: every value of src is one of dst."""
+  if src == dst: return True
+  if tdtypes.weakint in (src, dst) or dst == tdtypes.void: return False
+  if src == tdtypes.bool: return True
+  if src in tdtypes.ints and dst in tdtypes.ints: return dst.min <= src.min and src.max <= dst.max
+  if src in tdtypes.ints and dst in _T_MANTISSA: return src.itemsize * 8 - (src in tdtypes.sints) <= _T_MANTISSA[dst]
+  if src in _T_MANTISSA and dst in _T_MANTISSA:
+    return _T_MANTISSA[src] < _T_MANTISSA[dst] and dst.itemsize > src.itemsize and dst != tdtypes.bfloat16
+  return False
+
+
+def _tg_wrap(v, dt):
+  if dt == tdtypes.bool: return bool(v)
+  if dt in INTS:
+    lo, hi = _tg_limits(dt)
+    return ((int(v) - lo) % (hi - lo + 1)) + lo
+  if dt in (tdtypes.float16, tdtypes.float32): return float(struct.unpack("e" if dt == tdtypes.float16 else "f",
+                                                                           struct.pack("e" if dt == tdtypes.float16 else "f", v))[0])
+  return float(v)
+
+
+def tg_fold_cast(root: UOp, c: UOp) -> UOp | None:
+  """engine.sched.symbolic_helpers.fold_cast: a CAST of a CONST, where the conversion is defined."""
+  dt = root.dtype
+  if tdtypes.bfloat16 in (dt, c.dtype) or dt == tdtypes.void or not isinstance(c.arg, (bool, int, float)): return None
+  if c.dtype in _T_MANTISSA and dt == tdtypes.weakint: return None
+  v = c.arg
+  if c.dtype in _T_MANTISSA and dt in INTS and not (math.isfinite(v) and _tg_fits(dt, math.trunc(v))): return None
+  try: return UOp.const(_tg_wrap(v, dt), dt)
+  except OverflowError: return UOp.const(math.copysign(math.inf, v), dt)
+
+
+def tg_lt_gcd(x: UOp, c: int) -> UOp | None:
+  """engine.sched.symbolic_helpers.lt_gcd: x < c as Q < c // d, x = d*Q + R with R in [0, d)."""
+  terms, _ = _tg_terms(x)
+  scaled = [k for k, _ in terms if abs(k) != 1]
+  if not scaled or (d := math.gcd(c, *scaled)) <= 1: return None
+  q = tg_divmod_parts(x, d, True)
+  return None if q is None else q < c // d
+
+
+def _shr_mask_ok(x, m, k) -> bool:
+  bits = _tg_bits(x.dtype)
+  return 0 <= k.arg < bits and (m.arg | ((1 << k.arg) - 1)) % (1 << bits) == (1 << bits) - 1
+
+
+def _div_mask_ok(x, m, c) -> bool:
+  bits = _tg_bits(x.dtype)
+  return c.arg > 0 and c.arg & (c.arg - 1) == 0 and (m.arg | (c.arg - 1)) % (1 << bits) == (1 << bits) - 1
+
+
+def _tg_reads_memory(u: UOp) -> bool: return any(v.op in (TOps.LOAD, TOps.INDEX) for v in u.toposort())
+def _tg_true(): return UOp.const(True, tdtypes.bool)
+def _tg_false(): return UOp.const(False, tdtypes.bool)
+
+
 def _add(a, b): return UPat(TOps.ADD, src=[a, b])
 def _mul(a, b): return UPat(TOps.MUL, src=[a, b])
 def _idiv(a, b): return UPat(TOps.FLOORDIV, src=(a, b))
 def _mod(a, b): return UPat(TOps.FLOORMOD, src=(a, b))
+def _and(a, b): return UPat(TOps.AND, src=[a, b])
+def _or(a, b): return UPat(TOps.OR, src=[a, b])
+def _xor(a, b): return UPat(TOps.XOR, src=[a, b])
+def _ne(a, b): return UPat(TOps.CMPNE, src=[a, b])
+def _eq(a, b): return UPat(TOps.CMPEQ, src=[a, b])
+def _lt(a, b): return UPat(TOps.CMPLT, src=(a, b))
+def _where(c, t, f): return UPat(TOps.WHERE, src=(c, t, f))
+def _cast(x, dtype=None, name=None): return UPat(TOps.CAST, dtype, src=(x,), name=name)
 
 
 _x, _y, _xi = UPat.var("x"), UPat.var("y"), UPat.var("x", INTS)
 _c, _c1, _c2 = UPat.cvar("c"), UPat.cvar("c1"), UPat.cvar("c2")
 _zero, _one = UPat.const(0), UPat.const(1)
+_b, _bool_c = UPat.var("x", tdtypes.bool), UPat.cvar("c", tdtypes.bool)
+_true, _false, _neg_one = UPat.const(True, tdtypes.bool), UPat.const(False, tdtypes.bool), UPat.const(-1)
+_yi, _c0 = UPat.var("y", INTS), UPat.cvar("c0")
 
 tinygrad_symbolic = PatternMatcher([
   # symbolic_fold
   (UPat(GroupOp.ALU, name="a", src=UPat(TOps.CONST)), tg_fold_constants),                          # fold_alu
+  (_cast(_c, name="root"), tg_fold_cast),                                                           # fold_cast
   # identities
   (_add(_x, _zero), lambda x: x),                                                                    # add_zero
   (UPat(TOps.SUB, src=(_x, _zero)), lambda x: x),                                                    # sub_zero
@@ -208,6 +288,129 @@ tinygrad_symbolic = PatternMatcher([
    lambda x, c: UOp.const(x.vmax < c.arg, tdtypes.bool) if x.vmax < c.arg or x.vmin >= c.arg else None),
   (UPat(TOps.MAX, src=[_x, _y]), lambda x, y: x if not tdtypes.is_float(x.dtype) and x.vmin >= y.vmax else None),  # max_bounds
   (UPat(GroupOp.All, dtype=tdtypes.weakint, name="x"), tg_bounds_const),                             # single_value
+  # bitwise and boolean identities
+  (_xor(_x, _zero), lambda x: x),                                                                    # xor_zero
+  (_and(_x, _zero), lambda x: x.const_like(0)),                                                      # and_zero
+  (_and(_xi, _neg_one), lambda x: x),                                                                # and_ones
+  (_or(UPat.var("_x", INTS), UPat.cvar("c", arg=-1)), lambda _x, c: c),                              # or_ones
+  (UPat((TOps.AND, TOps.OR), src=[_x, _x]), lambda x: x),                                            # and_or_self
+  (_xor(_x, _x), lambda x: x.const_like(0)),                                                         # xor_self
+  (_xor(_xor(_x, _y), _y), lambda x, y: x),                                                          # xor_xor
+  (_and(_b, _c), lambda x, c: x if c.arg else c),                                                    # and_bool_const
+  (_or(_b, _c), lambda x, c: c if c.arg else x),                                                     # or_bool_const
+  (_and(_x, _or(_x, UPat())), lambda x: x),                                                          # and_absorb
+  (_or(_x, _and(_x, UPat())), lambda x: x),                                                          # or_absorb
+  (_and(_and(_x, _c1), _c2), lambda x, c1, c2: x & (c1.arg & c2.arg)),                               # and_consts
+  (_or(_or(_x, _c1), _c2), lambda x, c1, c2: x | (c1.arg | c2.arg)),                                 # or_consts
+  (_xor(_xor(_x, _c1), _c2), lambda x, c1, c2: x ^ (c1.arg ^ c2.arg)),                               # xor_consts
+  (UPat(TOps.MAX, src=[UPat(TOps.MAX, src=[_xi, _c1]), _c2]), lambda x, c1, c2: x.maximum(max(c1.vmin, c2.vmin))),  # max_consts
+  (_ne(_b, _false), lambda x: x),                                                                    # ne_false
+  (_eq(_b, _true), lambda x: x),                                                                     # eq_true
+  (_ne(_b, _true), lambda x: x ^ True),                                                              # ne_true
+  (_eq(_b, _false), lambda x: x ^ True),                                                             # eq_false
+  (_lt(_b, _true), lambda x: x ^ True),                                                              # lt_true
+  (_lt(_false, _b), lambda x: x),                                                                    # false_lt
+  (_or(_b, _xor(_b, _true)), lambda x: _tg_true()),                                                  # or_not_self
+  (_and(_b, _xor(_b, _true)), lambda x: _tg_false()),                                                # and_not_self
+  (_ne(_cast(_b, INTS), _c),                                                                         # cast_bool_ne
+   lambda x, c: x if c.vmin == 0 else x ^ True if c.vmin == 1 else _tg_true()),
+  (UPat(TOps.SHL, src=(_x, _zero)), lambda x: x),                                                    # shl_zero
+  (UPat(TOps.SHR, src=(_x, _zero)), lambda x: x),                                                    # shr_zero
+  (UPat(TOps.SHR, src=(_and(_xi, UPat.cvar("m")), UPat.cvar("k"))),                                  # shr_mask
+   lambda x, m, k: x >> k if _shr_mask_ok(x, m, k) else None),
+  (_idiv(_and(_xi, UPat.cvar("m")), _c), lambda x, m, c: x // c if _div_mask_ok(x, m, c) else None), # div_mask
+  # an op on a node and itself
+  (_idiv(_xi, _x), lambda x: x.const_like(1) if x.vmin > 0 or x.vmax < 0 else None),                # div_self
+  (_mod(_xi, _x), lambda x: x.const_like(0)),                                                        # mod_self
+  (_lt(_x, _x), lambda x: _tg_false()),                                                              # lt_self
+  (_ne(UPat.var("x", INTS + (tdtypes.bool,)), _x), lambda x: _tg_false()),                           # ne_self
+  (_eq(UPat.var("x", INTS + (tdtypes.bool,)), _x), lambda x: _tg_true()),                            # eq_self
+  (_idiv(UPat.var("x", SINTS), _neg_one), lambda x: x * -1),                                         # div_neg_one
+  (_mod(UPat.var("x", SINTS), _neg_one), lambda x: x.const_like(0)),                                 # mod_neg_one
+  (_mod(_mod(UPat.var("_x", INTS), _y).named("m"), _y), lambda _x, m, y: m),                         # mod_mod_same
+  (UPat(TOps.FDIV, src=(_x, _one)), lambda x: x),                                                    # fdiv_one
+  (UPat(TOps.POW, src=(_x, _zero)), lambda x: x.const_like(1)),                                      # pow_zero
+  (UPat(TOps.POW, src=(_x, _one)), lambda x: x),                                                     # pow_one
+  (UPat(TOps.POW, src=(UPat.cvar("c", arg=1), UPat())), lambda c: c),                                # pow_base_one
+  # casts
+  (_cast(_x, name="c"), lambda c, x: x if c.dtype == x.dtype else None),                             # cast_same
+  (_cast(_cast(_x, name="a"), name="c"),                                                             # cast_round_trip
+   lambda c, a, x: x if c.dtype == x.dtype and tg_lossless(x.dtype, a.dtype) else None),
+  (_cast(_cast(_x, name="a"), name="c"),                                                             # cast_lossless
+   lambda c, a, x: x.cast(c.dtype) if c.dtype != tdtypes.weakint and tg_lossless(x.dtype, a.dtype) else None),
+  (_cast(_cast(_xi, tuple(tdtypes.ints), name="a"), name="c"),                                       # cast_int_bounds
+   lambda c, a, x: x.cast(c.dtype) if a.dtype.min <= x.vmin and x.vmax <= a.dtype.max else None),
+  (_cast(_x, tdtypes.bool), lambda x: x.ne(0)),                                                      # cast_to_bool
+  # where
+  (_where(_xor(UPat.var("c", tdtypes.bool), _true), UPat.var("t"), UPat.var("f")), lambda c, t, f: c.where(f, t)),  # where_not
+  (_where(_x, _true, _false), lambda x: x),                                                          # where_bool_id
+  (_where(_x, _false, _true), lambda x: x ^ True),                                                   # where_bool_not
+  (_where(UPat.var("a"), _where(UPat.var("b"), _x, _y), _y),                                         # where_nested_and
+   lambda a, b, x, y: (a & b).where(x, y) if not _tg_reads_memory(b) else None),
+  (_where(UPat.var("a"), _x, _where(UPat.var("b"), _x, _y)),                                         # where_nested_or
+   lambda a, b, x, y: (a | b).where(x, y) if not _tg_reads_memory(b) else None),
+  (_where(UPat.var("a"), _where(UPat.var("a"), _x, UPat()), _y), lambda a, x, y: a.where(x, y)),     # where_same_cond_t
+  (_where(UPat.var("a"), _x, _where(UPat.var("a"), UPat(), _y)), lambda a, x, y: a.where(x, y)),     # where_same_cond_f
+  (_where(_lt(_xi, _y), _y, _x), lambda x, y: x.maximum(y)),                                         # where_max
+  (UPat(GroupOp.Binary - {TOps.THREEFRY}, name="a", src=(_where(_c, UPat.var("t"), UPat.var("f")),   # where_alu
+                                                         _where(_c, UPat.var("tt"), UPat.var("ff")))),
+   lambda a, c, t, f, tt, ff: c.where(t.alu(a.op, tt), f.alu(a.op, ff))
+   if t.op is tt.op is TOps.CONST or f.op is ff.op is TOps.CONST else None),
+  (_add(_add(_yi, _where(_c, UPat.var("t"), UPat.var("f"))), _where(_c, UPat.var("tt"), UPat.var("ff"))),  # where_add_assoc
+   lambda y, c, t, f, tt, ff: y + c.where(t + tt, f + ff) if t.op is tt.op is TOps.CONST or f.op is ff.op is TOps.CONST else None),
+  (_add(_where(_c, UPat.var("t", INTS), _zero), _where(_c, _zero, UPat.var("f"))), lambda c, t, f: c.where(t, f)),  # where_zero_branches
+  # comparisons
+  (_lt(_add(_xi, _c0).named("s"), _c1),                                                              # lt_add_const
+   lambda s, x, c0, c1: x < (c1.arg - c0.arg) if tg_no_wrap(s, x) and _tg_fits(x.dtype, c1.arg - c0.arg) else None),
+  (_lt(_c0, _add(_xi, _c1).named("s")),                                                              # const_lt_add
+   lambda s, x, c0, c1: x.const_like(c0.arg - c1.arg) < x if tg_no_wrap(s, x) and _tg_fits(x.dtype, c0.arg - c1.arg) else None),
+  (_lt(_mul(_xi, _c0).named("m"), _c1),                                                              # lt_mul_pos
+   lambda m, x, c0, c1: x < -(-c1.arg // c0.arg) if c0.arg > 0 and tg_no_wrap(m) else None),
+  (_lt(_c1, _mul(_xi, _c0).named("m")),                                                              # const_lt_mul_pos
+   lambda m, x, c0, c1: x.const_like(c1.arg // c0.arg) < x if c0.arg > 0 and tg_no_wrap(m) else None),
+  (_lt(_idiv(_xi, UPat.cvar("d")), _c),                                                              # lt_div_pos
+   lambda x, d, c: x < c.arg * d.arg if d.arg > 0 and _tg_fits(x.dtype, c.arg * d.arg) else None),
+  (_lt(_idiv(UPat.var("x", SINTS), UPat.cvar("d")), _c),                                             # lt_div_neg
+   lambda x, d, c: x.const_like(c.arg * d.arg) < x if d.arg < -1 and _tg_fits(x.dtype, c.arg * d.arg) else None),
+  (_lt(_c, _idiv(_xi, UPat.cvar("d"))),                                                              # const_lt_div
+   lambda x, d, c: x.const_like((c.arg + 1) * d.arg - 1) < x if d.arg > 0 and _tg_fits(x.dtype, (c.arg + 1) * d.arg - 1) else None),
+  (_lt(_mul(_xi, _neg_one).named("m1"), _mul(_y, _neg_one).named("m2")),                             # lt_neg
+   lambda m1, m2, x, y: y < x if tg_no_wrap(m1, m2) else None),
+  (_lt(_xi, _c), lambda x, c: tg_lt_gcd(x, c.arg) if c.arg > 0 else None),                           # lt_gcd
+  (UPat((TOps.CMPNE, TOps.CMPEQ), name="q", src=[_add(_xi, _c0), _c1]),                              # cmp_add_const
+   lambda q, x, c0, c1: x.alu(q.op, x.const_like(c1.arg - c0.arg)) if _tg_fits(x.dtype, c1.arg - c0.arg) else None),
+  (_ne(_xi, _c), lambda x, c: _tg_true() if c.vmin < x.vmin or c.vmin > x.vmax else None),           # ne_bounds
+  (_eq(_xi, _c), lambda x, c: _tg_false() if c.vmin < x.vmin or c.vmin > x.vmax else None),          # eq_bounds
+  (_lt(_xi, _y), lambda x, y: UOp.const(x.vmax < y.vmin, tdtypes.bool)                               # lt_bounds_var
+   if y.op is not TOps.CONST and (x.vmax < y.vmin or x.vmin >= y.vmax) else None),
+  # division and modulo of sums and of negatives
+  (_idiv(_add(_xi, _c1).named("s"), _c2),                                                            # add_const_div
+   lambda s, x, c1, c2: x // c2 + c1.arg // c2.arg if c2.arg > 0 and c1.arg % c2.arg == 0 and tg_no_wrap(s, x) else None),
+  (_idiv(_add(_xi, _c1).named("s"), _c2),                                                            # add_const_div_split
+   lambda s, x, c1, c2: (x + c1.arg % c2.arg) // c2 + c1.arg // c2.arg if c2.arg > 0 and not 0 <= c1.arg < c2.arg
+   and tg_no_wrap(s, x + c1.arg % c2.arg) else None),
+  (_idiv(_mul(_xi, _c1).named("m"), _c2),                                                            # mul_div_factor
+   lambda m, x, c1, c2: x // (c2.arg // c1.arg) if c1.arg > 0 and c2.arg > 0 and c2.arg % c1.arg == 0 and tg_no_wrap(m)
+   else None),
+  (_mod(_mul(_xi, _c1).named("m"), _c2),                                                             # mul_mod_factor
+   lambda m, x, c1, c2: (x % (c2.arg // c1.arg)) * c1 if c1.arg > 0 and c2.arg > 0 and c2.arg % c1.arg == 0 and tg_no_wrap(m)
+   else None),
+  (_idiv(UPat.var("x", SINTS), _c),                                                                  # div_neg_divisor
+   lambda x, c: (x * -1) // -c.arg if _tg_limits(x.dtype)[0] < c.arg < -1 and x.vmin > _tg_limits(x.dtype)[0] else None),
+  (_mod(UPat.var("x", SINTS), _c),                                                                   # mod_neg_divisor
+   lambda x, c: ((x * -1) % -c.arg) * -1 if _tg_limits(x.dtype)[0] < c.arg < -1 and x.vmin > _tg_limits(x.dtype)[0] else None),
+  # more terms
+  (UPat(TOps.SUB, src=(_add(_xi, _y), _y)), lambda x, y: x),                                         # add_sub_cancel
+  (_add(UPat(TOps.SUB, src=(_xi, _y)), _y), lambda x, y: x),                                         # sub_add_cancel
+  (UPat(TOps.SUB, src=(UPat.var("x", SINTS), _c)),                                                   # sub_const
+   lambda x, c: x + -c.arg if c.arg > _tg_limits(x.dtype)[0] else None),
+  (UPat(TOps.NEG, src=(UPat.var("x", SINTS),)), lambda x: x * -1),                                   # neg_to_mul
+  (_mul(_add(_xi, _y), _neg_one), lambda x, y: x * -1 + y * -1),                                     # mul_neg_distribute
+  (_mul(_mul(_xi, _c), _y), lambda x, c, y: (x * y) * c if y.op is not TOps.CONST else None),        # mul_const_out
+  (_add(_add(_yi, _mul(_x, _c0)), _mul(_x, _c1)), lambda y, x, c0, c1: y + x * (c0.arg + c1.arg)),   # add_scaled_pair3
+  (_add(_add(_yi, _x), _x), lambda y, x: y + x * 2),                                                 # add_self3
+  (_add(_add(_yi, _x), _mul(_x, _c)), lambda y, x, c: y + x * (c.arg + 1)),                          # add_scaled_self3
+  (_add(_add(_yi, _mul(_x, _c)), _x), lambda y, x, c: y + x * (c.arg + 1)),                          # add_self_scaled3
 ])
 
 # *** the same recipes in both IRs ***

@@ -2,9 +2,12 @@
 arithmetic, not pattern shape."""
 from __future__ import annotations
 
+import math
+
 from engine.lang.capability import rule_helper
 
-from engine.alu import exec_alu
+from engine.alu import exec_alu, wrap
+from engine.dtypes import DType, dtypes
 from engine.ops import Ops
 from engine.uop import UOp
 
@@ -89,3 +92,48 @@ def divmod_parts(x: UOp, c: int, div: bool) -> UOp | None:
   if lo < 0 or hi >= c or xlo < x.dtype.min() or xhi > x.dtype.max(): return None
   if not div: return sum(((v if r == 1 else v * r) for q, r, v in parts if r), UOp.const(x.dtype, rk))
   return sum(((v if q == 1 else v * q) for q, r, v in parts if q), UOp.const(x.dtype, qk))
+
+
+# mantissa digits (with the implicit bit) of each float dtype: the integers of up to that many bits it holds exactly
+_MANTISSA = {"float16": 11, "bfloat16": 8, "float32": 24, "float64": 53}
+
+
+@rule_helper
+def lossless(src: DType, dst: DType) -> bool:
+  """Every value of dtype src is a value of dtype dst too, so a CAST from src to dst and back (or on to a third
+  dtype) gives what a direct cast gives. `index` is left out: codegen narrows it to int32 or int64."""
+  if src is dst: return True
+  if dtypes.index in (src, dst) or dst.kind == "v": return False
+  if src.kind == "b": return True
+  if src.kind in "iu" and dst.kind in "iu": return dst.min() <= src.min() and src.max() <= dst.max()
+  if src.kind in "iu" and dst.kind == "f": return src.bits - (src.kind == "i") <= _MANTISSA[dst.name]
+  if src.kind == "f" and dst.kind == "f":
+    # bfloat16 and float16 hold different ranges and precisions: each widens to float32 and float64 only
+    return _MANTISSA[src.name] < _MANTISSA[dst.name] and dst.itemsize > src.itemsize and dst.name != "bfloat16"
+  return False
+
+
+@rule_helper
+def fold_cast(cast: UOp) -> UOp | None:
+  """CAST of a CONST, as a CONST of the cast's dtype (integers wrap, floats round). Not where C leaves the
+  conversion undefined (a float that is not finite, or whose integer part the integer dtype cannot hold), not
+  to or from bfloat16 (no numpy type to round with), and not a float to index (engine/verify's model keeps the
+  float's value there)."""
+  c, dt = cast.src[0], cast.dtype
+  if c.op is not Ops.CONST or dt.kind == "v" or "bfloat16" in (dt.name, c.dtype.name): return None
+  if not isinstance(c.arg, (bool, int, float)) or (c.dtype.kind == "f" and dt is dtypes.index): return None
+  v = wrap(c.arg, c.dtype)
+  if c.dtype.kind == "f" and dt.kind in "iux" and not (math.isfinite(v) and dt.min() <= math.trunc(v) <= dt.max()):
+    return None
+  return UOp.const(dt, wrap(v, dt))
+
+
+@rule_helper
+def lt_gcd(x: UOp, c: int) -> UOp | None:
+  """x < c as Q < c // d: d is the gcd of c and x's coefficients other than 1 and -1, and x = d*Q + R with R
+  provably in [0, d) (divmod_parts), so x < c exactly when Q < c / d."""
+  terms, _ = _terms(x)
+  scaled = [k for k, _ in terms if abs(k) != 1]
+  if not scaled or (d := math.gcd(c, *scaled)) <= 1: return None
+  q = divmod_parts(x, d, True)
+  return None if q is None else q.lt(c // d)
