@@ -177,6 +177,10 @@ class TensorBase:
     ts = [self, *others]
     for t in ts:
       if not isinstance(t, TensorBase): raise TypeError(f"realize() takes Tensors, got {type(t).__name__}")
+    # a constant asked to be realized gets storage (a view of it can then be written through, as before it was
+    # realized it could not); a value that only folds to a constant while scheduling stays one (no kernel)
+    for t in ts:
+      if t.uop.base.op is Ops.CONST: t.uop = t.uop.contiguous()
     todo, seen = [], set()
     for t in ts:
       if id(t) not in seen and not _engine.is_realized(t.uop): seen.add(id(t)); todo.append(t)
