@@ -238,8 +238,10 @@ def installed(tmp_path_factory):
   purelib = Path(subprocess.run([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                                 check=True, capture_output=True, text=True).stdout.strip())
   (purelib / "_outer.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
-  subprocess.run([sys.executable, "-m", "pip", "--python", str(py), "install", "--no-deps", "--no-index", "-q",
-                  str(wheel)], check=True, capture_output=True, timeout=120)
+  # --ignore-installed: the outer environment may have rulec installed itself (CI does), which the .pth line
+  # makes visible; pip must still put this wheel into the venv, whose site-packages come first
+  subprocess.run([sys.executable, "-m", "pip", "--python", str(py), "install", "--no-deps", "--no-index",
+                  "--ignore-installed", "-q", str(wheel)], check=True, capture_output=True, timeout=120)
   return venv
 
 
