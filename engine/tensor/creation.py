@@ -16,7 +16,6 @@ from engine.tensor.args import (canon_device, cast_scalar, from_numpy_dtype, int
                                 shape_arg, to_dtype)
 from engine.tensor.uops import alu, const
 from engine.ops import Ops
-from engine.rewrite import substitute
 from engine.uop import UOp, prod
 from runtime.buffer import new_buffer, np_dtype
 
@@ -85,9 +84,8 @@ class CreationMixin:
     elif isinstance(fill_value, int): dt = dtypes.default_int if -2**31 <= fill_value < 2**31 else dtypes.int64
     elif isinstance(fill_value, float): dt = dtypes.default_float
     else: raise TypeError(f"fill_value must be a scalar, got {type(fill_value).__name__}")
-    u = const(cast_scalar(fill_value, dt), dt, shape)
-    if dt.is_float: u = substitute(u, {u.base: u.base.rtag(("leaf", next(_LEAF_IDS)))})
-    return cls._from_uop(u, canon_device(device))
+    tag = ("leaf", next(_LEAF_IDS)) if dt.is_float else None
+    return cls._from_uop(const(cast_scalar(fill_value, dt), dt, shape, tag), canon_device(device))
 
   @classmethod
   def zeros(cls, *shape, dtype: Any = None, device: str | None = None) -> Tensor:

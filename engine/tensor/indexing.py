@@ -129,12 +129,17 @@ class IndexingMixin:
     rest = [d for d in range(x.ndim) if d not in dims]
     return rest, dims == list(range(dims[0], dims[0] + len(dims))) and dims[0] > 0
 
-  def _getitem_advanced(self, items: tuple) -> Tensor:
+  def _advanced_parts(self, items: tuple):
+    """The basic view an advanced index applies to, the tensor-indexed axes, the linear index over them and its
+    broadcast shape, the other axes, whether the indexed axes stay in place, and the other axes' sizes."""
     basic, dims, tensors = self._split_index(items)
     x = self[basic]
     lin, big = self._linear_index(x, dims, tensors)
     rest, in_place = self._adv_layout(x, dims)
-    rshape = tuple(x.shape[d] for d in rest)
+    return x, dims, lin, big, rest, in_place, tuple(x.shape[d] for d in rest)
+
+  def _getitem_advanced(self, items: tuple) -> Tensor:
+    x, dims, lin, big, rest, in_place, rshape = self._advanced_parts(items)
     n = prod(x.shape[d] for d in dims)
     xs = x.permute(tuple(dims + rest)).reshape((1,) * len(big) + (n,) + rshape)
     hot = lin.reshape(big + (1,) * (1 + len(rest))) == x._arange_at(n, len(big), len(big) + 1 + len(rest))
@@ -149,11 +154,7 @@ class IndexingMixin:
     the broadcast index order wins; out-of-range positions are dropped. The tensor must hold storage: it is
     realized first if it does not."""
     self._ensure_storage()
-    basic, dims, tensors = self._split_index(items)
-    view = self[basic]
-    lin, big = self._linear_index(view, dims, tensors)
-    rest, in_place = self._adv_layout(view, dims)
-    rshape = tuple(view.shape[d] for d in rest)
+    view, dims, lin, big, rest, in_place, rshape = self._advanced_parts(items)
     sizes = tuple(view.shape[d] for d in dims)
     n, b = prod(sizes), prod(big)
     out_shape = rshape[:dims[0]] + big + rshape[dims[0]:] if in_place else big + rshape

@@ -74,11 +74,6 @@ def _scan_last(x: Tensor, kind: str) -> Tensor:
   return _last(out.reshape(lead + (nb * BLOCK,)), nb * BLOCK - n, nb * BLOCK)
 
 
-def _flip_order(x: Tensor) -> Tensor:
-  """An order-reversing bijection, its own inverse: -x for floats (NaN stays NaN), ~x for ints and bools."""
-  return -x if x.dtype.is_float else ~x
-
-
 class ScansMixin:
   """Cumulative scans along an axis (cumsum, cumprod, cummax, cummin, logcumsumexp)."""
   __slots__ = ()
@@ -122,8 +117,9 @@ class ScansMixin:
 
   def cummin(self, axis: int = 0) -> tuple[Tensor, Tensor]:
     """tinygrad's cummin(axis=0): (running minima, int32 index where each was first reached); see cummax."""
-    values, idx = _flip_order(self).cummax(axis)
-    return _flip_order(values), idx
+    flip = lambda t: t._new(t._flip_order(t.uop))  # noqa: E731  (ReduceMixin's order-reversing bijection)
+    values, idx = flip(self).cummax(axis)
+    return flip(values), idx
 
   def logcumsumexp(self, axis: int = 0) -> Tensor:
     """tinygrad's logcumsumexp(axis=0): log(cumsum(exp(x))), each prefix shifted by its own max so it neither

@@ -22,8 +22,8 @@ def bcast(u: UOp, shape: tuple[int, ...]) -> UOp:
   return u.expand(shape)
 
 
-def const(value: Any, dt: DType, shape: tuple[int, ...]) -> UOp:
-  c = UOp.const(dt, value)
+def const(value: Any, dt: DType, shape: tuple[int, ...], tag: Any = None) -> UOp:
+  c = UOp.const(dt, value) if tag is None else UOp.const(dt, value).rtag(tag)
   return c.reshape((1,) * len(shape)).expand(shape) if shape else c
 
 
