@@ -20,6 +20,7 @@ and upload/download time; `synchronize()` waits for every queued kernel.
 """
 from __future__ import annotations
 
+import atexit
 import os
 import sys
 import threading
@@ -131,6 +132,10 @@ def get_device() -> CLDevice:
       try: index = int(os.environ.get("RULEC_CL_DEVICE", "0") or 0)
       except ValueError: raise CLUnavailable(f"RULEC_CL_DEVICE={os.environ['RULEC_CL_DEVICE']!r} is not a device number") from None
       _device = CLDevice(index)
+      # PoCL compiles a kernel lazily on its own worker thread when the kernel first runs; a process that exits
+      # with kernels still queued tears LLVM down under that thread, which segfaults (one exit in five with a
+      # cold POCL_CACHE_DIR). Waiting for the queue at exit, before the C library's destructors run, avoids it.
+      atexit.register(synchronize)
     return _device
 
 
