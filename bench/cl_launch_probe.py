@@ -13,7 +13,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import numpy as np  # noqa: E402
 
-from engine.schedule import schedule  # noqa: E402
+from engine.sched.driver import schedule  # noqa: E402
 from engine.tensor import Tensor  # noqa: E402
 from runtime import cl_device  # noqa: E402
 from runtime.buffer import buffer_of  # noqa: E402

@@ -1,7 +1,7 @@
 """TinyJit: run a function of Tensors once, capture the kernels it runs, then replay them.
 
 tinygrad 0.14's semantics. Call 1 runs the function as it is. Call 2 runs it again while every kernel that
-runs is recorded (engine/realize.py appends to `CAPTURING`), with the buffers it reads and writes. From call
+runs is recorded (engine/sched/realize.py appends to `CAPTURING`), with the buffers it reads and writes. From call
 3 on the function is not run at all: the recorded kernels run again, in order, with each input buffer (the
 Tensor arguments, also inside a list, tuple or dict argument) replaced by this call's. Everything else a
 kernel touches is the same buffer as at capture: parameters and optimizer state reached through the
@@ -28,7 +28,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from engine import realize as _realize
+from engine.sched import realize as _realize
 from engine.ops import MOVEMENT, Ops
 from engine.rewrite import substitute
 from engine.tensor.base import TensorBase

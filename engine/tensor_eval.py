@@ -36,7 +36,7 @@ Semantics (they follow `engine/alu.py` and numpy):
 - PAD fills with zeros (False for bool).
 - CONTIGUOUS is a copy; COPY, DETACH, CONTIGUOUS_BACKWARD are the identity on
   values; ASSIGN(target, value) has the value of `value` (the write into the
-  target's buffer is `engine.realize`'s job, not the interpreter's).
+  target's buffer is `engine.sched.realize`'s job, not the interpreter's).
 - A SINK root stands for its sources: its place in the result list is taken by
   their values, in order.
 
@@ -133,7 +133,7 @@ _MOVEMENT_OPS = (Ops.RESHAPE, Ops.PERMUTE, Ops.EXPAND, Ops.PAD, Ops.SHRINK, Ops.
 
 
 def apply_movement(op: Ops, arg, x: np.ndarray) -> np.ndarray:
-  """One movement op on an array (also used on index arrays by engine.realize)."""
+  """One movement op on an array (also used on index arrays by engine.sched.realize)."""
   if op is Ops.RESHAPE: return x.reshape(tuple(arg))
   if op is Ops.PERMUTE: return np.transpose(x, tuple(arg))
   if op is Ops.EXPAND: return np.broadcast_to(x, tuple(arg))

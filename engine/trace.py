@@ -1,6 +1,6 @@
 """Recording what the scheduler does: every pass, every rewrite, every graph.
 
-Off by default and free when off: engine/schedule.py checks `ACTIVE` (a list,
+Off by default and free when off: engine/sched/driver.py checks `ACTIVE` (a list,
 empty unless tracing) once per pass. Turn it on
 
 - for a whole process with `RULEC_TRACE=1`: the trace is written as HTML at
@@ -9,13 +9,13 @@ empty unless tracing) once per pass. Turn it on
   schedule call made inside the block (`rulec trace PROGRAM.py` does this).
 
 A Trace holds ScheduleRecords (one per `schedule()` call), each holding
-PassRecords in run order: the passes of engine/schedule.py (`earliest`,
+PassRecords in run order: the passes of engine/sched/driver.py (`earliest`,
 `prepare`, `realize`, `rangeify`, `symbolic`, ...) and, per kernel,
 `to_params` and `untag`. A PassRecord has its own node table (each node once,
 with an id: op, dtype, short arg, source ids, tag, shape), the rewrites made
 (rule name, `file:line:col` of the rule, the node before and after, as ids into
 the table) and the graph after the pass (ids in toposort order, sink last).
-`Trace.to_json()` is what `rulec.trace_view` draws.
+`Trace.to_json()` is what the viewer (rulec/trace_view.py, which imports this module, never the other way) draws.
 
 In a post-order rewrite the node a rule sees is the node rebuilt from the
 already rewritten sources; that is the node recorded as "before".
@@ -167,7 +167,7 @@ def _caller() -> str:
 
 
 def begin_schedule(device: str, n_targets: int):
-  """Called by engine.schedule.schedule() (only when ACTIVE) as a schedule call starts."""
+  """Called by engine.sched.driver.schedule() (only when ACTIVE) as a schedule call starts."""
   caller = _caller()
   for t in ACTIVE: t.schedules.append(ScheduleRecord(len(t.schedules), device, n_targets, caller))
 
@@ -241,14 +241,25 @@ def _env_on() -> bool: return os.environ.get("RULEC_TRACE", "") not in ("", "0")
 
 _PROCESS_TRACE: Trace | None = None
 
+# What writes the process trace at exit: the viewer lives beside the CLI (rulec/trace_view.py), and importing
+# `rulec` sets this to its HTML writer, so the engine never imports the viewer. A program that imports only
+# the engine gets the trace as JSON (the data the viewer draws).
+exit_writer = None
+
+
+def _write_json(trace: Trace, path: Path) -> Path:
+  import json
+  path = path.with_suffix(".json")
+  path.write_text(json.dumps(trace.to_json()), encoding="utf-8")
+  return path
+
 
 def _write_process_trace():
   t = _PROCESS_TRACE
   if t is None: return
   out = Path(os.environ.get("RULEC_TRACE_OUT") or "rulec-trace.html")
   try:
-    from rulec.trace_view import write_html
-    write_html(t, out)
+    out = (exit_writer or _write_json)(t, out)
     print(f"rulec trace: {t.summary()} -> {out}", file=sys.stderr)
   except Exception as e:   # never turn a finished program into a failing one
     print(f"rulec trace: could not write {out}: {type(e).__name__}: {e}", file=sys.stderr)

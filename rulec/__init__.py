@@ -13,6 +13,10 @@ from engine.tensor import Tensor
 from engine.tensor.autograd import no_grad
 from engine.uop import UOp
 from rulec import nn
+from rulec import trace_view as _trace_view
+from engine import trace as _trace
+
+_trace.exit_writer = _trace_view.write_html   # RULEC_TRACE=1 writes the HTML page at exit (engine/trace.py)
 
 __all__ = ["Tensor", "UOp", "Ops", "dtypes", "graph_rewrite", "load_library", "matcher", "RuleError", "RewriteLoopError",
            "rule_helper", "no_grad", "TinyJit", "jit", "JitError", "nn"]

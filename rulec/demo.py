@@ -65,7 +65,7 @@ def run_demo(args) -> int:
       print(f"rulec demo: unknown device {args.device!r}; known devices: {', '.join(DEVICES)}")
       return 2
     os.environ["RULEC_DEVICE"] = args.device.upper()
-  from engine.schedule import schedule
+  from engine.sched.driver import schedule
   from runtime.devices import default_device, run_kernel
 
   device = default_device()
@@ -83,7 +83,7 @@ def run_demo(args) -> int:
       for k in kernels: run_kernel(k, k.bufs[0].arg[1])
       t2 = time.perf_counter()
       times.append((t1 - t0, t2 - t1))
-    from engine.realize import host_value
+    from engine.sched.realize import host_value
     got = host_value(views[0])
     err = float(np.abs(got - want).max())
     ok = err <= 1e-3 * max(1.0, float(np.abs(want).max()))

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from engine import realize as R
-from engine import schedule_cache as sc
+from engine.sched import realize as R
+from engine.sched import cache as sc
 from engine.tensor import Tensor
 from rulec import JitError, TinyJit, jit
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from engine import realize as engine_realize
+from engine.sched import realize as engine_realize
 from engine.tensor import Tensor
 from runtime.kernel import validate
 from tests.helpers import subprocess_env

@@ -1,4 +1,4 @@
-"""The schedule cache (engine/schedule_cache.py): a graph of a shape seen before is not scheduled again.
+"""The schedule cache (engine/sched/cache.py): a graph of a shape seen before is not scheduled again.
 
 Values are checked against numpy and against the same program with the cache off, bit for bit; hits and misses
 are counted; two calls never share an output buffer. Runs on the default device (RULEC_DEVICE)."""
@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from engine import realize as R
-from engine import schedule_cache as sc
+from engine.sched import realize as R
+from engine.sched import cache as sc
 from engine.tensor import Tensor
 from tests import fuzz_programs as fp
 

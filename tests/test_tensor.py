@@ -19,7 +19,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from engine import realize as engine_realize
+from engine.sched import realize as engine_realize
 from engine import tensor_eval
 from engine.alu import exec_alu
 from engine.dtypes import DType, dtypes

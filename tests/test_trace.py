@@ -16,7 +16,7 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path: sys.path.insert(0, str(REPO))
 
-from engine import schedule as scheduler  # noqa: E402
+from engine.sched import driver as scheduler  # noqa: E402
 from engine import trace  # noqa: E402
 from engine.lang.loader import load_library  # noqa: E402
 from engine.ops import Ops  # noqa: E402

@@ -22,7 +22,7 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path: sys.path.insert(0, str(REPO))
 
-from engine import schedule_cache  # noqa: E402
+from engine.sched import cache as schedule_cache  # noqa: E402
 from engine.lang.diagnostics import RuleError  # noqa: E402
 from engine.lang.loader import check_paths, load_library  # noqa: E402
 from engine.tensor import Tensor  # noqa: E402

@@ -7,7 +7,7 @@
 
 A Tensor holds `.uop` (a tensor-level UOp, see docs/architecture.md) and its
 device string. Operations only build graphs; `realize()` (or `numpy()`,
-`tolist()`, `item()`) computes them through `engine.realize`, and replaces the
+`tolist()`, `item()`) computes them through `engine.sched.realize`, and replaces the
 tensor's uop with the realized view (`BUFFER.reshape(shape)`), so later graphs
 start from the buffer.
 

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from engine import realize as _engine
+from engine.sched import realize as _engine
 from engine.dtypes import DType
 from engine.ops import Ops
 from engine.rewrite import substitute

@@ -1,10 +1,10 @@
 """Realizing tensor-level graphs: turning lazy values into buffers.
 
-`realize` schedules the graphs into kernels (engine/schedule.py, every
+`realize` schedules the graphs into kernels (engine/sched/driver.py, every
 rewrite a rule in rules/) and runs the kernels on their device. The numpy
 interpreter of tensor graphs (`engine.tensor_eval`) is the oracle tests
 compare against; `RULEC_REALIZE=eval` makes realize use it instead. A graph of a shape scheduled before gets
-its kernels from engine/schedule_cache.py; engine/jit.py (TinyJit) records the kernels `_run` runs.
+its kernels from engine/sched/cache.py; engine/jit.py (TinyJit) records the kernels `_run` runs.
 """
 from __future__ import annotations
 
@@ -13,8 +13,7 @@ from typing import Sequence
 
 import numpy as np
 
-from engine import schedule as _scheduler
-from engine import schedule_cache
+from engine.sched import cache as schedule_cache
 from engine import tensor_eval
 from runtime.devices import default_device, run_kernel
 from engine.ops import MOVEMENT, Ops

@@ -17,7 +17,7 @@ import os
 from collections import OrderedDict
 from typing import Sequence
 
-from engine import schedule as _scheduler
+from engine.sched import driver as _scheduler
 from engine import trace as _trace
 from engine.lang.loader import load_library
 from engine.ops import Ops

@@ -1,0 +1,121 @@
+"""The scheduling driver: a tensor-level graph -> kernels.
+
+A fixed sequence of passes; every rewrite is a rule in rules/ (named below),
+and Python only decides what to realize (consumer counting with a recompute
+cost model) and cuts the final graph into kernels.
+
+  1. earliest      rules/early.rules      cleanups, size 0, split reduces, copies, assigns
+     prepare       rules/early.rules      explicit broadcasts
+  2. choose stages (here)                 what to realize so compute is never duplicated
+  3. realize       rules/realize.rules    STAGE / CONTIGUOUS -> store into a new buffer
+  4. rangeify      rules/indexing.rules   ranges at stores and reduces; INDEX pushed down
+  5. symbolic      rules/symbolic.rules   index arithmetic simplified, constants folded
+  6. to_params     rules/kernel.rules     each store becomes a Kernel over PARAMs
+"""
+from __future__ import annotations
+
+import os
+import time
+
+from engine import trace as _trace
+from engine.lang.loader import load_library
+from engine.ops import Ops
+from engine.rewrite import graph_rewrite, substitute
+from engine.sched.fusion import HOISTING_DEVICES, MAX_RECOMPUTE_READS, choose_stages  # noqa: F401 (re-exported)
+from engine.sched.kernels import KernelBuilder, order_kernels
+from engine.sched.stages import place_constants, reuse_contiguous_copies, snapshot_overwritten_reads, wrap_stages
+from engine.uop import UOp
+from runtime.kernel import Kernel
+
+DEBUG = int(os.environ.get("RULEC_DEBUG", "0") or 0)
+
+
+def _m(*names: str):
+  return load_library().matcher(*names)
+
+
+class _Counting:
+  """RULEC_DEBUG: a matcher that also counts which rule made each rewrite (slow; debug only)."""
+  def __init__(self, matcher):
+    self.matcher, self.fired = matcher, {}
+  def rewrite(self, u, ctx=None):
+    r = self.matcher.rewrite(u, ctx)
+    if r is not None:
+      name = (self.matcher.which_rule(u, ctx) or ("?", ""))[0]
+      self.fired[name] = self.fired.get(name, 0) + 1
+    return r
+
+
+def _pass(name: str, sink: UOp, matcher, quiet: bool = False, **kw) -> UOp:
+  if _trace.ACTIVE: return _traced_pass(name, sink, matcher, quiet, **kw)
+  return _run_pass(name, sink, matcher, quiet, **kw)
+
+
+def _run_pass(name: str, sink: UOp, matcher, quiet: bool, **kw) -> UOp:
+  if not DEBUG or quiet: return graph_rewrite(sink, matcher, **kw)
+  counting = _Counting(matcher)
+  t0 = time.perf_counter()
+  out = graph_rewrite(sink, counting, **kw)
+  fired = ", ".join(f"{k} x{v}" for k, v in sorted(counting.fired.items(), key=lambda kv: -kv[1]))
+  print(f"[schedule] {name:<10} {len(sink.toposort()):>6} -> {len(out.toposort()):>6} nodes  "
+        f"{(time.perf_counter() - t0) * 1e3:7.2f} ms  {fired or 'no rules fired'}")
+  return out
+
+
+def _traced_pass(name: str, sink: UOp, matcher, quiet: bool, **kw) -> UOp:
+  """RULEC_TRACE / engine.trace.tracing(): the pass with every rewrite recorded (see engine/trace.py)."""
+  rec = _trace.Recorder(name, sink, matcher, kw.get("ctx"))
+  try: out = _run_pass(name, sink, rec, quiet, **kw)
+  except BaseException as e:
+    rec.finish(None, e)
+    raise
+  rec.finish(out)
+  return out
+
+
+def max_kernel_buffers(device: str) -> int:
+  """The most buffers one kernel may take on `device` (0 = no limit); RULEC_MAX_KERNEL_BUFFERS overrides."""
+  return int(os.environ.get("RULEC_MAX_KERNEL_BUFFERS", DEVICE_MAX_BUFFERS.get(device, 0)))
+
+
+DEVICE_MAX_BUFFERS: dict[str, int] = {}   # no current device has a limit
+
+
+def schedule(targets: list[UOp], default_device: str = "NUMPY",
+             devices: list[str] | None = None) -> tuple[list[Kernel], list[UOp]]:
+  """Kernels that realize `targets`, in run order, and each target's realized view (movement ops over a BUFFER).
+
+  `devices` names, per target, where a value that lives on no device (a graph of constants) is stored."""
+  devices = list(devices) if devices is not None else [default_device] * len(targets)
+  devices = [t.device or d or default_device for t, d in zip(targets, devices)]
+  if _trace.ACTIVE: _trace.begin_schedule(default_device, len(targets))
+  # every assign is carried out, also one whose value no output ends up reading (x - x, a size-0 slice of it):
+  # each is an output of its own
+  n = len(targets)
+  assigns = [u for u in UOp.sink(*targets).toposort() if u.op is Ops.ASSIGN and u not in targets]
+  devices += [a.device or default_device for a in assigns]
+  sink = _pass("earliest", UOp.sink(*targets, *assigns), _m("earliest"))
+  sink = reuse_contiguous_copies(sink)
+  sink = _pass("prepare", sink, _m("prepare"))
+  hoists = all(d in HOISTING_DEVICES for d in {*devices, *(u.arg[1] for u in sink.toposort() if u.op is Ops.BUFFER)})
+  sink = wrap_stages(sink, choose_stages(sink, hoists), devices)
+  if (limit := max_kernel_buffers(default_device)): sink = _pass("limit", sink, _m("limit_buffers"), ctx=limit)
+  sink = place_constants(sink, devices)
+  sink = snapshot_overwritten_reads(sink)
+  sink = _pass("realize", sink, _m("realize"))
+  sink = _pass("rangeify", sink, _m("rangeify"), bottom_up=True)
+  sink = _pass("symbolic", sink, _m("symbolic"))
+  built: list[tuple[Kernel, KernelBuilder, UOp]] = []
+  to_params, untag = _m("to_params"), _m("untag")
+  for u in sink.toposort():
+    if u.op is not Ops.AFTER: continue
+    ctx = KernelBuilder()
+    ast = _pass("to_params", UOp.sink(*u.src[1:]), to_params, quiet=True, ctx=ctx, bottom_up=True)
+    built.append((Kernel(_pass("untag", ast, untag, quiet=True), tuple(ctx.bufs)), ctx, u.src[0]))
+  kernels = order_kernels(built)
+  # each target reads its buffer directly from now on (the AFTERs are done)
+  views = [substitute(s, {a: a.src[0] for a in s.toposort() if a.op is Ops.AFTER}) for s in sink.src[:n]]
+  if DEBUG: print(f"[schedule] {len(kernels)} kernels")
+  if DEBUG >= 2:
+    for k in kernels: print(k.render())
+  return kernels, views
