@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from engine.ops import Ops
 from engine.sched import realize as engine_realize
 from engine.tensor import Tensor
 from runtime.kernel import validate
@@ -32,6 +33,17 @@ def test_elementwise_chain_is_one_kernel():
   assert len(kernels(out)) == 1
   want = np.sqrt(np.maximum(np.exp(a.numpy() * b.numpy() + c.numpy()) - a.numpy(), 0)) * 2
   np.testing.assert_allclose(out.numpy(), want, rtol=1e-5, atol=1e-6)
+
+
+def test_a_reduce_two_outputs_read_is_computed_once():
+  # each output is a kernel of its own: a matmul both read is stored, not recomputed in each
+  a, b = T(8, 16), T(16, 4)
+  e, s = (a @ b).exp(), (a @ b).sin()
+  ks = kernels(e, s)
+  assert len(ks) == 3 and sum(any(u.op is Ops.REDUCE for u in k.ast.toposort()) for k in ks) == 1
+  m = a.numpy() @ b.numpy()
+  np.testing.assert_allclose(e.numpy(), np.exp(m), rtol=1e-5)
+  np.testing.assert_allclose(s.numpy(), np.sin(m), rtol=1e-5, atol=1e-6)
 
 
 def test_relu_of_matmul_plus_bias_is_one_kernel():
@@ -117,7 +129,7 @@ def test_debug_output_names_every_pass(tmp_path):
   code = "from engine.tensor import Tensor; import numpy as np; (Tensor(np.ones((4, 4), np.float32)).softmax(-1)).realize()"
   env = subprocess_env(RULEC_DEBUG="1")
   out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
-  for p in ("earliest", "prepare", "realize", "rangeify", "symbolic"): assert f"[schedule] {p}" in out
+  for p in ("earliest", "prepare", "fusion", "realize", "rangeify", "symbolic"): assert f"[schedule] {p}" in out
   assert "[schedule] 3 kernels" in out
 
 

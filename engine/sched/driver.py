@@ -1,12 +1,12 @@
 """The scheduling driver: a tensor-level graph -> kernels.
 
 A fixed sequence of passes; every rewrite is a rule in rules/ (named below),
-and Python only decides what to realize (consumer counting with a recompute
-cost model) and cuts the final graph into kernels.
+and Python computes the facts the fusion rules decide on (consumer counting,
+recompute costs) and cuts the final graph into kernels.
 
   1. earliest      rules/early.rules      cleanups, size 0, split reduces, copies, assigns
      prepare       rules/early.rules      explicit broadcasts
-  2. choose stages (here)                 what to realize so compute is never duplicated
+  2. fusion        rules/fusion.rules     what to realize (decisions over engine/sched/fusion.py's facts)
   3. realize       rules/realize.rules    STAGE / CONTIGUOUS -> store into a new buffer
   4. rangeify      rules/indexing.rules   ranges at stores and reduces; INDEX pushed down
   5. symbolic      rules/symbolic.rules   index arithmetic simplified, constants folded
@@ -73,6 +73,23 @@ def _traced_pass(name: str, sink: UOp, matcher, quiet: bool, **kw) -> UOp:
   return out
 
 
+# the fusion rule sets (rules/fusion.rules), offered every node in this order
+FUSION_SETS = ("fuse_reduces", "fuse_values")
+
+
+def _fusion(sink: UOp, hoists: bool) -> set[UOp]:
+  """Pass 2: the nodes the fusion rules store (decision rules: they record, the graph is not rewritten)."""
+  sets = [_m(name) for name in FUSION_SETS]
+  if not DEBUG: return choose_stages(sink, sets, hoists)
+  counting = [_Counting(m) for m in sets]
+  t0 = time.perf_counter()
+  staged = choose_stages(sink, counting, hoists)
+  fired = ", ".join(f"{k} x{v}" for c in counting for k, v in sorted(c.fired.items(), key=lambda kv: -kv[1]))
+  print(f"[schedule] {'fusion':<10} {len(staged):>6} stores {' ' * 10}{(time.perf_counter() - t0) * 1e3:7.2f} ms  "
+        f"{fired or 'no rules fired'}")
+  return staged
+
+
 def max_kernel_buffers(device: str) -> int:
   """The most buffers one kernel may take on `device` (0 = no limit); RULEC_MAX_KERNEL_BUFFERS overrides."""
   return int(os.environ.get("RULEC_MAX_KERNEL_BUFFERS", DEVICE_MAX_BUFFERS.get(device, 0)))
@@ -98,7 +115,7 @@ def schedule(targets: list[UOp], default_device: str = "NUMPY",
   sink = reuse_contiguous_copies(sink)
   sink = _pass("prepare", sink, _m("prepare"))
   hoists = all(d in HOISTING_DEVICES for d in {*devices, *(u.arg[1] for u in sink.toposort() if u.op is Ops.BUFFER)})
-  sink = wrap_stages(sink, choose_stages(sink, hoists), devices)
+  sink = wrap_stages(sink, _fusion(sink, hoists), devices)
   if (limit := max_kernel_buffers(default_device)): sink = _pass("limit", sink, _m("limit_buffers"), ctx=limit)
   sink = place_constants(sink, devices)
   sink = snapshot_overwritten_reads(sink)

@@ -1,7 +1,7 @@
-"""Pass 2 of the scheduler: what to realize (fusion), so that no expensive value is computed twice.
-
-The cost facts live here: how many times each node's value would be computed (distinct index contexts,
-weighted by expansion), whether recomputing it is cheap, the elementwise tails of reduces.
+"""Pass 2 of the scheduler: what to realize (fusion). The decisions are rules (rules/fusion.rules); this
+module computes the facts they read (FusionFacts: how many times each node's value would be computed, in
+distinct index contexts weighted by expansion; the buffers and reduces recomputing it would cost; the
+elementwise tails of reduces) and records what they decide.
 """
 from __future__ import annotations
 
@@ -11,20 +11,11 @@ from typing import Any
 from engine.ops import ALU, MOVEMENT, Ops
 from engine.uop import UOp, prod
 
-MAX_RECOMPUTE_READS = int(os.environ.get("RULEC_MAX_RECOMPUTE_READS", 5))
-
-
-def _cheap(u: UOp, staged: set[UOp]) -> bool:
-  """Recomputing u is cheap: no reduce inside, and it reads at most MAX_RECOMPUTE_READS buffers
-  (realized values count). The seeds' remove-bufferize cost model, with five reads instead of two: a residual
-  add feeding a normalisation (x + y - mean) is recomputed, not stored, and so are the elementwise gradients of
-  a layernorm and a softmax (x, mean, rstd, g and a row sum), which puts the attention block's backward at
-  tinygrad's kernel count (bench/schedule.py)."""
-  reads: set[UOp] = set()
-  for x in u.toposort(gate=lambda x: x is u or (x not in staged and x.op not in (Ops.CONTIGUOUS, Ops.BUFFER))):
-    if x is not u and (x in staged or x.op in (Ops.CONTIGUOUS, Ops.BUFFER)): reads.add(x)
-    elif x.op is Ops.REDUCE_AXIS: return False
-  return len(reads) <= MAX_RECOMPUTE_READS
+# The buffers a recomputed value may read before it is stored instead (ctx.max_reads in rules/fusion.rules).
+# The seeds' remove-bufferize cost model says two; with five, a residual add feeding a normalisation
+# (x + y - mean) is recomputed, not stored, and so are the elementwise gradients of a layernorm and a softmax
+# (x, mean, rstd, g and a row sum), which puts the attention block's backward at tinygrad's kernel count.
+MAX_RECOMPUTE_READS = int(os.environ.get("RULEC_MAX_RECOMPUTE_READS", "5"))
 
 
 def _uses(sink: UOp, staged: set[UOp], contexts: dict[UOp, int] | None = None) -> dict[UOp, float]:
@@ -35,12 +26,14 @@ def _uses(sink: UOp, staged: set[UOp], contexts: dict[UOp, int] | None = None) -
   its source once per element it adds. A realized node starts afresh.
   `contexts`, if given, receives each node's number of contexts, unweighted."""
   order = sink.toposort()
+  outputs = set(sink.src)
   ctxs: dict[UOp, dict[Any, float]] = {u: {} for u in order}
   ctxs[sink] = {(): 1.0}
   out: dict[UOp, float] = {}
   for u in reversed(order):
     mine = ctxs[u]
-    if u in staged or u.op in (Ops.CONTIGUOUS, Ops.STORE) or u is sink: own = {(u,): 1.0}
+    # (each output is computed by a kernel of its own: a context of its own, as a stored value)
+    if u in staged or u.op in (Ops.CONTIGUOUS, Ops.STORE) or u is sink or u in outputs: own = {(u,): 1.0}
     else: own = mine
     if len(own) > 16: own = {(u,): float(sum(own.values()))}   # too many paths to track: collapse them
     out[u] = sum(mine.values())
@@ -73,40 +66,94 @@ def _reduce_epilogues(order: list[UOp]) -> set[UOp]:
   return out
 
 
-def choose_stages(sink: UOp, hoists: bool = False) -> set[UOp]:
-  """Nodes to realize so that no expensive value is computed twice.
+class FusionFacts:
+  """ctx of the fusion rule sets (rules/fusion.rules): the facts each decision reads, and the decisions.
 
-  First reduces used more than once (expensive by nature), outputs first: the top of a reduce's elementwise
-  tail is stored rather than the reduce alone (one kernel stores both halves of a NaN-aware max), and a reduce
-  whose only user is stored is used once. Then ALU values used more than once are realized unless recomputing
-  them is cheap. Uses are counted again after each choice: a realized value starts afresh.
+  The driver offers every node of the graph to each set in turn, consumers before producers; a rule decides
+  with one of three calls: `store(x)` (x gets a buffer of its own: a kernel boundary), `hoist(x)` (a single
+  value computed once at the top of its one consumer's kernel, on devices that do so) or `keep(x)` (x stays
+  fused into its consumers; later sets may still decide otherwise). A node no rule decides stays fused. Uses
+  are counted again after each store or hoist: a realized value starts afresh."""
+  def __init__(self, sink: UOp, hoists: bool):
+    self.sink, self.hoists = sink, hoists
+    self.max_reads = MAX_RECOMPUTE_READS
+    self.order = sink.toposort()
+    self.staged: set[UOp] = set()
+    self.hoisted: set[UOp] = set()
+    self._epilogues = _reduce_epilogues(self.order)
+    self._recount()
 
-  `hoists`: every device here computes a reduce that depends on no loop around it once per kernel (CPU,
-  NUMPY), so a whole-tensor reduce with one consumer stays in that consumer's kernel however far its value
-  is broadcast (`x.argmax()`, `x - x.mean()`: one kernel, as in tinygrad)."""
-  staged: set[UOp] = set()
-  order = sink.toposort()
-  contexts: dict[UOp, int] = {}
-  uses = _uses(sink, staged, contexts)
-  epilogues = _reduce_epilogues(order)
-  # a whole-tensor value with one consumer, on devices that hoist it, is computed once in that consumer's
-  # kernel: like a stage, what it reads is used once per computation of it, however far it is broadcast
-  hoisted: set[UOp] = set()
-  def choose(u: UOp) -> None:
-    nonlocal uses
-    if hoists and u.size == 1 and contexts.get(u, 0) <= 1: hoisted.add(u)
-    else: staged.add(u)
-    uses = _uses(sink, staged | hoisted, contexts)
-  for u in reversed(order):
-    if (u.op is Ops.REDUCE_AXIS or u in epilogues) and uses.get(u, 0) > 1 and u.device is not None:
-      # an epilogue over a lower epilogue value that is needed more often than it (relu(x @ w + b) when the
-      # backward pass reads x @ w + b too): that lower value is stored, and this one recomputed from it if cheap
-      if u.op is not Ops.REDUCE_AXIS and _needed_below(u, epilogues, uses): continue
-      choose(u)
-  for u in reversed(order):
-    if u.op in ALU and uses.get(u, 0) > 1 and u.device is not None and u not in hoisted and not _cheap(u, staged):
-      choose(u)
-  return staged
+  def _recount(self) -> None:
+    self._contexts: dict[UOp, int] = {}
+    self._uses = _uses(self.sink, self.staged | self.hoisted, self._contexts)
+    self._regions: dict[UOp, tuple[int, bool]] = {}
+
+  # *** facts ***
+  def uses(self, x: UOp) -> float:
+    """How many times x's value would be computed: its distinct index contexts, weighted by expansion."""
+    return self._uses.get(x, 0)
+
+  def contexts(self, x: UOp) -> int:
+    """How many distinct index contexts read x (unweighted)."""
+    return self._contexts.get(x, 0)
+
+  def epilogue(self, x: UOp) -> bool:
+    """x is elementwise over reduce results at the reduced shape (a mean's `sum * 1/n`, a NaN-aware max)."""
+    return x in self._epilogues
+
+  def needed_below(self, x: UOp) -> bool:
+    """A reduce inside x's epilogue is used more often than x, or an epilogue value below x at least as often."""
+    return _needed_below(x, self._epilogues, self._uses)
+
+  def reads(self, x: UOp) -> int:
+    """How many buffers recomputing x reads (inputs, realized values, stores chosen so far)."""
+    return self._region(x)[0]
+
+  def reduces_inside(self, x: UOp) -> bool:
+    """Recomputing x would run a reduce (one not stored so far)."""
+    return self._region(x)[1]
+
+  def decided(self, x: UOp) -> bool:
+    return x in self.staged or x in self.hoisted
+
+  def _region(self, u: UOp) -> tuple[int, bool]:
+    hit = self._regions.get(u)
+    if hit is None:
+      reads, reduce = set(), False
+      stop = lambda x: x in self.staged or x.op in (Ops.CONTIGUOUS, Ops.BUFFER)  # noqa: E731
+      for x in u.toposort(gate=lambda x: x is u or not stop(x)):
+        if x is not u and stop(x): reads.add(x)
+        elif x.op is Ops.REDUCE_AXIS: reduce = True
+      hit = self._regions[u] = (len(reads), reduce)
+    return hit
+
+  # *** decisions: each returns a marker node (so the rule counts as having fired), or None when x is decided ***
+  def store(self, x: UOp) -> UOp | None:
+    if self.decided(x): return None
+    self.staged.add(x)
+    self._recount()
+    return UOp(Ops.STAGE, x.dtype, (x,), x.device)
+
+  def hoist(self, x: UOp) -> UOp | None:
+    if self.decided(x): return None
+    self.hoisted.add(x)
+    self._recount()
+    return UOp(Ops.FUSE, x.dtype, (x,), "hoist")
+
+  def keep(self, x: UOp) -> UOp | None:
+    return None if self.decided(x) else UOp(Ops.FUSE, x.dtype, (x,))
+
+
+def choose_stages(sink: UOp, rule_sets, hoists: bool = False) -> set[UOp]:
+  """Nodes to realize: every node offered to each fusion rule set (a matcher) in turn, consumers first.
+
+  `hoists`: the devices compute a reduce that depends on no loop around it once per kernel (CPU, NUMPY), so a
+  whole-tensor value with one consumer may stay in that consumer's kernel however far it is broadcast
+  (`x.argmax()`, `x - x.mean()`: one kernel, as in tinygrad)."""
+  facts = FusionFacts(sink, hoists)
+  for m in rule_sets:
+    for u in reversed(facts.order): m.rewrite(u, facts)
+  return facts.staged
 
 
 def _needed_below(u: UOp, epilogues: set[UOp], uses: dict[UOp, float]) -> bool:
