@@ -83,7 +83,7 @@ def _split_location(loc: str) -> tuple[str, int, int]:
   return loc, 0, 0
 
 
-def _scratch(ctx: Any) -> Any:
+def scratch_ctx(ctx: Any) -> Any:
   """A copy of a rewrite ctx that rules may call into without changing the real one.
 
   which_rule re-runs the rules on the node; some ctx methods count (KernelBuilder.renumber),
@@ -201,8 +201,13 @@ class Recorder:
     rec = self.rec
     rec.n_rewrites += 1
     if len(rec.rewrites) >= MAX_REWRITES: return r
-    try: hit = self.which_rule(u, _scratch(ctx))
+    # the rules run again to name the one that fired: on a scratch ctx, and untraced (a ctx method may run
+    # passes of its own, as KernelSplit.split does: they are recorded once, when they really run)
+    saved = ACTIVE[:]
+    ACTIVE.clear()
+    try: hit = self.which_rule(u, scratch_ctx(ctx))
     except Exception: hit = None
+    finally: ACTIVE[:] = saved
     name, loc = hit if hit is not None else ("?", "")
     path, line, col = _split_location(loc)
     table = rec.table

@@ -10,7 +10,8 @@ recompute costs) and cuts the final graph into kernels.
   3. realize       rules/realize.rules    STAGE / CONTIGUOUS -> store into a new buffer
   4. rangeify      rules/indexing.rules   ranges at stores and reduces; INDEX pushed down
   5. symbolic      rules/symbolic.rules   index arithmetic simplified, constants folded
-  6. to_params     rules/kernel.rules     each store becomes a Kernel over PARAMs
+  6. split         rules/kernel.rules     each store becomes a Kernel over PARAMs (to_params, per kernel)
+     views         rules/kernel.rules     each target a view of its buffer
 """
 from __future__ import annotations
 
@@ -20,9 +21,9 @@ import time
 from engine import trace as _trace
 from engine.lang.loader import load_library
 from engine.ops import Ops
-from engine.rewrite import graph_rewrite, substitute
+from engine.rewrite import graph_rewrite
 from engine.sched.fusion import HOISTING_DEVICES, MAX_RECOMPUTE_READS, choose_stages  # noqa: F401 (re-exported)
-from engine.sched.kernels import KernelBuilder, order_kernels
+from engine.sched.kernels import KernelSplit, order_kernels
 from engine.sched.stages import place_constants, reuse_contiguous_copies, snapshot_overwritten_reads, wrap_stages
 from engine.uop import UOp
 from runtime.kernel import Kernel
@@ -41,7 +42,8 @@ class _Counting:
   def rewrite(self, u, ctx=None):
     r = self.matcher.rewrite(u, ctx)
     if r is not None:
-      name = (self.matcher.which_rule(u, ctx) or ("?", ""))[0]
+      # which_rule runs the rules again: on a scratch copy of ctx, whose methods may record (KernelSplit.split)
+      name = (self.matcher.which_rule(u, _trace.scratch_ctx(ctx)) or ("?", ""))[0]
       self.fired[name] = self.fired.get(name, 0) + 1
     return r
 
@@ -122,16 +124,11 @@ def schedule(targets: list[UOp], default_device: str = "NUMPY",
   sink = _pass("realize", sink, _m("realize"))
   sink = _pass("rangeify", sink, _m("rangeify"), bottom_up=True)
   sink = _pass("symbolic", sink, _m("symbolic"))
-  built: list[tuple[Kernel, KernelBuilder, UOp]] = []
-  to_params, untag = _m("to_params"), _m("untag")
-  for u in sink.toposort():
-    if u.op is not Ops.AFTER: continue
-    ctx = KernelBuilder()
-    ast = _pass("to_params", UOp.sink(*u.src[1:]), to_params, quiet=True, ctx=ctx, bottom_up=True)
-    built.append((Kernel(_pass("untag", ast, untag, quiet=True), tuple(ctx.bufs)), ctx, u.src[0]))
-  kernels = order_kernels(built)
-  # each target reads its buffer directly from now on (the AFTERs are done)
-  views = [substitute(s, {a: a.src[0] for a in s.toposort() if a.op is Ops.AFTER}) for s in sink.src[:n]]
+  split = KernelSplit(_m("to_params"), _m("untag"), _pass)
+  sink = _pass("split", sink, _m("split_kernels"), ctx=split)
+  kernels = order_kernels(split.built)
+  # each target reads its buffer directly from now on (the kernels are split off)
+  views = list(_pass("views", UOp.sink(*sink.src[:n]), _m("kernel_views")).src)
   if DEBUG: print(f"[schedule] {len(kernels)} kernels")
   if DEBUG >= 2:
     for k in kernels: print(k.render())

@@ -30,6 +30,21 @@ class KernelBuilder:
     return r.replace(arg=(self.ranges - 1, r.arg[1]), tag="k")
 
 
+class KernelSplit:
+  """ctx of rules/kernel.rules' split_kernels (the seeds' split_store): `split(after)` turns the stores of one
+  AFTER into a Kernel (its own to_params pass numbers the buffers and ranges) and gives the AFTER back naming
+  that kernel, AFTER(buffer, KERNEL): a later kernel that reads the buffer still sees the dependency."""
+  def __init__(self, to_params, untag, run_pass):
+    self.to_params, self.untag, self.run_pass = to_params, untag, run_pass
+    self.built: list[tuple[Kernel, KernelBuilder, UOp]] = []
+
+  def split(self, after: UOp) -> UOp:
+    ctx = KernelBuilder()
+    ast = self.run_pass("to_params", UOp.sink(*after.src[1:]), self.to_params, quiet=True, ctx=ctx, bottom_up=True)
+    self.built.append((Kernel(self.run_pass("untag", ast, self.untag, quiet=True), tuple(ctx.bufs)), ctx, after.src[0]))
+    return after.replace(src=(after.src[0], UOp(Ops.KERNEL, after.dtype, (), len(self.built) - 1)))
+
+
 def order_kernels(built: list[tuple[Kernel, KernelBuilder, UOp]]) -> list[Kernel]:
   """Kernels in an order that respects reads after writes (AFTER) and writes after reads:
   a kernel that overwrites an existing buffer (an assign) runs after every kernel
