@@ -30,7 +30,7 @@ Semantics (they follow `engine/alu.py` and numpy):
   graph has a value.
 - CAST is numpy's `astype` (float -> int of nan/inf/out-of-range values is
   whatever numpy gives on this machine, e.g. INT_MIN for int32 on x86).
-- BITCAST reinterprets the bytes (itemsizes must match).
+- BITCAST reinterprets the bytes (to another item size: the last axis rescaled, little-endian as numpy).
 - REDUCE_AXIS keeps reduced axes as size 1; over an empty axis MAX gives the
   dtype's lowest value (-inf for floats), ADD 0, MUL 1.
 - PAD fills with zeros (False for bool).
@@ -122,8 +122,10 @@ def _const(value, dtype: DType) -> np.ndarray:
 
 def _bitcast(x: np.ndarray, dtype: DType) -> np.ndarray:
   nd = np_dtype(dtype)
-  if nd.itemsize != x.dtype.itemsize:
-    raise ValueError(f"tensor_eval: BITCAST from {x.dtype} to {nd} changes the item size")
+  if nd.itemsize != x.dtype.itemsize:   # numpy rescales the last axis, as BITCAST's shape does
+    if x.ndim == 0 or (x.shape[-1] * x.dtype.itemsize) % nd.itemsize:
+      raise ValueError(f"tensor_eval: BITCAST from {x.dtype} to {nd} of shape {x.shape}: the last axis does not divide")
+    return np.ascontiguousarray(x).view(nd)
   return np.ascontiguousarray(x).view(nd).reshape(x.shape)
 
 

@@ -302,6 +302,10 @@ def _infer_shape(u: UOp) -> tuple[int, ...] | None:
   if op is Ops.INDEX:
     s = src[0]._get_memo().get("shape")
     return None if s is None else s[len(src) - 1:]
+  if op is Ops.BITCAST and src and src[0].dtype.itemsize != u.dtype.itemsize:
+    # a bitcast to another item size: the last axis holds the same bytes in more or fewer items
+    s = src[0]._get_memo().get("shape")
+    return None if not s else s[:-1] + (s[-1] * src[0].dtype.itemsize // u.dtype.itemsize,)
   if op in ALU or op in (Ops.CAST, Ops.BITCAST, Ops.CONTIGUOUS, Ops.CONTIGUOUS_BACKWARD, Ops.DETACH, Ops.FUSE, Ops.COPY,
                          Ops.ASSIGN, Ops.NOOP, Ops.LOAD, Ops.REDUCE, Ops.AFTER, Ops.STAGE):
     # elementwise ops take the shape of their widest source (a CONST source is a scalar)

@@ -17,6 +17,39 @@ REDUCE_SPLIT_THRESHOLD = int(os.environ.get("RULEC_REDUCE_SPLIT_THRESHOLD", 3276
 
 
 
+_UINT = {1: dtypes.uint8, 2: dtypes.uint16, 4: dtypes.uint32, 8: dtypes.uint64}
+
+
+@rule_helper
+def expand_bitcast(bc: UOp, x: UOp) -> UOp:
+  """A bitcast to a type of another size as same-size bitcasts, shifts and adds of unsigned integers (the
+  seeds' expand_bitcast; little-endian, as numpy on every host here): a wider item is its narrow items shifted
+  into place and added (their bits do not overlap); a narrower item is a shifted slice of the wide one."""
+  ns, os_ = bc.dtype.itemsize, x.dtype.itemsize
+  wide, parts = _UINT[max(ns, os_)], []
+  bits = x.bitcast(_UINT[os_]) if x.dtype is not _UINT[os_] else x
+  lead = x.shape[:-1]
+  if ns > os_:   # (..., n * rate) narrow items -> (..., n) wide ones
+    rate = ns // os_
+    grouped = bits.reshape(lead + (x.shape[-1] // rate, rate))
+    for i in range(rate):
+      part = grouped.shrink(tuple((0, d) for d in lead) + ((0, x.shape[-1] // rate), (i, i + 1))).cast(wide)
+      parts.append(part << (8 * os_ * i) if i else part)
+    total = parts[0]
+    for p in parts[1:]: total = total + p
+    out = total.reshape(bc.shape)
+  else:          # (..., n) wide items -> (..., n * rate) narrow ones: each a slice of bits, placed along a new axis
+    rate, narrow = os_ // ns, _UINT[ns]
+    n = x.shape[-1]
+    for i in range(rate):
+      piece = ((bits >> (8 * ns * i)) if i else bits).cast(narrow).reshape(lead + (n, 1))
+      parts.append(piece.pad(tuple((0, 0) for _ in lead) + ((0, 0), (i, rate - 1 - i))))
+    total = parts[0]
+    for p in parts[1:]: total = total + p
+    out = total.reshape(bc.shape)
+  return out if bc.dtype is out.dtype else out.bitcast(bc.dtype)
+
+
 @rule_helper
 def reduce_identity(red: UOp) -> UOp:
   """A reduce over nothing: its identity element, in the reduce's shape."""

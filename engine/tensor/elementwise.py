@@ -190,10 +190,16 @@ class ElementwiseMixin:
     return self._new(self.uop.cast(to_dtype(dtype)))
 
   def bitcast(self, dtype: Any) -> Tensor:
-    """bitcast(dtype): the same bits read as dtype, which must have the same item size."""
+    """bitcast(dtype): the same bytes read as dtype. To a type of another item size the last axis holds the
+    same bytes in more or fewer items (little-endian, as numpy's `view`): float32 (2, 3) -> uint8 (2, 12)."""
     dt = to_dtype(dtype)
     if dt.itemsize != self.dtype.itemsize:
-      raise ValueError(f"bitcast from {self.dtype.name} to {dt.name} changes the item size ({self.dtype.itemsize} -> {dt.itemsize})")
+      what = f"bitcast from {self.dtype.name} to {dt.name}"
+      if dtypes.bool in (dt, self.dtype): raise RuntimeError(f"{what}: bool has no byte layout to reinterpret")
+      if self.ndim == 0: raise RuntimeError(f"{what} changes the item size, which needs at least one axis (a 0-d tensor has none)")
+      if (self.shape[-1] * self.dtype.itemsize) % dt.itemsize:
+        raise RuntimeError(f"unsupported size in bitcast: {what} of shape {self.shape}: the last axis holds "
+                           f"{self.shape[-1] * self.dtype.itemsize} bytes, not a multiple of {dt.itemsize}")
     return self._new(self.uop.bitcast(dt))
 
   def element_size(self) -> int:
