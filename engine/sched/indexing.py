@@ -66,15 +66,16 @@ def _ge(i: UOp, c: int) -> UOp: return i.lt(c).ne(True)
 
 
 @rule_helper
-def index_through_movement(idx: UOp) -> UOp:
-  """INDEX(movement(x), *idxs) as an INDEX on x (behind WHERE(valid, ., 0) for PAD)."""
-  mop = idx.src[0]
-  src = mop.src[0]
-  new_idxs, valid = apply_movement_op(mop.op, src.shape, mop.arg, idx.src[1:])
-  ret = src.index(*new_idxs, arg=idx.arg)
-  # a store target never shows padding (the front end rejects such views), so it needs no validity
-  if valid is None or idx.arg == "store": return ret
-  return valid.where(ret, ret.const_like(0))
+def source_indices(mop: UOp, idxs: tuple[UOp, ...]) -> tuple[UOp, ...]:
+  """Indices into a movement op's source for indices `idxs` into its result."""
+  return apply_movement_op(mop.op, mop.src[0].shape, mop.arg, idxs)[0]
+
+
+@rule_helper
+def pad_valid(pad: UOp, idxs: tuple[UOp, ...]) -> UOp:
+  """Whether indices `idxs` into a PAD's result fall inside its source (not in the padding)."""
+  valid = apply_movement_op(pad.op, pad.src[0].shape, pad.arg, idxs)[1]
+  return valid if valid is not None else UOp.const(dtypes.bool, True)
 
 
 _range_ids = itertools.count()

@@ -9,7 +9,6 @@ import os
 
 from engine.dtypes import dtypes
 from engine.ops import MOVEMENT, Ops
-from engine.sched.indexing import identity_element
 from engine.uop import UOp, prod
 from runtime.devices import split_parts
 
@@ -48,12 +47,6 @@ def expand_bitcast(bc: UOp, x: UOp) -> UOp:
     for p in parts[1:]: total = total + p
     out = total.reshape(bc.shape)
   return out if bc.dtype is out.dtype else out.bitcast(bc.dtype)
-
-
-@rule_helper
-def reduce_identity(red: UOp) -> UOp:
-  """A reduce over nothing: its identity element, in the reduce's shape."""
-  return red.const_like(identity_element(red.arg[0], red.dtype))
 
 
 # float mantissa bits: a sum of n copies of an integer c is exact while |n * c| stays below 2 ** bits
@@ -115,17 +108,14 @@ def stage_to_buffer(stage: UOp) -> UOp:
 
 
 @rule_helper
-def assign_to_store(assign: UOp) -> UOp:
-  """ASSIGN(target, value): value stored through the target's view; the target read back after it."""
-  target, value = assign.src
+def same_view(view: UOp, x: UOp) -> UOp:
+  """x (a value of view's base shape) seen through the movement ops that make `view` from its base."""
   chain = []
-  x = target
-  while x.op in MOVEMENT:
-    chain.append(x)
-    x = x.src[0]
-  out = x.after(target.store(value))
-  for m in reversed(chain): out = m.replace(src=(out,))
-  return out
+  while view.op in MOVEMENT:
+    chain.append(view)
+    view = view.src[0]
+  for m in reversed(chain): x = m.replace(src=(x,))
+  return x
 
 
 @rule_helper
@@ -177,8 +167,3 @@ def kernel_inputs(x: UOp) -> int:
   return len(bufs)
 
 
-@rule_helper
-def stage_elementwise_sources(x: UOp) -> UOp | None:
-  from engine.ops import ALU
-  srcs = tuple(UOp(Ops.STAGE, s.dtype, (s,), s.device) if s.op in ALU and s.device is not None else s for s in x.src)
-  return None if srcs == x.src else x.replace(src=srcs)
