@@ -196,18 +196,25 @@ class Recorder:
     return None if self._which is None else self._which(u, ctx)
 
   def rewrite(self, u: UOp, ctx: Any = None):
-    r = self.matcher.rewrite(u, ctx)
-    if r is None: return None
+    named = getattr(self.matcher, "rewrite_named", None)
+    if named is not None:   # the rules run once, naming the one that fired (a ctx method may record)
+      res = named(u, ctx)
+      if res is None: return None
+      r, hit = res
+    else:
+      r = self.matcher.rewrite(u, ctx)
+      if r is None: return None
+      hit = None
     rec = self.rec
     rec.n_rewrites += 1
     if len(rec.rewrites) >= MAX_REWRITES: return r
-    # the rules run again to name the one that fired: on a scratch ctx, and untraced (a ctx method may run
-    # passes of its own, as KernelSplit.split does: they are recorded once, when they really run)
-    saved = ACTIVE[:]
-    ACTIVE.clear()
-    try: hit = self.which_rule(u, scratch_ctx(ctx))
-    except Exception: hit = None
-    finally: ACTIVE[:] = saved
+    if named is None:
+      # the rules run again to name the one that fired: on a scratch ctx, and untraced
+      saved = ACTIVE[:]
+      ACTIVE.clear()
+      try: hit = self.which_rule(u, scratch_ctx(ctx))
+      except Exception: hit = None
+      finally: ACTIVE[:] = saved
     name, loc = hit if hit is not None else ("?", "")
     path, line, col = _split_location(loc)
     table = rec.table

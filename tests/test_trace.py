@@ -28,7 +28,7 @@ from rulec.trace_view import MAX_DRAWN, render_html, write_html  # noqa: E402
 from tests.helpers import subprocess_env  # noqa: E402
 
 PROGRAM = "from rulec import Tensor\n(Tensor.rand(4, 4) + 1).relu().sum().realize()\n"
-PASS_NAMES = ["earliest", "prepare", "realize", "rangeify", "symbolic", "split", "to_params", "untag", "views"]
+PASS_NAMES = ["earliest", "prepare", "stage", "realize", "rangeify", "symbolic", "split", "to_params", "untag", "views"]
 
 
 def _env() -> dict:
@@ -247,7 +247,7 @@ def test_cli_trace_end_to_end(tmp_path):
                      cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=120)
   assert r.returncode == 0, r.stderr
   assert "args ['--n', '3']" in r.stdout
-  assert re.search(rf"^rulec trace: 1 schedule calls, 9 passes, [1-9]\d* rewrites -> {re.escape(str(out))}$", r.stdout, re.M), r.stdout
+  assert re.search(rf"^rulec trace: 1 schedule calls, 10 passes, [1-9]\d* rewrites -> {re.escape(str(out))}$", r.stdout, re.M), r.stdout
   assert [p["name"] for p in _data_of(out.read_text())["passes"]] == PASS_NAMES
 
 
@@ -260,7 +260,7 @@ def test_cli_trace_bad_input(tmp_path, capsys, monkeypatch):
   assert cli_main(["trace", str(bad), "-o", "bad.html"]) == 1
   cap = capsys.readouterr()
   assert "ValueError: boom" in cap.err and f'File "{bad}", line 5' in cap.err and "runpy" not in cap.err
-  assert "raised ValueError" in cap.err and "9 passes" in cap.out   # what ran before the error is still written
+  assert "raised ValueError" in cap.err and "10 passes" in cap.out   # what ran before the error is still written
   assert (tmp_path / "bad.html").is_file()
   quits = tmp_path / "quits.py"
   quits.write_text("import sys\nsys.exit(3)\n")

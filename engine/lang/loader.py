@@ -93,15 +93,27 @@ class Matcher:
   @property
   def rules(self) -> list[A.Rule]: return self.library.rules_of(self.names)
 
-  def which_rule(self, node, ctx: Any = None) -> tuple[str, str] | None:
-    """The (name, location) of the rule that rewrites `node`, found by trying the rules one at a time."""
+  def _rule_fns(self):
     if self._per_rule is None:
       rules = self.rules
       ns: dict[str, Any] = {"__name__": f"rulec_rules_{self.title}"}
       exec(compile(per_rule_functions(rules, self.library.checked.helpers_of), f"<rulec {self.title}>", "exec"), ns)
       self._per_rule = ns["RULE_FNS"]
-    for k, fn in enumerate(self._per_rule):
-      if fn(node, ctx) is not None: return self.rule_info[k][0], self.rule_info[k][1]
+    return self._per_rule
+
+  def which_rule(self, node, ctx: Any = None) -> tuple[str, str] | None:
+    """The (name, location) of the rule that rewrites `node`, found by trying the rules one at a time."""
+    for k, fn in enumerate(self._rule_fns()):
+      r = fn(node, ctx)
+      if r is not None and r is not node: return self.rule_info[k][0], self.rule_info[k][1]
+    return None
+
+  def rewrite_named(self, node, ctx: Any = None) -> tuple[Any, tuple[str, str]] | None:
+    """What rewrite() gives, with the (name, location) of the rule that gave it; None when no rule rewrites.
+    The rules run once each, in order: a ctx whose methods record (the scheduler's) sees one rewrite."""
+    for k, fn in enumerate(self._rule_fns()):
+      r = fn(node, ctx)
+      if r is not None and r is not node: return r, (self.rule_info[k][0], self.rule_info[k][1])
     return None
 
   def __repr__(self): return f"<Matcher {self.title}: {len(self.rule_info)} rules>"

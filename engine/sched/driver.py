@@ -24,7 +24,8 @@ from engine.ops import Ops
 from engine.rewrite import graph_rewrite
 from engine.sched.fusion import HOISTING_DEVICES, MAX_RECOMPUTE_READS, choose_stages  # noqa: F401 (re-exported)
 from engine.sched.kernels import KernelSplit, order_kernels
-from engine.sched.stages import place_constants, reuse_contiguous_copies, snapshot_overwritten_reads, wrap_stages
+from engine.sched.multi import split_by_device
+from engine.sched.stages import Placement, StagePlan, reuse_contiguous_copies, snapshot_overwritten_reads
 from engine.uop import UOp
 from runtime.kernel import Kernel
 
@@ -36,15 +37,15 @@ def _m(*names: str):
 
 
 class _Counting:
-  """RULEC_DEBUG: a matcher that also counts which rule made each rewrite (slow; debug only)."""
+  """RULEC_DEBUG: a matcher that also counts which rule made each rewrite (slow; debug only). The rules run
+  one at a time, once each (rewrite_named), so a ctx whose methods record sees exactly one rewrite."""
   def __init__(self, matcher):
     self.matcher, self.fired = matcher, {}
   def rewrite(self, u, ctx=None):
-    r = self.matcher.rewrite(u, ctx)
-    if r is not None:
-      # which_rule runs the rules again: on a scratch copy of ctx, whose methods may record (KernelSplit.split)
-      name = (self.matcher.which_rule(u, _trace.scratch_ctx(ctx)) or ("?", ""))[0]
-      self.fired[name] = self.fired.get(name, 0) + 1
+    res = self.matcher.rewrite_named(u, ctx)
+    if res is None: return None
+    r, (name, _) = res
+    self.fired[name] = self.fired.get(name, 0) + 1
     return r
 
 
@@ -106,6 +107,8 @@ def schedule(targets: list[UOp], default_device: str = "NUMPY",
 
   `devices` names, per target, where a value that lives on no device (a graph of constants) is stored."""
   devices = list(devices) if devices is not None else [default_device] * len(targets)
+  # values spread over devices (rules/multi.rules): one target per device, put back together at the end
+  targets, devices, regroup = split_by_device(list(targets), devices, _pass)
   devices = [t.device or d or default_device for t, d in zip(targets, devices)]
   if _trace.ACTIVE: _trace.begin_schedule(default_device, len(targets))
   # every assign is carried out, also one whose value no output ends up reading (x - x, a size-0 slice of it):
@@ -117,9 +120,9 @@ def schedule(targets: list[UOp], default_device: str = "NUMPY",
   sink = reuse_contiguous_copies(sink)
   sink = _pass("prepare", sink, _m("prepare"))
   hoists = all(d in HOISTING_DEVICES for d in {*devices, *(u.arg[1] for u in sink.toposort() if u.op is Ops.BUFFER)})
-  sink = wrap_stages(sink, _fusion(sink, hoists), devices)
+  sink = _pass("stage", sink, _m("stage"), ctx=StagePlan(sink, _fusion(sink, hoists), devices))
   if (limit := max_kernel_buffers(default_device)): sink = _pass("limit", sink, _m("limit_buffers"), ctx=limit)
-  sink = place_constants(sink, devices)
+  if Placement.needed(sink): sink = _pass("place", sink, _m("place"), ctx=Placement(sink, devices))
   sink = snapshot_overwritten_reads(sink)
   sink = _pass("realize", sink, _m("realize"))
   sink = _pass("rangeify", sink, _m("rangeify"), bottom_up=True)
@@ -132,4 +135,4 @@ def schedule(targets: list[UOp], default_device: str = "NUMPY",
   if DEBUG: print(f"[schedule] {len(kernels)} kernels")
   if DEBUG >= 2:
     for k in kernels: print(k.render())
-  return kernels, views
+  return kernels, regroup(views)

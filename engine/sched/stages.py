@@ -1,47 +1,80 @@
-"""Between choosing and realizing: the chosen nodes wrapped in STAGE, targets given buffers, constants
-placed on a device, reads of overwritten buffers redirected to snapshots."""
+"""Between choosing and realizing. The ctx objects of rules/realize.rules' `stage` and `place` (the chosen
+nodes and the outputs wrapped in STAGE; constants placed on a device), and two graph passes still written
+in Python: reads of a contiguous copy reused, reads of overwritten buffers redirected to snapshots."""
 from __future__ import annotations
 
 from engine.ops import ALU, MOVEMENT, Ops
 from engine.uop import UOp
 
 
-def wrap_stages(sink: UOp, staged: set[UOp], devices: list[str]) -> UOp:
-  """Each chosen node wrapped in STAGE, and each target realized into a buffer of its own.
+class Rebuilt:
+  """A ctx whose facts are keyed by the nodes of the graph a pass started from.
 
-  A target that is a whole or partial view of a buffer (realized before, or
-  written by an assign in this schedule), of a chosen stage, or of a constant
-  needs no kernel: it stays that view. Any other target is wrapped in a STAGE tagged "target"
-  (no rule folds it away: the caller reads that buffer), and that same node
-  replaces the target everywhere, so a value that is both an output and used by
-  another output is computed once. CONTIGUOUS of a value that is staged anyway
-  is that stage: one buffer, not a copy of one."""
-  targets = list(sink.src)
-  target_of: dict[UOp, str] = {}   # node -> device of the buffer its target stage writes
-  for t, dev in zip(targets, devices):
-    if t.size == 0 or t.base.op in (Ops.BUFFER, Ops.AFTER): continue
-    if t.base.op is Ops.CONST: continue   # a constant (one the earlier passes folded, too) stays a constant
-    if t.op is not Ops.CONTIGUOUS and t.base in staged: continue
-    # a copy of a computed value is that value's stage; a copy of a view of a buffer stages the CONTIGUOUS
-    # itself, so the view (an assign's target, say) stays what it is everywhere else
-    # (a tagged CONTIGUOUS is a copy asked for: a buffer of its own)
-    x = t.src[0] if t.op is Ops.CONTIGUOUS and t.tag is None and t.src[0].base.op not in (Ops.BUFFER, Ops.AFTER) else t
-    target_of.setdefault(x, x.device or dev)
-  done: dict[UOp, UOp] = {}
-  for u in sink.toposort():
-    if u is sink: break
-    new_src = tuple(done[s] for s in u.src)
-    x = u if new_src == u.src else UOp(u.op, u.dtype, new_src, u.arg, u.tag)
-    if u in target_of: x = UOp(Ops.STAGE, x.dtype, x.src if x.op is Ops.CONTIGUOUS else (x,), target_of[u], tag="target")
-    elif u in staged: x = UOp(Ops.STAGE, x.dtype, (x,), x.device)
-    elif u.op is Ops.CONTIGUOUS and u.tag is None and x.src[0].op is Ops.STAGE: x = x.src[0]
-    done[u] = x
-  outs = []
-  for t, dev in zip(targets, devices):
-    if t.size == 0: outs.append(UOp.new_buffer(t.device or dev, 0, t.dtype).reshape(t.shape))
-    elif t.op is Ops.CONTIGUOUS and done[t].op is Ops.STAGE: outs.append(done[t])
-    else: outs.append(done[t.src[0]] if t.op is Ops.CONTIGUOUS and t.src[0] in target_of else done[t])
-  return sink.replace(src=tuple(outs))
+  A post-order pass shows its rules each node rebuilt over its rewritten sources; `key(x)` is the node it
+  was: x with every source taken back to its original, and every replacement the rules `record`ed taken back
+  to the node it replaced (nodes are hash-consed, so an unchanged node is its own key). A node is replaced
+  once: a wrapper (STAGE(x)) has x among its sources, which the pass visits again."""
+  def __init__(self):
+    self._key: dict[UOp, UOp] = {}
+    self._replaced: set[UOp] = set()
+
+  def record(self, old: UOp, new: UOp) -> UOp:
+    """`new` replaces `old`: the replacement, remembered as standing for old's original."""
+    k = self.key(old)
+    self._key[new] = k
+    self._replaced.add(k)
+    return new
+
+  def fresh(self, x: UOp) -> UOp | None:
+    """x's original, if no replacement was recorded for it yet (else None)."""
+    k = self.key(x)
+    return None if k in self._replaced else k
+
+  def key(self, x: UOp) -> UOp:
+    if (hit := self._key.get(x)) is not None: return hit
+    for u in x.toposort(gate=lambda u: u not in self._key):
+      if u in self._key: continue
+      src = tuple(self._key[s] for s in u.src)
+      self._key[u] = u if all(a is b for a, b in zip(src, u.src)) else UOp(u.op, u.dtype, src, u.arg, u.tag)
+    return self._key[x]
+
+
+class StagePlan(Rebuilt):
+  """ctx of rules/realize.rules' `stage`: the fusion decisions and the outputs, for wrapping them in STAGE.
+
+  An output that is a whole or partial view of a buffer (realized before, or written by an assign in this
+  schedule), of a stored value, or of a constant needs no kernel: it stays that view. Any other output is
+  stored into a buffer of its own, on `output_device(x)`; a copy (CONTIGUOUS) of a computed value is that
+  value's stage, and a copy of a view of a buffer stages the copy itself, so the view (an assign's target,
+  say) stays what it is everywhere else."""
+  def __init__(self, sink: UOp, staged: set[UOp], devices: list[str]):
+    super().__init__()
+    self.staged = staged
+    self._outputs: dict[UOp, str] = {}   # node -> device of the buffer its output stage writes
+    self._empty: dict[UOp, str] = {}
+    for t, dev in zip(sink.src, devices):
+      if t.size == 0: self._empty.setdefault(t, t.device or dev); continue
+      if t.base.op in (Ops.BUFFER, Ops.AFTER, Ops.CONST): continue   # (constants, folded ones too, stay constants)
+      if t.op is not Ops.CONTIGUOUS and t.base in staged: continue
+      # (a tagged CONTIGUOUS is a copy asked for: a buffer of its own)
+      x = t.src[0] if t.op is Ops.CONTIGUOUS and t.tag is None and t.src[0].base.op not in (Ops.BUFFER, Ops.AFTER) else t
+      self._outputs.setdefault(x, x.device or dev)
+
+  def output_device(self, x: UOp) -> str | None:
+    """Where the buffer of the output x is (None: x is no output that needs one)."""
+    return self._outputs.get(self.fresh(x))
+
+  def stored(self, x: UOp) -> bool:
+    """The fusion rules stored x (rules/fusion.rules)."""
+    return self.fresh(x) in self.staged
+
+  def empty_output(self, x: UOp) -> bool:
+    """x is an output of size 0."""
+    return self.fresh(x) in self._empty
+
+  def empty_buffer(self, x: UOp) -> UOp:
+    """A view of an empty buffer of x's shape, on the output's device."""
+    return UOp.new_buffer(self._empty[self.key(x)], 0, x.dtype).reshape(x.shape)
 
 
 def reuse_contiguous_copies(sink: UOp) -> UOp:
@@ -76,24 +109,27 @@ def reuse_contiguous_copies(sink: UOp) -> UOp:
   return done[sink]
 
 
-def place_constants(sink: UOp, devices: list[str]) -> UOp:
-  """A buffer for a value that lives on no device (a CONTIGUOUS of constants, a split reduce of
-  ones) goes where its nearest consumer lives: that consumer's device, or the target's."""
-  order = sink.toposort()
-  if all(u.device is not None for u in order if u.op in (Ops.STAGE, Ops.CONTIGUOUS)): return sink
-  where: dict[UOp, str] = dict(zip(sink.src, devices))
-  for u in reversed(order):
-    here = u.arg if u.op is Ops.COPY else u.device or where.get(u)
-    for s in u.src:
-      if here is not None: where.setdefault(s, here)
-  done: dict[UOp, UOp] = {}
-  for u in order:
-    new_src = tuple(done[s] for s in u.src)
-    x = u if new_src == u.src else UOp(u.op, u.dtype, new_src, u.arg, u.tag)
-    if u.device is None and u in where and u.op in (Ops.STAGE, Ops.CONTIGUOUS) and (u.op is Ops.CONTIGUOUS or u.arg is None):
-      x = UOp(Ops.STAGE, x.dtype, x.src, where[u], x.tag)
-    done[u] = x
-  return done[sink]
+class Placement(Rebuilt):
+  """ctx of rules/realize.rules' `place`: a buffer for a value that lives on no device (a CONTIGUOUS of
+  constants, a split reduce of ones) goes where its nearest consumer lives: that consumer's device, or the
+  output's."""
+  def __init__(self, sink: UOp, devices: list[str]):
+    super().__init__()
+    self.where: dict[UOp, str] = dict(zip(sink.src, devices))
+    for u in reversed(sink.toposort()):
+      here = u.arg if u.op is Ops.COPY else u.device or self.where.get(u)
+      for s in u.src:
+        if here is not None: self.where.setdefault(s, here)
+
+  @staticmethod
+  def needed(sink: UOp) -> bool:
+    """Whether any buffer would live on no device (else the pass has nothing to place)."""
+    return any(u.device is None for u in sink.toposort() if u.op in (Ops.STAGE, Ops.CONTIGUOUS))
+
+  def consumer_device(self, x: UOp) -> str | None:
+    """The device of x's nearest consumer when x itself lives on no device (None otherwise)."""
+    k = self.fresh(x)
+    return self.where.get(k) if k is not None and k.device is None else None
 
 
 # the nodes that become kernels at the tensor level: stages, contiguous copies, device copies, stores
