@@ -24,7 +24,6 @@ from engine.ops import Ops
 from engine.rewrite import graph_rewrite
 from engine.sched.fusion import HOISTING_DEVICES, MAX_RECOMPUTE_READS, choose_stages  # noqa: F401 (re-exported)
 from engine.sched.kernels import KernelSplit, order_kernels
-from engine.sched.multi import split_by_device
 from engine.sched.stages import Placement, StagePlan, reuse_contiguous_copies, snapshot_overwritten_reads
 from engine.uop import UOp
 from runtime.kernel import Kernel
@@ -107,8 +106,6 @@ def schedule(targets: list[UOp], default_device: str = "NUMPY",
 
   `devices` names, per target, where a value that lives on no device (a graph of constants) is stored."""
   devices = list(devices) if devices is not None else [default_device] * len(targets)
-  # values spread over devices (rules/multi.rules): one target per device, put back together at the end
-  targets, devices, regroup = split_by_device(list(targets), devices, _pass)
   devices = [t.device or d or default_device for t, d in zip(targets, devices)]
   if _trace.ACTIVE: _trace.begin_schedule(default_device, len(targets))
   # every assign is carried out, also one whose value no output ends up reading (x - x, a size-0 slice of it):
@@ -135,4 +132,4 @@ def schedule(targets: list[UOp], default_device: str = "NUMPY",
   if DEBUG: print(f"[schedule] {len(kernels)} kernels")
   if DEBUG >= 2:
     for k in kernels: print(k.render())
-  return kernels, regroup(views)
+  return kernels, views
