@@ -153,3 +153,10 @@ def test_random_errors():
   with pytest.raises(ValueError, match="float"): Tensor.rand(2, dtype="int32")
   with pytest.raises(TypeError, match="float"): Tensor.rand(2, dtype="int32")  # older rulec raised TypeError
   with pytest.raises(ValueError, match="negative"): Tensor.zeros(-1)
+
+
+def test_arange_in_half_floats_rounds_once():
+  # start + i*step computed in float16 itself rounds twice (683 * 1.5 + 0.5 gave 1024, not 1025): numpy and
+  # tinygrad round once
+  want = np.arange(0.5, 1499.75, 1.5, dtype=np.float16)
+  np.testing.assert_array_equal(Tensor.arange(0.5, 1499.75, 1.5, dtype="float16").numpy(), want)

@@ -24,7 +24,7 @@ from engine.ops import Ops
 from engine.rewrite import graph_rewrite
 from engine.sched.fusion import HOISTING_DEVICES, MAX_RECOMPUTE_READS, choose_stages  # noqa: F401 (re-exported)
 from engine.sched.kernels import KernelSplit, order_kernels
-from engine.sched.stages import Placement, StagePlan, reuse_contiguous_copies, snapshot_overwritten_reads
+from engine.sched.stages import CopyReuse, Placement, StagePlan, snapshot_overwritten_reads
 from engine.uop import UOp
 from runtime.kernel import Kernel
 
@@ -114,7 +114,7 @@ def schedule(targets: list[UOp], default_device: str = "NUMPY",
   assigns = [u for u in UOp.sink(*targets).toposort() if u.op is Ops.ASSIGN and u not in targets]
   devices += [a.device or default_device for a in assigns]
   sink = _pass("earliest", UOp.sink(*targets, *assigns), _m("earliest"))
-  sink = reuse_contiguous_copies(sink)
+  if (copies := CopyReuse(sink)).found: sink = _pass("reuse_copies", sink, _m("reuse_copies"), ctx=copies)
   sink = _pass("prepare", sink, _m("prepare"))
   hoists = all(d in HOISTING_DEVICES for d in {*devices, *(u.arg[1] for u in sink.toposort() if u.op is Ops.BUFFER)})
   sink = _pass("stage", sink, _m("stage"), ctx=StagePlan(sink, _fusion(sink, hoists), devices))

@@ -1,6 +1,6 @@
 """Between choosing and realizing. The ctx objects of rules/realize.rules' `stage` and `place` (the chosen
-nodes and the outputs wrapped in STAGE; constants placed on a device), and two graph passes still written
-in Python: reads of a contiguous copy reused, reads of overwritten buffers redirected to snapshots."""
+nodes and the outputs wrapped in STAGE; constants placed on a device), and one graph pass still written
+in Python: reads of overwritten buffers redirected to snapshots. Also the ctx of `reuse_copies` (early.rules)."""
 from __future__ import annotations
 
 from engine.ops import ALU, MOVEMENT, Ops
@@ -77,36 +77,38 @@ class StagePlan(Rebuilt):
     return UOp.new_buffer(self._empty[self.key(x)], 0, x.dtype).reshape(x.shape)
 
 
-def reuse_contiguous_copies(sink: UOp) -> UOp:
-  """An elementwise op reading x reads a contiguous copy of x's permute/reshape instead, through the inverse
-  view, when the program makes one: the copy's kernel computes x once (the seeds' replace_contiguous)."""
-  found: dict[UOp, UOp] = {}
-  for u in sink.toposort():
-    if u.op is not Ops.CONTIGUOUS or u.tag is not None or u.src[0].op not in (Ops.PERMUTE, Ops.RESHAPE): continue
-    x, view, views = u.src[0], u, {}
-    while x.op in (Ops.PERMUTE, Ops.RESHAPE):
-      view = view.permute(tuple(sorted(range(len(x.arg)), key=lambda i: x.arg[i]))) if x.op is Ops.PERMUTE \
-        else view.reshape(x.src[0].shape)
-      x = x.src[0]
-      views[x] = view   # each level of the chain (a matmul's value is a RESHAPE of its reduce)
-    if x.op in ALU or x.op is Ops.REDUCE_AXIS:
-      for k, v in views.items(): found.setdefault(k, v)
-  if not found: return sink
-  def via_copy(s: UOp) -> UOp | None:
-    """s (a permute/reshape chain over a value that has a copy) read from that copy."""
-    chain = []
-    while s not in found and s.op in (Ops.PERMUTE, Ops.RESHAPE):
+class CopyReuse(Rebuilt):
+  """ctx of rules/early.rules' `reuse_copies`: the contiguous copies of permute/reshape chains the program
+  makes, so an elementwise op reading the chain's value reads the copy through the inverse view (the copy's
+  kernel computes the value once: the seeds' replace_contiguous)."""
+  def __init__(self, sink: UOp):
+    super().__init__()
+    self.found: dict[UOp, UOp] = {}   # a value in a chain -> that value as a view of the copy
+    for u in sink.toposort():
+      if u.op is not Ops.CONTIGUOUS or u.tag is not None or u.src[0].op not in (Ops.PERMUTE, Ops.RESHAPE): continue
+      x, view, views = u.src[0], u, {}
+      while x.op in (Ops.PERMUTE, Ops.RESHAPE):
+        view = view.permute(tuple(sorted(range(len(x.arg)), key=lambda i: x.arg[i]))) if x.op is Ops.PERMUTE \
+          else view.reshape(x.src[0].shape)
+        x = x.src[0]
+        views[x] = view   # each level of the chain (a matmul's value is a RESHAPE of its reduce)
+      if x.op in ALU or x.op is Ops.REDUCE_AXIS:
+        for k, v in views.items(): self.found.setdefault(k, v)
+
+  def via_copy(self, s: UOp) -> UOp | None:
+    """s (a permute/reshape chain over a value that has a copy) read from that copy; None if it has none."""
+    chain, s = [], self.key(s)
+    while s not in self.found and s.op in (Ops.PERMUTE, Ops.RESHAPE):
       chain.append(s)
       s = s.src[0]
-    if s not in found: return None
-    out = found[s]
+    if s not in self.found: return None
+    out = self.found[s]
     for m in reversed(chain): out = m.replace(src=(out,))
     return out
-  done: dict[UOp, UOp] = {}
-  for u in sink.toposort():
-    new_src = tuple((via_copy(s) or done[s]) if u.op in ALU else done[s] for s in u.src)
-    done[u] = u if new_src == u.src else UOp(u.op, u.dtype, new_src, u.arg, u.tag)
-  return done[sink]
+
+  def reads_a_copy(self, e: UOp) -> bool:
+    """Some source of e can be read from a copy (and e was not rewritten for it yet)."""
+    return self.fresh(e) is not None and any(self.via_copy(s) is not None for s in e.src)
 
 
 class Placement(Rebuilt):

@@ -139,8 +139,10 @@ class CreationMixin:
     if dtype is not None: dt = to_dtype(dtype)
     elif floats: dt = dtypes.default_float
     else: dt = dtypes.int32 if fits32 else dtypes.int64
-    # computed in dt for floats, in a wide enough int otherwise, then cast (an int dtype truncates float steps)
-    work = dt if dt.is_float else dtypes.default_float if floats else dtypes.int32 if fits32 else dtypes.int64
+    # computed in dt for floats (half floats in float32: start + i*step rounded once, as tinygrad and numpy), in a
+    # wide enough int otherwise, then cast (an int dtype truncates float steps)
+    work = (dtypes.float32 if dt.itemsize < 4 else dt) if dt.is_float else dtypes.default_float if floats \
+      else dtypes.int32 if fits32 else dtypes.int64
     dev = canon_device(device)
     i = cls._from_uop(_iota(n).cast(work), dev)
     return (i * _num(step, work) + _num(start, work)).cast(dt) if n else i.cast(dt)
