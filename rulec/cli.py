@@ -1,4 +1,4 @@
-"""The `rulec` command: check, compile --emit, explain, demo, trace, verify.
+"""The `rulec` command: check, compile --emit, explain, demo, trace, verify, fmt, lsp.
 
 Every command takes `--rules PATH` (repeatable): a directory (or file) of .rules layered over the shipped
 rules, as RULEC_RULES=PATH does (docs/rules.md, "Your own rules directory")."""
@@ -45,7 +45,10 @@ def _cmd_check(args) -> int:
     print(f"rulec check: internal error: {type(e).__name__}: {e}", file=sys.stderr)
     return 3
   diags = lib.diagnostics
-  if args.format == "json":
+  if args.format == "sarif":
+    from engine.lang.sarif import sarif_log, tool_version
+    print(json.dumps(sarif_log(diags, tool_version=tool_version()), indent=2))
+  elif args.format == "json":
     print(json.dumps({"files": len(sources), "rulesets": len(lib.rulesets),
                       "rules": sum(len(rs.rules) for rs in lib.rulesets.values()),
                       "errors": len(lib.errors), "warnings": len(diags) - len(lib.errors),
@@ -118,14 +121,75 @@ def _cmd_verify(args) -> int:
   except ImportError as e:
     print(f"rulec verify needs hypothesis ({e}): pip install hypothesis", file=sys.stderr)
     return 2
+  if args.format == "sarif":
+    from engine.lang.loader import load_library, user_rules_paths
+    from engine.lang.sarif import sarif_log, tool_version, verify_findings
+    if _missing("verify", args.rules or user_rules_paths()): return 2
+    errors = (load_library(user=args.rules) if args.rules else load_library()).checked.errors
+    # a library that does not load is reported in the log too, so CI shows where
+    if errors:
+      print(json.dumps(sarif_log(errors, verify=True, tool_version=tool_version()), indent=2))
+      return 1
   lib = _library_with("verify", args.rules, args.ruleset)
   if isinstance(lib, int): return lib
   # with a user's rules and no set named: the sets the user's layer defines, replaces or extends
   names = args.ruleset or lib.user_ruleset_names()
   results = verify_library(lib, names, examples=args.examples)
-  out = format_json(results) if args.format == "json" else None
-  print(json.dumps(out, indent=2) if out is not None else format_human(results))
+  if args.format == "sarif":
+    print(json.dumps(sarif_log([], verify_findings(lib, results), verify=True, tool_version=tool_version()), indent=2))
+  elif args.format == "json": print(json.dumps(format_json(results), indent=2))
+  else: print(format_human(results))
   return 1 if any(r.status == "refuted" for rs in results for r in rs.rules) else 0
+
+
+def _cmd_fmt(args) -> int:
+  import difflib
+  from engine.lang.fmt import FormatError, format_source
+  from engine.lang.loader import read_rule_file, rule_files
+  from engine.lang.parser import decode_source
+  if args.paths == ["-"]:
+    data = sys.stdin.buffer.read()
+    try: out = format_source(data, "<stdin>")
+    except (FormatError, RuntimeError) as e:
+      print(e, file=sys.stderr)
+      return 1
+    if args.check or args.diff: return 0 if out == decode_source("<stdin>", data)[0] else 1
+    sys.stdout.write(out)
+    return 0
+  if _missing("fmt", args.paths): return 2
+  files = rule_files(args.paths or None)
+  changed = failed = 0
+  for f in files:
+    data = read_rule_file(f)
+    if isinstance(data, OSError):
+      print(f"{f}:1:1: error R003: cannot read the file: {data.strerror or type(data).__name__}", file=sys.stderr)
+      failed += 1
+      continue
+    try: out = format_source(data, str(f))
+    except (FormatError, RuntimeError) as e:   # RuntimeError: the formatter's own self-check refused its result
+      print(e, file=sys.stderr)
+      failed += 1
+      continue
+    text = decode_source(str(f), data)[0]
+    if out == text: continue
+    changed += 1
+    if args.diff: sys.stdout.writelines(difflib.unified_diff(text.splitlines(True), out.splitlines(True), str(f), f"{f} (formatted)"))
+    elif args.check: print(f"would reformat {f}")
+    else: f.write_bytes(out.encode("utf-8"))
+    sys.stdout.flush()
+  dry = args.check or args.diff
+  print(f"{len(files)} files: {changed} {'would be reformatted' if dry else 'reformatted'}, "
+        f"{len(files) - changed - failed} unchanged, {failed} not formatted", file=sys.stderr)
+  return 1 if failed or dry and changed else 0
+
+
+def _cmd_lsp(args) -> int:
+  import importlib.util
+  if importlib.util.find_spec("pygls") is None:
+    print("rulec lsp needs pygls: pip install 'rulec[lsp]'", file=sys.stderr)
+    return 2
+  from rulec.lsp import serve
+  return serve()
 
 
 def _rules_option(p: argparse.ArgumentParser):
@@ -143,7 +207,8 @@ def main(argv: list[str] | None = None) -> int:
   sub = ap.add_subparsers(dest="cmd", required=True)
   c = sub.add_parser("check", help="check .rules files (default: the rules/ library)")
   c.add_argument("paths", nargs="*", help="files or directories (default: rules/)")
-  c.add_argument("--format", choices=("human", "json"), default="human")
+  c.add_argument("--format", choices=("human", "json", "sarif"), default="human",
+                 help="sarif: a SARIF 2.1.0 log on stdout, for code scanning (docs/editors.md)")
   c.add_argument("--no-examples", action="store_true", help="do not run the rules' examples")
   _rules_option(c)
   c.set_defaults(fn=_cmd_check)
@@ -175,8 +240,15 @@ def main(argv: list[str] | None = None) -> int:
   v.add_argument("ruleset", nargs="*", help="rule sets to verify, with the sets they include (default: all; with --rules or RULEC_RULES: the sets they define)")
   v.add_argument("--examples", type=int, default=100, help="examples per rule (default: 100)")
   _rules_option(v)
-  v.add_argument("--format", choices=("human", "json"), default="human")
+  v.add_argument("--format", choices=("human", "json", "sarif"), default="human")
   v.set_defaults(fn=_cmd_verify)
+  f = sub.add_parser("fmt", help="rewrite .rules files in the canonical layout (docs/editors.md)")
+  f.add_argument("paths", nargs="*", help="files or directories (default: the shipped rules); - reads stdin, writes stdout")
+  f.add_argument("--check", action="store_true", help="change nothing; exit 1 if a file would be reformatted")
+  f.add_argument("--diff", action="store_true", help="change nothing; print what would change as a unified diff")
+  f.set_defaults(fn=_cmd_fmt)
+  s = sub.add_parser("lsp", help="run the language server on stdin/stdout (needs pygls: pip install 'rulec[lsp]')")
+  s.set_defaults(fn=_cmd_lsp)
   try:
     args = ap.parse_args(argv)
   except SystemExit as e:

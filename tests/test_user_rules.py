@@ -4,7 +4,9 @@
   replacement); `ruleset NAME extends NAME:` appends rules to a shipped set (also a gradients set); the
   scheduler picks the layer up and the kernel count changes; errors are located in the user's file; an
   unknown `extends` target is R507; the matcher cache keys on the layered content; the CLI's --rules;
-* from an installed (non-editable) wheel in a fresh venv: RULEC_RULES changes a program's kernel count.
+* from an installed (non-editable) wheel in a fresh venv: RULEC_RULES changes a program's kernel count; and the
+  rule authors' tools work from it (`rulec fmt --check`, `rulec check --format sarif`, `pygmentize -l rulec`
+  through the entry point, and `rulec lsp` answering an LSP initialize).
 """
 from __future__ import annotations
 
@@ -210,7 +212,9 @@ def _build_wheel(src: Path, dist: Path) -> Path:
   di = f"{name}-{version}.dist-info"
   files[f"{di}/METADATA"] = f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n".encode()
   files[f"{di}/WHEEL"] = b"Wheel-Version: 1.0\nGenerator: tests/test_user_rules.py\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
-  files[f"{di}/entry_points.txt"] = ("[console_scripts]\n" + "".join(f"{k} = {v}\n" for k, v in proj["scripts"].items())).encode()
+  groups = {"console_scripts": proj["scripts"], **proj.get("entry-points", {})}
+  files[f"{di}/entry_points.txt"] = "".join(f"[{g}]\n" + "".join(f"{k} = {v}\n" for k, v in eps.items()) + "\n"
+                                            for g, eps in groups.items()).encode()
   record = "".join(f"{p},sha256={base64.urlsafe_b64encode(hashlib.sha256(b).digest()).rstrip(b'=').decode()},{len(b)}\n"
                    for p, b in files.items()) + f"{di}/RECORD,,\n"
   files[f"{di}/RECORD"] = record.encode()
@@ -269,3 +273,33 @@ def test_installed_wheel_picks_up_RULEC_RULES(installed, tmp_path):
   out = _run(installed, tmp_path, rulec_bin, "compile", "earliest", "--rules", str(d))
   out0 = _run(installed, tmp_path, rulec_bin, "compile", "earliest")
   assert int(out.split()[2]) == int(out0.split()[2]) + 1
+
+
+def test_installed_wheel_has_the_rule_authors_tools(installed, tmp_path):
+  import json
+  bin_ = installed / "bin"
+  env = {**{k: v for k, v in os.environ.items() if k != "PYTHONPATH" and not k.startswith("RULEC_")},
+         "RULEC_CACHE_DIR": str(tmp_path / "cache")}
+  def run(*argv, **kw): return subprocess.run(list(argv), cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120, check=False, **kw)
+  (tmp_path / "ok.rules").write_text("ruleset s:\n  rule a: x + 0 => x\n")
+  (tmp_path / "messy.rules").write_text("ruleset t:\n   rule b:x*1=>x+y\n")
+  fmt = run(str(bin_ / "rulec"), "fmt", "--check", "ok.rules", "messy.rules")
+  assert fmt.returncode == 1 and fmt.stdout == "would reformat messy.rules\n", fmt.stderr
+  sarif = run(str(bin_ / "rulec"), "check", "--format", "sarif", "--no-examples", "messy.rules")
+  log = json.loads(sarif.stdout)
+  assert sarif.returncode == 1 and log["version"] == "2.1.0"
+  assert [(r["ruleId"], r["locations"][0]["physicalLocation"]["artifactLocation"]["uri"]) for r in log["runs"][0]["results"]] == \
+    [("R201", "messy.rules")]
+  py = str(bin_ / "python")
+  # what `pygmentize -l rulec` does: the lexer found by its alias, through the wheel's entry point
+  lexer = run(py, "-c", "import sys, pygments, pygments.lexers as L, pygments.formatters as F; lx = L.get_lexer_by_name('rulec'); "
+                        "print(sys.modules[type(lx).__module__].__file__, pygments.highlight(open('ok.rules').read(), lx, F.HtmlFormatter()))")
+  assert lexer.stdout.startswith(str(installed)) and '<span class="k' in lexer.stdout, lexer.stderr
+  # an LSP initialize and shutdown over stdio, framed by hand
+  msgs = [{"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {"processId": None, "rootUri": None, "capabilities": {}}},
+          {"jsonrpc": "2.0", "method": "initialized", "params": {}}, {"jsonrpc": "2.0", "id": 2, "method": "shutdown"},
+          {"jsonrpc": "2.0", "method": "exit"}]
+  framed = "".join(f"Content-Length: {len(json.dumps(m).encode())}\r\n\r\n{json.dumps(m)}" for m in msgs)
+  lsp = run(str(bin_ / "rulec"), "lsp", input=framed)
+  reply = json.JSONDecoder().raw_decode(lsp.stdout[lsp.stdout.find("{"):])[0]
+  assert reply["id"] == 1 and reply["result"]["capabilities"]["hoverProvider"], lsp.stderr
