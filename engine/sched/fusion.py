@@ -81,6 +81,9 @@ class FusionFacts:
     self.staged: set[UOp] = set()
     self.hoisted: set[UOp] = set()
     self._epilogues = _reduce_epilogues(self.order)
+    self._users: dict[UOp, list[UOp]] = {}
+    for u in self.order:
+      for x in u.src: self._users.setdefault(x, []).append(u)
     self._recount()
 
   def _recount(self) -> None:
@@ -104,6 +107,15 @@ class FusionFacts:
   def needed_below(self, x: UOp) -> bool:
     """A reduce inside x's epilogue is used more often than x, or an epilogue value below x at least as often."""
     return _needed_below(x, self._epilogues, self._uses)
+
+  def shrunk_view(self, x: UOp) -> UOp | None:
+    """The end of the movement ops that are x's only consumers, one after the other, when they shrink x (the
+    gradient of a pad, of a convolution's padded input, reads the padded gradient so); else None."""
+    v, shrinks = x, False
+    while len(users := self._users.get(v, [])) == 1 and users[0].op in MOVEMENT and users[0] not in self.sink.src:
+      v = users[0]
+      shrinks |= v.op is Ops.SHRINK
+    return v if shrinks and v.size < x.size else None
 
   def reads(self, x: UOp) -> int:
     """How many buffers recomputing x reads (inputs, realized values, stores chosen so far)."""
