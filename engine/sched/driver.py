@@ -1,12 +1,17 @@
 """The scheduling driver: a tensor-level graph -> kernels.
 
-A fixed sequence of passes; every rewrite is a rule in rules/ (named below),
-and Python computes the facts the fusion rules decide on (consumer counting,
-recompute costs) and cuts the final graph into kernels.
+A fixed sequence of passes; every rewrite but one is a rule in rules/ (named
+below). Python computes the facts rules decide on (consumer counts, recompute
+costs: engine/sched/fusion.py; original nodes: engine/sched/stages.py), redirects
+reads of overwritten buffers to snapshots (per kernel region: the one graph pass
+still in Python) and orders the kernels.
 
-  1. earliest      rules/early.rules      cleanups, size 0, split reduces, copies, assigns
+  1. earliest      rules/early.rules      cleanups, size 0, split reduces, bitcasts, copies, assigns
+     reuse_copies  rules/early.rules      reads of a value that has a contiguous copy read the copy
      prepare       rules/early.rules      explicit broadcasts
   2. fusion        rules/fusion.rules     what to realize (decisions over engine/sched/fusion.py's facts)
+     stage, place  rules/realize.rules    the decisions and the outputs wrapped in STAGE; constants placed
+     (snapshots)   Python (stages.py)     a kernel reading a buffer before and after an assign reads a copy
   3. realize       rules/realize.rules    STAGE / CONTIGUOUS -> store into a new buffer
   4. rangeify      rules/indexing.rules   ranges at stores and reduces; INDEX pushed down
   5. symbolic      rules/symbolic.rules   index arithmetic simplified, constants folded
