@@ -21,10 +21,10 @@ What is timed (all times are medians over the repetitions, in milliseconds):
   `for k in kernels: cpu_device.run_kernel(k)`. That includes run_kernel's own
   Python work per kernel (validate, decomposition rules, IR rendering, program
   cache lookup, thread dispatch) but no compilation: the script checks that
-  `cpu_device.COUNTERS["compiled"]` does not grow while timing. A second,
+  `cpu_device.COUNTERS` count no program built or loaded while timing. A second,
   small table gives rulec's time when the fresh output buffers are allocated
   and first touched inside the timer (what a plain `realize()` pays).
-- numpy: the natural expression (np.maximum(a*b+c, 0), a.sum(), softmax with
+- numpy: the natural expression (np.maximum(a*b+c, 0), a.sum(), softmax and log_softmax with
   max subtraction, layernorm, a @ b (OpenBLAS, multi-threaded), conv2d as
   np.pad + sliding_window_view + tensordot to a contiguous NCHW array), on
   fresh input arrays; its own allocations are included.
@@ -52,10 +52,19 @@ Columns of the table:
   vs numpy, vs tinygrad   numpy time / rulec time and tinygrad time / rulec time
                           (> 1: rulec is faster)
   reps                    timed repetitions for rulec / numpy / tinygrad
+Compile time (bench/compile_times.py, its docstring says what is timed): each
+workload's kernels compiled by rulec and by tinygrad in new processes, cold
+(empty caches: RULEC_CACHE_DIR, tinygrad's CACHEDB, POCL_CACHE_DIR) and warm
+(a second process with the caches the first left), as milliseconds and as
+tinygrad / rulec ratios; `--device CL` compares with tinygrad's CL device.
+`--skip-compile` leaves that table out.
+
 The last line is
   elementwise_bw_fraction=<frac copy BW of relu(a*b+c) at 16M>
   matmul_vs_numpy=<rulec GFLOP/s / numpy GFLOP/s for the 1024^3 matmul>
   geomean_vs_tinygrad=<geometric mean over all workloads of tinygrad time / rulec time>
+  compile_cold_vs_tinygrad=<tinygrad's total cold compile time / rulec's>
+  compile_warm_ms=<rulec's total warm compile time>
 """
 from __future__ import annotations
 
@@ -81,6 +90,7 @@ def parse_args(argv=None):
   p.add_argument("--only", nargs="*", default=None, metavar="NAME",
                  help="run only workloads whose name contains one of these strings (the summary line then covers those)")
   p.add_argument("--scale", type=int, default=1, help="CL only: divide every workload's size by this (a quick check on PoCL)")
+  p.add_argument("--skip-compile", action="store_true", help="leave out the cold / warm compile-time table")
   args = p.parse_args(argv)
   args.device = args.device.upper()
   if args.device not in DEVICES: p.error(f"--device {args.device}: rulec can be benchmarked on {', '.join(DEVICES)}")
@@ -98,6 +108,7 @@ os.environ["DEV"] = "CPU"   # tinygrad's device: always its CPU device, whatever
 
 import numpy as np  # noqa: E402
 from tinygrad import Device as TGDevice, Tensor as TT, TinyJit  # noqa: E402
+import compile_times  # noqa: E402
 from workloads import WORKLOADS, Inputs, Workload, check, fmt, print_table  # noqa: E402
 
 from engine.sched.driver import schedule as rulec_schedule  # noqa: E402
@@ -109,6 +120,11 @@ RULEC_DEVICE = ARGS.device
 
 
 # *** rulec ***
+
+def programs_made() -> int:
+  """Programs built or loaded from the disk cache so far: neither may happen while timing."""
+  return cpu_device.COUNTERS["compiled"] + cpu_device.COUNTERS["loaded"]
+
 
 def touch_buffers(kernels) -> None:
   """Allocate every buffer the kernels use and write it once, so fresh outputs do not page-fault in the timer."""
@@ -139,12 +155,12 @@ def time_rulec(w: Workload, inp: Inputs, failures: list[str], prefault: bool = T
     out = w.rulec(*ts)
     kernels, views = rulec_schedule([out.uop], RULEC_DEVICE)
     if prefault: touch_buffers(kernels)
-    compiled = cpu_device.COUNTERS["compiled"]
+    compiled = programs_made()
     t0 = time.perf_counter()
     for k in kernels: cpu_device.run_kernel(k)
     times.append(time.perf_counter() - t0)
-    if cpu_device.COUNTERS["compiled"] != compiled:
-      failures.append(f"{w.name}: rulec compiled {cpu_device.COUNTERS['compiled'] - compiled} kernel(s) while timing")
+    if programs_made() != compiled:
+      failures.append(f"{w.name}: rulec compiled or loaded {programs_made() - compiled} kernel(s) while timing")
     check(w, inp, i, rulec_output(out, views), "rulec", failures)
   w.results["rulec kernels"] = len(kernels)
   return times
@@ -273,13 +289,14 @@ def main():
     print("RESULT CHECK FAILURES:")
     for f in failures: print("  " + f)
 
+  compile_line = compile_times.summary(ARGS)
   by = {w.name: (r, n, t, frac) for w, r, n, t, rate, frac, _ in rows}
   ew16 = by.get("relu(a*b+c) 16M")
   mm = by.get("matmul 1024^3")
   geo = math.exp(statistics.fmean(math.log(t / r) for _, r, _, t, *_ in rows)) if rows else float("nan")
   print(f"elementwise_bw_fraction={ew16[3]:.3f}" if ew16 else "elementwise_bw_fraction=nan",
         f"matmul_vs_numpy={mm[1] / mm[0]:.4f}" if mm else "matmul_vs_numpy=nan",
-        f"geomean_vs_tinygrad={geo:.3f}")
+        f"geomean_vs_tinygrad={geo:.3f}", compile_line)
   sys.stdout.flush()
   if failures: sys.exit(1)
 

@@ -23,6 +23,11 @@ def np_softmax(x):
   return e / e.sum(axis=-1, keepdims=True)
 
 
+def np_log_softmax(x):
+  d = x - x.max(axis=-1, keepdims=True)
+  return d - np.log(np.exp(d).sum(axis=-1, keepdims=True))
+
+
 def np_layernorm(x, eps=1e-5):
   d = x - x.mean(axis=-1, keepdims=True)
   return d / np.sqrt((d * d).mean(axis=-1, keepdims=True) + eps)
@@ -82,6 +87,8 @@ WORKLOADS = [
            reps=(7, 7, 7), sum_tol=1e-6),
   Workload("softmax 4096x1024", [(4096, 1024)], lambda x: x.softmax(-1), np_softmax, lambda x: x.softmax(-1),
            torch=lambda x: x.softmax(-1), nbytes=2 * 4 * 4096 * 1024, rtol=1e-4, atol=1e-7),
+  Workload("log_softmax 4096x1024", [(4096, 1024)], lambda x: x.log_softmax(-1), np_log_softmax, lambda x: x.log_softmax(-1),
+           torch=lambda x: x.log_softmax(-1), nbytes=2 * 4 * 4096 * 1024, rtol=1e-4, atol=1e-5),
   Workload("layernorm 4096x1024", [(4096, 1024)], lambda x: x.layernorm(), np_layernorm, tg_layernorm,
            torch=torch_layernorm, nbytes=2 * 4 * 4096 * 1024, rtol=1e-3, atol=1e-4),
   Workload("matmul 1024^3", [(1024, 1024)] * 2, lambda a, b: a @ b, lambda a, b: a @ b, lambda a, b: a @ b,

@@ -492,6 +492,9 @@ class LLVMRenderer(ScopedEmitter):
     and loads that do not depend on the lane are shared."""
     op, d = u.arg, u.dtype
     value, rngs = u.src[0], u.src[1:]
+    if lanes == [()] and op is Ops.MAX and d in (dtypes.float32, dtypes.float64) and len(rngs) == 1 \
+       and rngs[0].src[0].arg >= 2 * MAX_LANES and not (self.kblock and u is self.kblock_reduce):
+      return [self._max_in_lanes(value, rngs[0], d)]
     # float16 accumulates in float: sums and products as numpy's do, rounded once at the end (max is exact either way)
     wide = d is dtypes.float16
     ad = dtypes.float32 if wide else d
@@ -535,6 +538,39 @@ class LLVMRenderer(ScopedEmitter):
       self._set_lane(outer_lane)
     outs = [self.b.load(acc) for acc in accs]
     return [self._to_half(o) for o in outs] if wide else outs
+
+  def _max_in_lanes(self, value: UOp, r: UOp, d: DType):
+    """A float MAX over one range in MAX_LANES interleaved accumulators (element i into i % MAX_LANES), combined in
+    order at the end. LLVM's loop vectoriser takes a compare-and-select reduction only if it may assume no NaN
+    (llvm.maxnum would do, but LLVM 22 as built in llvmlite 0.50 aborts on some maxnum reductions); the lanes are
+    independent, so the SLP vectoriser packs them into vector compares and selects that keep engine/alu.py's MAX
+    exactly. Each lane sees its elements in order, so the result is the same value; only a tie of 0.0 and -0.0 may
+    keep the other zero (as a reassociated sum may round differently)."""
+    b, n, w = self.b, r.src[0].arg, MAX_LANES
+    accs = [self._alloca(lltype(d), "macc") for _ in range(w)]
+    for acc in accs: b.store(self.const(identity_element(Ops.MAX, d), d), acc)
+    def update(acc, index):
+      self.scopes.append({})   # the value depends on r, which differs per lane
+      self.ranges[r] = index
+      self.b.store(self.alu(Ops.MAX, d, d, [self.b.load(acc), self.value(value)]), acc)
+      self.scopes.pop()
+      del self.ranges[r]
+    blocks = UOp(Ops.RANGE, r.dtype, (UOp.const(dtypes.index, n // w),), (r.arg[0], "maxlanes"))
+    lp = self.open_loop(blocks)
+    base = self.b.mul(self.ranges[blocks], ir.Constant(_I64, w))
+    for j, acc in enumerate(accs): update(acc, self.b.add(base, ir.Constant(_I64, j)) if j else base)
+    self.close_loop(lp, no_vectorize=True)
+    if n % w:
+      rest = UOp(Ops.RANGE, r.dtype, (UOp.const(dtypes.index, n % w),), (r.arg[0], "maxrest"))
+      lp = self.open_loop(rest)
+      update(accs[0], self.b.add(self.ranges[rest], ir.Constant(_I64, n - n % w)))
+      self.close_loop(lp)
+    out = self.b.load(accs[0])
+    for acc in accs[1:]: out = self.alu(Ops.MAX, d, d, [out, self.b.load(acc)])
+    return out
+
+
+MAX_LANES = 16  # a float max reduction's interleaved accumulators (see _max_in_lanes)
 
 
 def _invariant_reduces(ast: UOp) -> list[UOp]:

@@ -22,11 +22,12 @@ TITLES = {"TensorBase": "Core: construction, realizing, data, assign", "Creation
           "ReduceMixin": "Reductions", "ScansMixin": "Cumulative scans", "MovementMixin": "Movement and basic indexing",
           "ShapeMixin": "Shape functions", "IndexingMixin": "Gather, scatter and advanced indexing",
           "SortingMixin": "Sorting", "NNMixin": "Linear algebra and neural-network functions", "LinalgMixin": "Matrix decompositions",
-          "ActivationsMixin": "Activations", "LossesMixin": "Losses", "AutogradMixin": "Autograd"}
+          "ActivationsMixin": "Activations", "LossesMixin": "Losses", "AutogradMixin": "Autograd",
+          "MultiMixin": "Several devices"}
 
 
 # attributes held in slots (no docstring of their own) and operators, described here
-ATTRIBUTES = {"uop": "the tensor-level UOp graph of the value", "device": "the device the value lives on",
+ATTRIBUTES = {"uop": "the tensor-level UOp graph of the value", "device": "the device the value lives on (a tuple of devices for a sharded tensor)",
               "grad": "the accumulated gradient (a Tensor, or None); see backward()",
               "requires_grad": "None (any float tensor gets a gradient), True, or False (excluded from autograd)"}
 OPERATORS = {"__add__": "x + y", "__sub__": "x - y", "__mul__": "x * y", "__truediv__": "x / y (true division)",

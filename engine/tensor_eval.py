@@ -35,8 +35,11 @@ Semantics (they follow `engine/alu.py` and numpy):
   dtype's lowest value (-inf for floats), ADD 0, MUL 1.
 - PAD fills with zeros (False for bool).
 - CONTIGUOUS is a copy; COPY, DETACH, CONTIGUOUS_BACKWARD are the identity on
-  values; ASSIGN(target, value) has the value of `value` (the write into the
+  values (a COPY to a device set too); ASSIGN(target, value) has the value of `value` (the write into the
   target's buffer is `engine.sched.realize`'s job, not the interpreter's).
+- MSTACK(x_0, .., x_n-1)[(axis, devices)] is its sources joined along axis, or its
+  first source when axis is None (the parts of a replicated value are equal);
+  MSELECT(v)[(i, axis, n)] is part i of v split n ways along axis (v for None).
 - A SINK root stands for its sources: its place in the result list is taken by
   their values, in order.
 
@@ -104,6 +107,8 @@ def _eval_node(u: UOp, xs: list[np.ndarray]) -> np.ndarray:
   elif op is Ops.CONTIGUOUS: out = np.array(xs[0], copy=True)
   elif op in _IDENTITY_OPS: out = xs[0]
   elif op is Ops.ASSIGN: out = xs[1]
+  elif op is Ops.MSTACK: out = xs[0] if u.arg[0] is None else np.concatenate(xs, axis=u.arg[0])
+  elif op is Ops.MSELECT: out = _part(xs[0], *u.arg)
   else: raise NotImplementedError(f"tensor_eval: {op} is not a tensor-level op")
   out = np.asarray(out)
   want = np_dtype(u.dtype)
@@ -112,6 +117,12 @@ def _eval_node(u: UOp, xs: list[np.ndarray]) -> np.ndarray:
   if shape is not None and out.shape != tuple(shape):
     raise ValueError(f"tensor_eval: {op} produced shape {out.shape}, but the node's shape is {tuple(shape)}")
   return out
+
+
+def _part(x: np.ndarray, i: int, axis, n: int) -> np.ndarray:
+  if axis is None: return x
+  s = x.shape[axis] // n
+  return x[(slice(None),) * axis + (slice(i * s, (i + 1) * s),)]
 
 
 def _const(value, dtype: DType) -> np.ndarray:

@@ -232,8 +232,9 @@ class UOp:
   @property
   def size(self) -> int: return prod(self.shape)
   @property
-  def device(self) -> str | None:
-    """Where this value lives: a BUFFER's device, a COPY's target, else its sources' (None for constants)."""
+  def device(self) -> str | tuple[str, ...] | None:
+    """Where this value lives: a BUFFER's device, a COPY's target, else its sources' (None for constants; a tuple
+    of devices for a value spread over several, MSTACK)."""
     return self._derive("device", _infer_device)
   @property
   def ndim(self) -> int: return len(self.shape)
@@ -302,6 +303,7 @@ def _infer_shape(u: UOp) -> tuple[int, ...] | None:
   if op is Ops.INDEX:
     s = src[0]._get_memo().get("shape")
     return None if s is None else s[len(src) - 1:]
+  if op in (Ops.MSTACK, Ops.MSELECT): return _multi_shape(u)
   if op is Ops.BITCAST and src and src[0].dtype.itemsize != u.dtype.itemsize:
     # a bitcast to another item size: the last axis holds the same bytes in more or fewer items
     s = src[0]._get_memo().get("shape")
@@ -317,9 +319,24 @@ def _infer_shape(u: UOp) -> tuple[int, ...] | None:
   return None
 
 
-def _infer_device(u: UOp) -> str | None:
+def _multi_shape(u: UOp) -> tuple[int, ...] | None:
+  """MSTACK(x_0..x_n)[(axis, devices)] is the value whose part on devices[i] is x_i: the parts joined along axis
+  (axis None: each part is the whole value). MSELECT(v)[(i, axis, n)] is device i's part of v split n ways."""
+  s = u.src[0]._get_memo().get("shape") if u.src else None
+  axis = u.arg[0] if u.op is Ops.MSTACK else u.arg[1]
+  if s is None or axis is None: return s
+  n = len(u.arg[1]) if u.op is Ops.MSTACK else u.arg[2]
+  return s[:axis] + (s[axis] * n if u.op is Ops.MSTACK else s[axis] // n,) + s[axis + 1:]
+
+
+def _infer_device(u: UOp) -> str | tuple[str, ...] | None:
+  """A device name; a tuple of them for a value spread over several devices (MSTACK, a COPY to several)."""
   if u.op is Ops.BUFFER: return u.arg[1]
   if u.op is Ops.COPY: return u.arg
+  if u.op is Ops.MSTACK: return u.arg[1]
+  if u.op is Ops.MSELECT:
+    d = u.src[0]._memo["device"]
+    return d[u.arg[0]] if isinstance(d, tuple) else d
   for s in u.src:
     d = s._memo["device"]
     if d is not None: return d

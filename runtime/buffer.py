@@ -80,6 +80,19 @@ class Buffer:
     self.host_valid = True
     if self.mirror is not None: self.mirror.valid = False
 
+  @property
+  def nbytes(self) -> int: return self.size * np_dtype(self.dtype).itemsize
+
+  def copy_from(self, src: "Buffer") -> None:
+    """This buffer's contents become src's: a transfer between two devices. The data goes through host memory (a
+    device copy of src is read back once and stays valid there); a device copy of this buffer is stale after."""
+    if src.size != self.size or src.dtype is not self.dtype:
+      raise ValueError(f"copy of {src!r} into {self!r}: sizes or dtypes differ")
+    if self._data is None: self._data = np.empty(self.size, dtype=np_dtype(self.dtype))
+    np.copyto(self._data, src.host_view())
+    self.host_valid = True
+    if self.mirror is not None: self.mirror.valid = False
+
   def device_wrote(self, mirror: Mirror):
     """A device kernel wrote `mirror`: it is now the only current copy."""
     self.mirror, mirror.valid, self.host_valid = mirror, True, False

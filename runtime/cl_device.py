@@ -5,18 +5,29 @@ gives a CPU OpenCL device (PoCL) on any machine. "CL" is the first device of
 the first platform that has one, found at first use; RULEC_CL_DEVICE=n picks
 the n-th device counted across platforms instead.
 
-A kernel is decomposed (rules/decomp.rules), rendered as OpenCL C, built once
-per process per distinct source text (a program cache; PoCL also keeps built
-binaries on disk under POCL_CACHE_DIR), and launched as a 1-D NDRange of one
-work-item per element its store writes (see codegen/opencl.py), with the local
-size taken from the device's and the kernel's work-group limits.
+A kernel is decomposed (rules/decomp.rules; on a CPU device with fp64 the
+optional float32 exp2 / log2 rules too: CLDevice.optional), rendered as OpenCL C, built once
+per process per distinct source text (a program cache), and launched as a 1-D
+NDRange of one work-item per element its store writes (see codegen/opencl.py),
+with the local size taken from the device's and the kernel's work-group limits.
+
+Programs built from source have their binaries written to the disk cache
+(runtime/kernel_cache.py), keyed by the source, the device, platform and
+driver, the build options and pyopencl's version; a later process creates the
+program from that binary instead of compiling it. A driver that is slow to hand
+out binaries (PoCL) has them fetched when the process exits, for at most
+RULEC_CL_SAVE_S seconds (default 10; save_binaries() writes all at once). (PoCL keeps its
+own builds under POCL_CACHE_DIR too, which makes a warm build from source
+cheaper, not free.) COUNTERS["compiled"] counts programs built from source,
+COUNTERS["loaded"] those made from a cached binary.
 
 Buffers: a kernel's buffers live on the device (runtime/buffer.py's Mirror):
 the first kernel that names a buffer uploads its host contents, a kernel's
 outputs stay on the device, and the host copy is refreshed only when the host
 reads it (Tensor.numpy(), a CPU kernel). Kernels are enqueued without waiting
 on an in-order queue; a host read waits for them. `TIMES` accumulates build
-and upload/download time; `synchronize()` waits for every queued kernel.
+(from source), load (from a binary) and upload/download time; `synchronize()`
+waits for every queued kernel.
 """
 from __future__ import annotations
 
@@ -31,17 +42,20 @@ import weakref
 import attrs
 import numpy as np
 
+from engine.ops import Ops
+from runtime import kernel_cache
 from runtime.buffer import Buffer, Mirror, buffer_of, np_dtype
 from runtime.kernel import Kernel, decomposed, validate
 
 DEVICE = "CL"
-COUNTERS = {"compiled": 0, "run": 0, "uploads": 0, "downloads": 0}
-TIMES = {"build_s": 0.0, "upload_s": 0.0, "download_s": 0.0}
+COUNTERS = {"compiled": 0, "loaded": 0, "run": 0, "uploads": 0, "downloads": 0}
+TIMES = {"build_s": 0.0, "load_s": 0.0, "upload_s": 0.0, "download_s": 0.0}
 
 EVENTS: list = []   # with RULEC_CL_PROFILE=1: every launch's event (the caller clears it)
 
 _lock = threading.RLock()
 _device: "CLDevice | None" = None
+_devices: dict[int, "CLDevice"] = {}   # "CL:n" -> its device (n = 0 is _device)
 _programs: dict[tuple[int, str], "Program"] = {}
 
 
@@ -103,12 +117,25 @@ class CLDevice:
     self.max_item0 = self.dev.max_work_item_sizes[0]
     self.units = max(1, self.dev.max_compute_units)
     is_cpu = bool(self.dev.type & cl.device_type.CPU)
+    # the optional decompositions of rules/decomp.rules asked for: float32 exp2 / log2 as float64 polynomials, on a
+    # CPU device (PoCL: softmax 4096x1024 68 -> 22 ms, its exp2 and log2 do not vectorise as well) with fp64;
+    # RULEC_CL_VECTOR_MATH=1 asks on any device with fp64, 0 on none. Either way they are correctly rounded.
+    want = os.environ.get("RULEC_CL_VECTOR_MATH", "")
+    vector_math = self.target.fp64 and (want not in ("", "0") or (want == "" and is_cpu))
+    self.optional = frozenset({Ops.EXP2, Ops.LOG2}) if vector_math else frozenset()
     self.pool = MemoryPool(self, int(os.environ.get("RULEC_CL_POOL_MB", 0) or 0) << 20 or
                            min(self.dev.global_mem_size // 4, (1 << 30) if is_cpu else (8 << 30)))
+    self.fetch_s: float | None = None   # how long the driver took to hand out a program's binary (see _store_binary)
     self.options: list[str] = ["-w"]   # no warnings: a generated kernel's are noise (PoCL prints them to stderr)
     # IEEE division and sqrt in float32 (OpenCL otherwise allows 2.5 / 3 ulp), where the device offers it
     if self.dev.single_fp_config & cl.device_fp_config.CORRECTLY_ROUNDED_DIVIDE_SQRT:
       self.options.append("-cl-fp32-correctly-rounded-divide-sqrt")
+
+  def cache_key(self, source: str) -> str:
+    """The disk cache key of a program built from `source` for this device (runtime/kernel_cache.py)."""
+    d, p = self.dev, self.dev.platform
+    return kernel_cache.key("cl", source, d.name, d.vendor, d.version, d.driver_version, p.name, p.vendor, p.version,
+                            " ".join(self.options), ".".join(map(str, self.cl.VERSION)))
 
   def __repr__(self): return f"<CLDevice {self.index}: {self.dev.name.strip()} ({self.dev.platform.name}) {self.dev.version}>"
 
@@ -125,18 +152,27 @@ def group_size(dev) -> int:
   return min(want, dev.max_work_group_size, dev.max_work_item_sizes[0])
 
 
-def get_device() -> CLDevice:
+def get_device(n: int = 0) -> CLDevice:
+  """The device "CL:n" names: the n-th after RULEC_CL_DEVICE's (n = 0: "CL" itself). Each has its own context,
+  queue and buffers (PoCL shows several CPU devices with POCL_DEVICES="pthread pthread")."""
   global _device
   with _lock:
-    if _device is None:
-      try: index = int(os.environ.get("RULEC_CL_DEVICE", "0") or 0)
-      except ValueError: raise CLUnavailable(f"RULEC_CL_DEVICE={os.environ['RULEC_CL_DEVICE']!r} is not a device number") from None
-      _device = CLDevice(index)
-      # PoCL compiles a kernel lazily on its own worker thread when the kernel first runs; a process that exits
-      # with kernels still queued tears LLVM down under that thread, which segfaults (one exit in five with a
-      # cold POCL_CACHE_DIR). Waiting for the queue at exit, before the C library's destructors run, avoids it.
-      atexit.register(synchronize)
-    return _device
+    if n in _devices: return _devices[n]
+    try: index = int(os.environ.get("RULEC_CL_DEVICE", "0") or 0)
+    except ValueError: raise CLUnavailable(f"RULEC_CL_DEVICE={os.environ['RULEC_CL_DEVICE']!r} is not a device number") from None
+    try: dev = CLDevice(index + n)
+    except CLUnavailable as e:
+      if not n: raise
+      raise CLUnavailable(f"CL:{n} is OpenCL device {index + n}, and there is none: {e} (PoCL on a CPU shows more "
+                          'devices with POCL_DEVICES="pthread pthread")') from None
+    # PoCL compiles a kernel lazily on its own worker thread when the kernel first runs; a process that exits
+    # with kernels still queued tears LLVM down under that thread, which segfaults (one exit in five with a
+    # cold POCL_CACHE_DIR). Waiting for the queue at exit, before the C library's destructors run, avoids it.
+    # The binaries of the programs built are written to the disk cache then too (see _store_binary).
+    if not _devices: atexit.register(_at_exit)
+    _devices[n] = dev
+    if n == 0: _device = dev
+    return dev
 
 
 def available() -> bool:
@@ -161,17 +197,22 @@ class Program:
     cl = dev.cl
     self.rendered, self.source = rendered, rendered.source
     t0 = time.perf_counter()
-    prg = cl.Program(dev.ctx, self.source)
-    try:
-      with warnings.catch_warnings():
-        warnings.simplefilter("ignore", cl.CompilerWarning)   # a non-empty build log (warnings) is not an error
-        prg.build(options=dev.options)
-    except cl.Error as e:
-      try: log = prg.get_build_info(dev.dev, cl.program_build_info.LOG)
-      except cl.Error: log = ""
-      raise CLBuildError(f"OpenCL could not build a kernel for {dev!r}: {str(e).splitlines()[0] if str(e) else type(e).__name__}\n"
-                         f"--- source ---\n{_numbered(self.source)}\n--- build log ---\n{log.strip() or str(e)}") from None
-    self.kernel = cl.Kernel(prg, rendered.name)
+    digest = dev.cache_key(self.source)
+    prg = self._from_binary(dev, digest)
+    self.loaded = prg is not None
+    if prg is None:
+      prg = cl.Program(dev.ctx, self.source)
+      try:
+        with warnings.catch_warnings():
+          warnings.simplefilter("ignore", cl.CompilerWarning)   # a non-empty build log (warnings) is not an error
+          prg.build(options=dev.options)
+      except cl.Error as e:
+        try: log = prg.get_build_info(dev.dev, cl.program_build_info.LOG)
+        except cl.Error: log = ""
+        raise CLBuildError(f"OpenCL could not build a kernel for {dev!r}: {str(e).splitlines()[0] if str(e) else type(e).__name__}\n"
+                           f"--- source ---\n{_numbered(self.source)}\n--- build log ---\n{log.strip() or str(e)}") from None
+      self.kernel = cl.Kernel(prg, rendered.name)
+      if kernel_cache.enabled(): _store_binary(dev, prg, digest)
     self.program = prg
     self.build_s = time.perf_counter() - t0
     # work sizes: enough work-groups for every compute unit, each as large as the device and the kernel allow
@@ -186,30 +227,97 @@ class Program:
       while local * 2 <= limit and -(-n // (local * 2)) >= dev.units: local *= 2
       self.local = local
       self.global_ = -(-n // local) * local
-    COUNTERS["compiled"] += 1
-    TIMES["build_s"] += self.build_s
+    COUNTERS["loaded" if self.loaded else "compiled"] += 1
+    TIMES["load_s" if self.loaded else "build_s"] += self.build_s
+
+  def _from_binary(self, dev: CLDevice, digest: str):
+    """The program made from a cached binary (its kernel in self.kernel), or None: no entry, or one the driver
+    refuses (that one is rebuilt from source and written again)."""
+    binary = kernel_cache.load("cl", digest)
+    if binary is None: return None
+    cl = dev.cl
+    try:
+      with warnings.catch_warnings():
+        warnings.simplefilter("ignore", cl.CompilerWarning)
+        prg = cl.Program(dev.ctx, [dev.dev], [binary]).build(options=dev.options)
+      self.kernel = cl.Kernel(prg, self.rendered.name)
+      return prg
+    except (cl.Error, RuntimeError, ValueError):
+      kernel_cache.reject("cl", digest)
+      return None
 
 
-def render(kernel: Kernel, target=None):
+_unsaved: list = []   # (device, program, key) built from source whose binaries are not on disk yet
+CHEAP_FETCH_S = 0.02  # a device that hands out a binary faster than this gets each one written right after its build
+
+
+def _exit_budget() -> float:
+  """Seconds spent at exit fetching and writing binaries (RULEC_CL_SAVE_S, default 10)."""
+  try: return float(os.environ.get("RULEC_CL_SAVE_S", "") or 10.0)
+  except ValueError: return 10.0
+
+
+def _store_binary(dev: CLDevice, prg, digest: str) -> None:
+  # Asking a driver for a binary can cost as much as the build did: PoCL compiles a generic work-group function for
+  # it (50-100 ms a kernel, under the lock its kernel compiler holds, so another thread does not help). A GPU driver
+  # has it at hand. So the first binary is fetched at once and timed: where that was cheap, every later one is
+  # too; elsewhere they are fetched when the process is done (for at most RULEC_CL_SAVE_S seconds), or on
+  # save_binaries(), not on the way to a first launch.
+  with _lock:
+    if dev.fetch_s is None:
+      t0 = time.perf_counter()
+      _write_binary(dev, prg, digest)
+      dev.fetch_s = time.perf_counter() - t0
+    elif dev.fetch_s < CHEAP_FETCH_S: _write_binary(dev, prg, digest)
+    else: _unsaved.append((dev, prg, digest))
+
+
+def _write_binary(dev: CLDevice, prg, digest: str) -> bool:
+  try: (binary,) = prg.get_info(dev.cl.program_info.BINARIES)
+  except (dev.cl.Error, ValueError): return False   # a driver that gives no binary: nothing to keep
+  if not binary: return False
+  kernel_cache.store("cl", digest, bytes(binary))
+  return True
+
+
+def save_binaries(budget_s: float | None = None) -> int:
+  """Write the binaries of programs built and not yet written to the disk cache, oldest first, stopping once
+  `budget_s` seconds are spent (None: all of them); the number written."""
+  t0, n = time.perf_counter(), 0
+  while _unsaved and (budget_s is None or time.perf_counter() - t0 < budget_s):
+    with _lock:
+      if not _unsaved: break
+      n += _write_binary(*_unsaved.pop(0))
+  return n
+
+
+def _at_exit() -> None:
+  synchronize()
+  if kernel_cache.enabled(): save_binaries(_exit_budget())
+  _unsaved.clear()
+
+
+def render(kernel: Kernel, target=None, dev: "CLDevice | None" = None):
   """The kernel as the OpenCL device runs it (a codegen.opencl.Rendered)."""
   from codegen.opencl import render as render_cl
-  return render_cl(decomposed(kernel), target if target is not None else get_device().target)
+  dev = dev if dev is not None else get_device()
+  return render_cl(decomposed(kernel, dev.optional), target if target is not None else dev.target)
 
 
 _by_ast: dict[tuple, Program] = {}   # (AST, buffer aliasing) -> program: ASTs are hash-consed, equal kernels share one entry
 
 
-def compile_kernel(kernel: Kernel) -> Program:
+def compile_kernel(kernel: Kernel, dev: CLDevice | None = None) -> Program:
   """The built program for a kernel (validated and rendered the first time its AST is seen), cached by its source text."""
+  dev = dev if dev is not None else get_device()
   ids = [id(b) for b in kernel.bufs]
-  key = (kernel.ast, tuple(ids.index(i) for i in ids) if len(set(ids)) < len(ids) else None)
+  key = (kernel.ast, tuple(ids.index(i) for i in ids) if len(set(ids)) < len(ids) else None, dev.index)
   hit = _by_ast.get(key)
   if hit is not None: return hit
   validate(kernel)
-  dev = get_device()
   target = dev.target
   while True:
-    rendered = render(kernel, target)
+    rendered = render(kernel, target, dev)
     try:
       with _lock:
         prog = _programs.get((dev.index, rendered.source))
@@ -301,16 +409,16 @@ def device_memory(buf: Buffer, dev: CLDevice) -> CLMirror:
 
 def synchronize() -> None:
   """Wait until every kernel enqueued so far has finished."""
-  if _device is not None:
-    with _lock: _device.queue.finish()
+  with _lock:
+    for dev in list(_devices.values()): dev.queue.finish()
 
 
-def run_kernel(kernel: Kernel) -> None:
-  prog = compile_kernel(kernel)   # validates the kernel the first time its AST is seen
+def run_kernel(kernel: Kernel, n: int = 0) -> None:
+  dev = get_device(n)
+  prog = compile_kernel(kernel, dev)   # validates the kernel the first time its AST is seen
   if _debug_level() >= 3: print(f"CL {kernel!r} local={prog.local} global={prog.global_}\n{prog.source}", file=sys.stderr)
   COUNTERS["run"] += 1
   if prog.rendered.global_size == 0: return   # an empty range: nothing is stored
-  dev = get_device()
   with _lock:
     mems = [device_memory(buffer_of(b), dev) for b in kernel.bufs]   # a buffer named twice is one device buffer
     if mems: prog.kernel.set_args(*[m.mem for m in mems])
@@ -320,4 +428,4 @@ def run_kernel(kernel: Kernel) -> None:
 
 
 __all__ = ["DEVICE", "COUNTERS", "TIMES", "CLDevice", "CLUnavailable", "CLBuildError", "Program", "get_device", "available",
-           "all_devices", "render", "compile_kernel", "run_kernel", "synchronize", "device_memory", "CLMirror"]
+           "all_devices", "render", "compile_kernel", "run_kernel", "synchronize", "save_binaries", "device_memory", "CLMirror"]

@@ -6,26 +6,40 @@ host CPU (or, with RULEC_CPU_TARGET=baseline, for the architecture's baseline
 with no optional features: what the code must also run correctly on), and
 called through ctypes, which releases the GIL, so the outermost loop can be
 split across threads (RULEC_THREADS, default: the machine's cores). A program
-is compiled once per process per distinct IR text.
+is compiled once per process per distinct IR text and kept on disk
+(runtime/kernel_cache.py): its object code keyed by the IR, the target and LLVM,
+and a record keyed by the kernel itself naming that object, so a later process
+neither renders nor compiles a kernel it has seen. COUNTERS["compiled"] counts
+programs built from IR, COUNTERS["loaded"] those loaded from disk, TIMES the
+seconds each took.
+
+The decomposition includes the optional rules for EXP2 and LOG2 (VECTOR_MATH):
+float32 exp2 and log2 as polynomials and exponent bits, which LLVM vectorises
+where a libm call would not. RULEC_CPU_LIBM=1 keeps the libm calls.
 """
 from __future__ import annotations
 
 import ctypes
+import hashlib
 import os
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 
+import llvmlite
 import llvmlite.binding as llvm
 
+from engine.ops import Ops
 from engine.uop import prod
+from runtime import kernel_cache
 from runtime.buffer import buffer_of
 from runtime.kernel import Kernel, decomposed, validate
 
 _lock = threading.Lock()
 _target_machine = None
 _engine = None
-_programs: dict[str, "Program"] = {}
-COUNTERS = {"compiled": 0, "run": 0}
+COUNTERS = {"compiled": 0, "loaded": 0, "run": 0}
+TIMES = {"compile_s": 0.0, "load_s": 0.0}
 MIN_SPLIT_WORK = 1 << 15   # loop iterations below which one thread is faster than two (dispatch costs ~30-90 us)
 
 
@@ -51,68 +65,171 @@ def target_cpu() -> tuple[str, str]:
   raise ValueError(f"RULEC_CPU_TARGET={which!r}: expected 'host' or 'baseline'")
 
 
+# how IR becomes object code, beyond the target machine: part of every disk cache key, so a change here (another
+# pass pipeline, other target-machine options) must change this string
+_RECIPE = "O3 loop+slp vectorize; reloc=default codemodel=jitdefault jit; emit_object -> MCJIT add_object_file"
+
+
+_target: tuple[str, str] | None = None   # the (cpu, features) the JIT compiles for, fixed at its creation
+
+
 def _jit():
-  global _target_machine, _engine
+  global _target_machine, _engine, _target
   if _engine is None:
     llvm.initialize_native_target()
     llvm.initialize_native_asmprinter()
     target = llvm.Target.from_triple(llvm.get_process_triple())
-    cpu, features = target_cpu()
+    cpu, features = _target = target_cpu()
     _target_machine = target.create_target_machine(cpu=cpu, features=features, opt=3, reloc="default",
                                                    codemodel="jitdefault", jit=True)
     _engine = llvm.create_mcjit_compiler(llvm.parse_assembly(""), _target_machine)
   return _target_machine, _engine
 
 
+def _target_key() -> tuple[str, ...]:
+  """What the object code depends on besides the IR: the JIT's target (what it was made for, even if
+  RULEC_CPU_TARGET changed since), LLVM's version and how it is driven."""
+  _jit()
+  return (llvm.get_process_triple(), *_target, llvmlite.__version__, ".".join(map(str, llvm.llvm_version_info)), _RECIPE)
+
+
+def _cache_key(ir_text: str) -> str: return kernel_cache.key("cpu", ir_text, *_target_key())
+
+
+def _build(ir_text: str) -> bytes:
+  """Object code for the IR: verified, optimised at O3 with both vectorisers, emitted for the target machine."""
+  tm, _ = _jit()
+  mod = llvm.parse_assembly(ir_text)
+  mod.triple = llvm.get_process_triple()
+  mod.data_layout = str(tm.target_data)
+  mod.verify()
+  pto = llvm.create_pipeline_tuning_options(speed_level=3)
+  pto.loop_vectorization = True
+  pto.slp_vectorization = True
+  pb = llvm.create_pass_builder(tm, pto)
+  pb.getModulePassManager().run(mod, pb)
+  return tm.emit_object(mod)
+
+
 class Program:
-  def __init__(self, ir_text: str, name: str, nbufs: int):
-    tm, ee = _jit()
-    mod = llvm.parse_assembly(ir_text)
-    mod.triple = llvm.get_process_triple()
-    mod.data_layout = str(tm.target_data)
-    mod.verify()
-    pto = llvm.create_pipeline_tuning_options(speed_level=3)
-    pto.loop_vectorization = True
-    pto.slp_vectorization = True
-    pb = llvm.create_pass_builder(tm, pto)
-    pb.getModulePassManager().run(mod, pb)
-    ee.add_module(mod)
-    ee.finalize_object()
-    self.module = mod   # keep the module alive as long as the code is used
+  """A kernel's machine code in the process's JIT, called through ctypes."""
+  def __init__(self, name: str, nbufs: int, loaded: bool, seconds: float):
+    _, ee = _jit()
+    self.name, self.loaded, self.seconds = name, loaded, seconds
     self.fn = ctypes.CFUNCTYPE(None, *([ctypes.c_void_p] * nbufs), ctypes.c_int64, ctypes.c_int64)(ee.get_function_address(name))
-    COUNTERS["compiled"] += 1
+    COUNTERS["loaded" if loaded else "compiled"] += 1
+    TIMES["load_s" if loaded else "compile_s"] += seconds
 
 
-_names = iter(range(1 << 62))
+_refused: set[str] = set()   # symbols of objects LLVM refused to load: a rebuild takes another name
+
+
+def _from_disk(digest: str, name: str, nbufs: int) -> Program | None:
+  """The program stored under `digest`, loaded into the JIT, or None (no sound entry; one LLVM refuses is dropped).
+  A loaded program is the very code a build would run: both go through MCJIT's add_object_file."""
+  t0 = time.perf_counter()
+  obj = kernel_cache.load("cpu", digest)
+  if obj is None or name in _refused: return None
+  _, ee = _jit()
+  try:
+    ee.add_object_file(llvm.ObjectFileRef.from_data(obj))
+    ee.finalize_object()
+  except Exception:   # checked bytes of ours that LLVM still refuses
+    kernel_cache.reject("cpu", digest)
+    _refused.add(name)
+    return None
+  return Program(name, nbufs, True, time.perf_counter() - t0)
+
+
+def _from_ir(text: str, name: str, nbufs: int, digest: str, tried: bool = False) -> Program:
+  """The program for IR text whose function is `name`: from the disk cache (unless `tried` already), else built
+  (and stored)."""
+  prog = None if tried else _from_disk(digest, name, nbufs)
+  if prog is not None: return prog
+  if name in _refused: text, name = text.replace(name, name + "r"), name + "r"
+  t0 = time.perf_counter()
+  obj = _build(text)
+  _, ee = _jit()
+  ee.add_object_file(llvm.ObjectFileRef.from_data(obj))
+  ee.finalize_object()
+  kernel_cache.store("cpu", digest, obj)
+  return Program(name, nbufs, False, time.perf_counter() - t0)
+
+
+VECTOR_MATH = frozenset({Ops.EXP2, Ops.LOG2})
+
+
+def optional_decompositions() -> frozenset:
+  """The optional rules of rules/decomp.rules the CPU asks for (see the module docstring)."""
+  return frozenset() if os.environ.get("RULEC_CPU_LIBM", "") not in ("", "0") else VECTOR_MATH
+
+
+def _aliasing(bufs) -> tuple | None:
+  """Which slots name the same buffer (None: all distinct): the renderer's choices depend on it."""
+  ids = [id(b) for b in bufs]
+  return tuple(ids.index(i) for i in ids) if len(set(ids)) < len(ids) else None
+
+
+def _kernel_key(kernel: Kernel, alias) -> str:
+  """The disk key of a kernel before rendering: its AST's structure, its buffers' dtypes, sizes and aliasing, the
+  optional decompositions, the code that renders it (kernel_cache.code_digest) and the target. Found, it names
+  the program without validating, decomposing or rendering the kernel again (for a matmul that is 100-300 ms of
+  Python)."""
+  from codegen import llvmir
+  # the renderer's tunables as they are now (a benchmark or test may set them), besides the code that reads them
+  knobs = sorted((k, v) for k, v in vars(llvmir).items() if k.isupper() and isinstance(v, (int, float, str, tuple)))
+  return kernel_cache.key("cpu-kernel", kernel_cache.structure(kernel.ast), repr(alias),
+                          repr([(b.dtype.name, b.arg[-1]) for b in kernel.bufs]), repr(knobs),
+                          repr(sorted(o.name for o in optional_decompositions())), kernel_cache.code_digest(), *_target_key())
 
 
 _work: dict = {}     # kernel AST -> loop iterations, which decides the thread split
-_by_ast: dict = {}   # kernel AST -> (program, split range): ASTs are hash-consed, so equal kernels share one entry
+_by_ast: dict = {}   # (kernel AST, aliasing) -> (program, split): ASTs are hash-consed, equal kernels share one entry
+_by_digest: dict[str, Program] = {}   # object digest -> program: one per distinct IR (and target) in the process
 
 
-def compile_kernel(kernel: Kernel) -> tuple[Program, object]:
-  """The compiled program for a kernel (cached by its AST, then by its IR) and the range it splits across threads."""
-  hit = _by_ast.get(kernel.ast)
+def compile_kernel(kernel: Kernel) -> tuple[Program, int | None]:
+  """The compiled program for a kernel and the number of iterations of the loop it splits across threads (None:
+  it runs as one call). Cached in the process by AST; on disk by kernel (to the program's digest and the split) and
+  by IR (to the object code); a kernel neither cache knows is validated, decomposed, rendered and compiled."""
+  alias = _aliasing(kernel.bufs)
+  hit = _by_ast.get((kernel.ast, alias))
   if hit is not None: return hit
-  validate(kernel)
-  from codegen.llvmir import render
-  low = decomposed(kernel)
-  text, split = render(low, "kernel")
   with _lock:
-    prog = _programs.get(text)
-    if prog is None:
-      name = f"k{next(_names)}"
-      prog = _programs[text] = Program(text.replace('@"kernel"', f'@"{name}"').replace("@kernel(", f"@{name}("), name,
-                                       len(kernel.bufs))
-    _by_ast[kernel.ast] = (prog, split)
+    nbufs = len(kernel.bufs)
+    kkey = _kernel_key(kernel, alias) if kernel_cache.enabled() else None
+    entry = kernel_cache.load_json("cpu", kkey) if kkey is not None else None
+    if entry is not None and not (isinstance(entry.get("object"), str) and isinstance(entry.get("name"), str)
+                                  and (entry.get("split") is None or isinstance(entry.get("split"), int))):
+      entry = None   # a record with sound bytes but not our fields: rendered again, and rewritten
+    if entry is not None:
+      digest, name, split = entry["object"], entry["name"], entry["split"]
+      prog = _by_digest.get(digest) or _from_disk(digest, name, nbufs)
+      if prog is not None:
+        _by_digest[digest] = prog
+        _by_ast[(kernel.ast, alias)] = prog, split
+        return prog, split
+    validate(kernel)
+    from codegen.llvmir import render
+    text, rng = render(decomposed(kernel, optional_decompositions()), "kernel")
+    split = rng.src[0].arg if rng is not None else None
+    # named by its IR: the same in every process, so a cached object's symbol is the one asked for, and distinct
+    # programs in one JIT never share a name
+    name = "k" + hashlib.sha256(text.encode()).hexdigest()[:24]
+    text = text.replace('@"kernel"', f'@"{name}"').replace("@kernel(", f"@{name}(")
+    digest = _cache_key(text)
+    prog = _by_digest.get(digest) or _from_ir(text, name, nbufs, digest, tried=entry is not None and entry["object"] == digest)
+    _by_digest[digest] = prog
+    if kkey is not None: kernel_cache.store_json("cpu", kkey, {"object": digest, "name": prog.name, "split": split})
+    _by_ast[(kernel.ast, alias)] = prog, split
   return prog, split
 
 
 def run_kernel(kernel: Kernel) -> None:
-  prog, split = compile_kernel(kernel)   # validates the kernel the first time its AST is seen
+  prog, split = compile_kernel(kernel)   # validates the kernel the first time it is compiled
   outs = kernel.outputs
   ptrs = [(buffer_of(b).numpy_view() if i in outs else buffer_of(b).host_view()).ctypes.data for i, b in enumerate(kernel.bufs)]
-  n = split.src[0].arg if split is not None else 1
+  n = split if split is not None else 1
   work = _work.get(kernel.ast)
   if work is None:   # loop iterations, counted once per AST rather than on every launch
     work = _work[kernel.ast] = prod(r.src[0].arg for r in kernel.ranges)

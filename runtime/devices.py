@@ -2,6 +2,12 @@
 
 `RULEC_DEVICE` picks the default (CPU unless set); tests use it to run the
 same suite on every device.
+
+A device name is a kind with an optional index: `CPU`, `CPU:1`, `CL:0`, `NUMPY:3`. Each index is a device of
+its own, with its own buffers; `X:0` is `X`. CPU and NUMPY devices of any index keep their buffers in host
+memory; `CL:n` is the n-th OpenCL device after the one `CL` names (runtime/cl_device.py). A kernel runs on the
+device of the buffer it writes. A kernel that only copies a whole buffer from one device to another is a
+transfer (`copy_buffers`): the data moves through host memory, and a CL buffer stays on its own device.
 """
 from __future__ import annotations
 
@@ -9,17 +15,18 @@ import os
 from typing import Callable
 
 
-def _cpu_run(kernel) -> None:
+def _cpu_run(kernel, index: int) -> None:
   from runtime import cpu_device
   cpu_device.run_kernel(kernel)
 
 
-def _cl_run(kernel) -> None:
+def _cl_run(kernel, index: int) -> None:
   from runtime import cl_device
-  cl_device.run_kernel(kernel)
+  if index: cl_device.run_kernel(kernel, index)
+  else: cl_device.run_kernel(kernel)
 
 
-def _numpy_run(kernel) -> None:
+def _numpy_run(kernel, index: int) -> None:
   from runtime import numpy_device
   numpy_device.run_kernel(kernel)
 
@@ -27,12 +34,39 @@ def _numpy_run(kernel) -> None:
 # every device here keeps its buffers in host memory, so a kernel may read buffers of any of them
 RUNNERS: dict[str, Callable] = {"CPU": _cpu_run, "NUMPY": _numpy_run, "CL": _cl_run}
 DEVICES: tuple[str, ...] = tuple(RUNNERS)
+# copies between devices carried out as transfers (copy_buffers): how many, and how many bytes they moved
+COPIES = {"copies": 0, "bytes": 0}
+
+
+_PARSED: dict[str, tuple[str, int]] = {}   # (asked on every kernel launch)
+
+
+def parse_device(name: str) -> tuple[str, int]:
+  """(kind, index) of a device name: 'CPU' -> ('CPU', 0), 'cl:2' -> ('CL', 2); ValueError for anything else."""
+  hit = _PARSED.get(name)
+  if hit is not None: return hit
+  kind, sep, idx = name.upper().partition(":")
+  if kind not in RUNNERS or (sep and not (idx.isdigit() and idx.isascii())):
+    raise ValueError(f"unknown device {name!r}; known devices: {', '.join(DEVICES)}, each also with an index (CPU:1)")
+  out = _PARSED[name] = (kind, int(idx) if sep else 0)
+  return out
+
+
+def canonical_device(name: str) -> str:
+  """The one spelling of a device: upper case, `X:0` as `X`."""
+  kind, index = parse_device(name)
+  return f"{kind}:{index}" if index else kind
+
+
+def device_kind(name) -> str:
+  """'CPU:1' -> 'CPU' (a name without an index is its own kind)."""
+  return name.partition(":")[0] if isinstance(name, str) else name
 
 
 def split_parts(device) -> int:
   """The most partial results a big reduction is split into on `device` (engine/sched/tensor_helpers.py
   split_reduceop): 256 fills a CPU's cores; a GPU wants thousands of work-groups (asks the CL device, opening it)."""
-  if device == "CL":
+  if device_kind(device) == "CL":
     from runtime import cl_device
     try: return cl_device.get_device().split_parts
     except cl_device.CLUnavailable: return 256   # the error surfaces when a kernel runs, with its own message
@@ -41,11 +75,42 @@ def split_parts(device) -> int:
 
 def default_device() -> str:
   d = os.environ.get("RULEC_DEVICE", "CPU").upper()
-  if d not in RUNNERS: raise ValueError(f"RULEC_DEVICE={d!r} is not a device; known devices: {', '.join(DEVICES)}")
-  return d
+  try: return canonical_device(d)
+  except ValueError: raise ValueError(f"RULEC_DEVICE={d!r} is not a device; known devices: {', '.join(DEVICES)}") from None
+
+
+def copy_buffers(kernel):
+  """(destination, source) BUFFERs when `kernel` copies one whole buffer into another of another device, element
+  for element, and nothing else; None otherwise."""
+  from engine.ops import Ops
+  if len(kernel.bufs) != 2 or len(kernel.ast.src) != 1: return None
+  dst, src = kernel.bufs
+  if dst.arg[1] == src.arg[1] or dst.arg[2] != src.arg[2] or dst.dtype is not src.dtype: return None
+  st = kernel.ast.src[0]
+  st = st.src[0] if st.op is Ops.END else st
+  if st.op is not Ops.STORE: return None
+  target, value = st.src
+  if target.op is not Ops.INDEX or value.op is not Ops.INDEX or target.src[1:] != value.src[1:]: return None
+  if target.src[0].op is not Ops.PARAM or value.src[0].op is not Ops.PARAM or value.src[0].arg[0] != 1: return None
+  return dst, src
+
+
+def separate_memory(a: str, b: str) -> bool:
+  """Whether two devices keep their buffers apart: two devices of one kind, or any device with an index. Their
+  copies are real (transfers), and no kernel of one reads the other's buffers. The plain kinds (CPU, NUMPY, CL)
+  read each other's buffers, as before indexed devices: a CPU -> CL copy is a kernel on CL reading host memory."""
+  return a != b and (device_kind(a) == device_kind(b) or ":" in a or ":" in b)
 
 
 def run_kernel(kernel, device: str) -> None:
-  try: runner = RUNNERS[device]
-  except KeyError: raise ValueError(f"no runtime for device {device!r}; known devices: {', '.join(DEVICES)}") from None
-  runner(kernel)
+  try: kind, index = parse_device(device)
+  except ValueError: raise ValueError(f"no runtime for device {device!r}; known devices: {', '.join(DEVICES)}") from None
+  pair = copy_buffers(kernel)
+  if pair is not None and separate_memory(pair[0].arg[1], pair[1].arg[1]):
+    from runtime.buffer import buffer_of
+    dst, src = buffer_of(pair[0]), buffer_of(pair[1])
+    dst.copy_from(src)
+    COPIES["copies"] += 1
+    COPIES["bytes"] += src.nbytes
+    return
+  RUNNERS[kind](kernel, index)

@@ -281,6 +281,7 @@ def _raise(problems: list[str]):
 __all__ = ["Kernel", "validate", "REDUCE_OPS"]
 
 
-def decomposed(kernel: Kernel) -> Kernel:
-  """The kernel with the ops a backend lacks decomposed (rules/decomp.rules): what the renderers receive."""
-  return Kernel(graph_rewrite(kernel.ast, load_library().matcher("decomp")), kernel.bufs)
+def decomposed(kernel: Kernel, optional: frozenset = frozenset()) -> Kernel:
+  """The kernel with the ops a backend lacks decomposed (rules/decomp.rules): what the renderers receive.
+  `optional`: the ops whose optional decompositions the backend wants (the CPU's: EXP2 and LOG2)."""
+  return Kernel(graph_rewrite(kernel.ast, load_library().matcher("decomp"), ctx=optional), kernel.bufs)

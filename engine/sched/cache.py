@@ -22,6 +22,7 @@ from engine import trace as _trace
 from engine.lang.loader import load_library
 from engine.ops import Ops
 from engine.rewrite import substitute
+from engine.sched import multi_helpers as _multi
 from engine.sched import tensor_helpers as _helpers
 from engine.uop import UOp
 from runtime.buffer import new_buffer
@@ -102,15 +103,17 @@ class _Entry:
     bufs = list(inputs) + [new_buffer(d, n, dt) for d, n, dt in self.fresh]
     kernels = [Kernel(ast, tuple(bufs[i] for i in slots)) for ast, slots in self.kernels]
     mapping = {s: bufs[i] for i, s in enumerate(self.stand_ins)}
-    return kernels, [substitute(v, mapping) if v.base.op is Ops.BUFFER else v for v in self.views]
+    return kernels, [substitute(v, mapping) if v.base.op in (Ops.BUFFER, Ops.MSTACK) else v for v in self.views]
 
 
 def _knobs(devices: set) -> tuple:
   """The settings besides the graph that a schedule depends on (tests change them): the kernel-buffer limit,
-  the reduce-split threshold and parts per device, the recompute cost model, the hoisting devices, the rules."""
+  the reduce-split threshold and parts per device, the recompute cost model, the hoisting devices, the allreduce
+  form, the rules."""
   ds = sorted(d for d in devices if d)
   return (tuple(_scheduler.max_kernel_buffers(d) for d in ds), tuple(split_parts(d) for d in ds),
           _helpers.REDUCE_SPLIT_THRESHOLD, _scheduler.MAX_RECOMPUTE_READS, _scheduler.HOISTING_DEVICES,
+          _multi._ring_setting(),   # which allreduce form (RULEC_RING, RULEC_RING_THRESHOLD)
           load_library().digest)   # the rules themselves: RULEC_RULES may change between calls
 
 

@@ -29,8 +29,10 @@ from engine.ops import Ops
 from engine.rewrite import graph_rewrite
 from engine.sched.fusion import HOISTING_DEVICES, MAX_RECOMPUTE_READS, choose_stages  # noqa: F401 (re-exported)
 from engine.sched.kernels import KernelSplit, order_kernels
+from engine.sched.multi import split_by_device
 from engine.sched.stages import CopyReuse, Placement, StagePlan, snapshot_overwritten_reads
 from engine.uop import UOp
+from runtime.devices import device_kind
 from runtime.kernel import Kernel
 
 DEBUG = int(os.environ.get("RULEC_DEBUG", "0") or 0)
@@ -111,6 +113,8 @@ def schedule(targets: list[UOp], default_device: str = "NUMPY",
 
   `devices` names, per target, where a value that lives on no device (a graph of constants) is stored."""
   devices = list(devices) if devices is not None else [default_device] * len(targets)
+  # values spread over devices (rules/multi.rules): one target per device, put back together at the end
+  targets, devices, regroup = split_by_device(list(targets), devices, _pass)
   devices = [t.device or d or default_device for t, d in zip(targets, devices)]
   if _trace.ACTIVE: _trace.begin_schedule(default_device, len(targets))
   # every assign is carried out, also one whose value no output ends up reading (x - x, a size-0 slice of it):
@@ -121,7 +125,7 @@ def schedule(targets: list[UOp], default_device: str = "NUMPY",
   sink = _pass("earliest", UOp.sink(*targets, *assigns), _m("earliest"))
   if (copies := CopyReuse(sink)).found: sink = _pass("reuse_copies", sink, _m("reuse_copies"), ctx=copies)
   sink = _pass("prepare", sink, _m("prepare"))
-  hoists = all(d in HOISTING_DEVICES for d in {*devices, *(u.arg[1] for u in sink.toposort() if u.op is Ops.BUFFER)})
+  hoists = all(device_kind(d) in HOISTING_DEVICES for d in {*devices, *(u.arg[1] for u in sink.toposort() if u.op is Ops.BUFFER)})
   sink = _pass("stage", sink, _m("stage"), ctx=StagePlan(sink, _fusion(sink, hoists), devices))
   if (limit := max_kernel_buffers(default_device)): sink = _pass("limit", sink, _m("limit_buffers"), ctx=limit)
   if Placement.needed(sink): sink = _pass("place", sink, _m("place"), ctx=Placement(sink, devices))
@@ -137,4 +141,4 @@ def schedule(targets: list[UOp], default_device: str = "NUMPY",
   if DEBUG: print(f"[schedule] {len(kernels)} kernels")
   if DEBUG >= 2:
     for k in kernels: print(k.render())
-  return kernels, views
+  return kernels, regroup(views)

@@ -91,6 +91,10 @@ def view_indices(target: UOp) -> tuple[UOp, np.ndarray]:
   the chain (strided slices pad and shrink) but no padded position and no
   repeated position may be visible in the view: writing through it must be a
   one-to-one copy. ValueError otherwise."""
+  if target.op is Ops.BUFFER or (target.op is Ops.RESHAPE and target.src[0].op is Ops.BUFFER):
+    # a whole buffer in order (an optimizer's parameter): nothing to check (the check costs a sort per element)
+    b = target if target.op is Ops.BUFFER else target.src[0]
+    return b, np.arange(b.arg[-1]).reshape(target.shape)
   # positions + 1, so that PAD's zeros stand for "no element"
   x, idx = _through_view(target, "assign target", lambda b: np.arange(1, b.arg[-1] + 1))
   idx = idx - 1

@@ -15,7 +15,7 @@ import numpy as np
 
 from engine.dtypes import DTYPE_ALIASES, DType, dtypes
 from runtime.buffer import np_dtype
-from runtime.devices import DEVICES, default_device
+from runtime.devices import DEVICES, canonical_device, default_device
 
 TENSOR_DTYPES: dict[str, DType] = {d.name: d for d in (
   dtypes.bool, dtypes.int8, dtypes.uint8, dtypes.int16, dtypes.uint16, dtypes.int32, dtypes.uint32, dtypes.int64,
@@ -81,12 +81,25 @@ def to_dtype(d: Any) -> DType:
   return dt
 
 
-def canon_device(device: Any) -> str:
+class DeviceError(ValueError, RuntimeError):
+  """Devices that do not fit the operation (tensors on different devices or device sets); tinygrad raises
+  RuntimeError for these."""
+
+
+def canon_device(device: Any) -> str | tuple[str, ...]:
+  """A device name in its one spelling ('cpu:1' -> 'CPU:1', 'CPU:0' -> 'CPU'); a tuple or list of names is a
+  device set (a sharded tensor's), and a set of one device is that device."""
   if device is None: return default_device()
+  if isinstance(device, (tuple, list)):
+    if not device: raise ValueError("a device set needs at least one device")
+    out = tuple(canon_device(d) for d in device)
+    for d in out:
+      if not isinstance(d, str): raise TypeError(f"a device set holds device names, got {device!r}")
+    return out[0] if len(out) == 1 else out
   if not isinstance(device, str): raise TypeError(f"device must be a string, got {type(device).__name__}")
-  d = device.upper()
-  if d not in DEVICES: raise ValueError(f"unknown device {device!r}; known devices: {', '.join(DEVICES)}")
-  return d
+  try: return canonical_device(device)
+  except ValueError: raise ValueError(f"unknown device {device!r}; known devices: {', '.join(DEVICES)} "
+                                      "(each also with an index: CPU:1)") from None
 
 
 def promote_types(*dts: DType) -> DType:

@@ -15,10 +15,13 @@ from engine.dtypes import DType
 from engine.ops import Ops
 from engine.rewrite import substitute
 from engine.sched.tensor_helpers import is_buffer_view
-from engine.tensor.args import broadcast_shapes, canon_device, cast_scalar, is_py_scalar, to_dtype, to_numpy
+from engine.sched.multi_helpers import copy_to
+from engine.tensor import multi as _multi
+from engine.tensor.args import DeviceError, broadcast_shapes, canon_device, cast_scalar, is_py_scalar, to_dtype, to_numpy
 from engine.tensor.uops import bcast, const
 from engine.uop import UOp, prod
 from runtime.buffer import buffer_of, new_buffer
+from runtime.devices import separate_memory
 
 if TYPE_CHECKING: from engine.tensor.tensor import Tensor
 
@@ -36,7 +39,7 @@ def _became(done: dict[UOp, UOp]) -> None:
   for t in list(_LIVE):
     u = t.uop
     # a buffer written over no longer holds what its tensor's graph computed: that graph is not its value now
-    if t._forward is not None and u.base in written: t._forward = None
+    if t._forward is not None and any(p.base in written for p in _multi.parts(u)): t._forward = None
     if u in assigned: t.uop = assigned[u]
     elif not _engine.is_realized(u):
       new = substitute(u, assigned)
@@ -92,7 +95,7 @@ class TensorBase:
     _LIVE.add(self)
     self.grad, self._forward = None, None
     self.requires_grad = False if requires_grad is None and type(self).no_grad else requires_grad
-    if device is not None and not isinstance(device, str): device, dtype = dtype, device
+    if device is not None and not isinstance(device, (str, tuple, list)): device, dtype = dtype, device
     dt = None if dtype is None else to_dtype(dtype)
     if isinstance(data, TensorBase):
       t = data if dt is None else data.cast(dt)
@@ -104,6 +107,9 @@ class TensorBase:
       self.uop, self.device = (data if dt is None else data.cast(dt)), dev
       return
     arr, dt = to_numpy(data, dt)
+    if isinstance(dev, tuple):   # a device set: the data goes to every device
+      self.uop, self.device = _multi.host_buffers(arr, dt, dev), dev
+      return
     buf = new_buffer(dev, arr.size, dt)
     buffer_of(buf).copyin(arr)
     self.uop, self.device = buf.reshape(arr.shape), dev
@@ -181,18 +187,20 @@ class TensorBase:
     # realized it could not); a value that only folds to a constant while scheduling stays one (no kernel)
     for t in ts:
       if t.uop.base.op is Ops.CONST: t.uop = t.uop.contiguous()
+      t.uop = _multi.stored(t)
     todo, seen = [], set()
     for t in ts:
-      if id(t) not in seen and not _engine.is_realized(t.uop): seen.add(id(t)); todo.append(t)
+      if id(t) not in seen and not _multi.is_realized(t.uop): seen.add(id(t)); todo.append(t)
     if todo:
       # two tensors holding one (hash-consed) graph get a buffer each: an assign into one must not show in the other
       uops, firsts = [], set()
       for t in todo:
         uops.append(t.uop if t.uop not in firsts else UOp(Ops.CONTIGUOUS, t.dtype, (t.uop,), tag="copy"))
         firsts.add(t.uop)
-      done = _engine.realize_map(uops, [t.device for t in todo])
+      # (a device set's parts say where they live: the device here is for values that live nowhere)
+      done = _engine.realize_map(uops, [t.device if isinstance(t.device, str) else t.device[0] for t in todo])
       for t, u in zip(todo, uops):
-        if u.op is not Ops.ASSIGN: t._forward = t.uop   # (an assign's graph holds the last step: not kept)
+        if not _multi.holds_assign(u): t._forward = t.uop   # (an assign's graph holds the last step: not kept)
         t.uop = done.get(u, u)
       _became(done)
     return self
@@ -200,11 +208,12 @@ class TensorBase:
   def schedule(self, *others: Tensor):
     """The kernels realizing these tensors would run (`Tensor.schedule(a, b)`)."""
     ts = (self, *others)
-    return _engine.schedule([t.uop for t in ts], [t.device for t in ts])
+    return _engine.schedule([_multi.stored(t) for t in ts], [t.device if isinstance(t.device, str) else t.device[0] for t in ts])
 
   def numpy(self) -> np.ndarray:
     """The value as a new numpy array (realizes the tensor)."""
     self.realize()
+    if self.uop.op is Ops.MSTACK: return np.array(_multi.host_value(self.uop), copy=True).reshape(self.shape)
     return np.array(_engine.host_value(self.uop), copy=True).reshape(self.shape)
 
   def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
@@ -221,10 +230,14 @@ class TensorBase:
     if self.numel() != 1: raise ValueError(f"item() needs a tensor with exactly one element, got shape {self.shape}")
     return self.numpy().reshape(()).item()
 
-  def to(self, device: str) -> Tensor:
-    """This value on another device ('CPU', 'CL', 'NUMPY'; a lazy copy)."""
+  def to(self, device: str | tuple[str, ...]) -> Tensor:
+    """This value on another device ('CPU', 'CL', 'NUMPY', with an index: 'CPU:1'; a lazy copy). A tuple of
+    devices replicates it on each (`shard(devices)`); a sharded tensor to one device is gathered there."""
     d = canon_device(device)
     if d == self.device: return self
+    if isinstance(d, tuple) and not isinstance(self.device, tuple): return self.shard(d)
+    if isinstance(d, str) and isinstance(self.device, str) and separate_memory(self.device, d):
+      return type(self)._from_uop(copy_to(self.uop, d), d)   # computed where it is, then the buffer moves
     return type(self)._from_uop(UOp(Ops.COPY, self.dtype, (self.uop,), d), d)
 
   def contiguous(self) -> Tensor:
@@ -245,7 +258,7 @@ class TensorBase:
     When this tensor is a view of a buffer (a realized tensor, a slice or
     transpose of one) the write goes through the view into that buffer;
     otherwise the tensor gets a fresh buffer."""
-    if self.uop.base.op is Ops.ASSIGN: self.realize()   # an earlier assign is carried out first, not lost
+    if self.uop.base.op is Ops.ASSIGN or _multi.holds_assign(self.uop): self.realize()   # an earlier assign is carried out first, not lost
     if isinstance(x, TensorBase): self._same_device(x); v = x
     elif is_py_scalar(x) or isinstance(x, np.generic):
       v = self._new(const(cast_scalar(x, self.dtype), self.dtype, ()))
@@ -255,6 +268,9 @@ class TensorBase:
     if shape != self.shape:
       raise ValueError(f"assign: a value of shape {v.shape} does not fit a tensor of shape {self.shape}")
     value = bcast(v.uop.cast(self.dtype), self.shape)
+    if isinstance(self.device, tuple):
+      self.uop = _multi.assign_parts(self, value)
+      return self
     target = self.uop
     if target.base.op is Ops.BUFFER:
       try: _engine.view_indices(target)
@@ -273,6 +289,7 @@ class TensorBase:
   def __setitem__(self, idx: Any, value: Any) -> None:
     """t[idx] = value: writes value into this tensor's storage through the view t[idx] (realizes at once)."""
     items = idx if isinstance(idx, tuple) else (idx,)
+    if isinstance(self.device, tuple): raise DeviceError("setitem on a sharded tensor is not supported; assign() the whole tensor")
     if any(is_advanced_index(it) for it in items): return self._setitem_advanced(items, value)
     self._ensure_storage()
     view = self[idx]
@@ -280,4 +297,5 @@ class TensorBase:
 
   def _same_device(self, other: Tensor) -> None:
     if other.device != self.device:
-      raise ValueError(f"tensors are on different devices: {self.device} and {other.device}; move one with .to()")
+      raise DeviceError(f"tensors are on different devices: {self.device} and {other.device}; move one with .to()"
+                        + (" or .shard()" if isinstance(self.device, tuple) or isinstance(other.device, tuple) else ""))

@@ -102,6 +102,9 @@ class CreationMixin:
     """empty(*shape, device=None, dtype=None): a fresh buffer whose contents are undefined (float32 by default)."""
     s, dt = _shape(shape), dtypes.default_float if dtype is None else to_dtype(dtype)
     dev = canon_device(device)
+    if isinstance(dev, tuple):   # a device set: a buffer on each
+      from engine.tensor.multi import fresh_buffers
+      return cls._from_uop(fresh_buffers(s, dt, dev), dev)
     return cls._from_uop(new_buffer(dev, prod(s), dt).reshape(s), dev)
 
   def zeros_like(self, dtype: Any = None, device: str | None = None) -> Tensor:

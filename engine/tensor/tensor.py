@@ -15,6 +15,7 @@ from engine.tensor.linalg import LinalgMixin
 from engine.tensor.losses import LossesMixin
 from engine.tensor.math import MathMixin
 from engine.tensor.movement import MovementMixin
+from engine.tensor.multi import MultiMixin
 from engine.tensor.nn import NNMixin
 from engine.tensor.reduce import ReduceMixin
 from engine.tensor.scans import ScansMixin
@@ -23,7 +24,7 @@ from engine.tensor.sorting import SortingMixin
 
 
 class Tensor(TensorBase, CreationMixin, ElementwiseMixin, MathMixin, ReduceMixin, ScansMixin, MovementMixin, ShapeMixin,
-             IndexingMixin, SortingMixin, NNMixin, LinalgMixin, ActivationsMixin, LossesMixin, AutogradMixin):
+             IndexingMixin, SortingMixin, NNMixin, LinalgMixin, ActivationsMixin, LossesMixin, AutogradMixin, MultiMixin):
   """A lazy tensor: a tensor-level UOp graph and the device its value lives on."""
   __slots__ = ()
   __hash__ = TensorBase.__hash__   # ElementwiseMixin defines __eq__ (elementwise ==), which would clear it
