@@ -4,6 +4,8 @@
 #   bench/h200.sh tests     the CL device tests and the tensor-program suite on CL
 #   bench/h200.sh train     bench/train.py --device CL: the digits CNN's jitted train step against torch on CUDA,
 #                           then the autograd, optimizer and JIT tests on CL
+#   bench/h200.sh multi     several GPUs (the nvidia-h200-x2 kind): the multi-device tests on CL:0 + CL:1, then
+#                           bench/multi.py --kind CL on 1 and 2 GPUs beside torch (bench/multi_torch.py, NCCL)
 #   bench/h200.sh all       bench and tests (default)
 #   bench/h200.sh bench --only relu    (anything after the first word goes to bench/kernels.py)
 # Logs go to $OUT (or ./h200-out). That machine has numpy, attrs, llvmlite, hypothesis, pytest and torch, but no
@@ -34,4 +36,15 @@ if [[ $what == tests || $what == all ]]; then
   timeout "${TEST_TIMEOUT:-420}" python3 -m pytest -q -p no:cacheprovider tests/test_cl_device.py 2>&1 | tee "$out/tests_cl_device.log"
   RULEC_DEVICE=CL timeout "${TEST_TIMEOUT:-420}" python3 -m pytest -q -p no:cacheprovider tests/test_tensor.py tests/test_schedule.py \
     2>&1 | tee "$out/tests_tensor_on_cl.log"
+fi
+if [[ $what == multi ]]; then
+  gpus=$(nvidia-smi --query-gpu=name --format=csv,noheader | wc -l)
+  counts=1; for ((i = 2; i <= gpus; i *= 2)); do counts+=",$i"; done
+  RULEC_DEVICE=CL timeout "${TEST_TIMEOUT:-300}" python3 -m pytest -q -p no:cacheprovider tests/test_multi.py 2>&1 | tail -5 |
+    tee "$out/tests_multi_on_cl.log"
+  RULEC_DEVICE=CL python3 bench/multi.py --kind CL --devices "$counts" --size "${MULTI_SIZE:-8192}" 2>&1 | tee "$out/multi.log"
+  for n in ${counts//,/ }; do
+    python3 -m torch.distributed.run --standalone --nproc_per_node "$n" bench/multi_torch.py --size "${MULTI_SIZE:-8192}" \
+      2>&1 | grep -v "^W\|^\*" | tee -a "$out/multi.log"
+  done
 fi

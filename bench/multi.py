@@ -7,11 +7,17 @@ Programs (each on `CPU`, `CPU:0..1` and `CPU:0..3`, or `--kind NUMPY`):
 - MLP step: a 784-256-10 MLP, batch split across the devices, weights replicated, SGD with momentum: forward,
   backward (the weight gradients are reduces over the split batch: allreduces) and update in one realize.
 
+- allreduce: an (n, M*M/n) float32 value split by rows, summed over the split axis onto every device: the
+  allreduce alone; its bus bandwidth is 2(n-1)/n * (M*M/n * 4 bytes) / time, as NCCL's tests report it.
+
 Columns, per run of the program after warm-up (the schedule cache then skips scheduling, as in a training loop):
 kernels run, of which copies (device-to-device transfers), MB copied, and the median wall time of REPEATS runs.
 The CPU devices here share one machine's cores (each kernel already uses all of them, RULEC_THREADS), so the
 times show what splitting costs, not a speedup: the point is that every device does 1/n of the work, and what
-the copies add. Run: python bench/multi.py [--kind CPU|NUMPY] [--repeats N]
+the copies add. On GPUs (`--kind CL`, each OpenCL device a GPU) the same table is the multi-GPU figure:
+bench/h200.sh multi runs it on one and two H200s beside torch (bench/multi_torch.py: NCCL allreduce, a
+row-split matmul, a DDP step). Run: python bench/multi.py [--kind CPU|NUMPY|CL] [--devices 1,2,4] [--size M]
+[--repeats N]
 """
 from __future__ import annotations
 
@@ -37,8 +43,18 @@ M, K, N = 1024, 1024, 1024
 BATCH = 256
 
 
-def device_sets(kind: str) -> list[tuple[str, ...] | None]:
-  return [None, tuple(f"{kind}:{i}" for i in range(2)), tuple(f"{kind}:{i}" for i in range(4))]
+def device_sets(kind: str, counts: list[int]) -> list[tuple[str, ...] | None]:
+  return [None if n == 1 else tuple(f"{kind}:{i}" for i in range(n)) for n in counts]
+
+
+def sync(devices) -> None:
+  """Wait for queued kernels (CL enqueues without waiting; CPU and NUMPY are done when realize returns)."""
+  if KIND == "CL":
+    from runtime import cl_device
+    cl_device.synchronize()
+
+
+KIND = "CPU"
 
 
 def put(x: np.ndarray, devices, axis):
@@ -51,7 +67,10 @@ def matmul(devices, split: str):
   x, w = r.standard_normal((M, K)).astype(np.float32), r.standard_normal((K, N)).astype(np.float32)
   xt, wt = (put(x, devices, 0), put(w, devices, None)) if split == "rows" else (put(x, devices, 1), put(w, devices, 0))
   want = x @ w
-  def run(): return (xt @ wt).realize()
+  def run():
+    out = (xt @ wt).realize()
+    sync(devices)
+    return out
   def check(out): np.testing.assert_allclose(out.numpy(), want, rtol=2e-3, atol=2e-2)
   return run, check
 
@@ -77,8 +96,22 @@ def mlp_step(devices, _split=None):
       loss = model(x).sparse_categorical_crossentropy(y)
       loss.backward()
       opt.step()
+    loss.realize()
+    sync(devices)
     return loss
   return run, lambda loss: float(loss.item())
+
+
+def allreduce(devices, _split=None):
+  n = 1 if devices is None else len(devices)
+  x = np.random.default_rng(2).standard_normal((n, M * N // n)).astype(np.float32)
+  xt = put(x, devices, 0)
+  def run():
+    out = xt.sum(0).realize()
+    sync(devices)
+    return out
+  def check(out): np.testing.assert_allclose(out.numpy(), x.sum(0), rtol=1e-4, atol=1e-4)
+  return run, check
 
 
 def measure(make, devices, split, repeats: int):
@@ -98,15 +131,23 @@ def measure(make, devices, split, repeats: int):
 
 
 def main() -> None:
+  global KIND, M, K, N
   ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  ap.add_argument("--kind", default="CPU", choices=["CPU", "NUMPY"])
+  ap.add_argument("--kind", default="CPU", choices=["CPU", "NUMPY", "CL"])
+  ap.add_argument("--devices", default="1,2,4", help="device counts, comma-separated (default 1,2,4)")
+  ap.add_argument("--size", type=int, default=M, help=f"matmul side and allreduce rows x columns (default {M})")
   ap.add_argument("--repeats", type=int, default=5)
   args = ap.parse_args()
+  KIND, M = args.kind, args.size
+  K = N = M
+  if KIND == "CL" and rt.device_kind(rt.default_device()) != "CL":
+    raise SystemExit("bench/multi.py --kind CL: run it with RULEC_DEVICE=CL (the one-device column runs there)")
   print(f"machine: {platform.machine()} ({platform.system()} {platform.release()}), {os.cpu_count()} CPUs, "
         f"Python {platform.python_version()}; RULEC_THREADS={os.environ.get('RULEC_THREADS', os.cpu_count())}")
   print(f"matmul {M}x{K} @ {K}x{N}; MLP 784-256-10, batch {BATCH}, SGD momentum; median of {args.repeats} after warm-up")
-  programs = [("matmul rows", matmul, "rows"), ("matmul K (allreduce)", matmul, "k"), ("MLP step", mlp_step, None)]
-  sets = device_sets(args.kind)
+  programs = [("matmul rows", matmul, "rows"), ("matmul K (allreduce)", matmul, "k"), ("MLP step", mlp_step, None),
+              ("allreduce", allreduce, None)]
+  sets = device_sets(args.kind, [int(c) for c in args.devices.split(",")])
   names = [("1 device" if d is None else f"{len(d)} devices") for d in sets]
   head = f"{'program':<22}" + "".join(f"{n:>34}" for n in names)
   print(head)
@@ -118,6 +159,11 @@ def main() -> None:
       k, c, mb, ms = measure(make, d, split, args.repeats)
       cells.append(f"{k:>13} {c:>6} {mb:>5.1f} {ms:>7.1f}")
     print(f"{title:<22}" + "".join(f"{c:>34}" for c in cells))
+    if make is allreduce:
+      for d, c in zip(sets, cells):
+        n, ms = (1 if d is None else len(d)), float(c.split()[-1])
+        bus = 2 * (n - 1) / n * (M * N // n) * 4 / (ms * 1e-3) / 1e9 if n > 1 else 0.0   # bytes per device
+        print(f"  allreduce bus bandwidth on {n} device(s): {bus:.1f} GB/s")
 
 
 if __name__ == "__main__":
