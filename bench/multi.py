@@ -47,7 +47,7 @@ def device_sets(kind: str, counts: list[int]) -> list[tuple[str, ...] | None]:
   return [None if n == 1 else tuple(f"{kind}:{i}" for i in range(n)) for n in counts]
 
 
-def sync(devices) -> None:
+def sync() -> None:
   """Wait for queued kernels (CL enqueues without waiting; CPU and NUMPY are done when realize returns)."""
   if KIND == "CL":
     from runtime import cl_device
@@ -69,7 +69,7 @@ def matmul(devices, split: str):
   want = x @ w
   def run():
     out = (xt @ wt).realize()
-    sync(devices)
+    sync()
     return out
   def check(out): np.testing.assert_allclose(out.numpy(), want, rtol=2e-3, atol=2e-2)
   return run, check
@@ -97,7 +97,7 @@ def mlp_step(devices, _split=None):
       loss.backward()
       opt.step()
     loss.realize()
-    sync(devices)
+    sync()
     return loss
   return run, lambda loss: float(loss.item())
 
@@ -108,7 +108,7 @@ def allreduce(devices, _split=None):
   xt = put(x, devices, 0)
   def run():
     out = xt.sum(0).realize()
-    sync(devices)
+    sync()
     return out
   def check(out): np.testing.assert_allclose(out.numpy(), x.sum(0), rtol=1e-4, atol=1e-4)
   return run, check

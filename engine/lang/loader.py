@@ -103,10 +103,8 @@ class Matcher:
 
   def which_rule(self, node, ctx: Any = None) -> tuple[str, str] | None:
     """The (name, location) of the rule that rewrites `node`, found by trying the rules one at a time."""
-    for k, fn in enumerate(self._rule_fns()):
-      r = fn(node, ctx)
-      if r is not None and r is not node: return self.rule_info[k][0], self.rule_info[k][1]
-    return None
+    res = self.rewrite_named(node, ctx)
+    return None if res is None else res[1]
 
   def rewrite_named(self, node, ctx: Any = None) -> tuple[Any, tuple[str, str]] | None:
     """What rewrite() gives, with the (name, location) of the rule that gave it; None when no rule rewrites.

@@ -54,6 +54,9 @@ class _Counting:
     self.fired[name] = self.fired.get(name, 0) + 1
     return r
 
+  def summary(self) -> str:
+    return ", ".join(f"{k} x{v}" for k, v in sorted(self.fired.items(), key=lambda kv: -kv[1]))
+
 
 def _pass(name: str, sink: UOp, matcher, quiet: bool = False, **kw) -> UOp:
   if _trace.ACTIVE: return _traced_pass(name, sink, matcher, quiet, **kw)
@@ -65,7 +68,7 @@ def _run_pass(name: str, sink: UOp, matcher, quiet: bool, **kw) -> UOp:
   counting = _Counting(matcher)
   t0 = time.perf_counter()
   out = graph_rewrite(sink, counting, **kw)
-  fired = ", ".join(f"{k} x{v}" for k, v in sorted(counting.fired.items(), key=lambda kv: -kv[1]))
+  fired = counting.summary()
   print(f"[schedule] {name:<10} {len(sink.toposort()):>6} -> {len(out.toposort()):>6} nodes  "
         f"{(time.perf_counter() - t0) * 1e3:7.2f} ms  {fired or 'no rules fired'}")
   return out
@@ -93,7 +96,7 @@ def _fusion(sink: UOp, hoists: bool) -> set[UOp]:
   counting = [_Counting(m) for m in sets]
   t0 = time.perf_counter()
   staged = choose_stages(sink, counting, hoists)
-  fired = ", ".join(f"{k} x{v}" for c in counting for k, v in sorted(c.fired.items(), key=lambda kv: -kv[1]))
+  fired = ", ".join(s for s in (c.summary() for c in counting) if s)
   print(f"[schedule] {'fusion':<10} {len(staged):>6} stores {' ' * 10}{(time.perf_counter() - t0) * 1e3:7.2f} ms  "
         f"{fired or 'no rules fired'}")
   return staged
