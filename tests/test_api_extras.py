@@ -177,3 +177,34 @@ def test_contiguous_backward_and_sequential():
   r = Tensor([1, 2, 3]).sequential([lambda x: x * 2, lambda x: x + 1, Tensor.relu])
   assert r.tolist() == [3, 5, 7]
   assert Tensor([1]).sequential([]).tolist() == [1]
+
+
+def test_alu_ufix_and_max_shape():
+  from engine.ops import Ops
+  from engine.tensor.args import DTypeError
+  a, b = Tensor([1.0, 4.0]), Tensor([[2.0], [3.0]])
+  np.testing.assert_array_equal(a.alu(Ops.ADD, b).numpy(), [[3.0, 6.0], [4.0, 7.0]])   # broadcast
+  np.testing.assert_allclose(a.alu(Ops.SQRT).numpy(), [1.0, 2.0])
+  assert (a < 2).alu(Ops.WHERE, a, a * 10).tolist() == [1.0, 40.0]
+  assert a.alu(Ops.CMPLT, Tensor([2.0, 2.0])).tolist() == [True, False]
+  with pytest.raises(DTypeError, match="float32, int32"): a.alu(Ops.ADD, Tensor([1, 2]))
+  with pytest.raises(TypeError, match="ADD takes 2 operands, got 1"): a.alu(Ops.ADD)
+  with pytest.raises(DTypeError, match="bool condition"): a.alu(Ops.WHERE, a, a)
+  assert a.ufix(3).dtype == dtypes.float32 and a.ufix(3).tolist() == 3.0 and a.ufix(b) is b
+  u = Tensor([1, 2]).ufix(2.7)   # weak: a float operand of an int tensor is a float (tinygrad: weakfloat)
+  assert u.dtype == dtypes.float32 and abs(u.item() - 2.7) < 1e-6
+  assert Tensor([True]).ufix(2).tolist() == 2
+  assert b.max_shape == (2, 1) and b.max_numel() == 2
+
+
+def test_shard_like():
+  devs = ("CPU", "CPU:1")
+  x = np.arange(8.0).reshape(4, 2)
+  for axis in (0, 1, None):
+    y = Tensor(x).shard(devs, axis=axis) * 2   # lazy: its axis is known once realized
+    z = Tensor(np.ones((4, 2))).shard_like(y)
+    assert z.device == devs and z.uop.arg[0] == axis
+    np.testing.assert_array_equal((z + y).numpy(), x * 2 + 1)
+  assert Tensor([1.0]).shard_like(Tensor([2.0], device="CPU:1")).device == "CPU:1"
+  s = Tensor(x).shard(devs, axis=0)
+  assert s.shard_like(s) is s

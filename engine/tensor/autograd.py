@@ -14,6 +14,7 @@ from engine.autograd import gradients as _gradients
 from engine.ops import Ops
 from engine.rewrite import substitute
 from engine.tensor.base import _LIVE, TensorBase
+from engine.tensor.history import history, record, recorded
 from engine.tensor.uops import bcast, const
 from engine.uop import UOp
 
@@ -22,31 +23,113 @@ if TYPE_CHECKING: from engine.tensor.tensor import Tensor
 
 def _nodes(t: TensorBase) -> tuple[UOp, ...]:
   """The graph nodes that stand for t's value: its uop, and the graph it was realized from if it was."""
-  return (t.uop,) if t._forward is None else (t.uop, t._forward)
+  h = history(t.uop)
+  return (t.uop,) if h is None else (t.uop, h)
 
 
-def _root(t: TensorBase) -> UOp: return _unrealized(t._forward if t._forward is not None else t.uop)
+def _root(t: TensorBase) -> UOp:
+  h = history(t.uop)
+  return _unrealized(t.uop if h is None else h)
 
 
 def _unrealized(root: UOp) -> UOp:
-  """root with each realized tensor's buffer replaced by the graph it was computed from (while that buffer holds
-  what the graph computed: an assign into it drops the graph), so gradients flow through values realized
-  before the loss was built (`z = x.exp().realize(); (z * x).sum().backward()`)."""
-  back = {t.uop: t._forward for t in list(_LIVE) if t._forward is not None and t.uop is not t._forward}
-  for _ in range(len(back) + 1):
-    new = substitute(root, back)
-    if new is root: break
-    root = new
-  return root
+  """root with each realized value replaced by the graph it was computed from (engine/tensor/history.py), and
+  so on down, so gradients flow through values realized before the loss was built.
+
+  Each history is expanded once, after the histories it reads (a chain of realized steps is linear work, not
+  a pass over the whole graph per step). A graph left by a write through a view reads its own buffer's old
+  contents as `old_contents(node)`: that read stays the buffer, or the graph would contain itself."""
+  found = recorded(root.toposort())
+  if not found: return root
+  deps: dict[UOp, list[UOp]] = {}
+  todo = list(found)
+  while todo:
+    n = todo.pop()
+    if n in deps: continue
+    own = old_contents(n)
+    inner = recorded(found[n].toposort(lambda m: m is not own))
+    found.update(inner)
+    deps[n] = [m for m in inner if m is not n]
+    todo.extend(m for m in deps[n] if m not in deps)
+  expanded: dict[UOp, UOp] = {}
+  opened: set[UOp] = set()   # (a cycle cannot arise, since a write drops the histories that read it; if one did,
+  for start in list(found):  # it is cut, not followed forever) depth-first, each history after the ones it reads
+    stack = [(start, False)]
+    while stack:
+      n, ready = stack.pop()
+      if n in expanded: continue
+      if not ready:
+        if n in opened: continue
+        opened.add(n)
+        stack.append((n, True))
+        stack.extend((m, False) for m in deps[n] if m not in expanded)
+        continue
+      mapping = {m: expanded[m] for m in deps[n] if m in expanded}
+      mapping[old_contents(n)] = old_contents(n)
+      expanded[n] = substitute(found[n], mapping)
+  return substitute(root, expanded)
 
 
 def _stops() -> set[UOp]:
   return {n for t in list(_LIVE) if t.requires_grad is False for n in _nodes(t)}
 
 
+def old_contents(u: UOp) -> UOp:
+  """A realized tensor's buffer as a constant for autograd: what it held before a write through a view, read only
+  where that write (and every write since) did not reach."""
+  return UOp(Ops.DETACH, u.dtype, (u,))
+
+
+def _reads(graph: UOp, u: UOp) -> bool:
+  return any(n is u for n in graph.toposort())
+
+
+def written_history(whole: UOp, target: UOp, value: UOp, old: UOp) -> UOp | None:
+  """The graph of a tensor's contents after `value` was written into it through `target` (a view of `whole`,
+  the tensor's own whole buffer): `old` (the graph of its contents before) where the view does not reach, value
+  where it does; the value's reads of the tensor are reads of `old`. The view's footprint and the placed value
+  are the view's gradient (its adjoint) applied to ones and to value, so every view the indexing front end
+  builds is handled by the movement rules of rules/gradient.rules."""
+  value = substitute(value, {whole: old})
+  base = whole.base
+  stand = UOp.new_buffer(base.arg[1], base.arg[2], base.dtype)   # a placeholder for the buffer (no storage)
+  view = substitute(target, {base: stand})
+  placed = _gradients(view, value, [stand]).get(stand)
+  hit = _gradients(view, bcast(const(1.0, value.dtype, ()), value.shape), [stand]).get(stand)
+  if placed is None or hit is None: return None
+  shape = whole.shape
+  return hit.reshape(shape).ne(0.0).where(placed.reshape(shape), old)
+
+
 class AutogradMixin:
   """Gradients of tensor graphs."""
   __slots__ = ()
+
+  def _write_view(self, view: Tensor, value: Any, reads_in_place: bool = False) -> None:
+    """Write value through `view` (a view of this tensor's own storage) now, and keep, for autograd, the graph of
+    this tensor's new contents: tinygrad's setitem is functional, so gradients flow to the old contents and to
+    the value.
+
+    The old contents are the graph the tensor held, or for a leaf its buffer (DETACH) outside the view, which
+    the write leaves alone. A value that reads a leaf's buffer where a write lands (`y[0:2] = y[1:3] * w`)
+    would read new contents when the history is evaluated, so it reads a copy made before the write instead;
+    `reads_in_place` says the value reads the tensor only where it leaves it as it was (advanced setitem's
+    merge of new and old values), which needs no copy."""
+    whole = self.uop
+    tracked = (self.dtype.is_float and not type(self).no_grad and self.requires_grad is not False
+               and (whole.op is Ops.BUFFER or (whole.op is Ops.RESHAPE and whole.src[0].op is Ops.BUFFER)))
+    old = self._forward
+    view.assign(value)
+    target, written = view.uop.src
+    if tracked:
+      stale = old_contents(whole)
+      if old is None: old = stale
+      if not reads_in_place and _reads(written, whole) and _reads(old, stale):
+        snap = self.clone().realize()
+        snap._forward = None   # (a constant: its graph reads the buffer this write changes)
+        written = substitute(written, {whole: substitute(old, {stale: snap.uop})})
+    view.realize()
+    record(self.uop, written_history(whole, target, written, old) if tracked else None, rewritten=True)
 
   def requires_grad_(self, requires_grad: bool = True) -> Tensor:
     """Mark this tensor as needing a gradient (True) or as a constant for autograd (False); returns self."""

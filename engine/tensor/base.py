@@ -16,6 +16,7 @@ from engine.ops import Ops
 from engine.rewrite import substitute
 from engine.sched.tensor_helpers import is_buffer_view
 from engine.sched.multi_helpers import copy_to
+from engine.tensor import history as _history
 from engine.tensor import multi as _multi
 from engine.tensor.args import DeviceError, broadcast_shapes, canon_device, cast_scalar, is_py_scalar, to_dtype, to_numpy
 from engine.tensor.uops import bcast, const
@@ -35,11 +36,11 @@ def _became(done: dict[UOp, UOp]) -> None:
   into one of them change the other."""
   assigned = {u: v for u, v in done.items() if u.op is Ops.ASSIGN}
   if not assigned: return
-  written = {v.base for v in assigned.values()}
+  # a buffer written over no longer holds what its graph computed, and a graph that reads a buffer written
+  # over no longer computes what it did: neither is a value's history now
+  _history.forget_written({v.base for v in assigned.values()}, _multi.parts)
   for t in list(_LIVE):
     u = t.uop
-    # a buffer written over no longer holds what its tensor's graph computed: that graph is not its value now
-    if t._forward is not None and any(p.base in written for p in _multi.parts(u)): t._forward = None
     if u in assigned: t.uop = assigned[u]
     elif not _engine.is_realized(u):
       new = substitute(u, assigned)
@@ -73,9 +74,9 @@ class TensorBase:
   """What every Tensor is: a tensor-level UOp graph, the device its value lives on, and how it is realized.
   The operations come from the family mixins (engine/tensor/tensor.py puts them together)."""
   # grad: the accumulated gradient (autograd.py); requires_grad: None (any float tensor gets one, as tinygrad),
-  # True, or False (no gradient flows into or through it); _forward: the graph a realized tensor was computed from,
-  # kept so backward() still works after the loss was printed
-  __slots__ = ("uop", "device", "grad", "requires_grad", "_forward", "__weakref__")
+  # True, or False (no gradient flows into or through it). What a realized tensor was computed from is kept by
+  # engine/tensor/history.py (its `_forward`), so backward() still works after the loss was printed
+  __slots__ = ("uop", "device", "grad", "requires_grad", "__weakref__")
   _rng: np.random.Generator = np.random.default_rng()
   no_grad: bool = False   # older tinygrad's switch: tensors made while it is True get requires_grad=False
   training: bool = False  # training mode: dropout drops, BatchNorm uses and updates batch statistics
@@ -93,7 +94,7 @@ class TensorBase:
   def __init__(self, data: Any, device: str | None = None, dtype: Any = None, requires_grad: bool | None = None):
     """tinygrad's signature. For rulec code that passed the dtype second, a dtype there is taken as the dtype."""
     _LIVE.add(self)
-    self.grad, self._forward = None, None
+    self.grad = None
     self.requires_grad = False if requires_grad is None and type(self).no_grad else requires_grad
     if device is not None and not isinstance(device, (str, tuple, list)): device, dtype = dtype, device
     dt = None if dtype is None else to_dtype(dtype)
@@ -118,7 +119,7 @@ class TensorBase:
   def _from_uop(cls, u: UOp, device: str) -> Tensor:
     t = object.__new__(cls)
     t.uop, t.device = u, device
-    t.grad, t._forward, t.requires_grad = None, None, (False if cls.no_grad else None)
+    t.grad, t.requires_grad = None, (False if cls.no_grad else None)
     _LIVE.add(t)
     return t
 
@@ -145,6 +146,13 @@ class TensorBase:
   def numel(self) -> int:
     """The number of elements."""
     return prod(self.shape)
+  @property
+  def max_shape(self) -> tuple[int, ...]:
+    """tinygrad's shape with symbolic sizes at their maximum; rulec's shapes are all concrete, so the shape."""
+    return self.shape
+  def max_numel(self) -> int:
+    """The number of elements of `max_shape` (numel(): rulec's shapes are concrete)."""
+    return self.numel()
   @property
   def T(self) -> Tensor:
     """The axes reversed (a view)."""
@@ -200,8 +208,9 @@ class TensorBase:
       # (a device set's parts say where they live: the device here is for values that live nowhere)
       done = _engine.realize_map(uops, [t.device if isinstance(t.device, str) else t.device[0] for t in todo])
       for t, u in zip(todo, uops):
-        if not _multi.holds_assign(u): t._forward = t.uop   # (an assign's graph holds the last step: not kept)
+        graph = t.uop
         t.uop = done.get(u, u)
+        if not _multi.holds_assign(u): _history.record(t.uop, graph)   # (an assign's graph holds the last step: not kept)
       _became(done)
     return self
 
@@ -279,6 +288,14 @@ class TensorBase:
     self.uop = UOp(Ops.ASSIGN, self.dtype, (target, value))
     return self
 
+  @property
+  def _forward(self) -> UOp | None:
+    """The graph this realized tensor was computed from (None if it was not, or if that no longer holds)."""
+    return _history.history(self.uop)
+
+  @_forward.setter
+  def _forward(self, graph: UOp | None) -> None: _history.record(self.uop, graph)
+
   def _ensure_storage(self) -> None:
     """Realize this tensor into a buffer of its own if it has none (writes go through storage; a constant is
     realized without any, so it is made contiguous first)."""
@@ -292,8 +309,7 @@ class TensorBase:
     if isinstance(self.device, tuple): raise DeviceError("setitem on a sharded tensor is not supported; assign() the whole tensor")
     if any(is_advanced_index(it) for it in items): return self._setitem_advanced(items, value)
     self._ensure_storage()
-    view = self[idx]
-    view.assign(value).realize()
+    self._write_view(self[idx], value)
 
   def _same_device(self, other: Tensor) -> None:
     if other.device != self.device:

@@ -137,6 +137,32 @@ class ElementwiseMixin:
     if p is None: raise TypeError(f"{name}: unsupported operand of type {type(other).__name__}")
     return p
 
+  def alu(self, op: Ops, *src: Tensor) -> Tensor:
+    """alu(op, *src): the ALU op `op` (an `Ops` member) applied to self and the tensors src, broadcast; tinygrad's
+    low-level escape hatch, so no dtype promotion: the operands must share a dtype (WHERE's condition is bool)."""
+    from engine.ops import ALU, BINARY, TERNARY, UNARY
+    if op not in ALU or op is Ops.THREEFRY: raise TypeError(f"alu: {op} is not an elementwise op rulec computes")
+    want = 0 if op in UNARY else 1 if op in BINARY else 2
+    if len(src) != want:
+      raise TypeError(f"alu: {op.name} takes {want + 1} operand{'s' if want else ''}, got {len(src) + 1}")
+    ts = (self,) + tuple(self._lift(t) for t in src)
+    for t in ts[1:]: self._same_device(t)
+    values = ts[1:] if op is Ops.WHERE else ts
+    if len({t.dtype for t in values}) > 1:
+      raise DTypeError(f"alu: {op.name} needs operands of one dtype, got {', '.join(t.dtype.name for t in values)}")
+    if op is Ops.WHERE and not self.dtype.is_bool: raise DTypeError(f"alu: WHERE needs a bool condition, got {self.dtype.name}")
+    shape = broadcast_shapes(*(t.shape for t in ts))
+    us = [bcast(t.uop, shape) for t in ts]
+    return self._new(us[0].alu(op, *us[1:]))
+
+  def ufix(self, x: Any) -> Tensor:
+    """ufix(x): x as an operand for self: a Tensor unchanged, a Python number as a 0-d constant of the dtype
+    `self op x` would have (weak, as tinygrad: an int with a float tensor stays float, a float makes an int
+    tensor's operand float)."""
+    if isinstance(x, TensorBase): return x
+    dt = weak_dtype(self.dtype, x)
+    return self._new(const(scalar_of(x, dt), dt, ()))
+
   def maximum(self, other: Any) -> Tensor:
     """maximum(x): the elementwise larger of self and x (broadcast, promoted); NaN if either is NaN."""
     x, y = self._binary(other, "maximum")

@@ -100,6 +100,13 @@ def _is_view(u: UOp) -> bool:
   return u.op is Ops.MSTACK and all(p.base.op is Ops.BUFFER for p in u.src)
 
 
+def _shard_axis(t: Tensor) -> int | None:
+  """The axis a sharded tensor is split along (None: replicated). A lazy graph's parts are known once the
+  multi-device rules have run, so such a tensor is realized first."""
+  if t.uop.op is not Ops.MSTACK: t.realize()
+  return t.uop.arg[0]
+
+
 class MultiMixin:
   """Sharding a tensor over several devices."""
   __slots__ = ()
@@ -119,6 +126,14 @@ class MultiMixin:
                        f"into {n} equal parts")
     pieces = [_own_part(u.shrink(shard_bounds(self.shape, ax, n, i)), d) for i, d in enumerate(devs)]
     return type(self)._from_uop(stack(pieces, ax, devs), devs)
+
+  def shard_like(self, y: Tensor) -> Tensor:
+    """shard_like(y): this tensor placed as y is: on y's device, or sharded over y's devices along y's axis."""
+    if isinstance(y.device, str): return self.to(y.device)
+    axis = _shard_axis(y)
+    if isinstance(self.device, tuple) and self.device == y.device and _shard_axis(self) == axis: return self
+    if isinstance(self.device, tuple): raise DeviceError(f"shard_like: this tensor is already spread over {self.device}")
+    return self.shard(y.device, axis)
 
   def shard_(self, devices: tuple[str, ...] | list[str], axis: int | None = None) -> Tensor:
     """shard_(devices, axis=None): shard() in place (this tensor becomes the sharded one); returns self."""

@@ -143,7 +143,7 @@ class TensorEval:
 
 _TENSOR_EVAL_OPS = (ALU - {Ops.THREEFRY}) | MOVEMENT | {Ops.CONST, Ops.CAST, Ops.BITCAST, Ops.REDUCE_AXIS, Ops.CONTIGUOUS,
                                                        Ops.COPY, Ops.DETACH, Ops.CONTIGUOUS_BACKWARD, Ops.FUSE, Ops.NOOP,
-                                                       Ops.ASSIGN}
+                                                       Ops.ASSIGN, Ops.MSTACK, Ops.MSELECT}
 
 
 def arrays_equal(a: np.ndarray, b: np.ndarray) -> bool:

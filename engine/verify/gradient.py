@@ -29,6 +29,7 @@ from engine.ops import BINARY, MOVEMENT, UNARY, Ops
 from engine.uop import UOp, prod, render
 from engine.verify.evaluate import NotModelled, NoValue, TensorEval
 from engine.verify.generate import Gen, Reject
+from runtime.buffer import new_buffer
 
 INT_OPS = frozenset({Ops.AND, Ops.OR, Ops.XOR, Ops.SHL, Ops.SHR, Ops.CDIV, Ops.CMOD, Ops.THREEFRY})
 REDUCE_OPS = (Ops.ADD, Ops.MUL, Ops.MAX)
@@ -44,9 +45,8 @@ class _Leaves:
   def __init__(self, data):
     self.data, self.values = data, {}
 
-  def new(self, dt: DType, shape: tuple[int, ...], kind: str = "any") -> UOp:
-    from runtime.buffer import new_buffer
-    b = new_buffer("NUMPY", prod(shape), dt)
+  def new(self, dt: DType, shape: tuple[int, ...], device: str = "NUMPY") -> UOp:
+    b = new_buffer(device, prod(shape), dt)
     n = prod(shape)
     if dt is dtypes.bool: vals = self.data.draw(st.lists(st.booleans(), min_size=n, max_size=n))
     elif dt.is_int or dt.is_unsigned:
@@ -106,7 +106,21 @@ class _Draw:
       return UOp(op, f64, (lv.new(f64, src),), arg)
     if op is Ops.COPY: return UOp(op, f64, (lv.new(f64, shape),), "NUMPY")
     if op is Ops.ASSIGN: return UOp(op, f64, (lv.new(f64, shape), lv.new(f64, shape)))
+    if op in (Ops.MSTACK, Ops.MSELECT):
+      stacked = self.stack(shape)
+      if op is Ops.MSTACK: return stacked
+      axis, devices = stacked.arg
+      return UOp(op, f64, (stacked,), (self.data.draw(st.integers(0, len(devices) - 1)), axis, len(devices)))
     raise NotModelled(f"no generator for {op.name} nodes")
+
+
+  def stack(self, shape: tuple[int, ...]) -> UOp:
+    """A value spread over 2 or 3 devices: each part of `shape`, joined along an axis or replicated (None)."""
+    n = self.data.draw(st.integers(2, 3))
+    axis = self.data.draw(st.sampled_from((None,) + tuple(range(len(shape)))))
+    devices = tuple(f"NUMPY:{k}" for k in range(n))
+    return UOp(Ops.MSTACK, dtypes.float64, tuple(self.leaves.new(dtypes.float64, shape, d) for d in devices),
+               (axis, devices))
 
 
 def _value(u: UOp, values: dict) -> np.ndarray:
@@ -149,7 +163,6 @@ class GradChecker:
     self.g_leaf = g.base
     grads = self._apply(node, g if node.dtype.is_float else g.cast(node.dtype))
     if grads is None: self.why_not["pattern/guard not satisfied"] += 1; reject()
-    leaf_of = {s: next(iter(x for x in s.toposort() if x.op is Ops.BUFFER)) for s in node.src}
     floats = [i for i, s in enumerate(node.src) if s.dtype.is_float]
     if not node.dtype.is_float or not floats or node.op is Ops.DETACH:
       # no gradient may flow: the driver never asks (not a float), or by definition (DETACH)
@@ -166,8 +179,13 @@ class GradChecker:
     if not np.isfinite(base): self.why_not["value not finite"] += 1; reject()
     checked = False
     for i in floats:
-      leaf = leaf_of[node.src[i]]
-      x = values[leaf]
+      # the source's value stands in a buffer of its own, so a source built of several buffers (a stack of
+      # parts on several devices) is perturbed as the one value the op sees
+      src = node.src[i]
+      try: x = np.asarray(_value(src, values)).reshape(-1).copy()
+      except (NoValue, NotModelled) as e: self.why_not[f"not modelled: {e}"] += 1; reject()
+      leaf = new_buffer("NUMPY", x.size, src.dtype)
+      probe = node.replace(src=node.src[:i] + (leaf.reshape(src.shape),) + node.src[i + 1:])
       if grads[i] is None: want = np.zeros(x.shape)
       else:
         try: want = _value(grads[i], values).astype(np.float64).reshape(-1)
@@ -179,7 +197,7 @@ class GradChecker:
         def at(delta):
           v = dict(values)
           y = x.copy(); y[j] = y[j] + delta; v[leaf] = y
-          return _objective(node, gv, v)
+          return _objective(probe, gv, v)
         up, down = at(step), at(-step)
         fwd, bwd = (up - base) / step, (base - down) / step
         if not (np.isfinite(fwd) and np.isfinite(bwd)): continue

@@ -1,0 +1,72 @@
+"""What a realized value was computed from, kept for autograd.
+
+Realizing a tensor replaces its graph with a view of a buffer. Gradients must still flow through it
+(`z = x.exp().realize(); (z * x).sum().backward()`), also when the tensor object itself is gone and only a graph
+built from it remains (a function that realizes or writes into a temporary and returns something computed from
+it). So the graph is kept here, keyed by the realized node (weakly: an entry lives as long as some graph can
+still reach the node), not on the Tensor object.
+
+A history is valid while it computes what the buffer holds: a write into the buffer, or into any buffer the
+history reads, drops it (`forget_written`); the value stays, as a constant for autograd.
+
+A history may read its own buffer: a write through a view keeps the old contents outside the view as
+`DETACH(node)` (engine/tensor/autograd.py). It is stored with the node replaced by a placeholder, or the entry
+would keep its own key alive.
+"""
+from __future__ import annotations
+
+import weakref
+
+from engine.ops import Ops
+from engine.rewrite import substitute
+from engine.uop import UOp
+
+# realized node -> (graph, placeholder standing for the node inside the graph, or None)
+_HISTORY: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _read_buffers(u: UOp) -> frozenset:
+  """The ids of the buffers u's graph reads (ints, so the memo keeps no node alive)."""
+  if u.op is Ops.BUFFER: return frozenset((u.arg[0],))
+  out: frozenset = frozenset()
+  for s in u.src: out |= s._derive("read_buffers", _read_buffers)
+  return out
+
+
+def reads(u: UOp) -> frozenset: return u._derive("read_buffers", _read_buffers)
+
+
+def record(node: UOp, graph: UOp | None, rewritten: bool = False) -> None:
+  """`node` (a realized value) was computed by `graph` (None: forget what it was computed from).
+
+  A graph that reads the node's own buffer is a value that was realized into a buffer that already held it
+  (`a.contiguous()` of a realized `a` is `a`): `a` keeps its own history, if any. Only a write into the buffer
+  (`rewritten`, engine/tensor/autograd.py) gives a history that reads the buffer itself."""
+  if graph is None or graph is node: _HISTORY.pop(node, None); return
+  # only storage has a history: a value that folded to a constant is hash-consed, shared by every graph that
+  # holds that constant (and a constant's gradient is zero anyway)
+  if not all(p.base.op is Ops.BUFFER for p in (node.src if node.op is Ops.MSTACK else (node,))): return
+  if node.base.op is Ops.BUFFER and node.base.arg[0] in reads(graph):
+    if not rewritten: return
+    stand = UOp.new_buffer(node.base.arg[1], node.base.arg[2], node.dtype).reshape(node.shape)
+    _HISTORY[node] = (substitute(graph, {node: stand}), stand)
+  else: _HISTORY[node] = (graph, None)
+
+
+def history(node: UOp) -> UOp | None:
+  entry = _HISTORY.get(node)
+  if entry is None: return None
+  graph, stand = entry
+  return graph if stand is None else substitute(graph, {stand: node})
+
+
+def recorded(nodes) -> dict[UOp, UOp]:
+  """The history of every node among `nodes` that has one."""
+  return {n: h for n in nodes if n in _HISTORY and (h := history(n)) is not None}
+
+
+def forget_written(written: set[UOp], parts) -> None:
+  """After writes into the buffers `written`: drop every history of such a buffer, or that reads one."""
+  ids = {b.arg[0] for b in written}
+  for node, (graph, _) in list(_HISTORY.items()):
+    if any(p.base in written for p in parts(node)) or not ids.isdisjoint(reads(graph)): _HISTORY.pop(node, None)
