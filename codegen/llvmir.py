@@ -517,6 +517,19 @@ class LLVMRenderer(ScopedEmitter):
       loops = [self.open_loop(r) for r in rngs]
     # a float sum of products may fuse each product into the sum (fma): `contract` on both, as numpy's BLAS does
     fuse = ad.kind == "f" and op is Ops.ADD and not wide and value.op is Ops.MUL
+    if not many and ad.kind == "f" and op is Ops.ADD and _guarded_reduce(value):
+      # sum(where(c, inner reduce, 0)): branch around the inner loops where c is false instead of computing
+      # them and selecting 0 (a convolution's gradient: the window taps that fall outside)
+      taken, join = self.fn.append_basic_block("guard_taken"), self.fn.append_basic_block("guard_join")
+      self.b.cbranch(self.value(value.src[0]), taken, join)
+      self.b.position_at_end(taken)
+      self.scopes.append({})   # (what the taken branch computes is not visible after the join)
+      v = self.value(value.src[1])
+      self.b.store(self.b.fadd(self.b.load(accs[0]), v, flags=("reassoc", "contract")), accs[0])
+      self.scopes.pop()
+      self.b.branch(join)
+      self.b.position_at_end(join)
+      lanes = []
     for lane, acc in zip(lanes, accs):
       if many: self._enter_lane(lane)
       if fuse: v = self.b.fmul(self.value(value.src[0]), self.value(value.src[1]), flags=("contract",))
@@ -571,6 +584,13 @@ class LLVMRenderer(ScopedEmitter):
 
 
 MAX_LANES = 16  # a float max reduction's interleaved accumulators (see _max_in_lanes)
+
+
+def _guarded_reduce(value: UOp) -> bool:
+  """value is where(c, t, 0) with a reduce inside t: worth a branch rather than a select."""
+  if value.op is not Ops.WHERE: return False
+  f = value.src[2]
+  return f.op is Ops.CONST and f.arg == 0 and any(n.op is Ops.REDUCE for n in value.src[1].toposort())
 
 
 def _invariant_reduces(ast: UOp) -> list[UOp]:

@@ -88,3 +88,49 @@ def test_cmod_of_infinity_is_nan():
   assert math.isnan(exec_alu(Ops.CMOD, dtypes.float32, [math.inf, 2.0]))
   assert math.isnan(exec_alu(Ops.CMOD, dtypes.float32, [-math.inf, 2.0]))
   assert exec_alu(Ops.CMOD, dtypes.float32, [-7.5, math.inf]) == -7.5
+
+
+# *** where_given: the true branch simplified under its guard is the same function wherever the guard holds ***
+
+def _guarded_cases():
+  from hypothesis import strategies as st
+  @st.composite
+  def case(draw):
+    x, y = UOp.variable("x", 0, draw(st.integers(5, 60))), UOp.variable("y", 0, draw(st.integers(0, 9)))
+    m = draw(st.integers(2, 13))
+    k = draw(st.integers(1, m - 1))
+    guarded = x * draw(st.integers(1, 12)) + y + draw(st.integers(0, 5))
+    g = guarded % m
+    a, b = draw(st.integers(1, 12)), draw(st.integers(1, 40))
+    body = [g % k, (g * a + y) // b, (g * a + y) % b, ((g % k) * a + g) // (k * a), g // k + y][draw(st.integers(0, 4))]
+    return x, y, g.lt(k), body
+  return case()
+
+
+def test_where_given_is_sound():
+  from hypothesis import given, settings
+  from engine.index_expr import evaluate
+  from engine.lang.loader import load_library
+  from engine.rewrite import graph_rewrite
+  sym = load_library().matcher("symbolic")
+
+  @settings(max_examples=150, derandomize=True, deadline=None, database=None)
+  @given(_guarded_cases())
+  def check(c):
+    x, y, cond, body = c
+    w = cond.where(body, -1)
+    out = graph_rewrite(w, sym)
+    for xv in range(x.arg[1], x.arg[2] + 1):
+      for yv in range(y.arg[1], y.arg[2] + 1):
+        env = {x: xv, y: yv}
+        assert evaluate(out, env) == evaluate(w, env), (w, out, xv, yv)
+  check()
+
+
+def test_where_given_folds_a_guarded_mod():
+  from engine.lang.loader import load_library
+  from engine.rewrite import graph_rewrite
+  x = UOp.variable("x", 0, 100)
+  g = x % 11
+  out = graph_rewrite(g.lt(8).where((g % 8) * 3 + g // 8, 0), load_library().matcher("symbolic"))
+  assert out is g.lt(8).where(g * 3, 0), out

@@ -3,6 +3,7 @@ arithmetic, not pattern shape."""
 from __future__ import annotations
 
 import math
+import weakref
 
 from engine.lang.capability import rule_helper
 
@@ -89,9 +90,15 @@ def divmod_parts(x: UOp, c: int, div: bool) -> UOp | None:
     if r: lo, hi = lo + min(r * vmin, r * vmax), hi + max(r * vmin, r * vmax)
     xlo, xhi = xlo + min(coef * vmin, coef * vmax), xhi + max(coef * vmin, coef * vmax)
     parts.append((q, r, v))
-  if lo < 0 or hi >= c or xlo < x.dtype.min() or xhi > x.dtype.max(): return None
-  if not div: return sum(((v if r == 1 else v * r) for q, r, v in parts if r), UOp.const(x.dtype, rk))
-  return sum(((v if q == 1 else v * q) for q, r, v in parts if q), UOp.const(x.dtype, qk))
+  if xlo < x.dtype.min() or xhi > x.dtype.max(): return None
+  rest = sum(((v if r == 1 else v * r) for q, r, v in parts if r), UOp.const(x.dtype, rk))
+  quot = sum(((v if q == 1 else v * q) for q, r, v in parts if q), UOp.const(x.dtype, qk))
+  if 0 <= lo and hi < c: return quot if div else rest
+  # R not provably in [0, c): (c*Q + R) // c is still Q + R // c and (c*Q + R) % c is R % c (floor division,
+  # exact sums). Taken only for sums of nonnegative terms with a multiple of c to drop (index arithmetic: the
+  # window offsets of a convolution's gradient), where R is then smaller than x and nonnegative
+  if k < 0 or any(coef < 0 or v.vmin < 0 for coef, v in terms) or not (qk or any(q for q, _, _ in parts)): return None
+  return quot + rest // c if div else rest % c
 
 
 # mantissa digits (with the implicit bit) of each float dtype: the integers of up to that many bits it holds exactly
@@ -137,3 +144,59 @@ def lt_gcd(x: UOp, c: int) -> UOp | None:
   if not scaled or (d := math.gcd(c, *scaled)) <= 1: return None
   q = divmod_parts(x, d, True)
   return None if q is None else q.lt(c // d)
+
+
+def _conjuncts(c: UOp) -> list[UOp]:
+  out, stack = [], [c]
+  while stack:
+    u = stack.pop()
+    if u.op is Ops.AND and u.dtype.is_bool: stack.extend(u.src)
+    else: out.append(u)
+  return out
+
+
+_GIVEN: "weakref.WeakKeyDictionary[UOp, UOp | None]" = weakref.WeakKeyDictionary()
+
+
+@rule_helper
+def given_valid(w: UOp) -> UOp | None:
+  """WHERE(cond, t, f) with t simplified where cond holds, or None when that changes nothing.
+
+  Each conjunct `X < n` of cond (X an integer expression with a // or % in it, n a constant) bounds X by
+  n - 1 inside t, tighter than X's own bounds. X is replaced by a variable with those bounds, the symbolic
+  rules simplify t, and the variable becomes X again. A convolution's gradient is the case: its load index is
+  full of `(w % 11) % 8` and `(... // 72)` that fold once `w % 11 < 8` is known, which the guard says.
+  Remembered per node (the scheduler meets the same WHERE in several passes; UOps are hash-consed)."""
+  if w in _GIVEN: return _GIVEN[w]
+  cond, t, f = w.src
+  stand: dict[UOp, UOp] = {}
+  for c in _conjuncts(cond):
+    if c.op is not Ops.CMPLT or c.src[1].op is not Ops.CONST: continue
+    x = c.src[0]
+    if not x.dtype.is_int or x.op in (Ops.RANGE, Ops.CONST, Ops.DEFINE_VAR) or x in stand: continue
+    # (a guard on a plain sum of ranges, a padding's, tells divmod_parts nothing the ranges do not: only
+    # guards on a quotient or a remainder are worth the second pass)
+    if not any(n.op in (Ops.MOD, Ops.IDIV) for n in x.toposort()): continue
+    lo, hi = x.vmin, x.vmax
+    if not (isinstance(lo, int) and isinstance(hi, int)) or c.src[1].arg - 1 >= hi or c.src[1].arg - 1 < lo: continue
+    stand[x] = UOp.variable(f"given_{len(stand)}_{id(x)}", lo, c.src[1].arg - 1, x.dtype)
+  out = None
+  if stand:
+    from engine.lang.loader import load_library
+    from engine.rewrite import graph_rewrite, substitute
+    placed = substitute(t, stand)
+    if placed is not t:
+      # only the integer arithmetic under the stand-ins is simplified again (an index, a guard), not the
+      # float computation around it: the maximal integer subexpressions, rewritten together
+      ints = [placed] if placed.dtype.is_int else \
+        list(dict.fromkeys(s for n in placed.toposort() if not n.dtype.is_int for s in n.src if s.dtype.is_int))
+      ints = [u for u in ints if u.op not in (Ops.CONST, Ops.RANGE)]
+      if ints:
+        sink = UOp(Ops.SINK, dtypes.void, tuple(ints))
+        done = graph_rewrite(sink, load_library().matcher("symbolic"))
+        if done is not sink:
+          back = {v: x for x, v in stand.items()}
+          new = substitute(substitute(placed, dict(zip(ints, done.src))), back)
+          if new is not t: out = UOp(Ops.WHERE, w.dtype, (cond, new, f))
+  _GIVEN[w] = out
+  return out
