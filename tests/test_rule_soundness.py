@@ -134,3 +134,17 @@ def test_where_given_folds_a_guarded_mod():
   g = x % 11
   out = graph_rewrite(g.lt(8).where((g % 8) * 3 + g // 8, 0), load_library().matcher("symbolic"))
   assert out is g.lt(8).where(g * 3, 0), out
+
+
+def test_conv_input_gradient_reads_through_affine_indices():
+  """A convolution's input gradient reaches its window taps through // and % of the padded, repeated view;
+  under the kernel's guards they are affine (where_affine), so no load index keeps a // or a %."""
+  from rulec import Tensor
+  x = Tensor(np.random.default_rng(0).random((2, 3, 6, 6)).astype(np.float32), requires_grad=True)
+  w = Tensor(np.random.default_rng(1).random((4, 3, 3, 3)).astype(np.float32), requires_grad=True)
+  x.conv2d(w, padding=1).relu().sum().backward()
+  kernels = Tensor.schedule(x.grad)
+  loads = [n for k in kernels for n in k.ast.toposort() if n.op is Ops.INDEX and n.src[0].op is Ops.PARAM]
+  assert loads
+  for n in loads:
+    assert not any(m.op in (Ops.IDIV, Ops.MOD) for m in n.src[1].toposort()), n.src[1]

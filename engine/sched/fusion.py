@@ -117,6 +117,17 @@ class FusionFacts:
       shrinks |= v.op is Ops.SHRINK
     return v if shrinks and v.size < x.size else None
 
+  def permuted_view(self, x: UOp) -> UOp | None:
+    """The end of the movement ops that are x's only consumers, one after the other, when they only permute and
+    reshape x and do permute it (a pool's gradient is computed in the pool's axis order and read in the image's
+    order): storing that view lays the value out as it is read; else None."""
+    v, permutes = x, False
+    while len(users := self._users.get(v, [])) == 1 and users[0].op in (Ops.PERMUTE, Ops.RESHAPE) \
+        and users[0] not in self.sink.src:
+      v = users[0]
+      permutes |= v.op is Ops.PERMUTE
+    return v if permutes else None
+
   def reads(self, x: UOp) -> int:
     """How many buffers recomputing x reads (inputs, realized values, stores chosen so far)."""
     return self._region(x)[0]

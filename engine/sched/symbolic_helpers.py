@@ -5,11 +5,13 @@ from __future__ import annotations
 import math
 import weakref
 
+import numpy as np
+
 from engine.lang.capability import rule_helper
 
 from engine.alu import exec_alu, wrap
 from engine.dtypes import DType, dtypes
-from engine.ops import Ops
+from engine.ops import ALU, Ops
 from engine.uop import UOp
 
 
@@ -155,6 +157,26 @@ def _conjuncts(c: UOp) -> list[UOp]:
   return out
 
 
+# the ops a WHERE's branch is rewritten through: values computed in this kernel. Anything else (a STAGE, a
+# buffer, an AFTER) is shared with other parts of the graph and is left exactly as it is, or it would be
+# duplicated (two STAGEs for one value: two kernels)
+def _is_value(n: UOp) -> bool: return n.op in ALU or n.op in (Ops.CAST, Ops.INDEX, Ops.REDUCE)
+
+
+def _values_of(t: UOp) -> list[UOp]: return t.toposort(_is_value)
+
+
+def _replace_in_values(t: UOp, mapping: dict[UOp, UOp]) -> UOp:
+  """t with the nodes of `mapping` replaced, rebuilt only through value ops (see _is_value)."""
+  done: dict[UOp, UOp] = {}
+  for u in _values_of(t):
+    if u in mapping: done[u] = mapping[u]; continue
+    if not _is_value(u) or u.op is Ops.RANGE: done[u] = u; continue
+    src = tuple(done.get(x, x) for x in u.src)
+    done[u] = u if all(a is b for a, b in zip(src, u.src)) else UOp(u.op, u.dtype, src, u.arg, u.tag)
+  return done[t]
+
+
 _GIVEN: "weakref.WeakKeyDictionary[UOp, UOp | None]" = weakref.WeakKeyDictionary()
 
 
@@ -184,19 +206,151 @@ def given_valid(w: UOp) -> UOp | None:
   if stand:
     from engine.lang.loader import load_library
     from engine.rewrite import graph_rewrite, substitute
-    placed = substitute(t, stand)
-    if placed is not t:
-      # only the integer arithmetic under the stand-ins is simplified again (an index, a guard), not the
-      # float computation around it: the maximal integer subexpressions, rewritten together
-      ints = [placed] if placed.dtype.is_int else \
-        list(dict.fromkeys(s for n in placed.toposort() if not n.dtype.is_int for s in n.src if s.dtype.is_int))
-      ints = [u for u in ints if u.op not in (Ops.CONST, Ops.RANGE)]
-      if ints:
-        sink = UOp(Ops.SINK, dtypes.void, tuple(ints))
+    # the maximal integer subexpressions of the branch's values (an index, a guard) that hold a guarded X
+    values = _values_of(t)
+    inside = set(values)
+    if any(x in inside for x in stand):
+      ints = list(dict.fromkeys(s for n in values if not n.dtype.is_int and _is_value(n) for s in n.src
+                                if s.dtype.is_int and s.op not in (Ops.CONST, Ops.RANGE)))
+      if t.dtype.is_int: ints = [t]
+      placed = [substitute(u, stand) for u in ints]
+      pairs = [(u, p) for u, p in zip(ints, placed) if p is not u]
+      if pairs:
+        sink = UOp(Ops.SINK, dtypes.void, tuple(p for _, p in pairs))
         done = graph_rewrite(sink, load_library().matcher("symbolic"))
-        if done is not sink:
-          back = {v: x for x, v in stand.items()}
-          new = substitute(substitute(placed, dict(zip(ints, done.src))), back)
+        back = {v: x for x, v in stand.items()}
+        mapping = {u: substitute(d, back) for (u, _), d in zip(pairs, done.src)}
+        mapping = {u: d for u, d in mapping.items() if d is not u}
+        if mapping:
+          new = _replace_in_values(t, mapping)
           if new is not t: out = UOp(Ops.WHERE, w.dtype, (cond, new, f))
   _GIVEN[w] = out
+  return out
+
+
+# *** index arithmetic that is affine where it is used ***
+
+_FIT_POINTS = 1 << 15    # the most points one subexpression is evaluated at
+_FIT_BUDGET = 1 << 21    # and the most for one WHERE, all subexpressions together
+_INT_OPS = {Ops.ADD: np.add, Ops.SUB: np.subtract, Ops.MUL: np.multiply, Ops.MAX: np.maximum}
+
+
+def _eval_grid(u: UOp, env: dict[UOp, np.ndarray], memo: dict[UOp, np.ndarray]) -> np.ndarray | None:
+  """u's value at every point of a grid (env: each range's coordinate array), in int64; None when u holds
+  something else than integer and bool arithmetic over ranges and constants, or leaves int32's range."""
+  for n in u.toposort():
+    if n in memo: continue
+    if n.op is Ops.RANGE:
+      if n not in env: return None
+      v = env[n]
+    elif n.op is Ops.CONST:
+      if not isinstance(n.arg, (int, bool)): return None
+      v = np.int64(n.arg)
+    else:
+      xs = [memo.get(s) for s in n.src]
+      if any(x is None for x in xs): return None
+      op = n.op
+      if op in _INT_OPS and n.dtype.is_int: v = _INT_OPS[op](*xs)
+      elif op is Ops.NEG and n.dtype.is_int: v = -xs[0]
+      elif op in (Ops.IDIV, Ops.MOD) and n.dtype.is_int:
+        a, b = np.broadcast_arrays(*xs)
+        safe = np.where(b == 0, 1, b)
+        v = np.where(b == 0, 0, np.floor_divide(a, safe) if op is Ops.IDIV else np.mod(a, safe))
+      elif op is Ops.CMPLT: v = xs[0] < xs[1]
+      elif op is Ops.CMPNE: v = xs[0] != xs[1]
+      elif op is Ops.CMPEQ: v = xs[0] == xs[1]
+      elif op in (Ops.AND, Ops.OR, Ops.XOR) and n.dtype.is_bool:
+        v = {Ops.AND: np.logical_and, Ops.OR: np.logical_or, Ops.XOR: np.logical_xor}[op](*xs)
+      elif op is Ops.WHERE: v = np.where(*xs)
+      else: return None
+      if n.dtype.is_int and np.size(v) and (np.max(v) > 2**31 - 1 or np.min(v) < -2**31): return None
+    memo[n] = v
+  return memo[u]
+
+
+def _ranges_of(u: UOp) -> list[UOp]: return [n for n in u.toposort() if n.op is Ops.RANGE]
+
+
+class _Fitter:
+  """Rewrites, top-down, every integer subexpression with a // or % in it that is affine in its ranges at
+  every point where the guards around it hold (found by evaluating it there: the ranges are small)."""
+  def __init__(self):
+    self.spent = 0
+    self.memo: dict[tuple, UOp] = {}
+
+  @staticmethod
+  def usable(guards: tuple) -> list[UOp]:
+    """The conjuncts of the guards that are arithmetic on ranges (one that reads memory is left out: the points
+    kept are then a superset of those where the value is used, which is still sound)."""
+    ok = lambda c: all(n.op in (Ops.RANGE, Ops.CONST) or (n.src and n.op not in (Ops.INDEX, Ops.REDUCE)) for n in c.toposort())
+    return [c for g in guards for c in _conjuncts(g) if ok(c)]
+
+  def mask(self, conds: list[UOp], env) -> np.ndarray | bool:
+    m: np.ndarray | bool = True
+    for c in conds:
+      v = _eval_grid(c, env, {})
+      if v is not None: m = np.logical_and(m, v)
+    return m
+
+  def fit(self, u: UOp, guards: tuple) -> UOp | None:
+    conds = self.usable(guards)
+    rs = list(dict.fromkeys(_ranges_of(u) + [r for c in conds for r in _ranges_of(c)]))
+    size = prod_sizes = 1
+    for r in rs: prod_sizes *= r.src[0].arg if r.src and r.src[0].op is Ops.CONST else 1 << 40
+    size = prod_sizes
+    if not rs or size > _FIT_POINTS or self.spent + size > _FIT_BUDGET: return None
+    self.spent += size
+    grids = np.meshgrid(*[np.arange(r.src[0].arg, dtype=np.int64) for r in rs], indexing="ij")
+    env = dict(zip(rs, grids))
+    v = _eval_grid(u, env, {})
+    if v is None: return None
+    m = np.broadcast_to(self.mask(conds, env), grids[0].shape)
+    if not m.any(): return None
+    own = _ranges_of(u)
+    a = np.stack([np.ones(int(m.sum()))] + [env[r][m].astype(np.float64) for r in own], axis=1)
+    want = np.broadcast_to(v, grids[0].shape)[m].astype(np.float64)
+    coef = np.rint(np.linalg.lstsq(a, want, rcond=None)[0]).astype(np.int64)
+    if not np.array_equal(a.astype(np.int64) @ coef, want.astype(np.int64)): return None
+    out = UOp.const(u.dtype, int(coef[0]))
+    for c, r in zip(coef[1:], own):
+      if c: out = out + (r.cast(u.dtype) if r.dtype is not u.dtype else r) * int(c)
+    return out
+
+  def rebuild(self, u: UOp, guards: tuple) -> UOp:
+    key = (u, guards)
+    if key in self.memo: return self.memo[key]
+    out = None
+    if u.dtype.is_int and u.op not in (Ops.RANGE, Ops.CONST) and any(n.op in (Ops.IDIV, Ops.MOD) for n in u.toposort()):
+      out = self.fit(u, guards)
+    if out is None:
+      if not _is_value(u): out = u   # (shared structure: left as it is, see _is_value)
+      else:
+        if u.op is Ops.WHERE:
+          src = (self.rebuild(u.src[0], guards), self.rebuild(u.src[1], guards + (u.src[0],)), self.rebuild(u.src[2], guards))
+        elif u.op is Ops.REDUCE: src = (self.rebuild(u.src[0], guards),) + u.src[1:]
+        elif u.op is Ops.INDEX: src = (u.src[0],) + tuple(self.rebuild(s, guards) for s in u.src[1:])
+        else: src = tuple(self.rebuild(s, guards) if s.op not in (Ops.RANGE, Ops.CONST) else s for s in u.src)
+        out = u if all(a is b for a, b in zip(src, u.src)) else UOp(u.op, u.dtype, src, u.arg, u.tag)
+    self.memo[key] = out
+    return out
+
+
+_AFFINE: "weakref.WeakKeyDictionary[UOp, UOp | None]" = weakref.WeakKeyDictionary()
+
+
+@rule_helper
+def affine_given(w: UOp) -> UOp | None:
+  """WHERE(cond, t, f) with every integer subexpression of t that holds a // or % and is affine in its ranges
+  wherever cond (and the guards of the WHEREs inside t around it) hold replaced by that affine expression; None
+  when nothing changes. Proven by evaluation: the ranges involved are small (at most 2**15 points each), so
+  the subexpression is evaluated at every point and the affine fit checked exactly. A convolution's gradient
+  reaches its window taps through `(y + 10 r + 1) // 11` and `% 11`, which under the guards are `r` and
+  `y + 1 - r`: the load index becomes affine, as the forward's is."""
+  if w in _AFFINE: return _AFFINE[w]
+  cond, t, f = w.src
+  out = None
+  if any(n.op is Ops.INDEX for n in _values_of(t)):
+    new = _Fitter().rebuild(t, (cond,))
+    if new is not t: out = UOp(Ops.WHERE, w.dtype, (cond, new, f))
+  _AFFINE[w] = out
   return out
