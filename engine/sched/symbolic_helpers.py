@@ -230,8 +230,8 @@ def given_valid(w: UOp) -> UOp | None:
 
 # *** index arithmetic that is affine where it is used ***
 
-_FIT_POINTS = 1 << 15    # the most points one subexpression is evaluated at
-_FIT_BUDGET = 1 << 21    # and the most for one WHERE, all subexpressions together
+_FIT_POINTS = 1 << 13    # the most points one subexpression is evaluated at
+_FIT_BUDGET = 1 << 16    # and the most for one WHERE, all subexpressions together
 _INT_OPS = {Ops.ADD: np.add, Ops.SUB: np.subtract, Ops.MUL: np.multiply, Ops.MAX: np.maximum}
 
 
@@ -271,12 +271,22 @@ def _eval_grid(u: UOp, env: dict[UOp, np.ndarray], memo: dict[UOp, np.ndarray]) 
 def _ranges_of(u: UOp) -> list[UOp]: return [n for n in u.toposort() if n.op is Ops.RANGE]
 
 
+_FITS: dict[tuple, UOp | None] = {}
+
+
 class _Fitter:
-  """Rewrites, top-down, every integer subexpression with a // or % in it that is affine in its ranges at
-  every point where the guards around it hold (found by evaluating it there: the ranges are small)."""
+  """Rewrites the load indices under a WHERE: each nonlinear term of an index (a // or % and what it is
+  multiplied by) that is affine in its ranges at every point where the guards around the load hold becomes
+  that affine expression (found by evaluating the term there: its ranges are small)."""
   def __init__(self):
     self.spent = 0
     self.memo: dict[tuple, UOp] = {}
+    self.divmod: dict[UOp, bool] = {}
+
+  def has_divmod(self, u: UOp) -> bool:
+    for n in u.toposort(lambda m: m not in self.divmod):
+      if n not in self.divmod: self.divmod[n] = n.op in (Ops.IDIV, Ops.MOD) or any(self.divmod.get(x, False) for x in n.src)
+    return self.divmod[u]
 
   @staticmethod
   def usable(guards: tuple) -> list[UOp]:
@@ -285,26 +295,29 @@ class _Fitter:
     ok = lambda c: all(n.op in (Ops.RANGE, Ops.CONST) or (n.src and n.op not in (Ops.INDEX, Ops.REDUCE)) for n in c.toposort())
     return [c for g in guards for c in _conjuncts(g) if ok(c)]
 
-  def mask(self, conds: list[UOp], env) -> np.ndarray | bool:
-    m: np.ndarray | bool = True
-    for c in conds:
-      v = _eval_grid(c, env, {})
-      if v is not None: m = np.logical_and(m, v)
-    return m
+  def fit(self, u: UOp, conds: list[UOp]) -> UOp | None:
+    key = (u, tuple(conds))
+    if key in _FITS: return _FITS[key]
+    out = self._fit(u, conds)
+    if len(_FITS) > 4096: _FITS.clear()   # (the nested WHEREs of one kernel ask again; a bounded memo)
+    _FITS[key] = out
+    return out
 
-  def fit(self, u: UOp, guards: tuple) -> UOp | None:
-    conds = self.usable(guards)
+  def _fit(self, u: UOp, conds: list[UOp]) -> UOp | None:
     rs = list(dict.fromkeys(_ranges_of(u) + [r for c in conds for r in _ranges_of(c)]))
-    size = prod_sizes = 1
-    for r in rs: prod_sizes *= r.src[0].arg if r.src and r.src[0].op is Ops.CONST else 1 << 40
-    size = prod_sizes
+    size = 1
+    for r in rs: size *= r.src[0].arg if r.src and r.src[0].op is Ops.CONST else 1 << 40
     if not rs or size > _FIT_POINTS or self.spent + size > _FIT_BUDGET: return None
     self.spent += size
     grids = np.meshgrid(*[np.arange(r.src[0].arg, dtype=np.int64) for r in rs], indexing="ij")
     env = dict(zip(rs, grids))
     v = _eval_grid(u, env, {})
     if v is None: return None
-    m = np.broadcast_to(self.mask(conds, env), grids[0].shape)
+    m: np.ndarray | bool = True
+    for c in conds:
+      cv = _eval_grid(c, env, {})
+      if cv is not None: m = np.logical_and(m, cv)
+    m = np.broadcast_to(m, grids[0].shape)
     if not m.any(): return None
     own = _ranges_of(u)
     a = np.stack([np.ones(int(m.sum()))] + [env[r][m].astype(np.float64) for r in own], axis=1)
@@ -316,21 +329,32 @@ class _Fitter:
       if c: out = out + (r.cast(u.dtype) if r.dtype is not u.dtype else r) * int(c)
     return out
 
+  def index(self, idx: UOp, guards: tuple) -> UOp:
+    if not idx.dtype.is_int or not self.has_divmod(idx): return idx
+    terms, k = _terms(idx)
+    conds = self.usable(guards)
+    out, changed = [], False
+    for coef, v in terms:
+      f = self.fit(v, conds) if self.has_divmod(v) else None
+      changed |= f is not None
+      out.append((coef, v if f is None else f))
+    if not changed: return idx
+    total = UOp.const(idx.dtype, k)
+    for coef, v in out: total = total + (v if coef == 1 else v * coef)
+    return total
+
   def rebuild(self, u: UOp, guards: tuple) -> UOp:
     key = (u, guards)
     if key in self.memo: return self.memo[key]
-    out = None
-    if u.dtype.is_int and u.op not in (Ops.RANGE, Ops.CONST) and any(n.op in (Ops.IDIV, Ops.MOD) for n in u.toposort()):
-      out = self.fit(u, guards)
-    if out is None:
-      if not _is_value(u): out = u   # (shared structure: left as it is, see _is_value)
-      else:
-        if u.op is Ops.WHERE:
-          src = (self.rebuild(u.src[0], guards), self.rebuild(u.src[1], guards + (u.src[0],)), self.rebuild(u.src[2], guards))
-        elif u.op is Ops.REDUCE: src = (self.rebuild(u.src[0], guards),) + u.src[1:]
-        elif u.op is Ops.INDEX: src = (u.src[0],) + tuple(self.rebuild(s, guards) for s in u.src[1:])
-        else: src = tuple(self.rebuild(s, guards) if s.op not in (Ops.RANGE, Ops.CONST) else s for s in u.src)
-        out = u if all(a is b for a, b in zip(src, u.src)) else UOp(u.op, u.dtype, src, u.arg, u.tag)
+    if not _is_value(u) or u.op in (Ops.RANGE, Ops.CONST): out = u   # (shared structure: left as it is)
+    else:
+      if u.op is Ops.WHERE:
+        src = (self.rebuild(u.src[0], guards), self.rebuild(u.src[1], guards + (u.src[0],)), self.rebuild(u.src[2], guards))
+      elif u.op is Ops.REDUCE: src = (self.rebuild(u.src[0], guards),) + u.src[1:]
+      elif u.op is Ops.INDEX: src = (u.src[0],) + tuple(self.index(s, guards) for s in u.src[1:])
+      elif u.dtype.is_int: src = u.src   # (integer arithmetic outside an index is left alone)
+      else: src = tuple(self.rebuild(s, guards) for s in u.src)
+      out = u if all(a is b for a, b in zip(src, u.src)) else UOp(u.op, u.dtype, src, u.arg, u.tag)
     self.memo[key] = out
     return out
 
@@ -340,9 +364,9 @@ _AFFINE: "weakref.WeakKeyDictionary[UOp, UOp | None]" = weakref.WeakKeyDictionar
 
 @rule_helper
 def affine_given(w: UOp) -> UOp | None:
-  """WHERE(cond, t, f) with every integer subexpression of t that holds a // or % and is affine in its ranges
-  wherever cond (and the guards of the WHEREs inside t around it) hold replaced by that affine expression; None
-  when nothing changes. Proven by evaluation: the ranges involved are small (at most 2**15 points each), so
+  """WHERE(cond, t, f) with each nonlinear term of t's load indices (a // or % in it) that is affine in its
+  ranges wherever cond (and the guards of the WHEREs inside t around the load) hold replaced by that affine
+  expression; None when nothing changes. Proven by evaluation: the ranges involved are small (at most 2**15 points each), so
   the subexpression is evaluated at every point and the affine fit checked exactly. A convolution's gradient
   reaches its window taps through `(y + 10 r + 1) // 11` and `% 11`, which under the guards are `r` and
   `y + 1 - r`: the load index becomes affine, as the forward's is."""
