@@ -517,7 +517,8 @@ class LLVMRenderer(ScopedEmitter):
       loops = [self.open_loop(r) for r in rngs]
     # a float sum of products may fuse each product into the sum (fma): `contract` on both, as numpy's BLAS does
     fuse = ad.kind == "f" and op is Ops.ADD and not wide and value.op is Ops.MUL
-    if not many and ad.kind == "f" and op is Ops.ADD and _guarded_reduce(value):
+    guarded = not many and ad.kind == "f" and op is Ops.ADD and _guarded_reduce(value)
+    if guarded:
       # sum(where(c, inner reduce, 0)): branch around the inner loops where c is false instead of computing
       # them and selecting 0 (a convolution's gradient: the window taps that fall outside)
       taken, join = self.fn.append_basic_block("guard_taken"), self.fn.append_basic_block("guard_join")
@@ -529,8 +530,7 @@ class LLVMRenderer(ScopedEmitter):
       self.scopes.pop()
       self.b.branch(join)
       self.b.position_at_end(join)
-      lanes = []
-    for lane, acc in zip(lanes, accs):
+    for lane, acc in zip(() if guarded else lanes, accs):
       if many: self._enter_lane(lane)
       if fuse: v = self.b.fmul(self.value(value.src[0]), self.value(value.src[1]), flags=("contract",))
       else: v = self.value(value)

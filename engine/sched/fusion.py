@@ -108,25 +108,26 @@ class FusionFacts:
     """A reduce inside x's epilogue is used more often than x, or an epilogue value below x at least as often."""
     return _needed_below(x, self._epilogues, self._uses)
 
+  def _sole_chain(self, x: UOp, ops) -> tuple[UOp, set]:
+    """The end of the ops (of `ops`) that are x's only consumers, one after the other, and which ops they are."""
+    v, seen = x, set()
+    while len(users := self._users.get(v, [])) == 1 and users[0].op in ops and users[0] not in self.sink.src:
+      v = users[0]
+      seen.add(v.op)
+    return v, seen
+
   def shrunk_view(self, x: UOp) -> UOp | None:
     """The end of the movement ops that are x's only consumers, one after the other, when they shrink x (the
     gradient of a pad, of a convolution's padded input, reads the padded gradient so); else None."""
-    v, shrinks = x, False
-    while len(users := self._users.get(v, [])) == 1 and users[0].op in MOVEMENT and users[0] not in self.sink.src:
-      v = users[0]
-      shrinks |= v.op is Ops.SHRINK
-    return v if shrinks and v.size < x.size else None
+    v, seen = self._sole_chain(x, MOVEMENT)
+    return v if Ops.SHRINK in seen and v.size < x.size else None
 
   def permuted_view(self, x: UOp) -> UOp | None:
     """The end of the movement ops that are x's only consumers, one after the other, when they only permute and
     reshape x and do permute it (a pool's gradient is computed in the pool's axis order and read in the image's
     order): storing that view lays the value out as it is read; else None."""
-    v, permutes = x, False
-    while len(users := self._users.get(v, [])) == 1 and users[0].op in (Ops.PERMUTE, Ops.RESHAPE) \
-        and users[0] not in self.sink.src:
-      v = users[0]
-      permutes |= v.op is Ops.PERMUTE
-    return v if permutes else None
+    v, seen = self._sole_chain(x, (Ops.PERMUTE, Ops.RESHAPE))
+    return v if Ops.PERMUTE in seen else None
 
   def reads(self, x: UOp) -> int:
     """How many buffers recomputing x reads (inputs, realized values, stores chosen so far)."""

@@ -210,9 +210,9 @@ def given_valid(w: UOp) -> UOp | None:
     values = _values_of(t)
     inside = set(values)
     if any(x in inside for x in stand):
-      ints = list(dict.fromkeys(s for n in values if not n.dtype.is_int and _is_value(n) for s in n.src
-                                if s.dtype.is_int and s.op not in (Ops.CONST, Ops.RANGE)))
-      if t.dtype.is_int: ints = [t]
+      ints = [t] if t.dtype.is_int else \
+        list(dict.fromkeys(s for n in values if not n.dtype.is_int and _is_value(n) for s in n.src
+                           if s.dtype.is_int and s.op not in (Ops.CONST, Ops.RANGE)))
       placed = [substitute(u, stand) for u in ints]
       pairs = [(u, p) for u, p in zip(ints, placed) if p is not u]
       if pairs:

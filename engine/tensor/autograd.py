@@ -14,7 +14,7 @@ from engine.autograd import gradients as _gradients
 from engine.ops import Ops
 from engine.rewrite import substitute
 from engine.tensor.base import _LIVE, TensorBase
-from engine.tensor.history import history, record, recorded
+from engine.tensor.history import history, reads, record, recorded
 from engine.tensor.uops import bcast, const
 from engine.uop import UOp
 
@@ -81,6 +81,8 @@ def old_contents(u: UOp) -> UOp:
 
 
 def _reads(graph: UOp, u: UOp) -> bool:
+  """graph reads u: u's buffer (through any view of it), or u itself for a node that is not storage."""
+  if u.base.op is Ops.BUFFER and u.op is not Ops.DETACH: return u.base.arg[0] in reads(graph)
   return any(n is u for n in graph.toposort())
 
 

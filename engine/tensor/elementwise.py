@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from engine.dtypes import dtypes
-from engine.ops import Ops
+from engine.ops import ALU, BINARY, UNARY, Ops
 from engine.tensor.args import (DTypeError, broadcast_shapes, is_py_scalar, promote_types,
                                 scalar_of, to_dtype, weak_dtype)
 from engine.tensor.uops import (alu, bcast, cmp, const, u_abs, u_ceil, u_cos, u_exp, u_floor, u_log,
@@ -140,7 +140,6 @@ class ElementwiseMixin:
   def alu(self, op: Ops, *src: Tensor) -> Tensor:
     """alu(op, *src): the ALU op `op` (an `Ops` member) applied to self and the tensors src, broadcast; tinygrad's
     low-level escape hatch, so no dtype promotion: the operands must share a dtype (WHERE's condition is bool)."""
-    from engine.ops import ALU, BINARY, TERNARY, UNARY
     if op not in ALU or op is Ops.THREEFRY: raise TypeError(f"alu: {op} is not an elementwise op rulec computes")
     want = 0 if op in UNARY else 1 if op in BINARY else 2
     if len(src) != want:
