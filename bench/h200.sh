@@ -6,6 +6,7 @@
 #                           then the autograd, optimizer and JIT tests on CL
 #   bench/h200.sh multi     several GPUs (the nvidia-h200-x2 kind): the multi-device tests on CL:0 + CL:1, then
 #                           bench/multi.py --kind CL on 1 and 2 GPUs beside torch (bench/multi_torch.py, NCCL)
+#   bench/h200.sh sweep     bench/cl_sweep.py: the GPU optimizer's tile shapes, vector widths and split parts
 #   bench/h200.sh all       bench and tests (default)
 #   bench/h200.sh bench --only relu    (anything after the first word goes to bench/kernels.py)
 # Logs go to $OUT (or ./h200-out). That machine has numpy, attrs, llvmlite, hypothesis, pytest and torch, but no
@@ -26,6 +27,9 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 python3 -c "from runtime import cl_device; print(cl_device.get_device(), cl_device.get_device().target)" || exit 1
 if [[ $what == bench || $what == all ]]; then
   python3 bench/kernels.py --device CL "$@" 2>&1 | tee "$out/bench.log"
+fi
+if [[ $what == sweep ]]; then
+  python3 bench/cl_sweep.py "$@" 2>&1 | tee "$out/sweep.log"
 fi
 if [[ $what == train ]]; then
   python3 bench/train.py --device CL 2>&1 | tee "$out/train.log"

@@ -8,19 +8,19 @@ inside the innermost open loop; LLVM's loop-invariant code motion hoists what
 does not depend on it.
 
 The function is `void kernel(ptr p0, ..., ptr pN, i64 start, i64 end)`: the
-outermost range of the (single) store runs over [start, end), so the runtime
-can split it across threads.
+store range the optimizer marked `thread` runs over [start, end), so the
+runtime can split it across threads.
 
-Upcast: when a kernel's value holds reductions that read its innermost store
-range (matmul's output column, a convolution's output x), that range is
-unrolled into 16, 8 or 4 lanes, and the range before it into 8 more, all
-sharing one reduce loop nest (a register tile: 8 rows x 16 columns of
-accumulators for matmul): each lane's value is emitted side by side in the
-loop body, with a scope of its own (a value that depends on the ranges differs
-per lane); a sum of products fuses into fma (`contract`). The loop carries
-`llvm.loop.vectorize.enable false`, so LLVM's SLP vectoriser packs the lanes
-into vector loads and arithmetic instead of the loop vectoriser gathering along
-the reduction.
+The optimizer (codegen/opt) has already split and marked the ranges; this file
+follows the marks. An `upcast` store range is lanes, not a loop: each lane's
+value is emitted side by side in the loop body, with a scope of its own (a
+value that depends on the ranges differs per lane), and every REDUCE computes
+all lanes' results in one loop nest (a register tile: 8 rows x 16 columns of
+accumulators for matmul); a sum of products fuses into fma (`contract`). That
+loop carries `llvm.loop.vectorize.enable false`, so LLVM's SLP vectoriser packs
+the lanes into vector loads and arithmetic instead of the loop vectoriser
+gathering along the reduction. The `thread` range runs over [start, end); a
+`serial` range is an ordinary loop (KBLOCK puts it outside the others).
 
 float16 never reaches LLVM as `half`: a float16 value is its 16 bits (i16),
 arithmetic runs in float and rounds each result back, as numpy's float16 ufuncs
@@ -32,7 +32,6 @@ AVX512-FP16) into calls to compiler-rt routines (`__truncdfhf2`,
 """
 from __future__ import annotations
 
-import itertools
 import math
 import re
 import struct
@@ -40,9 +39,9 @@ import struct
 import numpy as np
 from llvmlite import ir
 
+from codegen.opt.transform import range_kind
 from codegen.scoped import ScopedEmitter
 from engine.dtypes import DType, dtypes
-from engine.index_expr import evaluate
 from engine.ops import Ops
 from engine.sched.indexing import identity_element
 from engine.uop import UOp
@@ -156,19 +155,8 @@ class LLVMRenderer(ScopedEmitter):
     self.scopes: list[dict[UOp, ir.Value]] = [{}]
     self.ranges: dict[UOp, ir.Value] = {}
     self.split_range: UOp | None = None
-    # the upcast (see _upcast_ranges): each upcast range with its lane count, each one's value per lane, the lanes
-    # (tuples of one index per upcast range), the lane being emitted, and each REDUCE's per-lane results once the
-    # shared loop nest has computed them
-    self.ups: dict[UOp, int] = {}
-    self.up_vals: dict[UOp, list] = {}
-    self.kblock = 0   # the reduction's block size when it is blocked (see _k_block), else 0
-    self.kblock_reduce: UOp | None = None
-    self.kblock_target = None
-    self.kc_lo = None
-    self.lanes: list[tuple[int, ...]] = [()]
+    self.set_lanes({})   # the upcast ranges are found in render (codegen.scoped: lanes)
     self._novec_md = None
-    self.lane: tuple[int, ...] = ()
-    self.lane_results: dict[UOp, dict] = {}
     self._half_fns: dict[str, ir.Function] = {}
 
   # *** loops ***
@@ -241,68 +229,39 @@ class LLVMRenderer(ScopedEmitter):
   # *** the kernel ***
   def render(self) -> str:
     stores = [s for s in self.k.ast.src]
-    with_ranges = [s for s in stores if s.op is Ops.END]
-    # thread-split the first range of a kernel with exactly one looping store
-    if len(stores) == 1 and with_ranges: self.split_range = stores[0].src[1]
-    if len(stores) == 1:
-      self.ups = _upcast_ranges(stores[0])
-      self.lanes = list(itertools.product(*[range(n) for n in self.ups.values()]))
-      self.kblock = _k_block(stores[0], self.ups, self.k.bufs)
+    # the optimizer's marks (codegen/opt): upcast ranges are lanes, a thread range runs over [start, end)
+    for st in stores:
+      for r in (st.src[1:] if st.op is Ops.END else ()):
+        kind = range_kind(r)[0]
+        if kind == "upcast": self.ups[r] = r.src[0].arg
+        elif kind == "thread": self.split_range = r
+        elif kind not in ("loop", "serial"): raise ValueError(f"the CPU renderer cannot follow a {r.arg[1]} range (r{r.arg[0]})")
+    if self.ups and len(stores) != 1: raise ValueError("upcast lanes need a kernel with one store")
+    self.set_lanes(self.ups)
     # a reduce that depends on no loop around it (a whole-tensor max under the loop that compares with it) is
     # computed once, before any loop, instead of once per iteration of loops it does not depend on
     ups, self.ups = self.ups, {}
     for r in _invariant_reduces(self.k.ast): self.value(r)
     self.ups = ups
-    kc_loop = None
-    if self.kblock:   # the reduction in blocks of kblock, outermost: that block of B stays in cache for every row tile
-      st0 = stores[0].src[0]
-      self.kblock_reduce, self.kblock_target = st0.src[1], st0.src[0].src
-      (kr,) = self.kblock_reduce.src[1:]
-      kc = UOp(Ops.RANGE, dtypes.index, (UOp.const(dtypes.index, kr.src[0].arg // self.kblock),), (kr.arg[0], "kblock"))
-      kc_loop = self.open_loop(kc)
-      self.kc_lo = self.b.mul(self.ranges[kc], ir.Constant(_I64, self.kblock))
     for st in stores:
       loops = []
       if st.op is Ops.END:
         for r in st.src[1:]:
-          if r in self.ups: loops.append(self._open_upcast(r, r is self.split_range))
-          elif r is self.split_range: loops.append(self.open_loop(r, self.start, self.end))
-          else: loops.append(self.open_loop(r))
+          if r in self.ups: continue
+          loops.append(self.open_loop(r, self.start, self.end) if r is self.split_range else self.open_loop(r))
         st = st.src[0]
       target, value = st.src
       p, idx = target.src
       for lane in self.lanes:
-        if self.ups: self._enter_lane(lane)
+        if self.ups: self.enter_lane(lane)
         v = self.value(value)
         self._store(p, self.value(idx), v, value.dtype)
         if self.ups: self.scopes.pop()
       for lp in reversed(loops): self.close_loop(lp)
-    if kc_loop is not None: self.close_loop(kc_loop)
     self.b.ret_void()
     return _with_loop_metadata(str(self.module))
 
-  # *** upcasting: a store range unrolled into lanes that share their reduce loops ***
-  def _open_upcast(self, r: UOp, split: bool) -> _Loop:
-    """The loop over r in steps of its lane count (a hidden range of r's size / lanes), and each lane's value of r.
-    If r is the range split across threads, the hidden range is split instead (the runtime splits by its size)."""
-    n = self.ups[r]
-    base_r = UOp(Ops.RANGE, r.dtype, (UOp.const(dtypes.index, r.src[0].arg // n),), (r.arg[0], "upcast"))
-    if split:
-      self.split_range = base_r
-      lp = self.open_loop(base_r, self.start, self.end)
-    else: lp = self.open_loop(base_r)
-    base = self.b.mul(self.ranges[base_r], ir.Constant(_I64, n))
-    self.up_vals[r] = [base] + [self.b.add(base, ir.Constant(_I64, lane)) for lane in range(1, n)]
-    return lp
-
-  def _set_lane(self, lane: tuple[int, ...]):
-    self.lane = lane
-    for r, i in zip(self.ups, lane): self.ranges[r] = self.up_vals[r][i]
-
-  def _enter_lane(self, lane: tuple[int, ...]):
-    """A scope of its own for one lane: values that depend on the upcast ranges differ between lanes."""
-    self.scopes.append({})
-    self._set_lane(lane)
+  def lane_value(self, i: int): return ir.Constant(_I64, i)
 
   def _store(self, p: UOp, idx, v, d: DType):
     ptr = self.b.gep(self.ptrs[p], [idx], inbounds=True, source_etype=memtype(d))
@@ -481,9 +440,7 @@ class LLVMRenderer(ScopedEmitter):
     return b.trunc(wide, to) if to.width < 64 else wide
 
   def reduce(self, u: UOp):
-    if self.ups:   # one loop nest computes every lane's result; each lane takes its own
-      if u not in self.lane_results: self.lane_results[u] = dict(zip(self.lanes, self._reduce_lanes(u, self.lanes)))
-      return self.lane_results[u][self.lane]
+    if self.ups: return self.lane_reduce(u, self._reduce_lanes)   # one loop nest computes every lane's result
     return self._reduce_lanes(u, [()])[0]
 
   def _reduce_lanes(self, u: UOp, lanes: list[tuple[int, ...]]) -> list:
@@ -493,28 +450,15 @@ class LLVMRenderer(ScopedEmitter):
     op, d = u.arg, u.dtype
     value, rngs = u.src[0], u.src[1:]
     if lanes == [()] and op is Ops.MAX and d in (dtypes.float32, dtypes.float64) and len(rngs) == 1 \
-       and rngs[0].src[0].arg >= 2 * MAX_LANES and not (self.kblock and u is self.kblock_reduce):
+       and rngs[0].src[0].arg >= 2 * MAX_LANES:
       return [self._max_in_lanes(value, rngs[0], d)]
     # float16 accumulates in float: sums and products as numpy's do, rounded once at the end (max is exact either way)
     wide = d is dtypes.float16
     ad = dtypes.float32 if wide else d
     accs = [self._alloca(lltype(ad), "acc") for _ in lanes]
     many = len(lanes) > 1
-    # the calling lane's scope is set aside: what it holds may depend on the upcast ranges, which other lanes differ in
-    outer_lane, lane_scope = self.lane, (self.scopes.pop() if many else None)
-    if self.kblock and u is self.kblock_reduce:
-      # one block of the reduction: the first starts from the identity, the others from what the last one stored
-      first = self.b.icmp_signed("==", self.kc_lo, ir.Constant(_I64, 0))
-      p, idx = self.kblock_target
-      for lane, acc in zip(lanes, accs):
-        self._enter_lane(lane)
-        old = self.b.load(self.b.gep(self.ptrs[p], [self.value(idx)], inbounds=True, source_etype=memtype(d)), typ=memtype(d))
-        self.b.store(self.b.select(first, self.const(identity_element(op, d), ad), old), acc)
-        self.scopes.pop()
-      loops = [self.open_loop(rngs[0], self.kc_lo, self.b.add(self.kc_lo, ir.Constant(_I64, self.kblock)))]
-    else:
-      for acc in accs: self.b.store(self.const(identity_element(op, d), ad), acc)
-      loops = [self.open_loop(r) for r in rngs]
+    for acc in accs: self.b.store(self.const(identity_element(op, d), ad), acc)
+    loops = [self.open_loop(r) for r in rngs]
     # a float sum of products may fuse each product into the sum (fma): `contract` on both, as numpy's BLAS does
     fuse = ad.kind == "f" and op is Ops.ADD and not wide and value.op is Ops.MUL
     guarded = not many and ad.kind == "f" and op is Ops.ADD and _guarded_reduce(value)
@@ -531,7 +475,7 @@ class LLVMRenderer(ScopedEmitter):
       self.b.branch(join)
       self.b.position_at_end(join)
     for lane, acc in zip(() if guarded else lanes, accs):
-      if many: self._enter_lane(lane)
+      if many: self.enter_lane(lane)
       if fuse: v = self.b.fmul(self.value(value.src[0]), self.value(value.src[1]), flags=("contract",))
       else: v = self.value(value)
       if wide: v = self._h2f(v)
@@ -546,9 +490,6 @@ class LLVMRenderer(ScopedEmitter):
     # the lanes are the vector: keep the loop vectoriser from vectorising the reduce loop itself (it would
     # gather along the reduction) so that the SLP vectoriser packs the lanes
     for lp in reversed(loops): self.close_loop(lp, no_vectorize=many)
-    if many:
-      self.scopes.append(lane_scope)
-      self._set_lane(outer_lane)
     outs = [self.b.load(acc) for acc in accs]
     return [self._to_half(o) for o in outs] if wide else outs
 
@@ -627,78 +568,7 @@ def _with_loop_metadata(text: str) -> str:
   return "\n".join(out + extra) + "\n"
 
 
-UPCAST_LANES = (16, 8, 4)   # tried in order: the first that divides the range
-UPCAST_ROWS = 8             # 8 x 16 accumulators: measured best of 4/8/16 rows x 16/32/64 columns (1024^3 matmul)
-
-
-K_BLOCK_BYTES = 512 << 10   # the block of the second matrix one block of the reduction reads: fits in L2
-
-
-def _k_block(end: UOp, ups: dict, bufs) -> int:
-  """The block size the reduction runs in, blocks outermost, or 0 (not blocked).
-
-  For a register-tiled kernel (rows and columns upcast) that stores a float sum over one range straight into
-  a buffer nothing else in the kernel reads: each block adds into what the previous block stored. Then the
-  slice of the column-indexed input one block reads (block x columns) stays in cache for every row tile,
-  instead of streaming through memory once per row tile."""
-  if len(ups) != 2 or end.op is not Ops.END: return 0
-  st = end.src[0]
-  if st.op is not Ops.STORE: return 0
-  red = st.src[1]
-  if red.op is not Ops.REDUCE or red.arg is not Ops.ADD or red.dtype not in (dtypes.float32, dtypes.float64): return 0
-  if len(red.src) != 2 or len({id(b) for b in bufs}) != len(bufs): return 0
-  if st.src[0].src[0] in red.toposort(): return 0   # the output is read inside: blocks would see partial sums
-  k = red.src[1].src[0].arg
-  cols = list(ups)[-1].src[0].arg
-  block = 1
-  while block * 2 <= k and (block * 2) * cols * red.dtype.itemsize <= K_BLOCK_BYTES and k % (block * 2) == 0: block *= 2
-  return block if 16 <= block < k else 0
-
-
-def _upcast_ranges(end: UOp) -> dict[UOp, int]:
-  """The store ranges to unroll into lanes that share one reduce loop nest, with their lane counts.
-
-  Pays where a reduction's inner loop reads memory that neighbouring outputs share or that lies side by side
-  for them: matmul (a register tile of UPCAST_ROWS rows of A by up to 16 columns of B) and convolutions (output
-  channels by output x). Chosen: the store's innermost range as columns (16, 8 or 4 lanes) when every load that
-  depends on it reads neighbouring elements for neighbouring lanes, and as rows (UPCAST_ROWS lanes) the innermost
-  other store range that those loads do not depend on and another load does; sizes must be multiples of the lane
-  counts, and no REDUCE may be nested in another."""
-  if end.op is not Ops.END or len(end.src) < 2: return {}
-  reduces = [x for x in end.src[0].toposort() if x.op is Ops.REDUCE]
-  if not reduces or any(y.op is Ops.REDUCE for x in reduces for y in x.src[0].toposort()): return {}
-  loads = [x.src[1] for u in reduces for x in u.src[0].toposort() if x.op is Ops.INDEX]
-  ranges = [x for x in end.toposort() if x.op is Ops.RANGE]
-  out: dict[UOp, int] = {}
-  # columns: every load that depends on the range reads neighbouring elements for neighbouring lanes (vector loads)
-  col = end.src[-1]
-  strides = [_stride(i, col, ranges) for i in loads if col in i.toposort()]
-  if strides and all(st == 1 for st in strides):
-    for lanes in UPCAST_LANES:
-      if col.src[0].arg % lanes == 0:
-        out[col] = lanes
-        break
-  # rows: a range the column-reading loads do not depend on, so every row shares their vectors (matmul's B row
-  # segment, a convolution's input row), read by some other load (A's rows, the weights of each output channel);
-  # the innermost such store range
-  col_loads = [i for i in loads if col in i.toposort()]
-  for row in (reversed(end.src[1:-1]) if out else ()):
-    if row.src[0].arg % UPCAST_ROWS or row.src[0].arg <= UPCAST_ROWS: continue
-    if any(row in i.toposort() for i in col_loads) or not any(row in i.toposort() for i in loads): continue
-    return {row: UPCAST_ROWS, **out}
-  return out
-
-
-def _stride(idx: UOp, r: UOp, ranges: list[UOp]) -> int | None:
-  """How far idx moves when r steps by one, probed around the middle of every range (None: not evenly)."""
-  env = {x: x.src[0].arg // 2 for x in ranges}
-  try:
-    vals = [evaluate(idx, {**env, r: env[r] + k}) for k in range(3)]
-  except Exception: return None   # an op the probe cannot evaluate: no claim
-  return vals[1] - vals[0] if vals[2] - vals[1] == vals[1] - vals[0] else None
-
-
 def render(kernel: Kernel, name: str = "kernel") -> tuple[str, UOp | None]:
-  """(LLVM IR text, the range split across threads or None)."""
+  """(LLVM IR text, the range split across threads or None) of an optimized kernel (codegen/opt)."""
   r = LLVMRenderer(kernel, name)
   return r.render(), r.split_range

@@ -58,6 +58,7 @@ import attrs
 import numpy as np
 
 from engine.alu import wrap
+from codegen.opt.transform import range_kind
 from codegen.scoped import ScopedEmitter
 from engine.dtypes import DType, dtypes
 from engine.ops import Ops
@@ -79,10 +80,9 @@ class Target:
   fp64: bool = True
   group: int = 0
   vector: int = 0  # elements per work-item (vload / vstore) in contiguous 4-byte elementwise kernels; 0: off
+  tile: int = 0    # the most work-items of a work-group around register tiles (matmul, convolution); 0: no tiles
 
 
-GROUP_MIN_REDUCE = 32          # a group reduction needs at least this many elements per output ...
-GROUP_MAX_OUTPUTS = 1 << 16    # ... and at most this many outputs (beyond, one work-item per output fills the device)
 GROUP_ACCS = 4                 # accumulators per work-item in a long group reduction (loads in flight)
 
 
@@ -207,6 +207,10 @@ class CLRenderer(ScopedEmitter):
     self.group = 0   # work-items per output in a group-reduction kernel (0: one work-item per output)
     self.vec_loads: dict[UOp, str] | None = None   # a vector kernel's vector loads, by buffer (None: not one)
     self.vec_lane = 0
+    self.vec_n = 0
+    # index arithmetic in int rather than long when every index value provably fits: GPUs emulate 64-bit integer
+    # multiplies and adds with several 32-bit instructions, and a tile's addresses are many of them
+    self.narrow = all(-(1 << 31) < u.vmin and u.vmax < (1 << 31) for u in kernel.ast.toposort() if u.dtype is dtypes.index)
 
   # *** text ***
   def line(self, s: str): self.lines.append("  " * self.depth + s)
@@ -222,6 +226,7 @@ class CLRenderer(ScopedEmitter):
 
   def ct(self, d: DType) -> str:
     if d is dtypes.float64: self.uses_fp64 = True
+    if d is dtypes.index and self.narrow: return "int"
     return ctype(d, self.target)
 
   def helper(self, key: str, text: str | None = None) -> str:
@@ -253,70 +258,81 @@ class CLRenderer(ScopedEmitter):
     k = self.k
     for p in k.params: self.ptrs[p] = f"p{p.arg[0]}"
     stores = list(k.ast.src)
-    flat: tuple[UOp, ...] = ()
-    if len(stores) == 1 and stores[0].op is Ops.END: flat = tuple(stores[0].src[1:])
-    total = 1
-    for r in flat: total *= r.src[0].arg
-    self.group = self._group_size(stores, total)
+    ends: tuple[UOp, ...] = ()
+    if len(stores) == 1 and stores[0].op is Ops.END: ends = tuple(stores[0].src[1:])
+    # the optimizer's marks (codegen/opt): store ranges are the NDRange (loop), work-items of a group (local),
+    # lanes (upcast) or a vector kernel's one range; reduce ranges of a group reduction are group:n
+    kinds = {r: range_kind(r) for r in ends}
+    for r, (kind, n) in kinds.items():
+      if kind == "vector": return self._render_vector(stores[0], r, n)
+      if kind not in ("loop", "local", "upcast"): raise ValueError(f"the CL renderer cannot follow a {r.arg[1]} range (r{r.arg[0]})")
+    groups = {range_kind(u)[1] for u in k.ast.toposort() if u.op is Ops.RANGE and range_kind(u)[0] == "group"}
+    if len(groups) > 1: raise ValueError(f"group reductions of several sizes in one kernel: {sorted(groups)}")
+    self.group = groups.pop() if groups else 0
+    flat = tuple(r for r in ends if kinds[r][0] == "loop")
+    local = tuple(r for r in ends if kinds[r][0] == "local")
+    self.set_lanes({r: r.src[0].arg for r in ends if kinds[r][0] == "upcast"})
+    total = math.prod(r.src[0].arg for r in flat)
+    items = math.prod(r.src[0].arg for r in local)
     if self.group:   # (the launch size is in the source: the program cache is keyed by the source text)
       self.line(f"// {total} work-groups of {self.group}")
       self.line("long gid = get_group_id(0);")
       self.line("int lane = get_local_id(0);")
-    if not self.group and self._vectorizable(stores, flat, total): return self._render_vector(stores[0], flat[0], total)
-    if self.group: pass
+    elif local:   # the split ranges divide evenly: every work-group is whole
+      self.line(f"// {total} work-groups of {items}")
+      self.line("long gid = get_group_id(0);")
+      self.line("long lid = get_local_id(0);")
     elif flat:
       self.line("long gid = get_global_id(0);")
       self.line(f"if (gid >= {total}L) return;")
-    if flat:
-      stride = total
-      for i, r in enumerate(flat):
-        n = r.src[0].arg
-        stride //= n
-        e = "gid" if stride == 1 else f"(gid / {stride}L)"
-        if i > 0: e = f"({e} % {n}L)"
-        v = f"r{r.arg[0]}"
-        self.line(f"{self.ct(r.dtype)} {v} = ({self.ct(r.dtype)}){e};")
-        self.ranges[r] = v
+    self._unflatten(flat, "gid")
+    self._unflatten(local, "lid")
     for st in stores:
       loops = []
       if st.op is Ops.END:
         for r in st.src[1:]:
-          if r not in flat:
+          if r not in kinds:
             self.open_loop(r)
             loops.append(r)
         st = st.src[0]
       target, value = st.src
       p, idx = target.src
-      v = self.value(value)
-      i = self.value(idx)
-      if self.group:   # every lane computed the value (the reductions need them all); one stores it
-        self.line("if (lane == 0) {")
-        self.depth += 1
-      self._store(p, i, v, value.dtype)
-      if self.group:
-        self.depth -= 1
-        self.line("}")
+      for lane in self.lanes:
+        if self.ups: self.enter_lane(lane)
+        v = self.value(value)
+        i = self.value(idx)
+        if self.group:   # every lane computed the value (the reductions need them all); one stores it
+          self.line("if (lane == 0) {")
+          self.depth += 1
+        self._store(p, i, v, value.dtype)
+        if self.group:
+          self.depth -= 1
+          self.line("}")
+        if self.ups: self.scopes.pop()
       for r in reversed(loops): self.close_loop(r)
     if self.group: return Rendered(self._assemble(), self.name, total * self.group, flat, self.group)
+    if local: return Rendered(self._assemble(), self.name, total * items, flat + local, items)
     return Rendered(self._assemble(), self.name, total if flat else 1, flat)
 
-  def _vectorizable(self, stores: list[UOp], flat: tuple, total: int) -> bool:
-    """An elementwise kernel over one range that every load and the store index directly, in 4-byte elements:
-    each work-item can then move VECTOR neighbouring elements with one vload / vstore (GPUs issue far fewer
-    memory requests for 16-byte accesses: a float4 copy is about 1.5x a float copy on an H200)."""
-    n = self.target.vector
-    if not n or len(flat) != 1 or total % n or total < n * 1024: return False
-    r = flat[0]
-    nodes = stores[0].toposort()
-    if any(u.op is Ops.REDUCE for u in nodes): return False
-    idx = [u for u in nodes if u.op is Ops.INDEX]
-    return all(u.src[1] is r and memtype(u.dtype, self.target) in _VECTOR_TYPES for u in idx)
+  def _unflatten(self, rs: tuple, flat: str):
+    """Each of rs (outermost first) recovered from one flat id, the last range fastest."""
+    stride = math.prod(r.src[0].arg for r in rs)
+    for i, r in enumerate(rs):
+      n = r.src[0].arg
+      stride //= n
+      e = flat if stride == 1 else f"({flat} / {stride}L)"
+      if i > 0: e = f"({e} % {n}L)"
+      v = f"r{r.arg[0]}"
+      self.line(f"{self.ct(r.dtype)} {v} = ({self.ct(r.dtype)}){e};")
+      self.ranges[r] = v
 
-  def _render_vector(self, end: UOp, r: UOp, total: int) -> Rendered:
-    """VECTOR lanes per work-item: each lane's value is computed as usual (scalar, same semantics) from the
+  def lane_value(self, i: int) -> str: return str(i) if self.narrow else f"{i}L"
+
+  def _render_vector(self, end: UOp, r: UOp, n: int) -> Rendered:
+    """n lanes per work-item (VECTOR): each lane's value is computed as usual (scalar, same semantics) from the
     components of vector loads, and the lanes are stored with one vector store."""
-    n = self.target.vector
-    self.vec_loads = {}
+    total = r.src[0].arg
+    self.vec_loads, self.vec_n = {}, n
     self.line("long wid = get_global_id(0);")
     self.line(f"if (wid >= {total // n}L) return;")
     st = end.src[0]
@@ -331,23 +347,6 @@ class CLRenderer(ScopedEmitter):
     mt = memtype(value.dtype, self.target)
     self.line(f"vstore{n}(({mt}{n})({', '.join(vals)}), wid, {self.ptrs[p]});")
     return Rendered(self._assemble(), self.name, total // n, (r,))
-
-  def _group_size(self, stores: list[UOp], outputs: int) -> int:
-    """Work-items per output when the kernel's reductions should be shared by a work-group, else 0.
-
-    Only for one store whose REDUCEs are not nested in each other (each is then
-    emitted once, at the kernel's top level, where every work-item reaches its
-    barriers), over a non-bool dtype (bools have no local-memory type here)."""
-    if not self.target.group or len(stores) != 1 or outputs > GROUP_MAX_OUTPUTS: return 0
-    if stores[0].op is Ops.END and any(r.src[0].arg == 0 for r in stores[0].src[1:]): return 0
-    reduces = [u for u in stores[0].toposort() if u.op is Ops.REDUCE]
-    if not reduces or any(u.dtype.kind == "b" for u in reduces): return 0
-    if any(x.op is Ops.REDUCE for u in reduces for x in u.src[0].toposort()): return 0
-    size = max(math.prod(r.src[0].arg for r in u.src[1:]) for u in reduces)
-    if size < GROUP_MIN_REDUCE: return 0
-    g = 32
-    while g * 2 <= self.target.group and g * 2 * 4 <= size: g *= 2   # at least 4 elements per work-item
-    return g
 
   def _assemble(self) -> str:
     outs = set(self.k.outputs)
@@ -381,8 +380,8 @@ class CLRenderer(ScopedEmitter):
       if p not in self.vec_loads:
         self.vec_loads[p] = self.tmp("vl")
         t = memtype(d, self.target)
-        self.line(f"{t}{self.target.vector} {self.vec_loads[p]} = vload{self.target.vector}(wid, {self.ptrs[p]});")
-      return self.let(d, f"{self.vec_loads[p]}.s{self.vec_lane}")
+        self.line(f"{t}{self.vec_n} {self.vec_loads[p]} = vload{self.vec_n}(wid, {self.ptrs[p]});")
+      return self.let(d, f"{self.vec_loads[p]}.s{self.vec_lane:x}")
     if op is Ops.INDEX:
       p, idx = u.src
       i = self.value(idx)
@@ -399,6 +398,7 @@ class CLRenderer(ScopedEmitter):
     return self.let(d, self.alu(op, u.src[0].dtype, d, s))
 
   def const(self, v, d: DType) -> str:
+    if d is dtypes.index and self.narrow: return str(int(v))
     if d.kind == "f":
       if d is dtypes.float64: self.ct(d)
       return _flit(float(v), d)
@@ -533,6 +533,7 @@ class CLRenderer(ScopedEmitter):
     value, rngs = u.src[0], u.src[1:]
     ident = self.const(identity_element(op, d), d)
     if self.group: return self._group_reduce(u, ident)
+    if self.ups: return self.lane_reduce(u, self._reduce_lanes)
     inner = rngs[-1] if rngs else None
     if d.kind != "f" or inner is None or inner.src[0].arg < 2 * LANES or any(x.op is Ops.REDUCE for x in value.toposort()):
       acc = self.tmp("acc")
@@ -575,6 +576,26 @@ class CLRenderer(ScopedEmitter):
       step *= 2
     return self._reduced(op, d, accs[0])
 
+
+  def _reduce_lanes(self, u: UOp, lanes: list) -> list[str]:
+    """Every lane's result of u in one loop nest: an accumulator per lane, each lane's value emitted side by
+    side in the body (loads that do not depend on the lane are the same expression in every lane)."""
+    op, d = u.arg, u.dtype
+    value, rngs = u.src[0], u.src[1:]
+    ident = self.const(identity_element(op, d), d)
+    accs = [self.tmp("acc") for _ in lanes]
+    self.line(f"{self.ct(d)} {', '.join(f'{a} = {ident}' for a in accs)};")
+    for r in rngs: self.open_loop(r)
+    # a float sum of products fuses each product into the sum, as the CPU device's `contract` does (the lanes are a
+    # matmul's or convolution's register tile: fma doubles what a GPU computes per cycle)
+    fuse = op is Ops.ADD and d in (dtypes.float32, dtypes.float64) and value.op is Ops.MUL
+    for lane, acc in zip(lanes, accs):
+      self.enter_lane(lane)
+      if fuse: self.line(f"{acc} = fma({self.value(value.src[0])}, {self.value(value.src[1])}, {acc});")
+      else: self.line(f"{acc} = {self._combine(op, d, acc, self.value(value))};")
+      self.scopes.pop()
+    for r in reversed(rngs): self.close_loop(r)
+    return [self._reduced(op, d, acc) for acc in accs]
 
   def _group_reduce(self, u: UOp, ident: str) -> str:
     """The work-group reduces together: work-item `lane` takes elements lane, lane + G, lane + 2G, ... of the

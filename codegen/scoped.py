@@ -5,10 +5,16 @@ LLVM value or a C variable name). `value(u)` emits u and whatever it needs
 that is not visible yet, into the innermost scope; a loop pushes a scope when
 it opens and pops it when it closes, so a value computed inside a loop is not
 reused after it. Subclasses provide `emit(u)` for one node.
+
+Lanes (the optimizer's `upcast` ranges, codegen/opt): the value of a store is
+emitted once per lane, each lane in a scope of its own with the upcast ranges
+set to its constants (`lane_value`), and every REDUCE computes all lanes'
+results in one loop nest (`lane_reduce`), which each lane then takes its own of.
 """
 from __future__ import annotations
 
-from typing import Any
+import itertools
+from typing import Any, Callable
 
 from engine.ops import Ops
 from engine.uop import UOp
@@ -16,8 +22,37 @@ from engine.uop import UOp
 
 class ScopedEmitter:
   scopes: list[dict[UOp, Any]]
+  ranges: dict[UOp, Any]
+  ups: dict[UOp, int] = {}          # upcast range -> lanes
+  lanes: list[tuple[int, ...]] = [()]
+  lane: tuple[int, ...] = ()
 
   def emit(self, u: UOp) -> Any: raise NotImplementedError
+  def lane_value(self, i: int) -> Any: raise NotImplementedError
+
+  # *** lanes ***
+  def set_lanes(self, ups: dict[UOp, int]) -> None:
+    self.ups, self.lane_results = dict(ups), {}
+    self.lanes = list(itertools.product(*[range(n) for n in self.ups.values()])) if ups else [()]
+
+  def set_lane(self, lane: tuple[int, ...]) -> None:
+    self.lane = lane
+    for r, i in zip(self.ups, lane): self.ranges[r] = self.lane_value(i)
+
+  def enter_lane(self, lane: tuple[int, ...]) -> None:
+    """A scope of its own for one lane: values that depend on the upcast ranges differ between lanes."""
+    self.scopes.append({})
+    self.set_lane(lane)
+
+  def lane_reduce(self, u: UOp, reduce_all: Callable[[UOp, list], list]) -> Any:
+    """This lane's result of REDUCE u; the first lane to ask computes every lane's with reduce_all(u, lanes),
+    with the asking lane's scope set aside (what it holds may depend on the upcast ranges)."""
+    if u not in self.lane_results:
+      outer, scope = self.lane, self.scopes.pop()
+      self.lane_results[u] = dict(zip(self.lanes, reduce_all(u, self.lanes)))
+      self.scopes.append(scope)
+      self.set_lane(outer)
+    return self.lane_results[u][self.lane]
 
   def lookup(self, u: UOp) -> Any:
     for sc in reversed(self.scopes):

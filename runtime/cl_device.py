@@ -112,7 +112,12 @@ class CLDevice:
     self.split_parts = int(os.environ.get("RULEC_CL_SPLIT_PARTS", 0) or 0) or (4096 if self.dev.type & cl.device_type.GPU else 256)
     # vector loads and stores in contiguous elementwise kernels: on GPUs (RULEC_CL_VECTOR=0 turns them off)
     vector = int(os.environ.get("RULEC_CL_VECTOR", "") or (4 if self.dev.type & cl.device_type.GPU else 0))
-    self.target = Target(fp64="cl_khr_fp64" in ext, group=group_size(self.dev), vector=vector if vector in (2, 4, 8) else 0)
+    # register tiles in work-groups for matmul-shaped kernels (codegen/opt): on GPUs, as many work-items per group
+    # as RULEC_CL_TILE allows (0 turns them off; tests turn them on for PoCL)
+    is_gpu = bool(self.dev.type & cl.device_type.GPU)
+    tile = int(os.environ.get("RULEC_CL_TILE", "") or (256 if is_gpu else 0))
+    self.target = Target(fp64="cl_khr_fp64" in ext, group=group_size(self.dev), vector=vector if vector in (2, 4, 8, 16) else 0,
+                         tile=min(tile, self.dev.max_work_group_size) if tile > 0 else 0)
     self.max_work_group = self.dev.max_work_group_size
     self.max_item0 = self.dev.max_work_item_sizes[0]
     self.units = max(1, self.dev.max_compute_units)
@@ -186,6 +191,10 @@ def _numbered(src: str) -> str:
   return "\n".join(f"{i + 1:4d}  {line}" for i, line in enumerate(src.splitlines()))
 
 
+# the largest work-group the runtime picks for a kernel that leaves the choice to it (RULEC_CL_LOCAL_MAX)
+AUTO_LOCAL_MAX = int(os.environ.get("RULEC_CL_LOCAL_MAX", "") or 1024)
+
+
 class _GroupTooLarge(Exception):
   """A group-reduction kernel was built, but the device runs it only in smaller work-groups (registers, barriers)."""
   def __init__(self, limit: int): self.limit = limit
@@ -224,6 +233,7 @@ class Program:
       self.local, self.global_ = rendered.local_size, n
     else:
       local = 1   # the largest power of two that still leaves a work-group for every compute unit
+      limit = min(limit, AUTO_LOCAL_MAX)
       while local * 2 <= limit and -(-n // (local * 2)) >= dev.units: local *= 2
       self.local = local
       self.global_ = -(-n // local) * local
@@ -298,10 +308,14 @@ def _at_exit() -> None:
 
 
 def render(kernel: Kernel, target=None, dev: "CLDevice | None" = None):
-  """The kernel as the OpenCL device runs it (a codegen.opencl.Rendered)."""
+  """The kernel as the OpenCL device runs it (a codegen.opencl.Rendered): decomposed, optimized (codegen/opt),
+  rendered."""
   from codegen.opencl import render as render_cl
+  from codegen.opt import optimize
   dev = dev if dev is not None else get_device()
-  return render_cl(decomposed(kernel, dev.optional), target if target is not None else dev.target)
+  target = target if target is not None else dev.target
+  opt, _ = optimize(decomposed(kernel, dev.optional), "CL", target)
+  return render_cl(opt, target)
 
 
 _by_ast: dict[tuple, Program] = {}   # (AST, buffer aliasing) -> program: ASTs are hash-consed, equal kernels share one entry
@@ -316,8 +330,13 @@ def compile_kernel(kernel: Kernel, dev: CLDevice | None = None) -> Program:
   if hit is not None: return hit
   validate(kernel)
   target = dev.target
+  tried: set[str] = set()
   while True:
     rendered = render(kernel, target, dev)
+    if rendered.source in tried:   # the actions are forced (RULEC_OPT), so a smaller target changes nothing
+      raise CLBuildError(f"{dev!r} runs this kernel in work-groups of at most {limit} work-items; its actions "
+                         f"(RULEC_OPT) ask for {rendered.local_size}")
+    tried.add(rendered.source)
     try:
       with _lock:
         prog = _programs.get((dev.index, rendered.source))
@@ -325,8 +344,9 @@ def compile_kernel(kernel: Kernel, dev: CLDevice | None = None) -> Program:
         _by_ast[key] = prog
       return prog
     except _GroupTooLarge as e:   # render it again for the work-group size the device allows this kernel
-      if e.limit < 32: target = attrs.evolve(target, group=0)
-      else: target = attrs.evolve(target, group=1 << (e.limit.bit_length() - 1))
+      limit = e.limit
+      smaller = 1 << (e.limit.bit_length() - 1)
+      target = attrs.evolve(target, group=0 if e.limit < 32 else smaller, tile=0 if e.limit < 16 else smaller)
 
 
 def _debug_level() -> int:

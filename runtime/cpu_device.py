@@ -22,6 +22,7 @@ from __future__ import annotations
 import ctypes
 import hashlib
 import os
+import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -159,6 +160,11 @@ def _from_ir(text: str, name: str, nbufs: int, digest: str, tried: bool = False)
 VECTOR_MATH = frozenset({Ops.EXP2, Ops.LOG2})
 
 
+def _debug_level() -> int:
+  try: return int(os.environ.get("RULEC_DEBUG", "0") or 0)
+  except ValueError: return 0
+
+
 def optional_decompositions() -> frozenset:
   """The optional rules of rules/decomp.rules the CPU asks for (see the module docstring)."""
   return frozenset() if os.environ.get("RULEC_CPU_LIBM", "") not in ("", "0") else VECTOR_MATH
@@ -176,9 +182,12 @@ def _kernel_key(kernel: Kernel, alias) -> str:
   the program without validating, decomposing or rendering the kernel again (for a matmul that is 100-300 ms of
   Python)."""
   from codegen import llvmir
-  # the renderer's tunables as they are now (a benchmark or test may set them), besides the code that reads them
-  knobs = sorted((k, v) for k, v in vars(llvmir).items() if k.isupper() and isinstance(v, (int, float, str, tuple)))
-  return kernel_cache.key("cpu-kernel", kernel_cache.structure(kernel.ast), repr(alias),
+  from codegen.opt import choose, transform
+  # the optimizer's and renderer's tunables as they are now (a benchmark or test may set them), besides the code
+  # that reads them, and the actions RULEC_OPT forces
+  knobs = sorted((m.__name__, k, v) for m in (llvmir, choose, transform) for k, v in vars(m).items()
+                 if k.isupper() and isinstance(v, (int, float, str, tuple)))
+  return kernel_cache.key("cpu-kernel", kernel_cache.structure(kernel.ast), repr(alias), os.environ.get("RULEC_OPT", ""),
                           repr([(b.dtype.name, b.arg[-1]) for b in kernel.bufs]), repr(knobs),
                           repr(sorted(o.name for o in optional_decompositions())), kernel_cache.code_digest(), *_target_key())
 
@@ -204,6 +213,7 @@ def compile_kernel(kernel: Kernel) -> tuple[Program, int | None]:
       entry = None   # a record with sound bytes but not our fields: rendered again, and rewritten
     if entry is not None:
       digest, name, split = entry["object"], entry["name"], entry["split"]
+      if _debug_level() >= 2: print(f"[opt] CPU kernel {entry.get('key', '?')} {kernel!r}: {entry.get('actions', '?')} (cached)", file=sys.stderr)
       prog = _by_digest.get(digest) or _from_disk(digest, name, nbufs)
       if prog is not None:
         _by_digest[digest] = prog
@@ -211,7 +221,10 @@ def compile_kernel(kernel: Kernel) -> tuple[Program, int | None]:
         return prog, split
     validate(kernel)
     from codegen.llvmir import render
-    text, rng = render(decomposed(kernel, optional_decompositions()), "kernel")
+    from codegen.opt import format_actions, kernel_key, optimize
+    low = decomposed(kernel, optional_decompositions())
+    opt, actions = optimize(low, "CPU")
+    text, rng = render(opt, "kernel")
     split = rng.src[0].arg if rng is not None else None
     # named by its IR: the same in every process, so a cached object's symbol is the one asked for, and distinct
     # programs in one JIT never share a name
@@ -220,7 +233,8 @@ def compile_kernel(kernel: Kernel) -> tuple[Program, int | None]:
     digest = _cache_key(text)
     prog = _by_digest.get(digest) or _from_ir(text, name, nbufs, digest, tried=entry is not None and entry["object"] == digest)
     _by_digest[digest] = prog
-    if kkey is not None: kernel_cache.store_json("cpu", kkey, {"object": digest, "name": prog.name, "split": split})
+    if kkey is not None: kernel_cache.store_json("cpu", kkey, {"object": digest, "name": prog.name, "split": split,
+                                                                  "key": kernel_key(low), "actions": format_actions(actions)})
     _by_ast[(kernel.ast, alias)] = prog, split
   return prog, split
 

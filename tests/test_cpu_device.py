@@ -136,20 +136,36 @@ def test_big_kernels_split_across_threads_and_agree(monkeypatch):
   np.testing.assert_allclose(got, np.maximum(x * 2 + 1, 0).sum(1), rtol=1e-5, atol=1e-5)
 
 
-# *** upcast: a store range unrolled into lanes that share one reduce loop (codegen/llvmir.py) ***
+# *** upcast: a store range unrolled into lanes that share one reduce loop (codegen/opt, codegen/llvmir.py) ***
+
+def _upcasts(k) -> dict:
+  """{range size: lanes} of the UPCAST actions the CPU's optimizer chooses for a kernel."""
+  from codegen.opt.choose import cpu_actions
+  low = decomposed(k)
+  sizes = {r.arg[0]: r.src[0].arg for r in low.ranges}
+  return {sizes[a.axis]: a.amount for a in cpu_actions(low) if a.op == "UPCAST"}
+
+
+def _kblock(k) -> int:
+  from codegen.opt.choose import cpu_actions
+  return next((a.amount for a in cpu_actions(decomposed(k)) if a.op == "KBLOCK"), 0)
+
 
 def test_matmul_kernels_are_upcast():
-  from codegen.llvmir import UPCAST_ROWS, _upcast_ranges, render
+  from codegen.llvmir import render
+  from codegen.opt import optimize
+  from codegen.opt.choose import UPCAST_ROWS
   (k,) = (Tensor(np.ones((16, 32), np.float32)) @ Tensor(np.ones((32, 48), np.float32))).schedule()
-  text, split = render(decomposed(k))
+  opt, actions = optimize(decomposed(k), "CPU")
+  text, split = render(opt)
   assert "llvm.loop.vectorize.enable" in text and "distinct" in text   # the shared reduce loop is marked
-  end = k.ast.src[0]
-  assert _upcast_ranges(end) == {end.src[-2]: UPCAST_ROWS, end.src[-1]: 16}   # a tile of rows x 16 columns
+  assert _upcasts(k) == {16: UPCAST_ROWS, 48: 16}                      # a tile of rows x 16 columns
+  assert [a.op for a in actions] == ["UPCAST", "UPCAST", "THREAD"]
   assert split.src[0].arg == 16 // UPCAST_ROWS                         # threads split the blocks of rows
   (e,) = (Tensor(np.ones((4, 48), np.float32)) + 1).schedule()          # no reduce: nothing to share
-  assert _upcast_ranges(e.ast.src[0]) == {}
+  assert _upcasts(e) == {}
   s = Tensor(np.ones((64, 4096), np.float32)).sum(1)                     # row sums: lanes would read 16 rows apart
-  assert _upcast_ranges(s.schedule()[0].ast.src[0]) == {}
+  assert _upcasts(s.schedule()[0]) == {}
 
 
 @settings(max_examples=40)
@@ -188,16 +204,14 @@ def test_upcast_conv_agrees_with_numpy():
 
 
 def test_long_reductions_of_register_tiles_run_in_blocks():
-  # codegen/llvmir.py _k_block: a tiled float sum stored straight into its own buffer runs its reduction in blocks,
+  # KBLOCK (codegen/opt): a tiled float sum stored straight into its own buffer runs its reduction in blocks,
   # each adding into what the last one stored; anything else (an epilogue, an output read inside) is not blocked
-  from codegen.llvmir import _k_block, _upcast_ranges
   rng = np.random.default_rng(34)
   a, b = rng.standard_normal((16, 1024)).astype(np.float32), rng.standard_normal((1024, 256)).astype(np.float32)
   bias = rng.standard_normal(256).astype(np.float32)
   def blocked(t):
     (k,) = t.schedule()
-    end = decomposed(k).ast.src[0]
-    return _k_block(end, _upcast_ranges(end), k.bufs)
+    return _kblock(k)
   mm = Tensor(a) @ Tensor(b)
   assert blocked(mm) == 512
   np.testing.assert_allclose(mm.numpy(), a @ b, rtol=1e-4, atol=1e-3)
@@ -216,15 +230,13 @@ def test_long_reductions_of_register_tiles_run_in_blocks():
 @pytest.mark.parametrize("stride, padding, dilation", [(1, 1, 1), (2, 1, 1), (1, 2, 2), (1, 0, 1)])
 def test_conv_tiles_output_channels_by_output_x(stride, padding, dilation):
   # rows of the tile: the output channels (the input row the columns read is shared by all of them)
-  from codegen.llvmir import _upcast_ranges
   rng = np.random.default_rng(35)
   width = 32 - 2 * padding + 2 * dilation if stride == 1 else 32   # stride 1: 32 output columns (a multiple of 16)
   x, w = rng.standard_normal((2, 3, 12, width)).astype(np.float32), rng.standard_normal((16, 3, 3, 3)).astype(np.float32)
   t = Tensor(x).conv2d(Tensor(w), stride=stride, padding=padding, dilation=dilation)
   if stride == 1:
     (k,) = t.schedule()
-    end = decomposed(k).ast.src[0]
-    assert [r.src[0].arg for r in _upcast_ranges(end)] == [16, 32]   # output channels, output x
+    assert _upcasts(k) == {16: 8, 32: 16}   # output channels, output x
   ref = Tensor(x, device="NUMPY").conv2d(Tensor(w, device="NUMPY"), stride=stride, padding=padding, dilation=dilation)
   np.testing.assert_allclose(t.numpy(), ref.numpy(), rtol=1e-4, atol=1e-4)
 

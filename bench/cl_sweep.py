@@ -1,0 +1,89 @@
+"""The GPU optimizer's tunables swept on the CL device, each setting beside torch in the same run.
+
+Run:  python bench/cl_sweep.py [--quick]     (bench/h200.sh sweep runs it on an H200)
+
+For matmul 1024^3 and the conv2d workload: register tile (rows x columns per work-item) and work-group shape
+(codegen/opt/choose.py GPU_TILE, GPU_LOCAL). For relu(a*b+c) 16M: vector width (VECTOR) and the
+largest work-group the runtime picks (cl_device.AUTO_LOCAL_MAX). For sum 16M: the
+number of parts a big reduction splits into (RULEC_CL_SPLIT_PARTS). Device-side kernel times (profiling
+events), medians; every result is checked against numpy as in bench/cl_kernels.py.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import statistics
+import sys
+
+import cl_kernels as ck
+from workloads import WORKLOADS, Inputs, print_table
+
+from codegen.opt import choose
+from runtime import cl_device
+
+
+def run(w, reps=7):
+  cl_device._by_ast.clear()
+  failures: list[str] = []
+  inp = Inputs(w, 0)
+  _, rk = ck.time_rulec(w, inp, failures, reps)
+  return statistics.median(rk), failures
+
+
+def torch_ms(w, reps=7):
+  if ck.TORCH is None: return float("nan")
+  _, tk = ck.time_torch(w, Inputs(w, 0), [], reps)
+  return statistics.median(tk)
+
+
+def main():
+  ap = argparse.ArgumentParser()
+  ap.add_argument("--quick", action="store_true")
+  ap.add_argument("--scale", type=int, default=1)
+  args = ap.parse_args()
+  if ck.TORCH is not None: ck.TORCH.backends.cuda.matmul.allow_tf32 = ck.TORCH.backends.cudnn.allow_tf32 = False
+  for line in ck.machine_info(): print(line)
+  dev = cl_device.get_device()
+  byname = {w.name.split(" /")[0]: ck.scaled(w, args.scale) for w in WORKLOADS}
+  rows = []
+  tiles = [(4, 4), (8, 4), (4, 8), (8, 8), (2, 4)] if not args.quick else [(4, 4), (8, 4)]
+  locals_ = [(16, 16), (8, 16), (16, 8), (8, 8), (4, 32)] if not args.quick else [(16, 16), (8, 16)]
+  for name in ("matmul 1024^3", "conv2d 32x32x56x56 k3 ->64"):
+    w = byname[name]
+    t = torch_ms(w)
+    for tile in tiles:
+      for loc in locals_:
+        choose.GPU_TILE, choose.GPU_LOCAL = tile, loc
+        ms, fails = run(dataclasses.replace(w, results={}))
+        rows.append([name, f"tile {tile[0]}x{tile[1]} local {loc[0]}x{loc[1]}", f"{ms:.3f}", f"{t:.3f}", f"{t / ms:.2f}",
+                     "FAIL" if fails else "ok"])
+        print("  ", rows[-1]); sys.stdout.flush()
+  choose.GPU_TILE, choose.GPU_LOCAL = (4, 4), (16, 16)
+  import attrs
+  base = dev.target
+  w = byname["relu(a*b+c) 16M"]
+  t = torch_ms(w, 20)
+  for v in (4, 8):
+    for lm in (128, 256, 512, 1024):
+      dev.target = attrs.evolve(base, vector=v)
+      cl_device.AUTO_LOCAL_MAX = lm
+      ms, fails = run(dataclasses.replace(w, results={}), 20)
+      rows.append([w.name, f"VECTOR({v}) work-groups <= {lm}", f"{ms:.3f}", f"{t:.3f}", f"{t / ms:.2f}", "FAIL" if fails else "ok"])
+      print("  ", rows[-1]); sys.stdout.flush()
+  cl_device.AUTO_LOCAL_MAX = 1024
+  dev.target = base
+  w = byname["sum 16M"]
+  t = torch_ms(w, 20)
+  old = dev.split_parts
+  for parts in (256, 1024, 4096):
+    dev.split_parts = parts
+    ms, fails = run(dataclasses.replace(w, results={}), 20)
+    rows.append([w.name, f"split parts {parts}", f"{ms:.3f}", f"{t:.3f}", f"{t / ms:.2f}", "FAIL" if fails else "ok"])
+    print("  ", rows[-1]); sys.stdout.flush()
+  dev.split_parts = old
+  print()
+  print_table(["workload", "setting", "rulec kernel ms", "torch kernel ms", "vs torch", "check"], rows)
+
+
+if __name__ == "__main__":
+  main()

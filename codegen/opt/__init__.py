@@ -1,0 +1,67 @@
+"""The kernel optimizer: between scheduling and rendering, the same for every backend.
+
+  choose.py     which actions a kernel gets on a device (a small cost model over its structure and the
+                device's limits)
+  actions.py    the actions as data, and their text form
+  transform.py  the actions applied: splits and marks of the kernel's ranges, which the renderers follow
+
+`optimize(kernel, device, target)` is what a runtime calls on a decomposed kernel before rendering it.
+
+RULEC_DEBUG=2 prints each kernel's key and actions as it is optimized. RULEC_OPT forces actions for kernels
+by key: `RULEC_OPT="1a2b3c4d=UPCAST(2,8) UPCAST(3,16); 5e6f7a8b=(none)"` (see actions.py for the list). A
+forced list that does not apply to its kernel raises an OptError naming the action and why.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import sys
+
+from codegen.opt.actions import Action, OptError, format_actions, parse_actions
+from codegen.opt.transform import apply, range_kind
+from runtime.kernel import Kernel
+
+
+def kernel_key(kernel: Kernel) -> str:
+  """A short name for a kernel that is the same in every process: a digest of its structure."""
+  from runtime import kernel_cache
+  return hashlib.sha256(kernel_cache.structure(kernel.ast).encode()).hexdigest()[:8]
+
+
+def forced() -> dict[str, tuple[Action, ...]]:
+  """RULEC_OPT as {kernel key: actions}; an OptError for text that is not that."""
+  text = os.environ.get("RULEC_OPT", "").strip()
+  out: dict[str, tuple[Action, ...]] = {}
+  for part in filter(None, (p.strip() for p in text.split(";"))):
+    key, eq, acts = part.partition("=")
+    key = key.strip()
+    if not eq or not key: raise OptError(f"RULEC_OPT: expected KEY=ACTIONS, got {part!r}")
+    try: out[key] = parse_actions(acts)
+    except OptError as e: raise OptError(f"RULEC_OPT for kernel {key}: {e}") from None
+  return out
+
+
+def _debug() -> int:
+  try: return int(os.environ.get("RULEC_DEBUG", "0") or 0)
+  except ValueError: return 0
+
+
+def optimize(kernel: Kernel, device: str, target=None) -> tuple[Kernel, tuple[Action, ...]]:
+  """The kernel with its actions applied, and the actions: RULEC_OPT's for this kernel if it names it, else the
+  device's choice (choose.py). `target` is the CL device's codegen.opencl.Target."""
+  from codegen.opt import choose
+  key = kernel_key(kernel)
+  want = forced().get(key)
+  if want is None:
+    acts = tuple(choose.cpu_actions(kernel) if device == "CPU" else choose.cl_actions(kernel, target))
+  else: acts = want
+  try: out = apply(kernel, acts, device)
+  except OptError as e:
+    if want is None: raise   # the cost model chose something that does not apply: a bug, not the user's
+    raise OptError(f"RULEC_OPT for kernel {key}: {e}") from None
+  if _debug() >= 2: print(f"[opt] {device} kernel {key} {kernel!r}: {format_actions(acts)}{' (RULEC_OPT)' if want is not None else ''}",
+                          file=sys.stderr)
+  return out, acts
+
+
+__all__ = ["optimize", "kernel_key", "forced", "Action", "OptError", "format_actions", "parse_actions", "apply", "range_kind"]

@@ -1,0 +1,71 @@
+"""Optimizer actions: what the optimizer does to a kernel, as data a user can read and write.
+
+An action names one transformation of the kernel graph (codegen/opt/transform.py
+applies it) by a range's axis number, the `r<axis>` of `Kernel.render()`:
+
+  UPCAST(a,n)   split store range a into a loop of size/n and n lanes computed side by side (register tile,
+                vector lanes); the lanes share every reduce loop nest of the value
+  LOCAL(a,n)    split store range a into work-groups and n work-items of one group (GPUs)
+  KBLOCK(a,n)   run reduce range a in blocks of n, the block loop outermost, each block adding into what the
+                previous one stored (the block of the second input stays in cache for every row tile: CPU)
+  THREAD(a)     split store range a across the CPU's threads
+  GROUP(n)      every reduction of the kernel shared by a work-group of n work-items, combined in local memory
+  VECTOR(n)     an elementwise kernel over one contiguous range moves n elements per work-item with vloadn/vstoren
+
+Text form: the actions separated by spaces or commas, `UPCAST(2,8) UPCAST(3,16) KBLOCK(4,64) THREAD(2)`,
+as RULEC_DEBUG=2 prints them and RULEC_OPT accepts them (codegen/opt/__init__.py).
+"""
+from __future__ import annotations
+
+import re
+
+import attrs
+
+# op -> (takes an axis, takes an amount)
+SHAPES = {"UPCAST": (True, True), "LOCAL": (True, True), "KBLOCK": (True, True), "THREAD": (True, False),
+          "GROUP": (False, True), "VECTOR": (False, True)}
+
+
+class OptError(ValueError):
+  """An action list that cannot apply to a kernel, or text that is not one."""
+
+
+@attrs.frozen
+class Action:
+  op: str
+  axis: int | None = None
+  amount: int | None = None
+
+  def __str__(self) -> str:
+    args = [str(x) for x in (self.axis, self.amount) if x is not None]
+    return f"{self.op}({','.join(args)})"
+
+
+def format_actions(actions) -> str:
+  return " ".join(str(a) for a in actions) if actions else "(none)"
+
+
+_ACTION = re.compile(r"\s*([A-Za-z_]+)\s*\(\s*([^()]*?)\s*\)\s*,?")
+
+
+def parse_actions(text: str) -> tuple[Action, ...]:
+  """The actions written in `text`; an OptError names the first part that is not one, with its column."""
+  out, pos, text = [], 0, text.strip()
+  if text in ("", "(none)"): return ()
+  while pos < len(text):
+    m = _ACTION.match(text, pos)
+    if m is None: raise OptError(f"expected an action such as UPCAST(2,8) at column {pos + 1} of {text!r}")
+    op, args = m.group(1).upper(), [a.strip() for a in m.group(2).split(",")] if m.group(2) else []
+    if op not in SHAPES: raise OptError(f"unknown action {m.group(1)!r} at column {pos + 1} (known: {', '.join(SHAPES)})")
+    want = sum(SHAPES[op])
+    if len(args) != want or not all(re.fullmatch(r"r?\d+", a) for a in args):
+      form = {(True, True): "(axis,amount)", (True, False): "(axis)", (False, True): "(amount)"}[SHAPES[op]]
+      raise OptError(f"{op} takes {form} as non-negative integers, got ({m.group(2)}) at column {pos + 1}")
+    nums = [int(a.lstrip("r")) for a in args]
+    has_axis, has_amount = SHAPES[op]
+    out.append(Action(op, nums[0] if has_axis else None, nums[-1] if has_amount else None))
+    pos = m.end()
+  return tuple(out)
+
+
+__all__ = ["Action", "OptError", "SHAPES", "format_actions", "parse_actions"]

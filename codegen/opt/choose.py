@@ -1,0 +1,161 @@
+"""Which actions a kernel gets on each device: a small cost model over the kernel's structure and the device's limits.
+
+The analyses are shared: `tile_ranges` finds the two store ranges a register tile spans (rows x columns that
+share the reduce loop's loads), on the CPU and on GPUs alike. What differs is sizes: the CPU's tile is as wide as
+its vector registers allow and its reduction runs in cache-sized blocks; a GPU's tile is small per work-item,
+with a work-group of work-items around it so that neighbouring work-items read neighbouring memory.
+"""
+from __future__ import annotations
+
+import math
+
+from codegen.opt.actions import Action
+from engine.dtypes import dtypes
+from engine.index_expr import evaluate
+from engine.ops import Ops
+from engine.uop import UOp
+from runtime.kernel import Kernel
+
+# *** CPU ***
+UPCAST_LANES = (16, 8, 4)   # columns: the first that divides the range
+UPCAST_ROWS = 8             # 8 x 16 accumulators: measured best of 4/8/16 rows x 16/32/64 columns (1024^3 matmul)
+K_BLOCK_BYTES = 512 << 10   # the block of the second matrix one block of the reduction reads: fits in L2
+
+# *** OpenCL ***
+GROUP_MIN_REDUCE = 32          # a group reduction needs at least this many elements per output ...
+GROUP_MAX_OUTPUTS = 1 << 16    # ... and at most this many outputs (beyond, one work-item per output fills the device)
+VECTOR_MIN_ELEMENTS = 1024     # elements per vector lane below which vector loads do not pay
+GPU_TILE = (4, 4)              # a work-item's register tile on a GPU: rows x columns
+GPU_LOCAL = (16, 16)           # work-items of one group along rows and columns (at most)
+
+
+def _stride(idx: UOp, r: UOp, ranges: list[UOp]) -> int | None:
+  """How far idx moves when r steps by one, probed around the middle of every range (None: not evenly)."""
+  env = {x: x.src[0].arg // 2 for x in ranges}
+  try:
+    vals = [evaluate(idx, {**env, r: env[r] + k}) for k in range(3)]
+  except Exception: return None   # an op the probe cannot evaluate: no claim
+  return vals[1] - vals[0] if vals[2] - vals[1] == vals[1] - vals[0] else None
+
+
+def _sole_end(k: Kernel) -> UOp | None:
+  return k.ast.src[0] if len(k.ast.src) == 1 and k.ast.src[0].op is Ops.END else None
+
+
+def tile_ranges(end: UOp, rows_lanes: int, col_lanes=UPCAST_LANES) -> tuple[UOp | None, int, UOp | None, int]:
+  """(row range, row lanes, column range, column lanes) of a register tile, (None, 0, None, 0) parts where none.
+
+  Pays where a reduction's inner loop reads memory that neighbouring outputs share or that lies side by side
+  for them: matmul (rows of A by columns of B) and convolutions (output channels by output x). Columns: the
+  store's innermost range, when every load that depends on it reads neighbouring elements for neighbouring lanes
+  (the first of `col_lanes` that divides it). Rows: the innermost other store range that those loads do not
+  depend on and another load does (its size a multiple of rows_lanes, and larger). No REDUCE may be nested in
+  another."""
+  none = (None, 0, None, 0)
+  if len(end.src) < 2: return none
+  reduces = [x for x in end.src[0].toposort() if x.op is Ops.REDUCE]
+  if not reduces or any(y.op is Ops.REDUCE for x in reduces for y in x.src[0].toposort()): return none
+  loads = [x.src[1] for u in reduces for x in u.src[0].toposort() if x.op is Ops.INDEX]
+  ranges = [x for x in end.toposort() if x.op is Ops.RANGE]
+  col, cols = end.src[-1], 0
+  strides = [_stride(i, col, ranges) for i in loads if col in i.toposort()]
+  if strides and all(st == 1 for st in strides):
+    cols = next((n for n in col_lanes if col.src[0].arg % n == 0), 0)
+  if not cols: return none
+  col_loads = [i for i in loads if col in i.toposort()]
+  for row in reversed(end.src[1:-1]):
+    if row.src[0].arg % rows_lanes or row.src[0].arg <= rows_lanes: continue
+    if any(row in i.toposort() for i in col_loads) or not any(row in i.toposort() for i in loads): continue
+    return row, rows_lanes, col, cols
+  return None, 0, col, cols
+
+
+def _k_block(k: Kernel, end: UOp, cols: int) -> int:
+  """The block size a register-tiled kernel's reduction runs in (KBLOCK), or 0: the largest power of two whose
+  slice of the column-indexed input (block x columns) fits in K_BLOCK_BYTES, when the kernel stores a float sum
+  over one range straight into a buffer the sum does not read."""
+  st = end.src[0]
+  red = st.src[1]
+  if red.op is not Ops.REDUCE or red.arg is not Ops.ADD or red.dtype not in (dtypes.float32, dtypes.float64): return 0
+  if len(red.src) != 2 or len({id(b) for b in k.bufs}) != len(k.bufs): return 0
+  if st.src[0].src[0] in red.toposort(): return 0
+  n = red.src[1].src[0].arg
+  block = 1
+  while block * 2 <= n and (block * 2) * cols * red.dtype.itemsize <= K_BLOCK_BYTES and n % (block * 2) == 0: block *= 2
+  return block if 16 <= block < n else 0
+
+
+def cpu_actions(k: Kernel) -> list[Action]:
+  """Register tiles (UPCAST rows and columns), a blocked reduction (KBLOCK) and the thread split (THREAD)."""
+  end = _sole_end(k)
+  if end is None: return []
+  row, rows, col, cols = tile_ranges(end, UPCAST_ROWS)
+  out = []
+  if col is not None:
+    out.append(Action("UPCAST", col.arg[0], cols))
+  if row is not None:
+    out.append(Action("UPCAST", row.arg[0], rows))
+    kb = _k_block(k, end, col.src[0].arg)
+    if kb: out.append(Action("KBLOCK", end.src[0].src[1].src[1].arg[0], kb))
+  out.append(Action("THREAD", end.src[1].arg[0]))   # the outermost store range (its outer part if upcast)
+  return out
+
+
+# *** OpenCL ***
+
+def _group_size(top: UOp, target) -> int:
+  """Work-items per output when the kernel's reductions should be shared by a work-group, else 0. top: the one
+  store (END or, for a single output, a plain STORE)."""
+  ends = top.src[1:] if top.op is Ops.END else ()
+  outputs = math.prod(r.src[0].arg for r in ends)
+  if not target.group or outputs > GROUP_MAX_OUTPUTS or any(r.src[0].arg == 0 for r in ends): return 0
+  reduces = [u for u in top.toposort() if u.op is Ops.REDUCE]
+  if not reduces or any(u.dtype.kind == "b" for u in reduces): return 0
+  if any(x.op is Ops.REDUCE for u in reduces for x in u.src[0].toposort()): return 0
+  size = max(math.prod(r.src[0].arg for r in u.src[1:]) for u in reduces)
+  if size < GROUP_MIN_REDUCE: return 0
+  g = 32
+  while g * 2 <= target.group and g * 2 * 4 <= size: g *= 2   # at least 4 elements per work-item
+  return g
+
+
+def _vector_width(end: UOp, target) -> int:
+  n = target.vector
+  if not n or len(end.src) != 2: return 0
+  r = end.src[1]
+  if r.src[0].arg % n or r.src[0].arg < n * VECTOR_MIN_ELEMENTS: return 0
+  nodes = end.src[0].toposort()
+  if any(u.op is Ops.REDUCE for u in nodes): return 0
+  ok = all(u.src[1] is r and u.dtype in (dtypes.float32, dtypes.int32, dtypes.uint32) for u in nodes if u.op is Ops.INDEX)
+  return n if ok else 0
+
+
+def _divisor_at_most(n: int, cap: int) -> int:
+  return max(d for d in range(1, cap + 1) if n % d == 0)
+
+
+def cl_actions(k: Kernel, target) -> list[Action]:
+  """Work-group reductions (GROUP) for few outputs with long reductions, vector loads for contiguous
+  elementwise kernels (VECTOR), and on GPUs (target.tile) register tiles inside 2-D work-groups for
+  matmul-shaped kernels (UPCAST rows and columns, LOCAL over what is left of each)."""
+  if len(k.ast.src) != 1: return []
+  g = _group_size(k.ast.src[0], target)
+  if g: return [Action("GROUP", None, g)]
+  end = _sole_end(k)
+  if end is None: return []
+  v = _vector_width(end, target)
+  if v: return [Action("VECTOR", None, v)]
+  if getattr(target, "tile", 0):
+    tr, tc = GPU_TILE
+    row, rows, col, cols = tile_ranges(end, tr, (tc,))
+    if row is not None and col is not None:
+      lc = _divisor_at_most(col.src[0].arg // cols, GPU_LOCAL[1])
+      lr = _divisor_at_most(row.src[0].arg // rows, min(GPU_LOCAL[0], target.tile // max(lc, 1)))
+      out = [Action("UPCAST", row.arg[0], rows), Action("UPCAST", col.arg[0], cols)]
+      if lc > 1: out.append(Action("LOCAL", col.arg[0], lc))
+      if lr > 1: out.append(Action("LOCAL", row.arg[0], lr))
+      return out
+  return []
+
+
+__all__ = ["cpu_actions", "cl_actions", "tile_ranges"]

@@ -1,0 +1,190 @@
+"""Applying optimizer actions (codegen/opt/actions.py) to a kernel: transformations of its graph.
+
+Every action either splits a range, `r -> outer * n + inner` with the inner part a new range of a
+kind the renderers know, or marks a range with a kind. After them the renderers only follow the
+kinds; they choose nothing:
+
+  loop      a loop (CPU) or part of the NDRange (CL store ranges)
+  thread    the CPU's loop split across threads (THREAD)
+  upcast    lanes: the range is unrolled, each lane emitted side by side, sharing reduce loops (UPCAST)
+  local     the work-items of one work-group (LOCAL)
+  serial    a block loop outside every store loop (KBLOCK's outer part)
+  group:n   a reduce range the work-group of n work-items strides through together (GROUP)
+  vector:n  the one range of an elementwise kernel, n elements per work-item (VECTOR)
+
+Each action checks that it applies (an OptError says why not, naming the action and the ranges
+there are), so an action list a user forces can never change what a kernel computes.
+"""
+from __future__ import annotations
+
+import math
+
+from codegen.opt.actions import Action, OptError
+from engine.dtypes import dtypes
+from engine.ops import Ops
+from engine.rewrite import substitute
+from engine.uop import UOp
+from runtime.kernel import Kernel
+
+# which actions each renderer can follow
+DEVICE_ACTIONS = {"CPU": frozenset({"UPCAST", "KBLOCK", "THREAD"}),
+                  "CL": frozenset({"UPCAST", "LOCAL", "GROUP", "VECTOR"})}
+MAX_LANES = 256          # upcast lanes in one kernel: each is emitted as code of its own
+MAX_GROUP = 1024         # work-items sharing one reduction
+VECTOR_WIDTHS = (2, 4, 8, 16)   # OpenCL's vector sizes
+VECTOR_DTYPES = (dtypes.float32, dtypes.int32, dtypes.uint32)
+
+
+def range_kind(r: UOp) -> tuple[str, int | None]:
+  """A RANGE's kind and, for group:n / vector:n, its amount."""
+  kind = r.arg[1] if isinstance(r.arg, tuple) and len(r.arg) > 1 else "loop"
+  name, _, amount = str(kind).partition(":")
+  return name, (int(amount) if amount else None)
+
+
+def size(r: UOp) -> int: return r.src[0].arg
+
+
+def _names(rs) -> str: return " ".join(f"r{r.arg[0]}[{size(r)}]" for r in rs) or "none"
+
+
+def _sole_end(ast: UOp, a: Action) -> UOp:
+  if len(ast.src) != 1 or ast.src[0].op is not Ops.END:
+    raise OptError(f"{a}: only a kernel with one store that loops can take it (this one has {len(ast.src)} stores"
+                   f"{'' if ast.src and ast.src[0].op is Ops.END else ', no loop'})")
+  return ast.src[0]
+
+
+def _store_range(end: UOp, a: Action, kinds=("loop", "thread")) -> UOp:
+  for r in end.src[1:]:
+    if r.arg[0] == a.axis:
+      if range_kind(r)[0] not in kinds:
+        raise OptError(f"{a}: r{a.axis} is a {r.arg[1]} range already; it takes a {' or '.join(kinds)} range")
+      return r
+  loops = [r for r in end.src[1:] if range_kind(r)[0] in kinds]
+  raise OptError(f"{a}: r{a.axis} is not a store range of this kernel (those it can take: {_names(loops)})")
+
+
+def _rebuild(ast: UOp, end: UOp | None, store: UOp, ranges) -> UOp:
+  top = store if end is None else UOp(Ops.END, end.dtype, (store, *ranges), end.arg)
+  return UOp(Ops.SINK, ast.dtype, (top,), ast.arg)
+
+
+class _Applier:
+  def __init__(self, kernel: Kernel, device: str):
+    self.k, self.device = kernel, device
+    self.ast = kernel.ast
+    self.next_axis = 1 + max((r.arg[0] for r in kernel.ranges if isinstance(r.arg[0], int)), default=-1)
+
+  def new_axis(self) -> int:
+    self.next_axis += 1
+    return self.next_axis - 1
+
+  def apply(self, a: Action) -> None:
+    if a.op not in DEVICE_ACTIONS[self.device]:
+      raise OptError(f"{a}: the {self.device} renderer does not take {a.op} "
+                     f"(it takes {', '.join(sorted(DEVICE_ACTIONS[self.device]))})")
+    getattr(self, a.op.lower())(a)
+
+  # *** splits ***
+  def _split(self, a: Action, inner_kind: str) -> None:
+    end = _sole_end(self.ast, a)
+    r = _store_range(end, a, ("loop", "thread") if inner_kind == "upcast" else ("loop",))
+    n, total = a.amount, size(r)
+    if n < 2 or total % n:
+      raise OptError(f"{a}: r{a.axis} has size {total}, which {n} does not divide into parts of at least 2"
+                     if n >= 2 else f"{a}: the amount must be at least 2")
+    outer = UOp.range(total // n, a.axis, r.arg[1])
+    inner = UOp.range(n, self.new_axis(), inner_kind)
+    expr = UOp(Ops.ADD, dtypes.index, (UOp(Ops.MUL, dtypes.index, (outer, UOp.const(dtypes.index, n))), inner))
+    ranges = []
+    for x in end.src[1:]: ranges += [outer, inner] if x is r else [x]
+    self.ast = _rebuild(self.ast, end, substitute(end.src[0], {r: expr}), ranges)
+    lanes = math.prod(size(x) for x in ranges if range_kind(x)[0] == "upcast")
+    if lanes > MAX_LANES: raise OptError(f"{a}: {lanes} lanes in all; a kernel takes at most {MAX_LANES}")
+
+  def upcast(self, a: Action) -> None: self._split(a, "upcast")
+
+  def local(self, a: Action) -> None:
+    self._split(a, "local")
+    end = self.ast.src[0]
+    items = math.prod(size(x) for x in end.src[1:] if range_kind(x)[0] == "local")
+    if items > MAX_GROUP: raise OptError(f"{a}: {items} work-items per work-group; at most {MAX_GROUP}")
+
+  def kblock(self, a: Action) -> None:
+    end = _sole_end(self.ast, a)
+    st = end.src[0]
+    (target, red), n = st.src, a.amount
+    if red.op is not Ops.REDUCE or red.arg is not Ops.ADD or red.dtype not in (dtypes.float32, dtypes.float64) \
+       or len(red.src) != 2 or red.src[1].arg[0] != a.axis:
+      raise OptError(f"{a}: takes a kernel that stores a float sum over one range, r{a.axis}, straight into its output")
+    if len({id(b) for b in self.k.bufs}) != len(self.k.bufs) or target.src[0] in red.toposort():
+      raise OptError(f"{a}: the sum reads the buffer it writes, so a block would see another block's partial sums")
+    k = red.src[1]
+    if n < 2 or size(k) % n or n >= size(k):
+      raise OptError(f"{a}: r{a.axis} has size {size(k)}; the block must divide it and be smaller (and at least 2)")
+    block = UOp.range(size(k) // n, a.axis, "serial")
+    inner = UOp.range(n, self.new_axis(), "loop")
+    expr = UOp(Ops.ADD, dtypes.index, (UOp(Ops.MUL, dtypes.index, (block, UOp.const(dtypes.index, n))), inner))
+    part = UOp(Ops.REDUCE, red.dtype, (substitute(red.src[0], {k: expr}), inner), Ops.ADD)
+    first = UOp(Ops.CMPLT, dtypes.bool, (block, UOp.const(dtypes.index, 1)))
+    before = UOp(Ops.WHERE, red.dtype, (first, UOp.const(red.dtype, 0.0), target))   # what earlier blocks stored
+    value = UOp(Ops.ADD, red.dtype, (before, part))
+    self.ast = _rebuild(self.ast, end, UOp(Ops.STORE, st.dtype, (target, value), st.arg), (block, *end.src[1:]))
+
+  # *** marks ***
+  def _mark(self, rs, kind: str) -> None:
+    top = self.ast.src[0]
+    mapping = {r: UOp.range(size(r), r.arg[0], kind) for r in rs}
+    if top.op is not Ops.END: self.ast = _rebuild(self.ast, None, substitute(top, mapping), ())
+    else: self.ast = _rebuild(self.ast, top, substitute(top.src[0], mapping), [mapping.get(x, x) for x in top.src[1:]])
+
+  def thread(self, a: Action) -> None:
+    end = _sole_end(self.ast, a)
+    if any(range_kind(r)[0] == "thread" for r in end.src[1:]): raise OptError(f"{a}: the kernel has a THREAD range already")
+    self._mark([_store_range(end, a, ("loop",))], "thread")
+
+  def group(self, a: Action) -> None:
+    if len(self.ast.src) != 1: raise OptError(f"{a}: only a kernel with one store can take it (this one has {len(self.ast.src)})")
+    top = self.ast.src[0]
+    n = a.amount
+    if n < 2 or n > MAX_GROUP or n & (n - 1): raise OptError(f"{a}: a work-group size is a power of two from 2 to {MAX_GROUP}")
+    ends = top.src[1:] if top.op is Ops.END else ()
+    reduces = [u for u in top.toposort() if u.op is Ops.REDUCE]
+    if not reduces: raise OptError(f"{a}: the kernel has no reduction")
+    if any(u.dtype.kind == "b" for u in reduces): raise OptError(f"{a}: a bool reduction has no local-memory type")
+    if any(x.op is Ops.REDUCE for u in reduces for x in u.src[0].toposort()):
+      raise OptError(f"{a}: a reduction nested in another cannot be shared (every work-item must reach its barriers)")
+    if any(size(r) == 0 for r in ends): raise OptError(f"{a}: the kernel stores nothing (an empty range)")
+    if any(range_kind(r)[0] != "loop" for r in ends): raise OptError(f"{a}: the store ranges are split already")
+    self._mark({r for u in reduces for r in u.src[1:]}, f"group:{n}")
+
+  def vector(self, a: Action) -> None:
+    end = _sole_end(self.ast, a)
+    n = a.amount
+    if n not in VECTOR_WIDTHS: raise OptError(f"{a}: a vector has {', '.join(map(str, VECTOR_WIDTHS))} elements")
+    if len(end.src) != 2 or range_kind(end.src[1])[0] != "loop":
+      raise OptError(f"{a}: takes an elementwise kernel over one range (this one stores over {_names(end.src[1:])})")
+    r = end.src[1]
+    nodes = end.src[0].toposort()
+    if any(u.op is Ops.REDUCE for u in nodes): raise OptError(f"{a}: the kernel reduces")
+    if size(r) % n: raise OptError(f"{a}: r{r.arg[0]} has size {size(r)}, which {n} does not divide")
+    for u in nodes:
+      if u.op is Ops.INDEX and (u.src[1] is not r or u.dtype not in VECTOR_DTYPES):
+        raise OptError(f"{a}: every load and the store must index r{r.arg[0]} itself, in 4-byte elements")
+    self._mark([r], f"vector:{n}")
+
+
+def apply(kernel: Kernel, actions, device: str) -> Kernel:
+  """The kernel with `actions` applied in order (an OptError when one does not apply)."""
+  if not actions: return kernel
+  ap = _Applier(kernel, device)
+  for a in actions: ap.apply(a)
+  kinds = {range_kind(u)[0] for u in ap.ast.toposort() if u.op is Ops.RANGE}
+  if "group" in kinds and kinds & {"upcast", "local", "vector"}:
+    raise OptError("GROUP cannot be combined with UPCAST, LOCAL or VECTOR")
+  if "vector" in kinds and len(kinds) > 1: raise OptError("VECTOR cannot be combined with other actions")
+  return Kernel(ap.ast, kernel.bufs)
+
+
+__all__ = ["apply", "range_kind", "DEVICE_ACTIONS", "MAX_LANES"]
