@@ -46,19 +46,20 @@ def main():
   dev = cl_device.get_device()
   byname = {w.name.split(" /")[0]: ck.scaled(w, args.scale) for w in WORKLOADS}
   rows = []
-  tiles = [(4, 4), (8, 4), (4, 8), (8, 8), (2, 4)] if not args.quick else [(4, 4), (8, 4)]
-  locals_ = [(16, 16), (8, 16), (16, 8), (8, 8), (4, 32)] if not args.quick else [(16, 16), (8, 16)]
+  tiles = [(4, 4), (8, 4), (4, 8), (8, 8), (2, 4)] if not args.quick else [(4, 4), (8, 8)]
+  locals_ = [(16, 16), (8, 16), (16, 8), (8, 8), (4, 32)] if not args.quick else [(8, 16), (4, 32)]
+  default = choose.GPU_TILES, choose.GPU_LOCAL
   for name in ("matmul 1024^3", "conv2d 32x32x56x56 k3 ->64"):
     w = byname[name]
     t = torch_ms(w)
     for tile in tiles:
       for loc in locals_:
-        choose.GPU_TILE, choose.GPU_LOCAL = tile, loc
+        choose.GPU_TILES, choose.GPU_LOCAL = (tile,), loc
         ms, fails = run(dataclasses.replace(w, results={}))
         rows.append([name, f"tile {tile[0]}x{tile[1]} local {loc[0]}x{loc[1]}", f"{ms:.3f}", f"{t:.3f}", f"{t / ms:.2f}",
                      "FAIL" if fails else "ok"])
         print("  ", rows[-1]); sys.stdout.flush()
-  choose.GPU_TILE, choose.GPU_LOCAL = (4, 4), (16, 16)
+  choose.GPU_TILES, choose.GPU_LOCAL = default
   import attrs
   base = dev.target
   w = byname["relu(a*b+c) 16M"]
@@ -81,6 +82,15 @@ def main():
     rows.append([w.name, f"split parts {parts}", f"{ms:.3f}", f"{t:.3f}", f"{t / ms:.2f}", "FAIL" if fails else "ok"])
     print("  ", rows[-1]); sys.stdout.flush()
   dev.split_parts = old
+  for name in ("sum 16M", "softmax 4096x1024", "layernorm 4096x1024"):
+    w = byname[name]
+    t = torch_ms(w, 20)
+    for g in (128, 256, 512, 1024):
+      dev.target = attrs.evolve(base, group=min(g, dev.max_work_group))
+      ms, fails = run(dataclasses.replace(w, results={}), 20)
+      rows.append([w.name, f"group reductions <= {g}", f"{ms:.3f}", f"{t:.3f}", f"{t / ms:.2f}", "FAIL" if fails else "ok"])
+      print("  ", rows[-1]); sys.stdout.flush()
+  dev.target = base
   print()
   print_table(["workload", "setting", "rulec kernel ms", "torch kernel ms", "vs torch", "check"], rows)
 

@@ -81,6 +81,7 @@ class Target:
   group: int = 0
   vector: int = 0  # elements per work-item (vload / vstore) in contiguous 4-byte elementwise kernels; 0: off
   tile: int = 0    # the most work-items of a work-group around register tiles (matmul, convolution); 0: no tiles
+  units: int = 1   # compute units (how many work-items fill the device)
 
 
 GROUP_ACCS = 4                 # accumulators per work-item in a long group reduction (loads in flight)

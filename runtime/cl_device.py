@@ -117,7 +117,7 @@ class CLDevice:
     is_gpu = bool(self.dev.type & cl.device_type.GPU)
     tile = int(os.environ.get("RULEC_CL_TILE", "") or (256 if is_gpu else 0))
     self.target = Target(fp64="cl_khr_fp64" in ext, group=group_size(self.dev), vector=vector if vector in (2, 4, 8, 16) else 0,
-                         tile=min(tile, self.dev.max_work_group_size) if tile > 0 else 0)
+                         tile=min(tile, self.dev.max_work_group_size) if tile > 0 else 0, units=max(1, self.dev.max_compute_units))
     self.max_work_group = self.dev.max_work_group_size
     self.max_item0 = self.dev.max_work_item_sizes[0]
     self.units = max(1, self.dev.max_compute_units)

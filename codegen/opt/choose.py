@@ -25,8 +25,9 @@ K_BLOCK_BYTES = 512 << 10   # the block of the second matrix one block of the re
 GROUP_MIN_REDUCE = 32          # a group reduction needs at least this many elements per output ...
 GROUP_MAX_OUTPUTS = 1 << 16    # ... and at most this many outputs (beyond, one work-item per output fills the device)
 VECTOR_MIN_ELEMENTS = 1024     # elements per vector lane below which vector loads do not pay
-GPU_TILE = (4, 4)              # a work-item's register tile on a GPU: rows x columns
-GPU_LOCAL = (16, 16)           # work-items of one group along rows and columns (at most)
+GPU_TILES = ((8, 8), (4, 4), (2, 4))   # a work-item's register tile on a GPU (rows x columns), largest first ...
+GPU_ITEMS_PER_UNIT = 256       # ... the first that leaves at least this many work-items per compute unit
+GPU_LOCAL = (8, 16)            # work-items of one group along rows and columns (at most)
 
 
 def _stride(idx: UOp, r: UOp, ranges: list[UOp]) -> int | None:
@@ -146,8 +147,14 @@ def cl_actions(k: Kernel, target) -> list[Action]:
   v = _vector_width(end, target)
   if v: return [Action("VECTOR", None, v)]
   if getattr(target, "tile", 0):
-    tr, tc = GPU_TILE
-    row, rows, col, cols = tile_ranges(end, tr, (tc,))
+    # H200, 1024^3 matmul: 8x8 tiles leave 16K work-items for 132 compute units and run at half the speed of 4x4;
+    # the conv2d workload (6.4M outputs) runs fastest with 8x8 (bench/cl_sweep.py)
+    outputs = math.prod(r.src[0].arg for r in end.src[1:])
+    need = GPU_ITEMS_PER_UNIT * max(1, target.units)
+    first = next((i for i, (tr, tc) in enumerate(GPU_TILES) if outputs // (tr * tc) >= need), len(GPU_TILES) - 1)
+    for tr, tc in GPU_TILES[first:]:   # the largest tile that fills the device, else smaller ones that apply
+      row, rows, col, cols = tile_ranges(end, tr, (tc,))
+      if row is not None and col is not None: break
     if row is not None and col is not None:
       lc = _divisor_at_most(col.src[0].arg // cols, GPU_LOCAL[1])
       lr = _divisor_at_most(row.src[0].arg // rows, min(GPU_LOCAL[0], target.tile // max(lc, 1)))

@@ -1,0 +1,240 @@
+"""The kernel optimizer (codegen/opt): actions as text, forced by RULEC_OPT, printed by RULEC_DEBUG=2, and the
+guarantee that no action list changes what a kernel computes: it is refused with a reason, or its values match the
+NUMPY reference. Register tiles in work-groups (what GPUs get) run here on PoCL."""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from codegen.opt import OptError, format_actions, kernel_key, optimize, parse_actions
+from codegen.opt.transform import apply
+from engine.tensor import Tensor
+from runtime import cpu_device
+from runtime.kernel import decomposed
+
+
+# *** text ***
+
+def test_actions_round_trip_as_text():
+  text = "UPCAST(2,8) upcast(r3,16), KBLOCK(4,64) THREAD(2) GROUP(64) VECTOR(4) LOCAL(1,16)"
+  acts = parse_actions(text)
+  assert format_actions(acts) == "UPCAST(2,8) UPCAST(3,16) KBLOCK(4,64) THREAD(2) GROUP(64) VECTOR(4) LOCAL(1,16)"
+  assert parse_actions(format_actions(acts)) == acts
+  assert parse_actions("(none)") == () and format_actions(()) == "(none)"
+
+
+@pytest.mark.parametrize("text, msg", [
+  ("SPLIT(1,2)", r"unknown action 'SPLIT' at column 1"),
+  ("UPCAST(1,2) UPCAST(2)", r"UPCAST takes \(axis,amount\) .* at column 13"),
+  ("THREAD(a)", r"THREAD takes \(axis\)"),
+  ("UPCAST(1,2", r"expected an action such as UPCAST\(2,8\) at column 1"),
+  ("GROUP(-4)", r"GROUP takes \(amount\)"),
+])
+def test_text_that_is_not_an_action_list_is_located(text, msg):
+  with pytest.raises(OptError, match=msg): parse_actions(text)
+
+
+# *** forcing and printing ***
+
+@pytest.fixture
+def fresh(monkeypatch):
+  """No program of an earlier test is reused: RULEC_OPT decides how these kernels are compiled."""
+  cpu_device._by_ast.clear()
+  yield monkeypatch
+  cpu_device._by_ast.clear()
+
+
+def _matmul(m=32, k=24, n=48, seed=0):
+  rng = np.random.default_rng(seed)
+  a, b = rng.standard_normal((m, k)).astype(np.float32), rng.standard_normal((k, n)).astype(np.float32)
+  return a, b, Tensor(a) @ Tensor(b)
+
+
+def _key_and_axes(t):
+  """The optimizer's key for t's one kernel, and its ranges' axes by size."""
+  (k,) = t.schedule()
+  low = decomposed(k, cpu_device.optional_decompositions())
+  return kernel_key(low), {r.src[0].arg: r.arg[0] for r in low.ranges}
+
+
+def test_rulec_opt_forces_one_kernels_actions(fresh, capfd):
+  a, b, t = _matmul()
+  key, axis = _key_and_axes(t)
+  fresh.setenv("RULEC_OPT", f"{key}=UPCAST({axis[48]},4) UPCAST({axis[32]},2); 00000000=UPCAST(0,2)")
+  fresh.setenv("RULEC_DEBUG", "2")
+  np.testing.assert_allclose(t.numpy(), a @ b, rtol=1e-5, atol=1e-5)
+  err = capfd.readouterr().err
+  assert f"[opt] CPU kernel {key}" in err and f"UPCAST({axis[48]},4) UPCAST({axis[32]},2) (RULEC_OPT)" in err
+  # "(none)": the kernel as scheduled, one output at a time
+  (k,) = (Tensor(a) @ Tensor(b)).schedule()
+  fresh.setenv("RULEC_OPT", f"{key}=(none)")
+  opt, acts = optimize(decomposed(k, cpu_device.optional_decompositions()), "CPU")
+  assert acts == () and {r.arg[1] for r in opt.ranges} == {"loop", "reduce"}
+
+
+def test_rulec_debug_2_prints_the_chosen_actions(fresh, capfd):
+  fresh.setenv("RULEC_DEBUG", "2")
+  a, b, t = _matmul(seed=1)
+  key, axis = _key_and_axes(t)
+  t.numpy()
+  err = capfd.readouterr().err
+  assert f"[opt] CPU kernel {key}" in err and f"UPCAST({axis[48]},16) UPCAST({axis[32]},8) THREAD({axis[32]})" in err
+
+
+@pytest.mark.parametrize("acts, msg", [
+  ("UPCAST({n},5)", r"UPCAST\({n},5\): r{n} has size 48, which 5 does not divide"),
+  ("UPCAST(77,2)", r"r77 is not a store range of this kernel \(those it can take: r\d+\[32\] r\d+\[48\]\)"),
+  ("UPCAST({k},2)", r"r{k} is not a store range"),
+  ("LOCAL({n},16)", r"the CPU renderer does not take LOCAL"),
+  ("THREAD({m}) THREAD({n})", r"the kernel has a THREAD range already"),
+  ("UPCAST({m},16) UPCAST({n},48)", r"768 lanes in all; a kernel takes at most 256"),
+  ("KBLOCK({k},5)", r"the block must divide it"),
+  ("GROUP(64)", r"does not take GROUP"),
+])
+def test_a_forced_action_that_does_not_apply_names_the_kernel_and_why(fresh, acts, msg):
+  a, b, t = _matmul()
+  key, axis = _key_and_axes(t)
+  names = {"m": axis[32], "n": axis[48], "k": axis[24]}
+  fresh.setenv("RULEC_OPT", f"{key}={acts.format(**names)}")
+  with pytest.raises(OptError, match=f"RULEC_OPT for kernel {key}: .*" + msg.format(**names)): t.numpy()
+
+
+def test_kblock_refuses_sums_that_feed_an_epilogue(fresh):
+  x = np.random.default_rng(3).standard_normal((64, 64)).astype(np.float32)
+  for what in ((Tensor(x) @ Tensor(x)).relu(), (Tensor(x) @ Tensor(x)) * 2):
+    for k in what.schedule():
+      low = decomposed(k)
+      red = next((u for u in low.ast.toposort() if u.op.name == "REDUCE"), None)
+      if red is not None: break
+    with pytest.raises(OptError, match="stores a float sum over one range, r\\d+, straight into its output"):
+      apply(low, parse_actions(f"KBLOCK({red.src[1].arg[0]},16)"), "CPU")
+
+
+# *** no action list changes what a kernel computes ***
+
+_PROGRAMS = {
+  "matmul": (lambda r: [r.standard_normal((16, 24)), r.standard_normal((24, 32))], lambda x, y: x @ y),
+  "matmul_bias_relu": (lambda r: [r.standard_normal((8, 12)), r.standard_normal((12, 16))], lambda x, y: (x @ y + y[0]).relu()),
+  "conv": (lambda r: [r.standard_normal((2, 3, 6, 8)), r.standard_normal((4, 3, 3, 3))], lambda x, w: x.conv2d(w, padding=1)),
+  "rowsum": (lambda r: [r.standard_normal((12, 40))], lambda x: x.exp().sum(1) + x[:, 0]),
+  "elementwise": (lambda r: [r.standard_normal((64,)), r.standard_normal((64,))], lambda x, y: (x * y + 1).maximum(y)),
+  "argmax": (lambda r: [r.standard_normal((6, 32))], lambda x: x.argmax(1)),
+}
+_OPS = ["UPCAST", "LOCAL", "KBLOCK", "THREAD", "GROUP", "VECTOR"]
+
+
+def _check_actions(device, data, name, picks, monkeypatch):
+  make, fn = _PROGRAMS[name]
+  arrays = [a.astype(np.float32) for a in make(np.random.default_rng(5))]
+  ts = [Tensor(a, device=device) for a in arrays]
+  ks = fn(*ts).schedule()
+  low = [decomposed(k, cpu_device.optional_decompositions() if device == "CPU" else _cl_dev().optional) for k in ks]
+  forced = []
+  for k in low:   # an action list per kernel from the drawn picks, on the kernel's own axes
+    axes = sorted(r.arg[0] for r in k.ranges)
+    acts = []
+    for op, i, amount in picks:
+      text = {"GROUP": f"GROUP({amount})", "VECTOR": f"VECTOR({amount})"}.get(op, f"{op}({axes[i % len(axes)]},{amount})")
+      if op == "THREAD": text = f"THREAD({axes[i % len(axes)]})"
+      acts.append(text)
+    try: apply(k, parse_actions(" ".join(acts)), device)
+    except OptError: continue   # refused: with a reason, which is all that may happen to a list that does not apply
+    forced.append(f"{kernel_key(k)}={' '.join(acts)}")
+  monkeypatch.setenv("RULEC_OPT", "; ".join(forced))
+  got = fn(*[Tensor(a, device=device) for a in arrays]).numpy()
+  ref = fn(*[Tensor(a, device="NUMPY") for a in arrays]).numpy()
+  if name == "argmax": np.testing.assert_array_equal(got, ref)
+  else: np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-4)
+  return len(forced)
+
+
+_picks = st.lists(st.tuples(st.sampled_from(_OPS), st.integers(0, 5), st.sampled_from([2, 3, 4, 8, 16, 32])), min_size=1, max_size=4)
+
+
+@settings(max_examples=25, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.sampled_from(sorted(_PROGRAMS)), _picks)
+def test_any_action_list_on_the_cpu_is_refused_or_computes_the_same(fresh, name, picks):
+  cpu_device._by_ast.clear()
+  _check_actions("CPU", None, name, picks, fresh)
+
+
+def test_forced_actions_that_apply_do_run(fresh):
+  # the property above must see accepted lists too, not only refusals
+  assert _check_actions("CPU", None, "matmul", [("UPCAST", 1, 4), ("UPCAST", 0, 8), ("KBLOCK", 2, 8), ("THREAD", 0, 2)], fresh) == 1
+  cpu_device._by_ast.clear()
+  assert _check_actions("CPU", None, "conv", [("UPCAST", 3, 4), ("THREAD", 0, 2)], fresh) >= 1
+
+
+# *** OpenCL: the GPU's actions, on PoCL ***
+
+def _cl_dev():
+  from runtime import cl_device
+  return cl_device.get_device()
+
+
+@pytest.fixture
+def cl_tiles(monkeypatch):
+  """Kernels rendered for the CL device with register tiles in work-groups of up to 256, as on a GPU (and no group
+  reductions, which a GPU gives small outputs of long sums instead)."""
+  pytest.importorskip("pyopencl", reason="the CL device needs pyopencl: pip install pyopencl pocl-binary-distribution")
+  import attrs
+
+  from runtime import cl_device
+  try: dev = cl_device.get_device()
+  except cl_device.CLUnavailable as e: pytest.skip(f"no OpenCL device: {e}")
+  monkeypatch.setattr(dev, "target", attrs.evolve(dev.target, tile=256, group=0, units=int(os.environ.get("TEST_UNITS", "0")) or dev.target.units))
+  cl_device._by_ast.clear()
+  yield monkeypatch
+  cl_device._by_ast.clear()
+
+
+@settings(max_examples=12, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.sampled_from([4, 8, 12, 64, 96, 3]), st.sampled_from([1, 5, 32]), st.sampled_from([4, 16, 64, 80, 6]),
+       st.booleans())
+def test_gpu_tiles_agree_with_numpy_for_any_shape(cl_tiles, m, k, n, epilogue):
+  from runtime import cl_device
+  rng = np.random.default_rng(m * 100 + k * 10 + n)
+  a, b = rng.standard_normal((m, k)).astype(np.float32), rng.standard_normal((k, n)).astype(np.float32)
+  f = (lambda x, y: (x @ y + y[0]).relu()) if epilogue else (lambda x, y: x @ y)
+  t = f(Tensor(a, device="CL"), Tensor(b, device="CL"))
+  src = cl_device.render(t.schedule()[-1]).source
+  if m % 4 == 0 and m > 4 and n % 4 == 0: assert "get_local_id" in src and "fma(" in src   # tiled
+  ref = f(Tensor(a, device="NUMPY"), Tensor(b, device="NUMPY")).numpy()
+  np.testing.assert_allclose(t.numpy(), ref, rtol=1e-4, atol=1e-4)
+
+
+def test_gpu_tiles_of_a_convolution_agree_with_numpy(cl_tiles):
+  from runtime import cl_device
+  rng = np.random.default_rng(9)
+  x, w = rng.standard_normal((2, 3, 10, 16)).astype(np.float32), rng.standard_normal((16, 3, 3, 3)).astype(np.float32)
+  t = Tensor(x, device="CL").conv2d(Tensor(w, device="CL"), padding=1)
+  assert "get_local_id" in cl_device.render(t.schedule()[-1]).source
+  ref = Tensor(x, device="NUMPY").conv2d(Tensor(w, device="NUMPY"), padding=1).numpy()
+  np.testing.assert_allclose(t.numpy(), ref, rtol=1e-4, atol=1e-4)
+
+
+@settings(max_examples=10, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.sampled_from(sorted(_PROGRAMS)), _picks)
+def test_any_action_list_on_the_cl_device_is_refused_or_computes_the_same(cl_tiles, name, picks):
+  from runtime import cl_device
+  cl_device._by_ast.clear()
+  _check_actions("CL", None, name, picks, cl_tiles)
+
+
+def test_the_gpu_tile_is_the_largest_that_still_fills_the_device():
+  # 132 compute units (an H200): a 1024^2 output gets 4x4 tiles (8x8 would leave 16K work-items), the conv2d
+  # workload's 6.4M outputs 8x8; a CPU OpenCL device (tile=0) gets none
+  from codegen.opencl import Target
+  from codegen.opt.choose import cl_actions
+  gpu = Target(group=512, vector=4, tile=256, units=132)
+  def ups(t, target):
+    (k,) = t.schedule()
+    return [a.amount for a in cl_actions(decomposed(k), target) if a.op == "UPCAST"]
+  mm = Tensor.empty(1024, 1024) @ Tensor.empty(1024, 1024)
+  conv = Tensor.empty(32, 32, 56, 56).conv2d(Tensor.empty(64, 32, 3, 3), padding=1)
+  assert ups(mm, gpu) == [4, 4] and ups(conv, gpu) == [8, 8]
+  assert ups(mm, Target(group=0, vector=0, tile=0)) == []
