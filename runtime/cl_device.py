@@ -314,8 +314,33 @@ def render(kernel: Kernel, target=None, dev: "CLDevice | None" = None):
   from codegen.opt import optimize
   dev = dev if dev is not None else get_device()
   target = target if target is not None else dev.target
-  opt, _ = optimize(decomposed(kernel, dev.optional), "CL", target)
+  opt, _ = optimize(decomposed(kernel, dev.optional), "CL", target, timer=lambda k: _time_candidate(kernel, k, target, dev))
   return render_cl(opt, target)
+
+
+def _time_candidate(kernel: Kernel, opt: Kernel, target, dev: CLDevice) -> float:
+  """Seconds (median of RULEC_SEARCH launches, each waited for) of an optimized form of `kernel`, writing scratch
+  device buffers in place of its outputs (the kernel runs for real afterwards)."""
+  from codegen.opencl import render as render_cl
+  from codegen.opt.search import repetitions
+  prog = Program(dev, render_cl(opt, target))
+  if prog.rendered.global_size == 0: return 0.0
+  outs, scratch, mems = kernel.outputs, {}, []
+  for i, b in enumerate(kernel.bufs):
+    buf = buffer_of(b)
+    if i in outs:
+      if id(buf) not in scratch: scratch[id(buf)] = dev.cl.Buffer(dev.ctx, dev.cl.mem_flags.READ_WRITE, max(1, buf.nbytes))
+      mems.append(scratch[id(buf)])
+    else: mems.append(device_memory(buf, dev).mem)
+  prog.kernel.set_args(*mems)
+  times = []
+  for _ in range(max(1, repetitions())):
+    dev.queue.finish()
+    t0 = time.perf_counter()
+    dev.cl.enqueue_nd_range_kernel(dev.queue, prog.kernel, (prog.global_,), (prog.local,))
+    dev.queue.finish()
+    times.append(time.perf_counter() - t0)
+  return sorted(times)[len(times) // 2]
 
 
 _by_ast: dict[tuple, Program] = {}   # (AST, buffer aliasing) -> program: ASTs are hash-consed, equal kernels share one entry

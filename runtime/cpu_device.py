@@ -188,6 +188,7 @@ def _kernel_key(kernel: Kernel, alias) -> str:
   knobs = sorted((m.__name__, k, v) for m in (llvmir, choose, transform) for k, v in vars(m).items()
                  if k.isupper() and isinstance(v, (int, float, str, tuple)))
   return kernel_cache.key("cpu-kernel", kernel_cache.structure(kernel.ast), repr(alias), os.environ.get("RULEC_OPT", ""),
+                          os.environ.get("RULEC_SEARCH", ""),
                           repr([(b.dtype.name, b.arg[-1]) for b in kernel.bufs]), repr(knobs),
                           repr(sorted(o.name for o in optional_decompositions())), kernel_cache.code_digest(), *_target_key())
 
@@ -220,33 +221,56 @@ def compile_kernel(kernel: Kernel) -> tuple[Program, int | None]:
         _by_ast[(kernel.ast, alias)] = prog, split
         return prog, split
     validate(kernel)
-    from codegen.llvmir import render
     from codegen.opt import format_actions, kernel_key, optimize
     low = decomposed(kernel, optional_decompositions())
-    opt, actions = optimize(low, "CPU")
-    text, rng = render(opt, "kernel")
-    split = rng.src[0].arg if rng is not None else None
-    # named by its IR: the same in every process, so a cached object's symbol is the one asked for, and distinct
-    # programs in one JIT never share a name
-    name = "k" + hashlib.sha256(text.encode()).hexdigest()[:24]
-    text = text.replace('@"kernel"', f'@"{name}"').replace("@kernel(", f"@{name}(")
-    digest = _cache_key(text)
-    prog = _by_digest.get(digest) or _from_ir(text, name, nbufs, digest, tried=entry is not None and entry["object"] == digest)
-    _by_digest[digest] = prog
+    opt, actions = optimize(low, "CPU", timer=lambda k: _time_candidate(kernel, k))
+    prog, split, digest = _program_for(opt, nbufs, tried=entry["object"] if entry is not None else None)
     if kkey is not None: kernel_cache.store_json("cpu", kkey, {"object": digest, "name": prog.name, "split": split,
                                                                   "key": kernel_key(low), "actions": format_actions(actions)})
     _by_ast[(kernel.ast, alias)] = prog, split
   return prog, split
 
 
-def run_kernel(kernel: Kernel) -> None:
-  prog, split = compile_kernel(kernel)   # validates the kernel the first time it is compiled
-  outs = kernel.outputs
-  ptrs = [(buffer_of(b).numpy_view() if i in outs else buffer_of(b).host_view()).ctypes.data for i, b in enumerate(kernel.bufs)]
+def _program_for(opt: Kernel, nbufs: int, tried: str | None = None) -> tuple[Program, int | None, str]:
+  """The program for an optimized kernel (rendered, then from the process's programs, the disk or LLVM), the size
+  of its thread range and the object's digest. tried: an object digest the disk cache already failed to give."""
+  from codegen.llvmir import render
+  text, rng = render(opt, "kernel")
+  split = rng.src[0].arg if rng is not None else None
+  # named by its IR: the same in every process, so a cached object's symbol is the one asked for, and distinct
+  # programs in one JIT never share a name
+  name = "k" + hashlib.sha256(text.encode()).hexdigest()[:24]
+  text = text.replace('@"kernel"', f'@"{name}"').replace("@kernel(", f"@{name}(")
+  digest = _cache_key(text)
+  prog = _by_digest.get(digest) or _from_ir(text, name, nbufs, digest, tried=tried == digest)
+  _by_digest[digest] = prog
+  return prog, split, digest
+
+
+def _time_candidate(kernel: Kernel, opt: Kernel) -> float:
+  """Seconds (median of RULEC_SEARCH runs) of an optimized form of `kernel`, writing scratch copies of its outputs:
+  the real outputs are not touched (the kernel runs for real afterwards)."""
+  from codegen.opt.search import repetitions
+  prog, split, _ = _program_for(opt, len(kernel.bufs))
+  outs, scratch = kernel.outputs, {}
+  arrays = []
+  for i, b in enumerate(kernel.bufs):
+    buf = buffer_of(b)
+    if i in outs:
+      if id(buf) not in scratch: scratch[id(buf)] = buf.host_view().copy()   # (a kernel may read what it overwrites)
+      arrays.append(scratch[id(buf)])
+    else: arrays.append(buf.host_view())
+  ptrs = [a.ctypes.data for a in arrays]
+  times = []
+  for _ in range(max(1, repetitions())):
+    t0 = time.perf_counter()
+    _launch(prog, split, ptrs, prod(r.src[0].arg for r in kernel.ranges))
+    times.append(time.perf_counter() - t0)
+  return sorted(times)[len(times) // 2]
+
+
+def _launch(prog: Program, split: int | None, ptrs: list[int], work: int) -> None:
   n = split if split is not None else 1
-  work = _work.get(kernel.ast)
-  if work is None:   # loop iterations, counted once per AST rather than on every launch
-    work = _work[kernel.ast] = prod(r.src[0].arg for r in kernel.ranges)
   t = threads()
   if split is None or t == 1 or n < 2 or work < MIN_SPLIT_WORK:
     prog.fn(*ptrs, 0, n)
@@ -256,4 +280,14 @@ def run_kernel(kernel: Kernel) -> None:
     futs = [_get_pool().submit(prog.fn, *ptrs, lo, hi) for lo, hi in bounds[1:]]
     prog.fn(*ptrs, *bounds[0])
     for f in futs: f.result()
+
+
+def run_kernel(kernel: Kernel) -> None:
+  prog, split = compile_kernel(kernel)   # validates the kernel the first time it is compiled
+  outs = kernel.outputs
+  ptrs = [(buffer_of(b).numpy_view() if i in outs else buffer_of(b).host_view()).ctypes.data for i, b in enumerate(kernel.bufs)]
+  work = _work.get(kernel.ast)
+  if work is None:   # loop iterations, counted once per AST rather than on every launch
+    work = _work[kernel.ast] = prod(r.src[0].arg for r in kernel.ranges)
+  _launch(prog, split, ptrs, work)
   COUNTERS["run"] += 1

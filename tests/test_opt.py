@@ -238,3 +238,51 @@ def test_the_gpu_tile_is_the_largest_that_still_fills_the_device():
   conv = Tensor.empty(32, 32, 56, 56).conv2d(Tensor.empty(64, 32, 3, 3), padding=1)
   assert ups(mm, gpu) == [4, 4] and ups(conv, gpu) == [8, 8]
   assert ups(mm, Target(group=0, vector=0, tile=0)) == []
+
+
+# *** RULEC_SEARCH ***
+
+def test_search_times_the_candidates_and_remembers_the_fastest(fresh):
+  from codegen.opt import search
+  a, b, t = _matmul(64, 32, 64, seed=4)
+  (k,) = t.schedule()
+  low = decomposed(k, cpu_device.optional_decompositions())
+  cands = search.candidates(low, "CPU")
+  assert len(cands) > 4 and cands[0] == tuple(__import__("codegen.opt.choose", fromlist=["x"]).cpu_actions(low))
+  assert len(set(cands)) == len(cands)
+  want = cands[3]
+  seen = []
+  def timer(opt):   # the fourth candidate is "fastest"
+    seen.append(opt)
+    return 1.0 if opt.ast is not apply(low, want, "CPU").ast else 0.5
+  fresh.setenv("RULEC_SEARCH", "2")
+  opt, acts = optimize(low, "CPU", timer=timer)
+  assert acts == want and len(seen) == len(cands)
+  def no_timing(opt): raise AssertionError("searched again")
+  assert optimize(low, "CPU", timer=no_timing)[1] == want   # from the disk, without timing
+  fresh.setenv("RULEC_SEARCH", "0")
+  assert optimize(low, "CPU", timer=no_timing)[1] == cands[0]
+
+
+def test_search_on_the_cpu_computes_the_same_and_leaves_outputs_alone(fresh):
+  fresh.setenv("RULEC_SEARCH", "2")
+  rng = np.random.default_rng(8)
+  x, w = rng.standard_normal((64, 48)).astype(np.float32), rng.standard_normal((48, 48)).astype(np.float32)
+  acc = Tensor(x)
+  acc.assign(acc + Tensor(x) @ Tensor(w)).realize()   # the timing runs must not add into acc's buffer
+  np.testing.assert_allclose(acc.numpy(), x + x @ w, rtol=1e-4, atol=1e-4)
+  img, ker = rng.standard_normal((2, 6, 8, 16)).astype(np.float32), rng.standard_normal((8, 6, 3, 3)).astype(np.float32)
+  got = Tensor(img).conv2d(Tensor(ker), padding=1).numpy()
+  ref = Tensor(img, device="NUMPY").conv2d(Tensor(ker, device="NUMPY"), padding=1).numpy()
+  np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-4)
+
+
+def test_search_on_the_cl_device_computes_the_same(cl_tiles):
+  from runtime import cl_device
+  cl_tiles.setenv("RULEC_SEARCH", "2")
+  cl_device._by_ast.clear()
+  rng = np.random.default_rng(10)
+  a, b = rng.standard_normal((64, 40)).astype(np.float32), rng.standard_normal((40, 64)).astype(np.float32)
+  out = Tensor(a, device="CL")
+  out.assign(out[:, :40] @ Tensor(b, device="CL")[:, :40] + 1).realize()
+  np.testing.assert_allclose(out.numpy()[:, :40], a[:, :40] @ b[:, :40] + 1, rtol=1e-4, atol=1e-4)

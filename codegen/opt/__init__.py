@@ -3,6 +3,7 @@
   choose.py     which actions a kernel gets on a device (a small cost model over its structure and the
                 device's limits)
   actions.py    the actions as data, and their text form
+  search.py     RULEC_SEARCH: the candidates around choose.py's choice timed on the device, the fastest kept
   transform.py  the actions applied: splits and marks of the kernel's ranges, which the renderers follow
 
 `optimize(kernel, device, target)` is what a runtime calls on a decomposed kernel before rendering it.
@@ -46,15 +47,16 @@ def _debug() -> int:
   except ValueError: return 0
 
 
-def optimize(kernel: Kernel, device: str, target=None) -> tuple[Kernel, tuple[Action, ...]]:
-  """The kernel with its actions applied, and the actions: RULEC_OPT's for this kernel if it names it, else the
-  device's choice (choose.py). `target` is the CL device's codegen.opencl.Target."""
-  from codegen.opt import choose
+def optimize(kernel: Kernel, device: str, target=None, timer=None) -> tuple[Kernel, tuple[Action, ...]]:
+  """The kernel with its actions applied, and the actions: RULEC_OPT's for this kernel if it names it, else with
+  RULEC_SEARCH the fastest candidate by `timer` (the runtime's: seconds for an optimized kernel; search.py), else
+  the device's choice (choose.py). `target` is the CL device's codegen.opencl.Target."""
+  from codegen.opt import choose, search
   key = kernel_key(kernel)
   want = forced().get(key)
-  if want is None:
-    acts = tuple(choose.cpu_actions(kernel) if device == "CPU" else choose.cl_actions(kernel, target))
-  else: acts = want
+  if want is not None: acts = want
+  elif timer is not None and search.repetitions(): acts = search.best(kernel, device, target, timer, key)
+  else: acts = tuple(choose.cpu_actions(kernel) if device == "CPU" else choose.cl_actions(kernel, target))
   try: out = apply(kernel, acts, device)
   except OptError as e:
     if want is None: raise   # the cost model chose something that does not apply: a bug, not the user's

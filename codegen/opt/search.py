@@ -1,0 +1,127 @@
+"""RULEC_SEARCH=N: try the action lists around the cost model's choice on the device and keep the fastest.
+
+As tinygrad's BEAM does, but over a small fixed neighbourhood rather than a beam: register tiles of other
+shapes, other reduction blocks and work-group shapes, other group-reduction sizes (`candidates`). Each
+candidate is compiled and run N times on scratch copies of the kernel's outputs (the runtime's `timer`), the
+fastest median wins, and the winner is kept on disk (kernel_cache, `search/`) under the kernel's structure and
+the device, so a later process asks no timing at all. A candidate that fails to build or run is skipped; the
+cost model's own choice is always a candidate, so a search never picks something that was not measured faster.
+"""
+from __future__ import annotations
+
+import os
+import sys
+from typing import Callable
+
+from codegen.opt import choose
+from codegen.opt.actions import Action, OptError, format_actions, parse_actions
+from codegen.opt.transform import apply
+from engine.ops import Ops
+from runtime.kernel import Kernel
+
+MAX_CANDIDATES = 32
+
+
+def repetitions() -> int:
+  """RULEC_SEARCH as the number of timed runs per candidate (0: no search)."""
+  try: return max(0, int(os.environ.get("RULEC_SEARCH", "0") or 0))
+  except ValueError: return 0
+
+
+def _cpu_candidates(k: Kernel, end) -> list[list[Action]]:
+  out = []
+  first = end.src[1].arg[0]
+  for rows in (4, 8, 16):
+    for cols in (8, 16, 32, 64):
+      if rows * cols > 256: continue
+      row, r, col, c = choose.tile_ranges(end, rows, (cols,))
+      if col is None: continue
+      acts = [Action("UPCAST", col.arg[0], c)]
+      if row is None:
+        out.append(acts + [Action("THREAD", first)])
+        continue
+      acts.append(Action("UPCAST", row.arg[0], r))
+      blocks = {0}
+      for nbytes in (256 << 10, 512 << 10, 1 << 20):
+        old, choose.K_BLOCK_BYTES = choose.K_BLOCK_BYTES, nbytes
+        try: blocks.add(choose._k_block(k, end, col.src[0].arg))
+        finally: choose.K_BLOCK_BYTES = old
+      for kb in sorted(blocks):
+        out.append(acts + ([Action("KBLOCK", end.src[0].src[1].src[1].arg[0], kb)] if kb else []) + [Action("THREAD", first)])
+  return out
+
+
+def _cl_candidates(k: Kernel, end, target) -> list[list[Action]]:
+  out = []
+  if end is not None and getattr(target, "tile", 0):
+    for tr, tc in sorted(set(choose.GPU_TILES) | {(4, 8), (8, 4)}):
+      row, rows, col, cols = choose.tile_ranges(end, tr, (tc,))
+      if row is None or col is None: continue
+      for lr, lc in ((8, 16), (4, 32), (16, 16), (8, 8), (16, 8)):
+        a = [Action("UPCAST", row.arg[0], rows), Action("UPCAST", col.arg[0], cols)]
+        lc = choose._divisor_at_most(col.src[0].arg // cols, lc)
+        lr = choose._divisor_at_most(row.src[0].arg // rows, min(lr, target.tile // max(lc, 1)))
+        if lc > 1: a.append(Action("LOCAL", col.arg[0], lc))
+        if lr > 1: a.append(Action("LOCAL", row.arg[0], lr))
+        out.append(a)
+  if getattr(target, "group", 0) and any(u.op is Ops.REDUCE for u in k.ast.toposort()):
+    g = 32
+    while g <= target.group:
+      out.append([Action("GROUP", None, g)])
+      g *= 2
+  return out
+
+
+def candidates(k: Kernel, device: str, target=None) -> list[tuple[Action, ...]]:
+  """The cost model's choice first, then its neighbours that apply to the kernel (at most MAX_CANDIDATES)."""
+  default = tuple(choose.cpu_actions(k) if device == "CPU" else choose.cl_actions(k, target))
+  end = k.ast.src[0] if len(k.ast.src) == 1 and k.ast.src[0].op is Ops.END else None
+  more = (_cpu_candidates(k, end) if end is not None else []) if device == "CPU" else _cl_candidates(k, end, target)
+  seen, out = set(), []
+  for acts in [default, ()] + [tuple(a) for a in more]:
+    if acts in seen: continue
+    seen.add(acts)
+    try: apply(k, acts, device)
+    except OptError: continue
+    out.append(acts)
+  return out[:MAX_CANDIDATES]
+
+
+def _cache_key(k: Kernel, device: str, target) -> str:
+  from runtime import kernel_cache
+  return kernel_cache.key("search", device, repr(target), kernel_cache.structure(k.ast),
+                          repr([(b.dtype.name, b.arg[-1]) for b in k.bufs]), kernel_cache.code_digest())
+
+
+def best(k: Kernel, device: str, target, timer: Callable[[Kernel], float], key: str) -> tuple[Action, ...]:
+  """The fastest of `candidates` by `timer` (seconds for an optimized kernel), remembered on disk."""
+  from runtime import kernel_cache
+  ckey = _cache_key(k, device, target) if kernel_cache.enabled() else None
+  hit = kernel_cache.load_json("search", ckey) if ckey is not None else None
+  if hit is not None and isinstance(hit.get("actions"), str):
+    try:
+      acts = parse_actions(hit["actions"])
+      apply(k, acts, device)
+      return acts
+    except OptError: pass   # a record from other code: searched again
+  times: list[tuple[float, int, tuple[Action, ...]]] = []
+  for i, acts in enumerate(candidates(k, device, target)):
+    try: times.append((timer(apply(k, acts, device)), i, acts))
+    except Exception as e:   # a candidate the device cannot build or run (too many registers, work-group too large)
+      if _debug() >= 2: print(f"[search] {device} kernel {key}: {format_actions(acts)} failed: {type(e).__name__}: {e}", file=sys.stderr)
+  if not times: return tuple(choose.cpu_actions(k) if device == "CPU" else choose.cl_actions(k, target))
+  t, _, acts = min(times)
+  if _debug() >= 1:
+    base = times[0][0] if times[0][1] == 0 else float("nan")
+    print(f"[search] {device} kernel {key}: {len(times)} candidates, {format_actions(acts)} at {t * 1e3:.3f} ms "
+          f"(the cost model's choice: {base * 1e3:.3f} ms)", file=sys.stderr)
+  if ckey is not None: kernel_cache.store_json("search", ckey, {"actions": format_actions(acts), "ms": t * 1e3})
+  return acts
+
+
+def _debug() -> int:
+  try: return int(os.environ.get("RULEC_DEBUG", "0") or 0)
+  except ValueError: return 0
+
+
+__all__ = ["repetitions", "candidates", "best"]
