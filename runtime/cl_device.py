@@ -356,6 +356,7 @@ def compile_kernel(kernel: Kernel, dev: CLDevice | None = None) -> Program:
   validate(kernel)
   target = dev.target
   tried: set[str] = set()
+  limit = 0   # the work-group size the device last allowed (set when a build was too large)
   while True:
     rendered = render(kernel, target, dev)
     if rendered.source in tried:   # the actions are forced (RULEC_OPT), so a smaller target changes nothing

@@ -16,7 +16,6 @@ from engine.tensor import Tensor
 from runtime import cpu_device
 from runtime.kernel import decomposed
 
-
 # *** text ***
 
 def test_actions_round_trip_as_text():
@@ -244,11 +243,12 @@ def test_the_gpu_tile_is_the_largest_that_still_fills_the_device():
 
 def test_search_times_the_candidates_and_remembers_the_fastest(fresh):
   from codegen.opt import search
-  a, b, t = _matmul(64, 32, 64, seed=4)
+  from codegen.opt.choose import cpu_actions
+  _, _, t = _matmul(64, 32, 64, seed=4)
   (k,) = t.schedule()
   low = decomposed(k, cpu_device.optional_decompositions())
   cands = search.candidates(low, "CPU")
-  assert len(cands) > 4 and cands[0] == tuple(__import__("codegen.opt.choose", fromlist=["x"]).cpu_actions(low))
+  assert len(cands) > 4 and cands[0] == tuple(cpu_actions(low))
   assert len(set(cands)) == len(cands)
   want = cands[3]
   seen = []
@@ -256,7 +256,7 @@ def test_search_times_the_candidates_and_remembers_the_fastest(fresh):
     seen.append(opt)
     return 1.0 if opt.ast is not apply(low, want, "CPU").ast else 0.5
   fresh.setenv("RULEC_SEARCH", "2")
-  opt, acts = optimize(low, "CPU", timer=timer)
+  _, acts = optimize(low, "CPU", timer=timer)
   assert acts == want and len(seen) == len(cands)
   def no_timing(opt): raise AssertionError("searched again")
   assert optimize(low, "CPU", timer=no_timing)[1] == want   # from the disk, without timing

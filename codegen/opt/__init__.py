@@ -66,4 +66,4 @@ def optimize(kernel: Kernel, device: str, target=None, timer=None) -> tuple[Kern
   return out, acts
 
 
-__all__ = ["optimize", "kernel_key", "forced", "Action", "OptError", "format_actions", "parse_actions", "apply", "range_kind"]
+__all__ = ["Action", "OptError", "apply", "forced", "format_actions", "kernel_key", "optimize", "parse_actions", "range_kind"]

@@ -68,4 +68,4 @@ def parse_actions(text: str) -> tuple[Action, ...]:
   return tuple(out)
 
 
-__all__ = ["Action", "OptError", "SHAPES", "format_actions", "parse_actions"]
+__all__ = ["SHAPES", "Action", "OptError", "format_actions", "parse_actions"]

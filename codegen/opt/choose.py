@@ -165,4 +165,4 @@ def cl_actions(k: Kernel, target) -> list[Action]:
   return []
 
 
-__all__ = ["cpu_actions", "cl_actions", "tile_ranges"]
+__all__ = ["cl_actions", "cpu_actions", "tile_ranges"]

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Callable
+from collections.abc import Callable
 
 from codegen.opt import choose
 from codegen.opt.actions import Action, OptError, format_actions, parse_actions
@@ -124,4 +124,4 @@ def _debug() -> int:
   except ValueError: return 0
 
 
-__all__ = ["repetitions", "candidates", "best"]
+__all__ = ["best", "candidates", "repetitions"]

@@ -187,4 +187,4 @@ def apply(kernel: Kernel, actions, device: str) -> Kernel:
   return Kernel(ap.ast, kernel.bufs)
 
 
-__all__ = ["apply", "range_kind", "DEVICE_ACTIONS", "MAX_LANES"]
+__all__ = ["DEVICE_ACTIONS", "MAX_LANES", "apply", "range_kind"]
