@@ -286,3 +286,15 @@ def test_search_on_the_cl_device_computes_the_same(cl_tiles):
   out = Tensor(a, device="CL")
   out.assign(out[:, :40] @ Tensor(b, device="CL")[:, :40] + 1).realize()
   np.testing.assert_allclose(out.numpy()[:, :40], a[:, :40] @ b[:, :40] + 1, rtol=1e-4, atol=1e-4)
+
+
+def test_cl_index_arithmetic_is_int_only_where_every_index_fits():
+  # GPUs emulate 64-bit integer arithmetic, so indices are int when their value bounds fit in 32 bits (a 2^31-element
+  # buffer's do not: those kernels keep long); rendering only, nothing this big is allocated
+  from codegen.opencl import Target, render
+  def src(n):
+    (k,) = (Tensor.empty(n) * 2).schedule()
+    return render(decomposed(k), Target()).source
+  small, big = src(1 << 20), src(1 << 31)
+  assert "int r0" in small and "long r0" not in small
+  assert "long r0" in big
