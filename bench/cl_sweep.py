@@ -3,7 +3,7 @@
 Run:  python bench/cl_sweep.py [--quick]     (bench/h200.sh sweep runs it on an H200)
 
 For matmul 1024^3 and the conv2d workload: register tile (rows x columns per work-item) and work-group shape
-(codegen/opt/choose.py GPU_TILE, GPU_LOCAL). For relu(a*b+c) 16M: vector width (VECTOR) and the
+(codegen/opt/choose.py GPU_TILES, GPU_LOCAL). For relu(a*b+c) 16M: vector width (VECTOR) and the
 largest work-group the runtime picks (cl_device.AUTO_LOCAL_MAX). For sum 16M: the
 number of parts a big reduction splits into (RULEC_CL_SPLIT_PARTS). Device-side kernel times (profiling
 events), medians; every result is checked against numpy as in bench/cl_kernels.py.

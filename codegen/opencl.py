@@ -15,26 +15,28 @@ engine/alu.py: TRUNC and float // never give -0.0, NaN // 0 is an infinity
 (`copysign(inf, a) if a else nan`), and an unsigned integer power with an
 exponent whose top bit is set still multiplies.
 
-Shape of the kernel: when the kernel has one store with ranges, its END ranges
-are flattened into a 1-D NDRange (one work-item per element stored, the
-innermost range fastest, so neighbouring work-items touch neighbouring
-memory; each range index is recovered with a constant / and %), and a bound
-check drops the work-items past the end. Each work-item runs every REDUCE of
-its element as a loop over a contiguous chunk (no barriers or local memory:
-what CPU OpenCL devices run well). On GPUs (Target.group > 0), a kernel with
-one store, few outputs (at most GROUP_MAX_OUTPUTS) and long reductions runs
-one work-group per output instead: the group's work-items stride through the
-reduction together, so neighbouring work-items read neighbouring memory, and
-combine their partial results as a tree in local memory (_group_reduce).
-Also on GPUs (Target.vector), an elementwise kernel whose loads and store all
-index its one range directly, in 4-byte elements, moves `vector` neighbouring
-elements per work-item with vloadN / vstoreN; each element is still computed
-by the scalar code above (_render_vector). A float REDUCE whose innermost range has at
-least 2 * LANES elements keeps LANES accumulators over interleaved elements
-and combines them as a tree at the end: independent chains, since the compiler
-may not reassociate floats itself; like the CPU device's `reassoc`, this
-changes sums and products by rounding only. A kernel with several stores, or a
-store without ranges, runs as one work-item.
+Shape of the kernel: the optimizer (codegen/opt) has split and marked the
+ranges; this file follows the marks. A store's `loop` ranges are flattened into
+a 1-D NDRange (one work-item per element stored, the innermost range fastest,
+so neighbouring work-items touch neighbouring memory; each range index is
+recovered with a constant / and %), and a bound check drops the work-items past
+the end. Each work-item runs every REDUCE of its element as a loop over a
+contiguous chunk (what CPU OpenCL devices run well). `local` ranges are the
+work-items of one work-group, and `upcast` ranges a work-item's lanes, each
+with its own accumulator in the shared reduce loops (`fma` for sums of
+products): a register tile in a work-group. Reduce ranges marked `group:n`
+make the kernel one work-group of n per output: the group's work-items stride
+through the reduction together and combine their partial results as a tree in
+local memory (_group_reduce). A `vector:n` range moves n neighbouring elements
+per work-item with vloadN / vstoreN, each element still computed by the scalar
+code (_render_vector). Index arithmetic is `int` when every index value's
+bounds fit in 32 bits, else `long`. A float REDUCE outside lanes whose
+innermost range has at least 2 * LANES elements keeps LANES accumulators over
+interleaved elements and combines them as a tree at the end: independent
+chains, since the compiler may not reassociate floats itself; like the CPU
+device's `reassoc`, this changes sums and products by rounding only. A kernel
+with several stores, or a store without ranges, runs as one work-item (unless
+it is a group reduction).
 
 Floats: `#pragma OPENCL FP_CONTRACT OFF` (no a*b+c fusion, as LLVM without
 `contract`); no fast-math options. float16 is stored as its bits and computed in
