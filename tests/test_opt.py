@@ -298,3 +298,17 @@ def test_cl_index_arithmetic_is_int_only_where_every_index_fits():
   small, big = src(1 << 20), src(1 << 31)
   assert "int r0" in small and "long r0" not in small
   assert "long r0" in big
+
+
+def test_search_candidates_on_a_gpu_target_are_tiles_groups_and_vectors():
+  from codegen.opencl import Target
+  from codegen.opt.search import candidates
+  gpu = Target(group=256, vector=4, tile=256, units=132)
+  def cands(t):
+    (k,) = t.schedule()[-1:]
+    return candidates(decomposed(k), "CL", gpu)
+  mm = cands(Tensor.empty(256, 256) @ Tensor.empty(256, 256))
+  # (65536 outputs of 256-long sums: the cost model's choice is a group reduction; the tiles are candidates too)
+  assert sum(any(a.op == "LOCAL" for a in c) for c in mm) > 5 and any(c and c[0].op == "GROUP" for c in mm)
+  assert {a.amount for c in cands(Tensor.empty(1 << 16) * 2) for a in c if a.op == "VECTOR"} == {2, 4, 8, 16}
+  assert {a.amount for c in cands(Tensor.empty(64, 4096).sum(1)) for a in c if a.op == "GROUP"} == {32, 64, 128, 256}

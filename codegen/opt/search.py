@@ -64,6 +64,8 @@ def _cl_candidates(k: Kernel, end, target) -> list[list[Action]]:
         if lc > 1: a.append(Action("LOCAL", col.arg[0], lc))
         if lr > 1: a.append(Action("LOCAL", row.arg[0], lr))
         out.append(a)
+  if getattr(target, "vector", 0):
+    out += [[Action("VECTOR", None, n)] for n in (2, 4, 8, 16)]
   if getattr(target, "group", 0) and any(u.op is Ops.REDUCE for u in k.ast.toposort()):
     g = 32
     while g <= target.group:
