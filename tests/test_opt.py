@@ -312,3 +312,26 @@ def test_search_candidates_on_a_gpu_target_are_tiles_groups_and_vectors():
   assert sum(any(a.op == "LOCAL" for a in c) for c in mm) > 5 and any(c and c[0].op == "GROUP" for c in mm)
   assert {a.amount for c in cands(Tensor.empty(1 << 16) * 2) for a in c if a.op == "VECTOR"} == {2, 4, 8, 16}
   assert {a.amount for c in cands(Tensor.empty(64, 4096).sum(1)) for a in c if a.op == "GROUP"} == {32, 64, 128, 256}
+
+
+def test_a_corrupt_or_stale_search_record_is_searched_again_never_trusted(fresh):
+  from codegen.opt import search
+  from runtime import kernel_cache
+  _, _, t = _matmul(32, 16, 32, seed=11)
+  (k,) = t.schedule()
+  low = decomposed(k, cpu_device.optional_decompositions())
+  fresh.setenv("RULEC_SEARCH", "1")
+  calls = []
+  def timer(opt):
+    calls.append(opt)
+    return 1.0
+  first = optimize(low, "CPU", timer=timer)[1]
+  n = len(calls)
+  key = search._cache_key(low, "CPU", None)
+  path = kernel_cache.path_of("search", key, ".kernel")
+  path.write_bytes(path.read_bytes()[:-3] + b"xyz")          # altered bytes: the checksum fails
+  assert optimize(low, "CPU", timer=timer)[1] == first and len(calls) == 2 * n
+  kernel_cache.store_json("search", key, {"actions": "UPCAST(99,3)"})   # sound bytes, actions for another kernel
+  assert optimize(low, "CPU", timer=timer)[1] == first and len(calls) == 3 * n
+  kernel_cache.store_json("search", key, {"actions": 7})
+  assert optimize(low, "CPU", timer=timer)[1] == first and len(calls) == 4 * n
