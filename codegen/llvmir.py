@@ -230,14 +230,15 @@ class LLVMRenderer(ScopedEmitter):
   def render(self) -> str:
     stores = [s for s in self.k.ast.src]
     # the optimizer's marks (codegen/opt): upcast ranges are lanes, a thread range runs over [start, end)
+    ups: dict[UOp, int] = {}
     for st in stores:
       for r in (st.src[1:] if st.op is Ops.END else ()):
         kind = range_kind(r)[0]
-        if kind == "upcast": self.ups[r] = r.src[0].arg
+        if kind == "upcast": ups[r] = r.src[0].arg
         elif kind == "thread": self.split_range = r
         elif kind not in ("loop", "serial"): raise ValueError(f"the CPU renderer cannot follow a {r.arg[1]} range (r{r.arg[0]})")
-    if self.ups and len(stores) != 1: raise ValueError("upcast lanes need a kernel with one store")
-    self.set_lanes(self.ups)
+    if ups and len(stores) != 1: raise ValueError("upcast lanes need a kernel with one store")
+    self.set_lanes(ups)
     # a reduce that depends on no loop around it (a whole-tensor max under the loop that compares with it) is
     # computed once, before any loop, instead of once per iteration of loops it does not depend on
     ups, self.ups = self.ups, {}
@@ -252,11 +253,9 @@ class LLVMRenderer(ScopedEmitter):
         st = st.src[0]
       target, value = st.src
       p, idx = target.src
-      for lane in self.lanes:
-        if self.ups: self.enter_lane(lane)
+      for _ in self.each_lane():
         v = self.value(value)
         self._store(p, self.value(idx), v, value.dtype)
-        if self.ups: self.scopes.pop()
       for lp in reversed(loops): self.close_loop(lp)
     self.b.ret_void()
     return _with_loop_metadata(str(self.module))

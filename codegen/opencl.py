@@ -99,7 +99,6 @@ class Rendered:
 
 
 _INTS = {1: "char", 2: "short", 4: "int", 8: "long"}
-_VECTOR_TYPES = ("float", "int", "uint")   # element types a vector kernel loads and stores
 
 
 def ctype(d: DType, target: Target | None = None) -> str:
@@ -211,6 +210,7 @@ class CLRenderer(ScopedEmitter):
     self.vec_loads: dict[UOp, str] | None = None   # a vector kernel's vector loads, by buffer (None: not one)
     self.vec_lane = 0
     self.vec_n = 0
+    self.set_lanes({})   # (render finds the upcast ranges)
     # index arithmetic in int rather than long when every index value provably fits: GPUs emulate 64-bit integer
     # multiplies and adds with several 32-bit instructions, and a tile's addresses are many of them
     self.narrow = all(-(1 << 31) < u.vmin and u.vmax < (1 << 31) for u in kernel.ast.toposort() if u.dtype is dtypes.index)
@@ -300,8 +300,7 @@ class CLRenderer(ScopedEmitter):
         st = st.src[0]
       target, value = st.src
       p, idx = target.src
-      for lane in self.lanes:
-        if self.ups: self.enter_lane(lane)
+      for _ in self.each_lane():
         v = self.value(value)
         i = self.value(idx)
         if self.group:   # every lane computed the value (the reductions need them all); one stores it
@@ -311,7 +310,6 @@ class CLRenderer(ScopedEmitter):
         if self.group:
           self.depth -= 1
           self.line("}")
-        if self.ups: self.scopes.pop()
       for r in reversed(loops): self.close_loop(r)
     if self.group: return Rendered(self._assemble(), self.name, total * self.group, flat, self.group)
     if local: return Rendered(self._assemble(), self.name, total * items, flat + local, items)

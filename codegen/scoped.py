@@ -21,19 +21,28 @@ from engine.uop import UOp
 
 
 class ScopedEmitter:
+  """Subclasses call set_lanes (with {} for none) before emitting."""
   scopes: list[dict[UOp, Any]]
   ranges: dict[UOp, Any]
-  ups: dict[UOp, int] = {}          # upcast range -> lanes
-  lanes: list[tuple[int, ...]] = [()]
-  lane: tuple[int, ...] = ()
+  ups: dict[UOp, int]              # upcast range -> lanes
+  lanes: list[tuple[int, ...]]     # one index per upcast range, for every lane
+  lane: tuple[int, ...]            # the lane being emitted
 
   def emit(self, u: UOp) -> Any: raise NotImplementedError
   def lane_value(self, i: int) -> Any: raise NotImplementedError
 
   # *** lanes ***
   def set_lanes(self, ups: dict[UOp, int]) -> None:
-    self.ups, self.lane_results = dict(ups), {}
+    self.ups, self.lane_results, self.lane = dict(ups), {}, ()
     self.lanes = list(itertools.product(*[range(n) for n in self.ups.values()])) if ups else [()]
+
+  def each_lane(self):
+    """Every lane in turn, each entered in a scope of its own for the caller's body (a kernel without upcast
+    ranges has one lane and no extra scope)."""
+    for lane in self.lanes:
+      if self.ups: self.enter_lane(lane)
+      yield lane
+      if self.ups: self.scopes.pop()
 
   def set_lane(self, lane: tuple[int, ...]) -> None:
     self.lane = lane

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import math
 
-from codegen.opt.actions import Action
-from engine.dtypes import dtypes
+from codegen.opt.actions import Action, OptError
+from codegen.opt.transform import apply
 from engine.index_expr import evaluate
 from engine.ops import Ops
 from engine.uop import UOp
@@ -73,19 +73,23 @@ def tile_ranges(end: UOp, rows_lanes: int, col_lanes=UPCAST_LANES) -> tuple[UOp 
   return None, 0, col, cols
 
 
-def _k_block(k: Kernel, end: UOp, cols: int) -> int:
+def _applies(k: Kernel, action: Action, device: str) -> bool:
+  """Whether transform.py accepts the action on k: the structural conditions live there, once."""
+  try: apply(k, (action,), device)
+  except OptError: return False
+  return True
+
+
+def _k_block(k: Kernel, end: UOp, cols: int, nbytes: int = K_BLOCK_BYTES) -> int:
   """The block size a register-tiled kernel's reduction runs in (KBLOCK), or 0: the largest power of two whose
-  slice of the column-indexed input (block x columns) fits in K_BLOCK_BYTES, when the kernel stores a float sum
-  over one range straight into a buffer the sum does not read."""
-  st = end.src[0]
-  red = st.src[1]
-  if red.op is not Ops.REDUCE or red.arg is not Ops.ADD or red.dtype not in (dtypes.float32, dtypes.float64): return 0
-  if len(red.src) != 2 or len({id(b) for b in k.bufs}) != len(k.bufs): return 0
-  if st.src[0].src[0] in red.toposort(): return 0
+  slice of the column-indexed input (block x columns) fits in nbytes, where KBLOCK applies (a float sum over one
+  range stored straight into a buffer the sum does not read)."""
+  red = end.src[0].src[1]
+  if red.op is not Ops.REDUCE or len(red.src) != 2: return 0
   n = red.src[1].src[0].arg
   block = 1
-  while block * 2 <= n and (block * 2) * cols * red.dtype.itemsize <= K_BLOCK_BYTES and n % (block * 2) == 0: block *= 2
-  return block if 16 <= block < n else 0
+  while block * 2 <= n and (block * 2) * cols * red.dtype.itemsize <= nbytes and n % (block * 2) == 0: block *= 2
+  return block if 16 <= block < n and _applies(k, Action("KBLOCK", red.src[1].arg[0], block), "CPU") else 0
 
 
 def cpu_actions(k: Kernel) -> list[Action]:
@@ -111,35 +115,42 @@ def cpu_actions(k: Kernel) -> list[Action]:
 
 # *** OpenCL ***
 
-def _group_size(top: UOp, target) -> int:
-  """Work-items per output when the kernel's reductions should be shared by a work-group, else 0. top: the one
-  store (END or, for a single output, a plain STORE)."""
-  ends = top.src[1:] if top.op is Ops.END else ()
-  outputs = math.prod(r.src[0].arg for r in ends)
-  if not target.group or outputs > GROUP_MAX_OUTPUTS or any(r.src[0].arg == 0 for r in ends): return 0
+def _group_size(k: Kernel, target) -> int:
+  """Work-items per output when the kernel's reductions should be shared by a work-group (few outputs of long
+  reductions, where GROUP applies), else 0."""
+  top = k.ast.src[0]
+  outputs = math.prod(r.src[0].arg for r in (top.src[1:] if top.op is Ops.END else ()))
   reduces = [u for u in top.toposort() if u.op is Ops.REDUCE]
-  if not reduces or any(u.dtype.kind == "b" for u in reduces): return 0
-  if any(x.op is Ops.REDUCE for u in reduces for x in u.src[0].toposort()): return 0
+  if not target.group or outputs > GROUP_MAX_OUTPUTS or not reduces: return 0
   size = max(math.prod(r.src[0].arg for r in u.src[1:]) for u in reduces)
   if size < GROUP_MIN_REDUCE: return 0
   g = 32
   while g * 2 <= target.group and g * 2 * 4 <= size: g *= 2   # at least 4 elements per work-item
-  return g
+  return g if _applies(k, Action("GROUP", None, g), "CL") else 0
 
 
-def _vector_width(end: UOp, target) -> int:
+def _vector_width(k: Kernel, end: UOp, target) -> int:
+  """The target's vector width for an elementwise kernel over one range long enough to pay, where VECTOR applies."""
   n = target.vector
-  if not n or len(end.src) != 2: return 0
-  r = end.src[1]
-  if r.src[0].arg % n or r.src[0].arg < n * VECTOR_MIN_ELEMENTS: return 0
-  nodes = end.src[0].toposort()
-  if any(u.op is Ops.REDUCE for u in nodes): return 0
-  ok = all(u.src[1] is r and u.dtype in (dtypes.float32, dtypes.int32, dtypes.uint32) for u in nodes if u.op is Ops.INDEX)
-  return n if ok else 0
+  if not n or len(end.src) != 2 or end.src[1].src[0].arg < n * VECTOR_MIN_ELEMENTS: return 0
+  return n if _applies(k, Action("VECTOR", None, n), "CL") else 0
 
 
 def _divisor_at_most(n: int, cap: int) -> int:
   return max(d for d in range(1, cap + 1) if n % d == 0)
+
+
+def gpu_tile(end: UOp, tile: tuple[int, int], local: tuple[int, int], target) -> list[Action] | None:
+  """A register tile of tile (rows, columns) per work-item in work-groups of at most local (rows, columns) and
+  target.tile work-items, or None where the kernel has no such tile."""
+  row, rows, col, cols = tile_ranges(end, tile[0], (tile[1],))
+  if row is None or col is None: return None
+  lc = _divisor_at_most(col.src[0].arg // cols, local[1])
+  lr = _divisor_at_most(row.src[0].arg // rows, min(local[0], target.tile // max(lc, 1)))
+  out = [Action("UPCAST", row.arg[0], rows), Action("UPCAST", col.arg[0], cols)]
+  if lc > 1: out.append(Action("LOCAL", col.arg[0], lc))
+  if lr > 1: out.append(Action("LOCAL", row.arg[0], lr))
+  return out
 
 
 def cl_actions(k: Kernel, target) -> list[Action]:
@@ -147,11 +158,11 @@ def cl_actions(k: Kernel, target) -> list[Action]:
   elementwise kernels (VECTOR), and on GPUs (target.tile) register tiles inside 2-D work-groups for
   matmul-shaped kernels (UPCAST rows and columns, LOCAL over what is left of each)."""
   if len(k.ast.src) != 1: return []
-  g = _group_size(k.ast.src[0], target)
+  g = _group_size(k, target)
   if g: return [Action("GROUP", None, g)]
   end = _sole_end(k)
   if end is None: return []
-  v = _vector_width(end, target)
+  v = _vector_width(k, end, target)
   if v: return [Action("VECTOR", None, v)]
   if getattr(target, "tile", 0):
     # H200, 1024^3 matmul: 8x8 tiles leave 16K work-items for 132 compute units and run at half the speed of 4x4;
@@ -159,17 +170,10 @@ def cl_actions(k: Kernel, target) -> list[Action]:
     outputs = math.prod(r.src[0].arg for r in end.src[1:])
     need = GPU_ITEMS_PER_UNIT * max(1, target.units)
     first = next((i for i, (tr, tc) in enumerate(GPU_TILES) if outputs // (tr * tc) >= need), len(GPU_TILES) - 1)
-    for tr, tc in GPU_TILES[first:]:   # the largest tile that fills the device, else smaller ones that apply
-      row, rows, col, cols = tile_ranges(end, tr, (tc,))
-      if row is not None and col is not None: break
-    if row is not None and col is not None:
-      lc = _divisor_at_most(col.src[0].arg // cols, GPU_LOCAL[1])
-      lr = _divisor_at_most(row.src[0].arg // rows, min(GPU_LOCAL[0], target.tile // max(lc, 1)))
-      out = [Action("UPCAST", row.arg[0], rows), Action("UPCAST", col.arg[0], cols)]
-      if lc > 1: out.append(Action("LOCAL", col.arg[0], lc))
-      if lr > 1: out.append(Action("LOCAL", row.arg[0], lr))
-      return out
+    for tile in GPU_TILES[first:]:   # the largest tile that fills the device, else smaller ones that apply
+      acts = gpu_tile(end, tile, GPU_LOCAL, target)
+      if acts is not None: return acts
   return []
 
 
-__all__ = ["cl_actions", "cpu_actions", "tile_ranges"]
+__all__ = ["cl_actions", "cpu_actions", "gpu_tile", "tile_ranges"]

@@ -13,7 +13,7 @@ import os
 import sys
 from collections.abc import Callable
 
-from codegen.opt import choose
+from codegen.opt import _debug, choose
 from codegen.opt.actions import Action, OptError, format_actions, parse_actions
 from codegen.opt.transform import apply
 from engine.ops import Ops
@@ -41,11 +41,7 @@ def _cpu_candidates(k: Kernel, end) -> list[list[Action]]:
         out.append(acts + [Action("THREAD", first)])
         continue
       acts.append(Action("UPCAST", row.arg[0], r))
-      blocks = {0}
-      for nbytes in (256 << 10, 512 << 10, 1 << 20):
-        old, choose.K_BLOCK_BYTES = choose.K_BLOCK_BYTES, nbytes
-        try: blocks.add(choose._k_block(k, end, col.src[0].arg))
-        finally: choose.K_BLOCK_BYTES = old
+      blocks = {0} | {choose._k_block(k, end, col.src[0].arg, nbytes) for nbytes in (256 << 10, 512 << 10, 1 << 20)}
       for kb in sorted(blocks):
         out.append(acts + ([Action("KBLOCK", end.src[0].src[1].src[1].arg[0], kb)] if kb else []) + [Action("THREAD", first)])
   return out
@@ -54,16 +50,10 @@ def _cpu_candidates(k: Kernel, end) -> list[list[Action]]:
 def _cl_candidates(k: Kernel, end, target) -> list[list[Action]]:
   out = []
   if end is not None and getattr(target, "tile", 0):
-    for tr, tc in sorted(set(choose.GPU_TILES) | {(4, 8), (8, 4)}):
-      row, rows, col, cols = choose.tile_ranges(end, tr, (tc,))
-      if row is None or col is None: continue
-      for lr, lc in ((8, 16), (4, 32), (16, 16), (8, 8), (16, 8)):
-        a = [Action("UPCAST", row.arg[0], rows), Action("UPCAST", col.arg[0], cols)]
-        lc = choose._divisor_at_most(col.src[0].arg // cols, lc)
-        lr = choose._divisor_at_most(row.src[0].arg // rows, min(lr, target.tile // max(lc, 1)))
-        if lc > 1: a.append(Action("LOCAL", col.arg[0], lc))
-        if lr > 1: a.append(Action("LOCAL", row.arg[0], lr))
-        out.append(a)
+    for tile in sorted(set(choose.GPU_TILES) | {(4, 8), (8, 4)}):
+      for local in ((8, 16), (4, 32), (16, 16), (8, 8), (16, 8)):
+        acts = choose.gpu_tile(end, tile, local, target)
+        if acts is not None: out.append(acts)
   if getattr(target, "vector", 0):
     out += [[Action("VECTOR", None, n)] for n in (2, 4, 8, 16)]
   if getattr(target, "group", 0) and any(u.op is Ops.REDUCE for u in k.ast.toposort()):
@@ -119,11 +109,6 @@ def best(k: Kernel, device: str, target, timer: Callable[[Kernel], float], key: 
           f"(the cost model's choice: {base * 1e3:.3f} ms)", file=sys.stderr)
   if ckey is not None: kernel_cache.store_json("search", ckey, {"actions": format_actions(acts), "ms": t * 1e3})
   return acts
-
-
-def _debug() -> int:
-  try: return int(os.environ.get("RULEC_DEBUG", "0") or 0)
-  except ValueError: return 0
 
 
 __all__ = ["best", "candidates", "repetitions"]
