@@ -7,6 +7,7 @@
 #   bench/h200.sh multi     several GPUs (the nvidia-h200-x2 kind): the multi-device tests on CL:0 + CL:1, then
 #                           bench/multi.py --kind CL on 1 and 2 GPUs beside torch (bench/multi_torch.py, NCCL)
 #   bench/h200.sh sweep     bench/cl_sweep.py: the GPU optimizer's tile shapes, vector widths and split parts
+#   bench/h200.sh probe     bench/cl_bandwidth_probe.py: hand-written elementwise and sum forms against the copy
 #   bench/h200.sh all       bench and tests (default)
 #   bench/h200.sh bench --only relu    (anything after the first word goes to bench/kernels.py)
 # Logs go to $OUT (or ./h200-out). That machine has numpy, attrs, llvmlite, hypothesis, pytest and torch, but no
@@ -31,13 +32,16 @@ fi
 if [[ $what == sweep ]]; then
   python3 bench/cl_sweep.py "$@" 2>&1 | tee "$out/sweep.log"
 fi
+if [[ $what == probe ]]; then
+  python3 bench/cl_bandwidth_probe.py "$@" 2>&1 | tee "$out/probe.log"
+fi
 if [[ $what == train ]]; then
   python3 bench/train.py --device CL 2>&1 | tee "$out/train.log"
   RULEC_DEVICE=CL timeout "${TEST_TIMEOUT:-300}" python3 -m pytest -q -p no:cacheprovider tests/test_autograd.py \
     tests/test_nn_optim.py tests/test_jit.py 2>&1 | tail -5 | tee "$out/tests_training_on_cl.log"
 fi
 if [[ $what == tests || $what == all ]]; then
-  timeout "${TEST_TIMEOUT:-420}" python3 -m pytest -q -p no:cacheprovider tests/test_cl_device.py 2>&1 | tee "$out/tests_cl_device.log"
+  timeout "${TEST_TIMEOUT:-420}" python3 -m pytest -q -p no:cacheprovider tests/test_cl_device.py tests/test_opt.py 2>&1 | tee "$out/tests_cl_device.log"
   RULEC_DEVICE=CL timeout "${TEST_TIMEOUT:-420}" python3 -m pytest -q -p no:cacheprovider tests/test_tensor.py tests/test_schedule.py \
     2>&1 | tee "$out/tests_tensor_on_cl.log"
 fi

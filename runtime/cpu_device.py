@@ -22,6 +22,7 @@ from __future__ import annotations
 import ctypes
 import hashlib
 import os
+import re
 import sys
 import threading
 import time
@@ -68,7 +69,8 @@ def target_cpu() -> tuple[str, str]:
 
 # how IR becomes object code, beyond the target machine: part of every disk cache key, so a change here (another
 # pass pipeline, other target-machine options) must change this string
-_RECIPE = "O3 loop+slp vectorize; reloc=default codemodel=jitdefault jit; emit_object -> MCJIT add_object_file"
+_RECIPE = ("O3 loop+slp vectorize; reloc=default codemodel=jitdefault jit; emit_object -> MCJIT add_object_file; "
+           "prefer-vector-width=512 where avx512f")
 
 
 _target: tuple[str, str] | None = None   # the (cpu, features) the JIT compiles for, fixed at its creation
@@ -94,13 +96,35 @@ def _target_key() -> tuple[str, ...]:
   return (llvm.get_process_triple(), *_target, llvmlite.__version__, ".".join(map(str, llvm.llvm_version_info)), _RECIPE)
 
 
+def _wide_vectors() -> bool:
+  """Whether the JIT's target has 512-bit vector registers (AVX-512F)."""
+  _jit()
+  return "+avx512f" in _target[1]
+
+
+def opt_target():
+  """What the kernel optimizer's cost model knows of this CPU (codegen.opt.choose.CPUTarget)."""
+  from codegen.opt.choose import CPUTarget
+  return CPUTarget(lanes=16 if _wide_vectors() else 8)
+
+
+def _vector_width_attribute(ir_text: str) -> str:
+  """The kernel function asks for 512-bit vectors on a target with AVX-512 (LLVM's default for those CPUs is 256
+  bits, for fear of clock drops on the first of them). Measured here in one run each: the float32 exp kernel 1.14 ->
+  0.94 ms, the conv2d workload 118 -> 102 ms, matmul 12.0 -> 9.8-13 ms (noisy). Baseline and AVX2 targets unchanged."""
+  if not _wide_vectors(): return ir_text
+  # every function (the kernel, and the half-conversion helpers it inlines): after each parameter list
+  text = re.sub(r"^(define [^\n]*?\([^()\n]*\))", r"\1 #0", ir_text, flags=re.M)
+  return text + '\nattributes #0 = { "prefer-vector-width"="512" }\n'
+
+
 def _cache_key(ir_text: str) -> str: return kernel_cache.key("cpu", ir_text, *_target_key())
 
 
 def _build(ir_text: str) -> bytes:
   """Object code for the IR: verified, optimised at O3 with both vectorisers, emitted for the target machine."""
   tm, _ = _jit()
-  mod = llvm.parse_assembly(ir_text)
+  mod = llvm.parse_assembly(_vector_width_attribute(ir_text))
   mod.triple = llvm.get_process_triple()
   mod.data_layout = str(tm.target_data)
   mod.verify()
@@ -223,7 +247,7 @@ def compile_kernel(kernel: Kernel) -> tuple[Program, int | None]:
     validate(kernel)
     from codegen.opt import format_actions, kernel_key, optimize
     low = decomposed(kernel, optional_decompositions())
-    opt, actions = optimize(low, "CPU", timer=lambda k: _time_candidate(kernel, k))
+    opt, actions = optimize(low, "CPU", opt_target(), timer=lambda k: _time_candidate(kernel, k))
     prog, split, digest = _program_for(opt, nbufs, tried=entry["object"] if entry is not None else None)
     if kkey is not None: kernel_cache.store_json("cpu", kkey, {"object": digest, "name": prog.name, "split": split,
                                                                   "key": kernel_key(low), "actions": format_actions(actions)})

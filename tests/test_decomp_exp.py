@@ -1,10 +1,11 @@
 """The CPU's exp2 / log2 decomposition (rules/decomp.rules exp2_* / log2_*, engine/sched/decomp_helpers.py) against
-numpy. Finite results are within ULP_BUDGET of the exact value: the float64 arithmetic inside is within about
-2**-50 of it, so rounding to float32 gives at most 0.5 ulp plus a hair (over every float32 input, all were the
-correctly rounded float). Where the result is inf, NaN or exactly 0 it is numpy's, sign included. float16 (through
-float32, as numpy computes it) is numpy's float16 answer bit for bit. Also: the rules apply where a device asks
-(the CPU; the CL device on a CPU: tests/test_cl_device.py checks its results are correctly rounded), leave float64
-to libm, and leave no call in the machine code, the baseline target's included; and the row
+numpy. Finite results are within their ulp budget of the exact value: exp2 computes in float32 (so that it runs
+sixteen lanes to an instruction) and stays within EXP2_ULPS, below numpy's own float32 exp2 (up to 2.84 ulp off
+over a sweep of every binade, measured by test_exp2_budget_is_below_numpys); log2 computes in float64 and is within
+0.5 ulp plus a hair (the correctly rounded float, over every float32 input). Where the result is inf, NaN or exactly
+0 it is numpy's, sign included. float16 (through float32, as numpy computes it) is numpy's float16 answer bit for
+bit. Also: the rules apply where a device asks (the CPU; the CL device on a CPU: tests/test_cl_device.py checks its
+results), leave float64 to libm, and leave no call in the machine code, the baseline target's included; and the row
 max softmax takes first (a float max reduction, run in interleaved lanes) is the NUMPY reference device's."""
 import re
 
@@ -19,7 +20,7 @@ from engine.tensor import Tensor
 from runtime import cpu_device
 from runtime.kernel import decomposed
 
-ULP_BUDGET = 0.5 + 2.0 ** -20
+ULP_BUDGET = {"exp2": 1.25, "log2": 0.5 + 2.0 ** -20}
 N = 1 << 16   # every run has this many elements, so that all share one compiled kernel per function
 
 
@@ -52,7 +53,7 @@ def check(fn: str, x: np.ndarray) -> float:
   bad = special & ~same
   assert not bad.any(), f"{fn} of {x[bad][:8]}: got {got[bad][:8]}, numpy {want[bad][:8]}"
   err = ulps(got[~special], exact[~special])
-  assert not err.size or err.max() <= ULP_BUDGET, f"{fn}({x[~special][err.argmax()]!r}): {err.max():.3f} ulp"
+  assert not err.size or err.max() <= ULP_BUDGET[fn], f"{fn}({x[~special][err.argmax()]!r}): {err.max():.3f} ulp"
   return float(err.max()) if err.size else 0.0
 
 
@@ -79,6 +80,18 @@ def test_log2_edges():
                0.70710677, 0.7071068, 1.4142135, 1.4142137, -np.float32(2.0 ** -149)], np.float32)
   check("log2", x)
   assert np.array_equal(cpu("log2", np.array(powers, np.float32)), np.arange(-149, 128, dtype=np.float32))
+
+
+def test_exp2_budget_is_below_numpys():
+  # a dense sweep of every binade exp2 can return a finite nonzero float for: the decomposition's worst error is
+  # inside the budget, and numpy's own float32 exp2 is worse on the same inputs
+  x = np.concatenate([np.linspace(lo, lo + 1, 1 << 12, dtype=np.float64) for lo in range(-150, 128)]).astype(np.float32)
+  ours = check("exp2", x)
+  with np.errstate(all="ignore"):
+    exact = np.exp2(x.astype(np.float64))
+    finite = np.isfinite(exact.astype(np.float32)) & (exact.astype(np.float32) != 0)
+    theirs = ulps(np.exp2(x)[finite], exact[finite]).max()
+  assert ours <= ULP_BUDGET["exp2"] < theirs, (ours, theirs)
 
 
 @pytest.mark.parametrize("fn", ["exp2", "log2"])

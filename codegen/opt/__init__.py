@@ -50,13 +50,13 @@ def _debug() -> int:
 def optimize(kernel: Kernel, device: str, target=None, timer=None) -> tuple[Kernel, tuple[Action, ...]]:
   """The kernel with its actions applied, and the actions: RULEC_OPT's for this kernel if it names it, else with
   RULEC_SEARCH the fastest candidate by `timer` (the runtime's: seconds for an optimized kernel; search.py), else
-  the device's choice (choose.py). `target` is the CL device's codegen.opencl.Target."""
+  the device's choice (choose.py). `target` is the CL device's codegen.opencl.Target, or the CPU's choose.CPUTarget."""
   from codegen.opt import choose, search
   key = kernel_key(kernel)
   want = forced().get(key)
   if want is not None: acts = want
   elif timer is not None and search.repetitions(): acts = search.best(kernel, device, target, timer, key)
-  else: acts = tuple(choose.cpu_actions(kernel) if device == "CPU" else choose.cl_actions(kernel, target))
+  else: acts = tuple(choose.cpu_actions(kernel, target) if device == "CPU" else choose.cl_actions(kernel, target))
   try: out = apply(kernel, acts, device)
   except OptError as e:
     if want is None: raise   # the cost model chose something that does not apply: a bug, not the user's

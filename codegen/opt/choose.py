@@ -8,6 +8,7 @@ with a work-group of work-items around it so that neighbouring work-items read n
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 from codegen.opt.actions import Action, OptError
 from codegen.opt.transform import apply
@@ -17,9 +18,13 @@ from engine.uop import UOp
 from runtime.kernel import Kernel
 
 # *** CPU ***
-UPCAST_LANES = (16, 8, 4)   # columns: the first that divides the range
-UPCAST_ROWS = 8             # 8 x 16 accumulators: measured best of 4/8/16 rows x 16/32/64 columns (1024^3 matmul)
-TILE_LANES = 128            # ... so narrower columns get more rows, up to MAX_ROWS
+# A register tile is two vector registers wide and UPCAST_ROWS rows: 16 registers of accumulators, which leaves
+# the other half of the register file for the broadcast rows and loaded columns. With 8-lane registers (AVX2) that
+# is 8 x 16, measured best of 4/8/16 rows x 16/32/64 columns (1024^3 matmul); with 16-lane ones (AVX-512) 8 x 32:
+# 6.9 ms against 8.5 for 8 x 16 and 9.0 for 16 x 16 in one run here (numpy 6.2-6.5 ms)
+CPU_LANES = 8               # float32 lanes of a vector register, where no CPUTarget says (AVX2)
+UPCAST_ROWS = 8
+TILE_REGISTERS = 16         # accumulators, in registers: narrower columns get more rows, up to MAX_ROWS
 MAX_ROWS = 16
 K_BLOCK_BYTES = 512 << 10   # the block of the second matrix one block of the reduction reads: fits in L2
 
@@ -30,6 +35,17 @@ VECTOR_MIN_ELEMENTS = 1024     # elements per vector lane below which vector loa
 GPU_TILES = ((8, 8), (4, 4), (2, 4))   # a work-item's register tile on a GPU (rows x columns), largest first ...
 GPU_ITEMS_PER_UNIT = 256       # ... the first that leaves at least this many work-items per compute unit
 GPU_LOCAL = (8, 16)            # work-items of one group along rows and columns (at most)
+
+
+@dataclass(frozen=True)
+class CPUTarget:
+  """What the CPU's cost model needs of the machine: float32 lanes of a vector register (runtime/cpu_device.py)."""
+  lanes: int = CPU_LANES
+
+
+def column_lanes(lanes: int = CPU_LANES) -> tuple[int, ...]:
+  """A CPU tile's column counts, widest first (two registers, one, half of one ... down to 4)."""
+  return tuple(n for n in (lanes * 2, lanes, lanes // 2, lanes // 4) if n >= 4)
 
 
 def _stride(idx: UOp, r: UOp, ranges: list[UOp]) -> int | None:
@@ -45,7 +61,8 @@ def _sole_end(k: Kernel) -> UOp | None:
   return k.ast.src[0] if len(k.ast.src) == 1 and k.ast.src[0].op is Ops.END else None
 
 
-def tile_ranges(end: UOp, rows_lanes: int, col_lanes=UPCAST_LANES) -> tuple[UOp | None, int, UOp | None, int]:
+def tile_ranges(end: UOp, rows_lanes: int,
+                col_lanes: tuple[int, ...] = column_lanes()) -> tuple[UOp | None, int, UOp | None, int]:
   """(row range, row lanes, column range, column lanes) of a register tile, (None, 0, None, 0) parts where none.
 
   Pays where a reduction's inner loop reads memory that neighbouring outputs share or that lies side by side
@@ -92,15 +109,18 @@ def _k_block(k: Kernel, end: UOp, cols: int, nbytes: int = K_BLOCK_BYTES) -> int
   return block if 16 <= block < n and _applies(k, Action("KBLOCK", red.src[1].arg[0], block), "CPU") else 0
 
 
-def cpu_actions(k: Kernel) -> list[Action]:
+def cpu_actions(k: Kernel, target: CPUTarget | None = None) -> list[Action]:
   """Register tiles (UPCAST rows and columns), a blocked reduction (KBLOCK) and the thread split (THREAD)."""
+  lanes = (target or CPUTarget()).lanes
   end = _sole_end(k)
   if end is None: return []
-  # about TILE_LANES accumulators: 8 rows x 16 columns for matmul, 16 output channels x 8 output x for the conv2d
-  # workload (56 wide: 8 columns divide it), which runs in 99 ms that way against 218 ms with 8 x 8 (RULEC_SEARCH)
-  row, rows, col, cols = tile_ranges(end, UPCAST_ROWS)
-  if col is not None and cols * UPCAST_ROWS < TILE_LANES:
-    wider = tile_ranges(end, min(MAX_ROWS, TILE_LANES // cols))
+  # about TILE_REGISTERS registers of accumulators: 8 rows x 2 registers for matmul; 16 output channels x 8 output x
+  # for the conv2d workload (56 wide: 8 columns divide it), which runs in 99 ms that way against 218 ms with 8 x 8
+  # (RULEC_SEARCH, 8-lane registers)
+  accumulators = TILE_REGISTERS * lanes
+  row, rows, col, cols = tile_ranges(end, UPCAST_ROWS, column_lanes(lanes))
+  if col is not None and cols * UPCAST_ROWS < accumulators:
+    wider = tile_ranges(end, min(MAX_ROWS, accumulators // cols), column_lanes(lanes))
     if wider[0] is not None: row, rows, col, cols = wider
   out = []
   if col is not None:
@@ -176,4 +196,4 @@ def cl_actions(k: Kernel, target) -> list[Action]:
   return []
 
 
-__all__ = ["cl_actions", "cpu_actions", "gpu_tile", "tile_ranges"]
+__all__ = ["CPUTarget", "cl_actions", "column_lanes", "cpu_actions", "gpu_tile", "tile_ranges"]

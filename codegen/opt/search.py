@@ -28,12 +28,13 @@ def repetitions() -> int:
   except ValueError: return 0
 
 
-def _cpu_candidates(k: Kernel, end) -> list[list[Action]]:
+def _cpu_candidates(k: Kernel, end, target) -> list[list[Action]]:
   out = []
   first = end.src[1].arg[0]
+  most = 2 * choose.TILE_REGISTERS * (target or choose.CPUTarget()).lanes   # accumulators, spills included
   for rows in (4, 8, 16):
     for cols in (8, 16, 32, 64):
-      if rows * cols > 256: continue
+      if rows * cols > most: continue
       row, r, col, c = choose.tile_ranges(end, rows, (cols,))
       if col is None: continue
       acts = [Action("UPCAST", col.arg[0], c)]
@@ -66,9 +67,9 @@ def _cl_candidates(k: Kernel, end, target) -> list[list[Action]]:
 
 def candidates(k: Kernel, device: str, target=None) -> list[tuple[Action, ...]]:
   """The cost model's choice first, then its neighbours that apply to the kernel (at most MAX_CANDIDATES)."""
-  default = tuple(choose.cpu_actions(k) if device == "CPU" else choose.cl_actions(k, target))
+  default = tuple(choose.cpu_actions(k, target) if device == "CPU" else choose.cl_actions(k, target))
   end = k.ast.src[0] if len(k.ast.src) == 1 and k.ast.src[0].op is Ops.END else None
-  more = (_cpu_candidates(k, end) if end is not None else []) if device == "CPU" else _cl_candidates(k, end, target)
+  more = (_cpu_candidates(k, end, target) if end is not None else []) if device == "CPU" else _cl_candidates(k, end, target)
   seen, out = set(), []
   for acts in [default, ()] + [tuple(a) for a in more]:
     if acts in seen: continue
@@ -101,7 +102,7 @@ def best(k: Kernel, device: str, target, timer: Callable[[Kernel], float], key: 
     try: times.append((timer(apply(k, acts, device)), i, acts))
     except Exception as e:   # a candidate the device cannot build or run (too many registers, work-group too large)
       if _debug() >= 2: print(f"[search] {device} kernel {key}: {format_actions(acts)} failed: {type(e).__name__}: {e}", file=sys.stderr)
-  if not times: return tuple(choose.cpu_actions(k) if device == "CPU" else choose.cl_actions(k, target))
+  if not times: return tuple(choose.cpu_actions(k, target) if device == "CPU" else choose.cl_actions(k, target))
   t, _, acts = min(times)
   if _debug() >= 1:
     base = times[0][0] if times[0][1] == 0 else float("nan")

@@ -8,25 +8,31 @@ from engine.dtypes import dtypes
 from engine.uop import UOp
 
 
-# *** exp2 and log2 of float32, in float64 arithmetic (optional: the devices that ask, runtime.kernel.decomposed) ***
+# *** exp2 and log2 of float32 (optional: the devices that ask, runtime.kernel.decomposed) ***
 #
 # libm's exp2f / log2f are calls, one element at a time; these are adds, multiplies, a divide, compares, selects,
-# integer adds and shifts and bitcasts, which LLVM's vectorisers pack four or eight to an instruction. They compute
-# in float64 to within about 2**-50 of the exact value and round once to float32, so a result is the correctly
-# rounded one unless the exact value lies within 2**-50 (relative) of a halfway point between two floats: as libm's
-# nearly always are, and never more than 0.5 + 2**-25 ulp off. Every step is one op, evaluated in the order written
-# (no fma: the renderer emits none without `contract`). The polynomials were fitted for this code (least squares
-# weighted toward minimax relative error, Lawson's iteration) and checked against 50-digit decimal arithmetic.
+# integer adds and shifts and bitcasts, which LLVM's vectorisers pack eight or sixteen to an instruction. exp2 computes
+# in float32 and stays within 1.2 ulp of the exact value (numpy's own float32 exp2: 2.8); float16 through it is
+# numpy's float16 bit for bit (every input checked). log2 computes in float64 to within about 2**-50 of the exact
+# value and rounds once to float32, so it is the correctly rounded float unless the exact value lies within 2**-50
+# (relative) of a halfway point: never more than 0.5 + 2**-25 ulp off (log2 runs once per row of a log_softmax, not
+# per element, so its cost matters less than exactness). Every step is one op, evaluated in the order written (no fma:
+# the renderer emits none without `contract`). The polynomials were fitted for this code (least squares weighted
+# toward minimax relative error, Lawson's iteration) and checked against 50-digit decimal arithmetic.
 
-_F64, _U64 = dtypes.float64, dtypes.uint64
-# 2**r = 1 + r * q(r) for |r| <= 1/2: q's coefficients, constant term first (relative error 2.1e-16 after rounding)
-_EXP2_Q = (0.6931471805599455, 0.24022650695910075, 0.05550410866479511, 0.009618129107614195, 0.0013333558153517308,
-           0.00015403530424571465, 1.5252726295119714e-05, 1.3215453909475663e-06, 1.0181433857773912e-07,
-           7.0703704522827244e-09, 3.921454236692816e-10)
+_F32, _U32, _F64, _U64 = dtypes.float32, dtypes.uint32, dtypes.float64, dtypes.uint64
+# 2**r = 1 + r * q(r) for |r| <= 1/2: q's coefficients, constant term first. Fitted for this code (Lawson's
+# iteration toward the minimax relative error of 1 + r*q): 2.0e-9 relative, 0.03 of a float32 ulp, so the float32
+# rounding of Horner's steps is nearly all of the error (1.19 ulp at most over a dense sweep of every binade, where
+# numpy's own float32 exp2 is up to 2.84 ulp off; tests/test_decomp_exp.py)
+_EXP2_Q = (0.6931472028551726, 0.24022647913615794, 0.055503324709260164, 0.00961843735846597, 0.0013398874487543608,
+           0.00015353361859462734)
 # log(1+f) = 2s + s * z * r(z), s = f / (2 + f), z = s*s <= 0.0295: r's coefficients (relative error 6.9e-16)
 _LOG_R = (0.6666666666666197, 0.40000000011232817, 0.28571424131345247, 0.2222286292125845, 0.18140169926179692,
           0.1662212693486474)
-_ROUND = 6755399441055744.0           # 1.5 * 2**52: x + this has round(x) in its low mantissa bits, for |x| < 2**51
+_ROUND32 = 12582912.0                 # 1.5 * 2**23: x + this has round(x) in its low mantissa bits, for |x| < 2**22
+_ROUND32_BITS = 0x4b400000
+_ROUND = 6755399441055744.0           # 1.5 * 2**52: the same for float64, |x| < 2**51
 _ROUND_BITS = 0x4338000000000000
 _SQRT_HALF_BITS = 0x3fe6a09e667f3bcd  # sqrt(1/2) as a float64
 _INV_LN2 = 1.4426950408889634         # 1 / log(2)
@@ -41,16 +47,19 @@ def _poly(x: UOp, coeffs: tuple[float, ...]) -> UOp:
 
 @rule_helper
 def exp2_bits(x: UOp) -> UOp:
-  """2**x for a float32 x: x = n + r with n = round(x), 2**r by a polynomial, times 2**n from exponent bits."""
-  d = x.cast(_F64)
-  # past these every float32 result is inf or 0; both ends keep n inside float64's normal exponents
-  d = UOp.const(_F64, 130.0).lt(d).where(130.0, d.lt(-152.0).where(-152.0, d))
-  t = d + _ROUND
-  n = t.bitcast(_U64) - _ROUND_BITS     # round(x), as an integer (wrapping: negative n works the same)
-  r = d - (t - _ROUND)                  # exact: |r| <= 1/2
+  """2**x for a float32 x, in float32 (sixteen lanes to an AVX-512 instruction, eight to AVX2: the float64 version
+  this replaced held softmax's exp kernels at three times a copy's time): x = n + r with n = round(x), 2**r by a
+  polynomial, times 2**n from exponent bits in two halves, so that results down in the subnormals round once."""
+  # past these every float32 result is inf or 0; both ends keep the halves of n inside float32's normal exponents
+  d = UOp.const(_F32, 129.0).lt(x).where(129.0, x.lt(-151.0).where(-151.0, x))
+  t = d + _ROUND32
+  r = d - (t - _ROUND32)                # exact: |r| <= 1/2
   p = r * _poly(r, _EXP2_Q) + 1.0
-  # exact in float64 (2**-152 .. 2**130 are normal there); the cast to float32 rounds once, to a subnormal, 0 or inf
-  res = (p * ((n + 1023) << 52).bitcast(_F64)).cast(x.dtype)
+  # n + 256 in [105, 385], unsigned (wrapping subtraction of the bits): halves n1 = floor(n/2), n2 = n - n1 taken
+  # with a logical shift, each with float32's exponent bias 127 added
+  nb = t.bitcast(_U32) - (_ROUND32_BITS - 256)
+  half = nb >> 1
+  res = p * ((half - 1) << 23).bitcast(_F32) * ((nb - half - 1) << 23).bitcast(_F32)
   return x.ne(x).where(x, res)          # NaN stays the input's NaN
 
 
