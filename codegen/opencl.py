@@ -60,7 +60,7 @@ import attrs
 import numpy as np
 
 from engine.alu import wrap
-from codegen.opt.transform import range_kind
+from codegen.opt.transform import contiguous_load, group_vector, range_kind
 from codegen.scoped import ScopedEmitter
 from engine.dtypes import DType, dtypes
 from engine.ops import Ops
@@ -210,6 +210,9 @@ class CLRenderer(ScopedEmitter):
     self.vec_loads: dict[UOp, str] | None = None   # a vector kernel's vector loads, by buffer (None: not one)
     self.vec_lane = 0
     self.vec_n = 0
+    # a vector group step's loads (VECTOR after GROUP), by INDEX node: None outside one
+    self.group_loads: dict[UOp, str] | None = None
+    self.group_lane, self.group_vec_n, self.group_inner = 0, 1, None
     self.set_lanes({})   # (render finds the upcast ranges)
     # index arithmetic in int rather than long when every index value provably fits: GPUs emulate 64-bit integer
     # multiplies and adds with several 32-bit instructions, and a tile's addresses are many of them
@@ -383,6 +386,7 @@ class CLRenderer(ScopedEmitter):
         t = memtype(d, self.target)
         self.line(f"{t}{self.vec_n} {self.vec_loads[p]} = vload{self.vec_n}(wid, {self.ptrs[p]});")
       return self.let(d, f"{self.vec_loads[p]}.s{self.vec_lane:x}")
+    if op is Ops.INDEX and (vl := self._group_vector_load(u)) is not None: return vl
     if op is Ops.INDEX:
       p, idx = u.src
       i = self.value(idx)
@@ -607,19 +611,21 @@ class CLRenderer(ScopedEmitter):
     value, rngs = u.src[0], u.src[1:]
     c = self.ct(d)
     size = math.prod(r.src[0].arg for r in rngs)
-    n_acc = GROUP_ACCS if size >= 2 * GROUP_ACCS * G else 1
+    vec = group_vector(rngs[-1]) if rngs else 1   # elements per step (VECTOR after GROUP), vector loads where contiguous
+    steps = size // vec
+    n_acc = GROUP_ACCS if steps >= 2 * GROUP_ACCS * G else 1
     accs, i, part = [self.tmp("acc") for _ in range(n_acc)], self.tmp("i"), self.tmp("part")
     self.line(f"{c} {', '.join(f'{a} = {ident}' for a in accs)};")
     self.line(f"long {i} = lane;")
     if n_acc > 1:
-      self.line(f"for (; {i} + {(n_acc - 1) * G} < {size}L; {i} += {n_acc * G}) {{")
+      self.line(f"for (; {i} + {(n_acc - 1) * G} < {steps}L; {i} += {n_acc * G}) {{")
       self.depth += 1
-      for j, a in enumerate(accs): self._group_step(op, d, a, value, rngs, i if j == 0 else f"({i} + {j * G})", size)
+      for j, a in enumerate(accs): self._group_step(op, d, a, value, rngs, i if j == 0 else f"({i} + {j * G})", size, vec)
       self.depth -= 1
       self.line("}")
-    self.line(f"for (; {i} < {size}L; {i} += {G}) {{")
+    self.line(f"for (; {i} < {steps}L; {i} += {G}) {{")
     self.depth += 1
-    self._group_step(op, d, accs[0], value, rngs, i, size)
+    self._group_step(op, d, accs[0], value, rngs, i, size, vec)
     self.depth -= 1
     self.line("}")
     for a in accs[1:]: self.line(f"{accs[0]} = {self._combine(op, d, accs[0], a)};")
@@ -632,25 +638,46 @@ class CLRenderer(ScopedEmitter):
     self.line("}")
     return self._reduced(op, d, self.let(d, f"{part}[0]"))
 
-  def _group_step(self, op: Ops, d: DType, acc: str, value: UOp, rngs, flat: str, size: int):
-    """acc combined with the reduce's value at flat index `flat` of its ranges (in a scope of its own)."""
+  def _group_step(self, op: Ops, d: DType, acc: str, value: UOp, rngs, step: str, size: int, vec: int = 1):
+    """acc combined with the reduce's values at flat indices step * vec + 0 .. vec - 1 of its ranges (in a scope of
+    its own). With vec > 1 the innermost range's size is a multiple of vec, so the vec elements share every outer
+    range, and a load contiguous in the innermost range is one vector load whose components the elements take."""
     self.line("{")
     self.depth += 1
     self.scopes.append({})
-    stride = size
-    for r in rngs:
-      n = r.src[0].arg
-      stride //= n
-      e = flat if stride == 1 else f"({flat} / {stride}L)"
-      if stride * n != size: e = f"({e} % {n}L)"
-      v = self.tmp("r")
-      self.line(f"{self.ct(r.dtype)} {v} = ({self.ct(r.dtype)}){e};")
-      self.ranges[r] = v
-    self.line(f"{acc} = {self._combine(op, d, acc, self.value(value))};")
-    for r in rngs: del self.ranges[r]
+    inner = rngs[-1]
+    self.group_loads, self.group_vec_n = ({} if vec > 1 else None), vec
+    for lane in range(vec):
+      flat = step if vec == 1 else f"({step} * {vec}L + {lane})"
+      self.group_lane = lane
+      self.scopes.append({})
+      stride = size
+      for r in rngs:
+        n = r.src[0].arg
+        stride //= n
+        e = flat if stride == 1 else f"({flat} / {stride}L)"
+        if stride * n != size: e = f"({e} % {n}L)"
+        v = self.tmp("r")
+        self.line(f"{self.ct(r.dtype)} {v} = ({self.ct(r.dtype)}){e};")
+        self.ranges[r] = v
+      self.group_inner = inner
+      self.line(f"{acc} = {self._combine(op, d, acc, self.value(value))};")
+      for r in rngs: del self.ranges[r]
+      self.scopes.pop()
+    self.group_loads = None
     self.scopes.pop()
     self.depth -= 1
     self.line("}")
+
+  def _group_vector_load(self, u: UOp) -> str | None:
+    """In a vector group step: element `group_lane` of the vector load u starts at lane 0 (None: u is no such load)."""
+    if self.group_loads is None or not contiguous_load(u, self.group_inner): return None
+    name = self.group_loads.get(u)
+    if name is None:   # (lane 0 comes first: its index is the vector's first element)
+      p, idx = u.src
+      name = self.group_loads[u] = self.tmp("gl")
+      self.line(f"{memtype(u.dtype, self.target)}{self.group_vec_n} {name} = vload{self.group_vec_n}(0, {self.ptrs[p]} + {self.value(idx)});")
+    return self.let(u.dtype, f"{name}.s{self.group_lane:x}")
 
 
 def render(kernel: Kernel, target: Target = Target(), name: str = KERNEL_NAME) -> Rendered:

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from codegen.opt import OptError, format_actions, kernel_key, optimize, parse_actions
 from codegen.opt.transform import apply
+from engine.dtypes import dtypes
 from engine.tensor import Tensor
 from runtime import cpu_device
 from runtime.kernel import decomposed
@@ -224,6 +225,55 @@ def test_any_action_list_on_the_cl_device_is_refused_or_computes_the_same(cl_til
   from runtime import cl_device
   cl_device._by_ast.clear()
   _check_actions("CL", None, name, picks, cl_tiles)
+
+
+@pytest.mark.parametrize("shape, vec, fn", [
+  ((8, 64), 4, lambda x: x.sum(1)),
+  ((5, 48), 2, lambda x: (x * 2 + x[:, :1]).sum(1)),            # a load that is the same for every element of a step
+  ((5, 64), 4, lambda x: (x * 100).cast(dtypes.int32).max(1)),   # a max
+  ((3, 4, 32), 8, lambda x: x.exp().sum((1, 2))),               # two reduce ranges, flattened
+  ((6, 40), 4, lambda x: (x.T.contiguous().T * x).sum(1)),      # a strided load beside a contiguous one
+  ((7, 16), 4, lambda x: x.cast(dtypes.int32).sum(1)),           # integer sums
+  ((1, 1 << 14), 4, lambda x: x.sum()),                         # a split sum's two stages
+])
+def test_group_reductions_with_vector_loads_agree_with_numpy(monkeypatch, shape, vec, fn):
+  # VECTOR after GROUP: each work-item's step reads vec neighbouring elements, with vloadn where a load is
+  # contiguous in the innermost reduce range; forced on PoCL (a CPU device gets neither by default)
+  pytest.importorskip("pyopencl", reason="the CL device needs pyopencl: pip install pyopencl pocl-binary-distribution")
+  from runtime import cl_device
+  try: dev = cl_device.get_device()
+  except cl_device.CLUnavailable as e: pytest.skip(f"no OpenCL device: {e}")
+  x = np.random.default_rng(len(shape) * 7 + vec).standard_normal(shape).astype(np.float32)
+  ks = fn(Tensor(x, device="CL")).schedule()
+  forced, sources = [], []
+  for k in ks:
+    low = decomposed(k, dev.optional)
+    acts = parse_actions(f"GROUP(16) VECTOR({vec})")
+    try: opt = apply(low, acts, "CL")
+    except OptError: continue
+    forced.append(f"{kernel_key(low)}=GROUP(16) VECTOR({vec})")
+    from codegen.opencl import render
+    sources.append(render(opt, "k", dev.target).source)
+  assert forced and all(f"vload{vec}(0, " in src for src in sources)
+  monkeypatch.setenv("RULEC_OPT", "; ".join(forced))
+  cl_device._by_ast.clear()
+  got = fn(Tensor(x, device="CL")).numpy()
+  cl_device._by_ast.clear()
+  ref = fn(Tensor(x, device="NUMPY")).numpy()
+  np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-3)
+
+
+def test_vector_after_group_is_refused_where_it_cannot_apply(fresh):
+  def low(t):
+    return decomposed(t.schedule()[-1])
+  with pytest.raises(OptError, match=r"r\d+ has size 30, which 4 does not divide"):
+    apply(low(Tensor.empty(4, 30).sum(1)), parse_actions("GROUP(16) VECTOR(4)"), "CL")
+  with pytest.raises(OptError, match="no load of the reduction reads neighbouring elements"):
+    apply(low(Tensor.empty(32, 8).sum(0)), parse_actions("GROUP(16) VECTOR(4)"), "CL")
+  with pytest.raises(OptError, match="the kernel reduces"):   # VECTOR first: the elementwise kind, refused
+    apply(low(Tensor.empty(4, 32).sum(1)), parse_actions("VECTOR(4) GROUP(16)"), "CL")
+  with pytest.raises(OptError, match="has vector loads already"):
+    apply(low(Tensor.empty(4, 32).sum(1)), parse_actions("GROUP(16) VECTOR(4) VECTOR(2)"), "CL")
 
 
 def test_the_gpu_tile_is_the_largest_that_still_fills_the_device():

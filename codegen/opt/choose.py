@@ -92,7 +92,11 @@ def tile_ranges(end: UOp, rows_lanes: int,
 
 def _applies(k: Kernel, action: Action, device: str) -> bool:
   """Whether transform.py accepts the action on k: the structural conditions live there, once."""
-  try: apply(k, (action,), device)
+  return _applies_all(k, [action], device)
+
+
+def _applies_all(k: Kernel, actions: list[Action], device: str) -> bool:
+  try: apply(k, tuple(actions), device)
   except OptError: return False
   return True
 
@@ -179,7 +183,13 @@ def cl_actions(k: Kernel, target) -> list[Action]:
   matmul-shaped kernels (UPCAST rows and columns, LOCAL over what is left of each)."""
   if len(k.ast.src) != 1: return []
   g = _group_size(k, target)
-  if g: return [Action("GROUP", None, g)]
+  if g:
+    # with vector loads where the reduction reads contiguous elements (the device's vector width): more bytes in
+    # flight per load instruction
+    acts = [Action("GROUP", None, g)]
+    if target.vector and _applies_all(k, acts + [Action("VECTOR", None, target.vector)], "CL"):
+      acts.append(Action("VECTOR", None, target.vector))
+    return acts
   end = _sole_end(k)
   if end is None: return []
   v = _vector_width(k, end, target)

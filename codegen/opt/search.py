@@ -61,6 +61,7 @@ def _cl_candidates(k: Kernel, end, target) -> list[list[Action]]:
     g = 32
     while g <= target.group:
       out.append([Action("GROUP", None, g)])
+      out += [[Action("GROUP", None, g), Action("VECTOR", None, n)] for n in (2, 4)]
       g *= 2
   return out
 

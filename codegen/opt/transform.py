@@ -9,7 +9,8 @@ kinds; they choose nothing:
   upcast    lanes: the range is unrolled, each lane emitted side by side, sharing reduce loops (UPCAST)
   local     the work-items of one work-group (LOCAL)
   serial    a block loop outside every store loop (KBLOCK's outer part)
-  group:n   a reduce range the work-group of n work-items strides through together (GROUP)
+  group:n   a reduce range the work-group of n work-items strides through together (GROUP); group:n:v on
+            the innermost one: v neighbouring elements per step, with vector loads (VECTOR after GROUP)
   vector:n  the one range of an elementwise kernel, n elements per work-item (VECTOR)
 
 Each action checks that it applies (an OptError says why not, naming the action and the ranges
@@ -39,7 +40,23 @@ def range_kind(r: UOp) -> tuple[str, int | None]:
   """A RANGE's kind and, for group:n / vector:n, its amount."""
   kind = r.arg[1] if isinstance(r.arg, tuple) and len(r.arg) > 1 else "loop"
   name, _, amount = str(kind).partition(":")
-  return name, (int(amount) if amount else None)
+  return name, (int(amount.partition(":")[0]) if amount else None)
+
+
+def group_vector(r: UOp) -> int:
+  """Elements per load of a group reduction's innermost range (group:n:v, VECTOR on a GROUP kernel), else 1."""
+  kind = r.arg[1] if isinstance(r.arg, tuple) and len(r.arg) > 1 else "loop"
+  parts = str(kind).split(":")
+  return int(parts[2]) if parts[0] == "group" and len(parts) > 2 else 1
+
+
+def contiguous_load(u: UOp, r: UOp) -> bool:
+  """u is a load of 4-byte elements whose index is r itself or (something without r) + r, proven inside its
+  buffer (not clamped): v neighbouring values of r read v neighbouring elements, one vector load."""
+  if u.op is not Ops.INDEX or u.arg is not None or u.dtype not in VECTOR_DTYPES: return False
+  idx = u.src[1]
+  if idx is r: return True
+  return idx.op is Ops.ADD and any(a is r and r not in b.toposort() for a, b in (idx.src, idx.src[::-1]))
 
 
 def size(r: UOp) -> int: return r.src[0].arg
@@ -160,9 +177,11 @@ class _Applier:
     self._mark({r for u in reduces for r in u.src[1:]}, f"group:{n}")
 
   def vector(self, a: Action) -> None:
-    end = _sole_end(self.ast, a)
     n = a.amount
     if n not in VECTOR_WIDTHS: raise OptError(f"{a}: a vector has {', '.join(map(str, VECTOR_WIDTHS))} elements")
+    groups = [u for u in self.ast.toposort() if u.op is Ops.RANGE and range_kind(u)[0] == "group"]
+    if groups: return self._vector_group(a, groups)
+    end = _sole_end(self.ast, a)
     if len(end.src) != 2 or range_kind(end.src[1])[0] != "loop":
       raise OptError(f"{a}: takes an elementwise kernel over one range (this one stores over {_names(end.src[1:])})")
     r = end.src[1]
@@ -175,6 +194,21 @@ class _Applier:
     self._mark([r], f"vector:{n}")
 
 
+  def _vector_group(self, a: Action, groups: list[UOp]) -> None:
+    """After GROUP: each work-item's step takes n neighbouring elements of the reduction, read with vector loads
+    where a load is contiguous in the innermost reduce range (more bytes in flight per load on a GPU)."""
+    n = a.amount
+    reduces = [u for u in self.ast.toposort() if u.op is Ops.REDUCE]
+    inner = {u.src[-1] for u in reduces}
+    if any(group_vector(r) > 1 for r in groups): raise OptError(f"{a}: the group reduction has vector loads already")
+    for r in inner:
+      if size(r) % n: raise OptError(f"{a}: the innermost reduce range r{r.arg[0]} has size {size(r)}, which {n} does not divide")
+    if not any(contiguous_load(x, r) for u in reduces for x in u.src[0].toposort() for r in (u.src[-1],)):
+      raise OptError(f"{a}: no load of the reduction reads neighbouring elements along its innermost range")
+    g = range_kind(next(iter(inner)))[1]
+    self._mark(inner, f"group:{g}:{n}")
+
+
 def apply(kernel: Kernel, actions, device: str) -> Kernel:
   """The kernel with `actions` applied in order (an OptError when one does not apply)."""
   if not actions: return kernel
@@ -182,9 +216,9 @@ def apply(kernel: Kernel, actions, device: str) -> Kernel:
   for a in actions: ap.apply(a)
   kinds = {range_kind(u)[0] for u in ap.ast.toposort() if u.op is Ops.RANGE}
   if "group" in kinds and kinds & {"upcast", "local", "vector"}:
-    raise OptError("GROUP cannot be combined with UPCAST, LOCAL or VECTOR")
+    raise OptError("GROUP cannot be combined with UPCAST or LOCAL (or with VECTOR before it)")
   if "vector" in kinds and len(kinds) > 1: raise OptError("VECTOR cannot be combined with other actions")
   return Kernel(ap.ast, kernel.bufs)
 
 
-__all__ = ["DEVICE_ACTIONS", "MAX_LANES", "apply", "range_kind"]
+__all__ = ["DEVICE_ACTIONS", "MAX_LANES", "apply", "contiguous_load", "group_vector", "range_kind"]
