@@ -872,6 +872,31 @@ def test_realize_replaces_the_graph_with_a_buffer_view():
   assert engine_realize.realize([u]) == [u]
 
 
+def test_values_realized_together_are_values_of_their_own():
+  # (found by tests/fuzz_programs.py, seed 7001) each tensor realized in one call keeps its own value: a later
+  # assign into one of them shows in no other
+  a = Tensor.full((1, 4, 4), 0, dtype="int16")
+  doubled = a * 2                      # read a constant that is itself realized (made a buffer) in the same call
+  same = a >= a                        # folds to a constant of a's shape
+  Tensor.realize(a, doubled, same)
+  a.assign(Tensor.full((1, 4, 4), 7, dtype="int16")).realize()
+  assert a.numpy().ravel().tolist() == [7] * 16
+  assert doubled.numpy().ravel().tolist() == [0] * 16
+  assert same.numpy().shape == (1, 4, 4) and same.numpy().all()
+  x = Tensor([[1.0, -2.0], [3.0, 4.0]])
+  m = x.min(keepdim=True)
+  d = m.detach()
+  c = d.contiguous()                   # a copy of a lazy value, realized beside it
+  Tensor.realize(m, c, d)
+  c.assign(Tensor([[-7.0]])).realize()
+  assert c.tolist() == [[-7.0]] and d.tolist() == [[-2.0]] and m.tolist() == [[-2.0]]
+  b = Tensor([[True, False], [True, True]])
+  e = (~b == False).contiguous()       # a copy that other outputs read (its readers stay outputs of their own)
+  up, plus = e.cast(dtypes.int32) * 1, True + e.T
+  up.realize(plus, e)
+  assert up.tolist() == [[1, 0], [1, 1]] and plus.tolist() == [[True, True], [True, True]] and e.tolist() == [[True, False], [True, True]]
+
+
 def test_item_tolist_len_iter_bool_repr():
   t = Tensor([[1, 2], [3, 4]])
   assert len(t) == 2 and [r.tolist() for r in t] == [[1, 2], [3, 4]]

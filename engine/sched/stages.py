@@ -3,6 +3,8 @@ nodes and the outputs wrapped in STAGE; constants placed on a device), and one g
 in Python: reads of overwritten buffers redirected to snapshots. Also the ctx of `reuse_copies` (early.rules)."""
 from __future__ import annotations
 
+import itertools
+
 from engine.ops import ALU, MOVEMENT, Ops
 from engine.uop import UOp
 
@@ -13,15 +15,23 @@ class Rebuilt:
   A post-order pass shows its rules each node rebuilt over its rewritten sources; `key(x)` is the node it
   was: x with every source taken back to its original, and every replacement the rules `record`ed taken back
   to the node it replaced (nodes are hash-consed, so an unchanged node is its own key). A node is replaced
-  once: a wrapper (STAGE(x)) has x among its sources, which the pass visits again."""
-  def __init__(self):
+  once: a wrapper (STAGE(x)) has x among its sources, which the pass visits again.
+
+  One replacement may stand for several originals (`CONTIGUOUS(STAGE(x)) -> STAGE(x)`: the stage is both x and
+  the copy of x); a node over it is taken back to the choice that was a node of the graph the pass started
+  from (`sink`), so readers of x and readers of the copy are both still recognised."""
+  def __init__(self, sink: UOp | None = None):
     self._key: dict[UOp, UOp] = {}
+    self._alts: dict[UOp, list[UOp]] = {}   # replacement -> every original it stands for, the first first
     self._replaced: set[UOp] = set()
+    self._orig: set[UOp] | None = set(sink.toposort()) if sink is not None else None
 
   def record(self, old: UOp, new: UOp) -> UOp:
     """`new` replaces `old`: the replacement, remembered as standing for old's original."""
     k = self.key(old)
-    self._key[new] = k
+    first = self._key.get(new)
+    if first is None or self._orig is None: self._key[new] = k
+    elif k is not first: self._alts.setdefault(new, [first]).append(k)
     self._replaced.add(k)
     return new
 
@@ -35,6 +45,11 @@ class Rebuilt:
     for u in x.toposort(gate=lambda u: u not in self._key):
       if u in self._key: continue
       src = tuple(self._key[s] for s in u.src)
+      if self._alts and any(s in self._alts for s in u.src):
+        for combo in itertools.product(*(self._alts.get(s, (k,)) for s, k in zip(u.src, src))):
+          if UOp(u.op, u.dtype, combo, u.arg, u.tag) in self._orig:
+            src = combo
+            break
       self._key[u] = u if all(a is b for a, b in zip(src, u.src)) else UOp(u.op, u.dtype, src, u.arg, u.tag)
     return self._key[x]
 
@@ -48,7 +63,7 @@ class StagePlan(Rebuilt):
   value's stage, and a copy of a view of a buffer stages the copy itself, so the view (an assign's target,
   say) stays what it is everywhere else."""
   def __init__(self, sink: UOp, staged: set[UOp], devices: list[str]):
-    super().__init__()
+    super().__init__(sink)
     self.staged = staged
     self._outputs: dict[UOp, str] = {}   # node -> device of the buffer its output stage writes
     self._empty: dict[UOp, str] = {}

@@ -201,9 +201,14 @@ class TensorBase:
       if id(t) not in seen and not _multi.is_realized(t.uop): seen.add(id(t)); todo.append(t)
     if todo:
       # two tensors holding one (hash-consed) graph get a buffer each: an assign into one must not show in the other
-      uops, firsts = [], set()
+      # and so does a copy (contiguous()) of a lazy value realized beside it: the scheduler would otherwise store
+      # the value once and let both tensors hold that buffer
+      uops, firsts, held = [], set(), {t.uop for t in todo}
       for t in todo:
-        uops.append(t.uop if t.uop not in firsts else UOp(Ops.CONTIGUOUS, t.dtype, (t.uop,), tag="copy"))
+        u = t.uop
+        if u in firsts: u = UOp(Ops.CONTIGUOUS, t.dtype, (u,), tag="copy")
+        elif u.op is Ops.CONTIGUOUS and u.tag is None and u.src[0] in held: u = UOp(Ops.CONTIGUOUS, u.dtype, u.src, tag="copy")
+        uops.append(u)
         firsts.add(t.uop)
       # (a device set's parts say where they live: the device here is for values that live nowhere)
       done = _engine.realize_map(uops, [t.device if isinstance(t.device, str) else t.device[0] for t in todo])
