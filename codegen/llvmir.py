@@ -418,12 +418,26 @@ class LLVMRenderer(ScopedEmitter):
       return b.icmp_unsigned("!=", v, ir.Constant(v.type, 0))
     if sd.kind == "b": return b.uitofp(v, to) if d.kind == "f" else b.zext(v, to)
     if sd.kind == "f" and d.kind == "f": return b.fpext(v, to) if _fbits(d) > _fbits(sd) else b.fptrunc(v, to)
-    if d.kind == "f": return b.uitofp(v, to) if sd.kind == "u" else b.sitofp(v, to)
+    if d.kind == "f": return self._unsigned_to_float(v, to) if sd.kind == "u" else b.sitofp(v, to)
     if sd.kind == "f": return self._float_to_int(v, to, wraps=True)
     # int -> int
     if to.width < v.type.width: return b.trunc(v, to)
     if to.width > v.type.width: return b.zext(v, to) if sd.kind == "u" else b.sext(v, to)
     return v
+
+  def _unsigned_to_float(self, v, to):
+    """uitofp, written as signed conversions for 32- and 64-bit sources: LLVM 22's SLP vectoriser narrows
+    `uitofp (sext i16 x to i64)` to `uitofp (sext i16 x to i32)` (wrong for negative x: 2**32 - 3 instead of
+    2**64 - 3; int16 -> uint64 -> float32 in Tensor.stack, found by tests/fuzz_programs.py). A source narrower than
+    the float's mantissa widens and converts exactly; otherwise a value below 2**(w-1) converts as a signed one, and
+    above, its half (the low bit kept as a sticky bit, so that it rounds the same) converts and doubles."""
+    b, w = self.b, v.type.width
+    if w < (24 if to == ir.FloatType() else 53):   # every value fits the float's mantissa: widen, convert exactly
+      return b.sitofp(b.zext(v, ir.IntType(2 * w)), to)
+    small = b.sitofp(v, to)
+    half = b.or_(b.lshr(v, ir.Constant(v.type, 1)), b.and_(v, ir.Constant(v.type, 1)))
+    big = b.fmul(b.sitofp(half, to), ir.Constant(to, 2.0))
+    return b.select(b.icmp_signed("<", v, ir.Constant(v.type, 0)), big, small)
 
   def _float_to_int(self, v, to: ir.IntType, wraps: bool):
     # engine/alu.py: non-finite -> 0, else truncate toward zero and wrap to the width

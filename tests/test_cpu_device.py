@@ -398,3 +398,26 @@ def test_float16_under_the_baseline_target(tmp_path):
     ref = on("NUMPY", x, d, fn)
     if exact: same_bits(got[name], ref, name)
     else: np.testing.assert_allclose(got[name].astype(np.float64), ref.astype(np.float64), rtol=2e-3, atol=2e-3, err_msg=name)
+
+
+@pytest.mark.parametrize("n", [8, 32])
+def test_signed_to_unsigned_to_float_in_vector_code(n):
+  # LLVM 22's SLP vectoriser narrows `uitofp (sext i16 x to i64)` to `uitofp (sext i16 x to i32)`, wrong for negative
+  # x (found by tests/fuzz_programs.py: Tensor.stack of an int16 and its uint64 cast): the renderer writes unsigned
+  # conversions with signed ones (codegen/llvmir.py _unsigned_to_float). Every pair of a signed source, an unsigned
+  # middle and a float, in the stacked form that vectorises, is numpy's value exactly
+  rng = np.random.default_rng(n)
+  for sdt in (np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint32):
+    info = np.iinfo(sdt)
+    edge = [info.min, info.max, -1 if info.min < 0 else 0, 0, 1]
+    x = np.resize(np.concatenate([edge, rng.integers(info.min, info.max, n, endpoint=True, dtype=np.int64)]), n).astype(sdt)
+    for udt in ("uint8", "uint16", "uint32", "uint64"):
+      for fdt in ("float32", "float64"):
+        t = Tensor(x, device="CPU")
+        got = Tensor.stack(t.cast(fdt), t.cast(udt).cast(fdt)).numpy()[1]
+        np.testing.assert_array_equal(got, x.astype(udt).astype(fdt), err_msg=f"{np.dtype(sdt).name} -> {udt} -> {fdt}")
+  big = np.array([2**63 - 1, 2**63, 2**63 + 1, 2**64 - 1, 2**64 - 1025, 2**53 + 1, 2**31, 2**32 - 1], np.uint64)
+  for fdt in ("float32", "float64"):   # rounding of the large half: the sticky low bit
+    np.testing.assert_array_equal(Tensor(big, device="CPU").cast(fdt).numpy(), big.astype(fdt))
+    u32 = big.astype(np.uint32)
+    np.testing.assert_array_equal(Tensor(u32, device="CPU").cast(fdt).numpy(), u32.astype(fdt))
