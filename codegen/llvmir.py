@@ -43,6 +43,7 @@ from codegen.opt.transform import range_kind
 from codegen.scoped import ScopedEmitter
 from engine.dtypes import DType, dtypes
 from engine.ops import Ops
+from engine.rewrite import substitute
 from engine.sched.indexing import identity_element
 from engine.uop import UOp
 from runtime.kernel import Kernel
@@ -242,7 +243,9 @@ class LLVMRenderer(ScopedEmitter):
     # a reduce that depends on no loop around it (a whole-tensor max under the loop that compares with it) is
     # computed once, before any loop, instead of once per iteration of loops it does not depend on
     ups, self.ups = self.ups, {}
-    for r in _invariant_reduces(self.k.ast): self.value(r)
+    levels = _reduce_levels(self.k.ast)
+    self._same_reduce: dict = {}
+    for r in levels.get(None, ()): self._hoisted(r)
     self.ups = ups
     for st in stores:
       loops = []
@@ -250,6 +253,9 @@ class LLVMRenderer(ScopedEmitter):
         for r in st.src[1:]:
           if r in self.ups: continue
           loops.append(self.open_loop(r, self.start, self.end) if r is self.split_range else self.open_loop(r))
+          # a reduce that depends on this loop and on none opened later (a softmax row's max and sum, hoisted into
+          # the kernel that reads them per element: rules/fusion.rules hoist_row_reduce) once per iteration of it
+          for red in levels.get(r, ()): self._hoisted(red)
         st = st.src[0]
       target, value = st.src
       p, idx = target.src
@@ -261,6 +267,15 @@ class LLVMRenderer(ScopedEmitter):
     return _with_loop_metadata(str(self.module))
 
   def lane_value(self, i: int): return ir.Constant(_I64, i)
+
+  def _hoisted(self, red: UOp) -> None:
+    """A hoisted reduce's value in the current scope: an earlier one that differs only in the names of its own
+    ranges (a fused softmax reads its row max in the sum and in the quotient, each with ranges of its own) is the
+    same value, computed once."""
+    same = self._same_reduce.setdefault(_renamed(red), red)
+    self.scopes[-1][red] = self.lookup(same) if same is not red and self._known(same) else self.value(red)
+
+  def _known(self, u: UOp) -> bool: return any(u in sc for sc in self.scopes)
 
   def _store(self, p: UOp, idx, v, d: DType):
     ptr = self.b.gep(self.ptrs[p], [idx], inbounds=True, source_etype=memtype(d))
@@ -547,17 +562,35 @@ def _guarded_reduce(value: UOp) -> bool:
   return f.op is Ops.CONST and f.arg == 0 and any(n.op is Ops.REDUCE for n in value.src[1].toposort())
 
 
-def _invariant_reduces(ast: UOp) -> list[UOp]:
-  """The REDUCEs nested in a loop whose value depends on no range but their own (and those of reduces
-  inside them), sources first. A reduce straight under a store that has no loops needs no hoisting."""
+def _renamed(red: UOp) -> UOp:
+  """red with the ranges it and the reduces inside it reduce over renamed by order of appearance: equal for two
+  reduces that compute the same value over ranges of their own."""
+  own = [r for u in red.toposort() if u.op is Ops.REDUCE for r in u.src[1:]]
+  return substitute(red, {r: UOp.range(r.src[0], -1 - i, range_kind(r)[0]) for i, r in enumerate(dict.fromkeys(own))})
+
+
+def _reduce_levels(ast: UOp) -> dict:
+  """Where reduces nested under a store's loops are computed: {None: those that depend on no range but their own
+  (and those of reduces inside them: a whole-tensor max under the loop that compares with it), computed before any
+  loop; r: those whose innermost free range in the store's loop order is r, computed right after r's loop opens},
+  sources first. Only for a kernel with one store, and never a reduce over upcast lanes (its lanes differ) or one
+  straight under the store (it is computed where it is stored) or one free in the innermost loop (no gain)."""
+  stores = list(ast.src)
+  order = stores[0].src[1:] if len(stores) == 1 and stores[0].op is Ops.END else ()
+  pos = {r: i for i, r in enumerate(order)}
+  direct = {(st.src[0] if st.op is Ops.END else st).src[1] for st in stores}
   free: dict[UOp, frozenset] = {}
-  out: list[UOp] = []
+  out: dict = {}
   for u in ast.toposort():
     if u.op is Ops.RANGE: free[u] = frozenset((u,))
     else:
       f = frozenset().union(*(free[s] for s in u.src)) if u.src else frozenset()
       free[u] = f - frozenset(u.src[1:]) if u.op is Ops.REDUCE else f
-      if u.op is Ops.REDUCE and not free[u]: out.append(u)
+      if u.op is not Ops.REDUCE: continue
+      if not free[u]: out.setdefault(None, []).append(u)
+      elif u not in direct and all(r in pos and range_kind(r)[0] in ("loop", "thread", "serial") for r in free[u]):
+        inner = max(free[u], key=pos.__getitem__)
+        if pos[inner] < len(order) - 1: out.setdefault(inner, []).append(u)
   return out
 
 

@@ -24,9 +24,10 @@ from runtime import cpu_device, kernel_cache
 c = float(sys.argv[1])
 x = np.linspace(-4, 4, 32 * 48, dtype=np.float32).reshape(32, 48)
 t = Tensor(x, device="CPU")
-got = (t * c).softmax(-1).numpy(), (t * c + 1.5).numpy()
+got = (t * c).softmax(-1).numpy(), (t * c + 1.5).numpy(), (t * c).max(0).numpy(), (t - c).sum(1).numpy()
 e = np.exp(x * np.float32(c) - (x * np.float32(c)).max(-1, keepdims=True))
 ok = np.allclose(got[0], e / e.sum(-1, keepdims=True), rtol=1e-5, atol=1e-7) and np.array_equal(got[1], x * np.float32(c) + 1.5)
+ok = ok and np.array_equal(got[2], (x * np.float32(c)).max(0)) and np.allclose(got[3], (x - np.float32(c)).sum(1), rtol=1e-5)
 print(json.dumps({**cpu_device.COUNTERS, "stats": kernel_cache.STATS, "ok": bool(ok)}))
 """
 

@@ -130,7 +130,9 @@ def test_debug_output_names_every_pass(tmp_path):
   env = subprocess_env(RULEC_DEBUG="1")
   out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
   for p in ("earliest", "prepare", "fusion", "realize", "rangeify", "symbolic"): assert f"[schedule] {p}" in out
-  assert "[schedule] 3 kernels" in out
+  # one kernel where the device computes the row's max and sum once per row inside it (CPU, NUMPY), else three
+  from runtime.devices import default_device
+  assert f"[schedule] {1 if default_device() in ('CPU', 'NUMPY') else 3} kernels" in out
 
 
 def test_kernel_buffer_limit(monkeypatch):

@@ -218,13 +218,16 @@ def test_contiguous_of_a_view_copies():
 
 
 @pytest.mark.parametrize("axis", [0, 1])
-def test_a_nan_aware_max_and_its_consumer_are_two_kernels(axis):
-  # both reduces of numpy's NaN-propagating max are stored by one kernel (the WHERE over them), not one each
+def test_a_nan_aware_max_and_its_consumer_are_at_most_two_kernels(axis):
+  # both reduces of numpy's NaN-propagating max are stored by one kernel (the WHERE over them), not one each; or,
+  # where the device hoists a row's value (CPU, NUMPY) and the max is over the last axis, both are computed once per
+  # row inside the kernel that reads them
   a = arr(6, 9)
   a[2, 3] = np.nan
   x = Tensor(a).realize()
   am, mx = x.argmax(axis=axis), (x * 2).max(axis=axis, keepdim=True) - x
-  assert len(kernels(am)) == 2 and len(kernels(mx)) == 2
+  row = x.device in ("CPU", "NUMPY") and axis == 1
+  assert len(kernels(am)) == (1 if row else 2) and len(kernels(mx)) == (1 if row else 2)
   np.testing.assert_array_equal(am.numpy(), np.argmax(a, axis))
   np.testing.assert_array_equal(mx.numpy(), (a * 2).max(axis, keepdims=True) - a)
 

@@ -129,6 +129,33 @@ class FusionFacts:
     v, seen = self._sole_chain(x, (Ops.PERMUTE, Ops.RESHAPE))
     return v if Ops.PERMUTE in seen else None
 
+  def row_value(self, x: UOp) -> bool:
+    """x is read only broadcast along trailing axes of size 1 (a keepdim reduce over the last axes: a softmax row's
+    max or sum, a layernorm's mean): every path from x to where its readers are stored or reduced goes through
+    elementwise ops and EXPANDs of those trailing axes only, and any reduce on the way reduces only them. A kernel
+    computing x's readers then loops over x's own axes outside the broadcast ones, so x depends on outer loops
+    only: computed there (codegen/llvmir.py _reduce_levels), it costs once per row."""
+    shape = x.shape
+    if not shape or shape[-1] != 1: return False
+    lead = len(shape)
+    while lead and shape[lead - 1] == 1: lead -= 1
+    outputs = set(self.sink.src)
+    seen, todo = set(), [x]
+    while todo:
+      v = todo.pop()
+      if v in seen: continue
+      seen.add(v)
+      if v is not x and (v in self.staged or v in outputs): continue
+      for u in self._users.get(v, []):
+        if u.op is Ops.EXPAND:
+          if len(u.shape) != len(shape) or u.shape[:lead] != shape[:lead]: return False
+        elif u.op is Ops.REDUCE_AXIS:
+          if any(a < lead for a in u.arg[1]): return False
+          continue   # (a reduce of the broadcast axes: its own decision)
+        elif not (u.op in ALU or u.op in (Ops.CAST, Ops.BITCAST)) or u.shape[:lead] != shape[:lead]: return False
+        todo.append(u)
+    return True
+
   def reads(self, x: UOp) -> int:
     """How many buffers recomputing x reads (inputs, realized values, stores chosen so far)."""
     return self._region(x)[0]
@@ -145,8 +172,11 @@ class FusionFacts:
     if hit is None:
       reads, reduce = set(), False
       stop = lambda x: x in self.staged or x.op in (Ops.CONTIGUOUS, Ops.BUFFER)  # noqa: E731
-      for x in u.toposort(gate=lambda x: x is u or not stop(x)):
+      # (a hoisted value is computed once in the kernel that reads it, however often it is read: recomputing u
+      # does not recompute the reduces inside it)
+      for x in u.toposort(gate=lambda x: x is u or not (stop(x) or x in self.hoisted)):
         if x is not u and stop(x): reads.add(x)
+        elif x is not u and x in self.hoisted: reads.update(b for b in x.toposort() if stop(b))
         elif x.op is Ops.REDUCE_AXIS: reduce = True
       hit = self._regions[u] = (len(reads), reduce)
     return hit
