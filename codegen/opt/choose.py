@@ -26,6 +26,10 @@ CPU_LANES = 8               # float32 lanes of a vector register, where no CPUTa
 UPCAST_ROWS = 8
 TILE_REGISTERS = 16         # accumulators, in registers: narrower columns get more rows, up to MAX_ROWS
 MAX_ROWS = 16
+# ... but at most this many lanes where the reduce runs over several ranges (a convolution's channels x kernel
+# window): every lane is code of its own, and a 256-lane 3x3 convolution tile doubled rulec demo's compile time of
+# its conv block (262 -> 433 ms) for no speed the demo could see
+BODY_TILE_LANES = 128
 K_BLOCK_BYTES = 512 << 10   # the block of the second matrix one block of the reduction reads: fits in L2 ...
 # ... half that with 16-lane tiles: RULEC_SEARCH chose 64-long blocks over 128 for the 1024^3 matmul in both of
 # two runs here (9.6 against 10.0 ms, 7.9 against 8.8), the block loop then re-reading C twice as often
@@ -116,6 +120,10 @@ def _k_block(k: Kernel, end: UOp, cols: int, nbytes: int = K_BLOCK_BYTES) -> int
   return block if 16 <= block < n and _applies(k, Action("KBLOCK", red.src[1].arg[0], block), "CPU") else 0
 
 
+def _reduce_ranges(end: UOp) -> int:
+  return max((len(u.src) - 1 for u in end.src[0].toposort() if u.op is Ops.REDUCE), default=0)
+
+
 def cpu_actions(k: Kernel, target: CPUTarget | None = None) -> list[Action]:
   """Register tiles (UPCAST rows and columns), a blocked reduction (KBLOCK) and the thread split (THREAD)."""
   lanes = (target or CPUTarget()).lanes
@@ -125,9 +133,11 @@ def cpu_actions(k: Kernel, target: CPUTarget | None = None) -> list[Action]:
   # for the conv2d workload (56 wide: 8 columns divide it), which runs in 99 ms that way against 218 ms with 8 x 8
   # (RULEC_SEARCH, 8-lane registers)
   accumulators = TILE_REGISTERS * lanes
-  row, rows, col, cols = tile_ranges(end, UPCAST_ROWS, column_lanes(lanes))
+  if _reduce_ranges(end) > 1: accumulators = min(accumulators, BODY_TILE_LANES)
+  widths = tuple(c for c in column_lanes(lanes) if c * UPCAST_ROWS <= accumulators) or column_lanes(lanes)[-1:]
+  row, rows, col, cols = tile_ranges(end, UPCAST_ROWS, widths)
   if col is not None and cols * UPCAST_ROWS < accumulators:
-    wider = tile_ranges(end, min(MAX_ROWS, accumulators // cols), column_lanes(lanes))
+    wider = tile_ranges(end, min(MAX_ROWS, accumulators // cols), widths)
     if wider[0] is not None: row, rows, col, cols = wider
   out = []
   if col is not None:
