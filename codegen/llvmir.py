@@ -273,9 +273,8 @@ class LLVMRenderer(ScopedEmitter):
     ranges (a fused softmax reads its row max in the sum and in the quotient, each with ranges of its own) is the
     same value, computed once."""
     same = self._same_reduce.setdefault(_renamed(red), red)
-    self.scopes[-1][red] = self.lookup(same) if same is not red and self._known(same) else self.value(red)
-
-  def _known(self, u: UOp) -> bool: return any(u in sc for sc in self.scopes)
+    got = self.lookup(same) if same is not red else None
+    self.scopes[-1][red] = got if got is not None else self.value(red)
 
   def _store(self, p: UOp, idx, v, d: DType):
     ptr = self.b.gep(self.ptrs[p], [idx], inbounds=True, source_etype=memtype(d))

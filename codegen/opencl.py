@@ -60,11 +60,12 @@ import attrs
 import numpy as np
 
 from engine.alu import wrap
-from codegen.opt.transform import contiguous_load, group_vector, range_kind
+from codegen.opt.transform import contiguous_offset, group_vector, range_kind
 from codegen.scoped import ScopedEmitter
 from engine.dtypes import DType, dtypes
 from engine.ops import Ops
 from engine.sched.indexing import identity_element
+from engine.sched.symbolic_helpers import multiple_of
 from engine.uop import UOp
 from runtime.kernel import Kernel
 
@@ -645,8 +646,7 @@ class CLRenderer(ScopedEmitter):
     self.line("{")
     self.depth += 1
     self.scopes.append({})
-    inner = rngs[-1]
-    self.group_loads, self.group_vec_n = ({} if vec > 1 else None), vec
+    self.group_loads, self.group_vec_n, self.group_inner = ({} if vec > 1 else None), vec, rngs[-1]
     for lane in range(vec):
       flat = step if vec == 1 else f"({step} * {vec}L + {lane})"
       self.group_lane = lane
@@ -660,7 +660,6 @@ class CLRenderer(ScopedEmitter):
         v = self.tmp("r")
         self.line(f"{self.ct(r.dtype)} {v} = ({self.ct(r.dtype)}){e};")
         self.ranges[r] = v
-      self.group_inner = inner
       self.line(f"{acc} = {self._combine(op, d, acc, self.value(value))};")
       for r in rngs: del self.ranges[r]
       self.scopes.pop()
@@ -679,27 +678,17 @@ class CLRenderer(ScopedEmitter):
 
   def _group_vector_load(self, u: UOp) -> str | None:
     """In a vector group step: element `group_lane` of the vector load u starts at lane 0 (None: u is no such load)."""
-    if self.group_loads is None or not contiguous_load(u, self.group_inner): return None
+    if self.group_loads is None or (offset := contiguous_offset(u, self.group_inner)) is None: return None
     name = self.group_loads.get(u)
     if name is None:   # (lane 0 comes first: its index is the vector's first element)
       p, idx = u.src
       name = self.group_loads[u] = self.tmp("gl")
       t, n = memtype(u.dtype, self.target), self.group_vec_n
       start = self.value(idx)
-      if _multiple_of(idx.src[0] if idx.op is Ops.ADD and idx.src[1] is self.group_inner else
-                      idx.src[1] if idx.op is Ops.ADD else None, n):   # the vector's first element is aligned
+      if multiple_of(offset, n):   # (and lane 0's innermost index is one): the vector's first element is aligned
         self.line(f"{t}{n} {name} = {self._aligned(p, t, n)}[({start}) / {n}];")
       else: self.line(f"{t}{n} {name} = vload{n}(0, {self.ptrs[p]} + {start});")
     return self.let(u.dtype, f"{name}.s{self.group_lane:x}")
-
-
-def _multiple_of(u: UOp | None, n: int) -> bool:
-  """u (an index expression; None: 0) is a multiple of n for every value of its ranges."""
-  if u is None: return True
-  if u.op is Ops.CONST: return u.arg % n == 0
-  if u.op is Ops.MUL: return any(_multiple_of(s, n) for s in u.src)
-  if u.op is Ops.ADD: return all(_multiple_of(s, n) for s in u.src)
-  return False
 
 
 def render(kernel: Kernel, target: Target = Target(), name: str = KERNEL_NAME) -> Rendered:

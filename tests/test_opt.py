@@ -180,16 +180,22 @@ def _cl_dev():
 
 
 @pytest.fixture
-def cl_tiles(monkeypatch):
+def cl_dev():
+  """The CL device (the test is skipped, saying why, where there is none)."""
+  pytest.importorskip("pyopencl", reason="the CL device needs pyopencl: pip install pyopencl pocl-binary-distribution")
+  from runtime import cl_device
+  try: return cl_device.get_device()
+  except cl_device.CLUnavailable as e: pytest.skip(f"no OpenCL device: {e}")
+
+
+@pytest.fixture
+def cl_tiles(monkeypatch, cl_dev):
   """Kernels rendered for the CL device with register tiles in work-groups of up to 256, as on a GPU (and no group
   reductions, which a GPU gives small outputs of long sums instead)."""
-  pytest.importorskip("pyopencl", reason="the CL device needs pyopencl: pip install pyopencl pocl-binary-distribution")
   import attrs
 
   from runtime import cl_device
-  try: dev = cl_device.get_device()
-  except cl_device.CLUnavailable as e: pytest.skip(f"no OpenCL device: {e}")
-  monkeypatch.setattr(dev, "target", attrs.evolve(dev.target, tile=256, group=0, units=int(os.environ.get("TEST_UNITS", "0")) or dev.target.units))
+  monkeypatch.setattr(cl_dev, "target", attrs.evolve(cl_dev.target, tile=256, group=0, units=int(os.environ.get("TEST_UNITS", "0")) or cl_dev.target.units))
   cl_device._by_ast.clear()
   yield monkeypatch
   cl_device._by_ast.clear()
@@ -237,24 +243,21 @@ def test_any_action_list_on_the_cl_device_is_refused_or_computes_the_same(cl_til
   ((7, 16), 4, lambda x: x.cast(dtypes.int32).sum(1)),           # integer sums
   ((1, 1 << 14), 4, lambda x: x.sum()),                         # a split sum's two stages
 ])
-def test_group_reductions_with_vector_loads_agree_with_numpy(monkeypatch, shape, vec, fn):
+def test_group_reductions_with_vector_loads_agree_with_numpy(monkeypatch, cl_dev, shape, vec, fn):
   # VECTOR after GROUP: each work-item's step reads vec neighbouring elements, with vloadn where a load is
   # contiguous in the innermost reduce range; forced on PoCL (a CPU device gets neither by default)
-  pytest.importorskip("pyopencl", reason="the CL device needs pyopencl: pip install pyopencl pocl-binary-distribution")
   from runtime import cl_device
-  try: dev = cl_device.get_device()
-  except cl_device.CLUnavailable as e: pytest.skip(f"no OpenCL device: {e}")
   x = np.random.default_rng(len(shape) * 7 + vec).standard_normal(shape).astype(np.float32)
   ks = fn(Tensor(x, device="CL")).schedule()
   forced, sources = [], []
   for k in ks:
-    low = decomposed(k, dev.optional)
+    low = decomposed(k, cl_dev.optional)
     acts = parse_actions(f"GROUP(16) VECTOR({vec})")
     try: opt = apply(low, acts, "CL")
     except OptError: continue
     forced.append(f"{kernel_key(low)}=GROUP(16) VECTOR({vec})")
     from codegen.opencl import render
-    sources.append(render(opt, dev.target).source)
+    sources.append(render(opt, cl_dev.target).source)
   # (aligned vector loads through a vector pointer where the start is a multiple of vec, vloadn elsewhere)
   assert forced and all(re.search(rf"(float|int|uint){vec}\*\)p\d+\)\[|vload{vec}\(0, ", src) for src in sources)
   monkeypatch.setenv("RULEC_OPT", "; ".join(forced))

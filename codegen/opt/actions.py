@@ -10,9 +10,9 @@ applies it) by a range's axis number, the `r<axis>` of `Kernel.render()`:
                 previous one stored (the block of the second input stays in cache for every row tile: CPU)
   THREAD(a)     split store range a across the CPU's threads
   GROUP(n)      every reduction of the kernel shared by a work-group of n work-items, combined in local memory
-  VECTOR(n)     an elementwise kernel over one contiguous range moves n elements per work-item with vloadn/vstoren;
-                after GROUP, each work-item's step of the group reduction takes n neighbouring elements, with vloadn
-                for the loads contiguous in the innermost reduce range
+  VECTOR(n)     an elementwise kernel over one contiguous range moves n elements per work-item with aligned vector
+                loads and stores; after GROUP, each work-item's step of the group reduction takes n neighbouring
+                elements, with a vector load for each load contiguous in the innermost reduce range
 
 Text form: the actions separated by spaces or commas, `UPCAST(2,8) UPCAST(3,16) KBLOCK(4,64) THREAD(2)`,
 as RULEC_DEBUG=2 prints them and RULEC_OPT accepts them (codegen/opt/__init__.py).

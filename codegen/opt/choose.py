@@ -97,13 +97,9 @@ def tile_ranges(end: UOp, rows_lanes: int,
   return None, 0, col, cols
 
 
-def _applies(k: Kernel, action: Action, device: str) -> bool:
-  """Whether transform.py accepts the action on k: the structural conditions live there, once."""
-  return _applies_all(k, [action], device)
-
-
-def _applies_all(k: Kernel, actions: list[Action], device: str) -> bool:
-  try: apply(k, tuple(actions), device)
+def _applies(k: Kernel, device: str, *actions: Action) -> bool:
+  """Whether transform.py accepts the actions on k: the structural conditions live there, once."""
+  try: apply(k, actions, device)
   except OptError: return False
   return True
 
@@ -117,7 +113,7 @@ def _k_block(k: Kernel, end: UOp, cols: int, nbytes: int = K_BLOCK_BYTES) -> int
   n = red.src[1].src[0].arg
   block = 1
   while block * 2 <= n and (block * 2) * cols * red.dtype.itemsize <= nbytes and n % (block * 2) == 0: block *= 2
-  return block if 16 <= block < n and _applies(k, Action("KBLOCK", red.src[1].arg[0], block), "CPU") else 0
+  return block if 16 <= block < n and _applies(k, "CPU", Action("KBLOCK", red.src[1].arg[0], block)) else 0
 
 
 def _reduce_ranges(end: UOp) -> int:
@@ -163,14 +159,14 @@ def _group_size(k: Kernel, target) -> int:
   if size < GROUP_MIN_REDUCE: return 0
   g = 32
   while g * 2 <= target.group and g * 2 * 4 <= size: g *= 2   # at least 4 elements per work-item
-  return g if _applies(k, Action("GROUP", None, g), "CL") else 0
+  return g if _applies(k, "CL", Action("GROUP", None, g)) else 0
 
 
 def _vector_width(k: Kernel, end: UOp, target) -> int:
   """The target's vector width for an elementwise kernel over one range long enough to pay, where VECTOR applies."""
   n = target.vector
   if not n or len(end.src) != 2 or end.src[1].src[0].arg < n * VECTOR_MIN_ELEMENTS: return 0
-  return n if _applies(k, Action("VECTOR", None, n), "CL") else 0
+  return n if _applies(k, "CL", Action("VECTOR", None, n)) else 0
 
 
 def _divisor_at_most(n: int, cap: int) -> int:
@@ -199,10 +195,8 @@ def cl_actions(k: Kernel, target) -> list[Action]:
   if g:
     # with vector loads where the reduction reads contiguous elements (the device's vector width): more bytes in
     # flight per load instruction
-    acts = [Action("GROUP", None, g)]
-    if target.vector and _applies_all(k, acts + [Action("VECTOR", None, target.vector)], "CL"):
-      acts.append(Action("VECTOR", None, target.vector))
-    return acts
+    group, vector = Action("GROUP", None, g), Action("VECTOR", None, target.vector)
+    return [group, vector] if target.vector and _applies(k, "CL", group, vector) else [group]
   end = _sole_end(k)
   if end is None: return []
   v = _vector_width(k, end, target)

@@ -36,27 +36,32 @@ VECTOR_WIDTHS = (2, 4, 8, 16)   # OpenCL's vector sizes
 VECTOR_DTYPES = (dtypes.float32, dtypes.int32, dtypes.uint32)
 
 
+def _kind_fields(r: UOp) -> list[str]:
+  """A RANGE's kind split at its colons: ["loop"], ["group", "64"], ["group", "64", "4"], ["vector", "4"] ..."""
+  return str(r.arg[1] if isinstance(r.arg, tuple) and len(r.arg) > 1 else "loop").split(":")
+
+
 def range_kind(r: UOp) -> tuple[str, int | None]:
   """A RANGE's kind and, for group:n / vector:n, its amount."""
-  kind = r.arg[1] if isinstance(r.arg, tuple) and len(r.arg) > 1 else "loop"
-  name, _, amount = str(kind).partition(":")
-  return name, (int(amount.partition(":")[0]) if amount else None)
+  fields = _kind_fields(r)
+  return fields[0], (int(fields[1]) if len(fields) > 1 else None)
 
 
 def group_vector(r: UOp) -> int:
   """Elements per load of a group reduction's innermost range (group:n:v, VECTOR on a GROUP kernel), else 1."""
-  kind = r.arg[1] if isinstance(r.arg, tuple) and len(r.arg) > 1 else "loop"
-  parts = str(kind).split(":")
-  return int(parts[2]) if parts[0] == "group" and len(parts) > 2 else 1
+  fields = _kind_fields(r)
+  return int(fields[2]) if fields[0] == "group" and len(fields) > 2 else 1
 
 
-def contiguous_load(u: UOp, r: UOp) -> bool:
-  """u is a load of 4-byte elements whose index is r itself or (something without r) + r, proven inside its
-  buffer (not clamped): v neighbouring values of r read v neighbouring elements, one vector load."""
-  if u.op is not Ops.INDEX or u.arg is not None or u.dtype not in VECTOR_DTYPES: return False
+def contiguous_offset(u: UOp, r: UOp) -> UOp | None:
+  """Where u's index starts when u is a load of 4-byte elements whose index is r itself (0) or (something without
+  r) + r (that something), proven inside its buffer (not clamped): v neighbouring values of r then read v
+  neighbouring elements, one vector load. None for any other node."""
+  if u.op is not Ops.INDEX or u.arg is not None or u.dtype not in VECTOR_DTYPES: return None
   idx = u.src[1]
-  if idx is r: return True
-  return idx.op is Ops.ADD and any(a is r and r not in b.toposort() for a, b in (idx.src, idx.src[::-1]))
+  if idx is r: return UOp.const(dtypes.index, 0)
+  if idx.op is not Ops.ADD: return None
+  return next((b for a, b in (idx.src, idx.src[::-1]) if a is r and r not in b.toposort()), None)
 
 
 def size(r: UOp) -> int: return r.src[0].arg
@@ -203,7 +208,7 @@ class _Applier:
     if any(group_vector(r) > 1 for r in groups): raise OptError(f"{a}: the group reduction has vector loads already")
     for r in inner:
       if size(r) % n: raise OptError(f"{a}: the innermost reduce range r{r.arg[0]} has size {size(r)}, which {n} does not divide")
-    if not any(contiguous_load(x, r) for u in reduces for x in u.src[0].toposort() for r in (u.src[-1],)):
+    if all(contiguous_offset(x, u.src[-1]) is None for u in reduces for x in u.src[0].toposort()):
       raise OptError(f"{a}: no load of the reduction reads neighbouring elements along its innermost range")
     g = range_kind(next(iter(inner)))[1]
     self._mark(inner, f"group:{g}:{n}")
@@ -221,4 +226,4 @@ def apply(kernel: Kernel, actions, device: str) -> Kernel:
   return Kernel(ap.ast, kernel.bufs)
 
 
-__all__ = ["DEVICE_ACTIONS", "MAX_LANES", "apply", "contiguous_load", "group_vector", "range_kind"]
+__all__ = ["DEVICE_ACTIONS", "MAX_LANES", "apply", "contiguous_offset", "group_vector", "range_kind"]

@@ -76,6 +76,7 @@ class FusionFacts:
   are counted again after each store or hoist: a realized value starts afresh."""
   def __init__(self, sink: UOp, hoists: bool):
     self.sink, self.hoists = sink, hoists
+    self._outputs = set(sink.src)
     self.max_reads = MAX_RECOMPUTE_READS
     self.order = sink.toposort()
     self.staged: set[UOp] = set()
@@ -139,13 +140,12 @@ class FusionFacts:
     if not shape or shape[-1] != 1: return False
     lead = len(shape)
     while lead and shape[lead - 1] == 1: lead -= 1
-    outputs = set(self.sink.src)
     seen, todo = set(), [x]
     while todo:
       v = todo.pop()
       if v in seen: continue
       seen.add(v)
-      if v is not x and (v in self.staged or v in outputs): continue
+      if v is not x and (v in self.staged or v in self._outputs): continue
       for u in self._users.get(v, []):
         if u.op is Ops.EXPAND:
           if len(u.shape) != len(shape) or u.shape[:lead] != shape[:lead]: return False

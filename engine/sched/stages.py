@@ -24,13 +24,14 @@ class Rebuilt:
     self._key: dict[UOp, UOp] = {}
     self._alts: dict[UOp, list[UOp]] = {}   # replacement -> every original it stands for, the first first
     self._replaced: set[UOp] = set()
-    self._orig: set[UOp] | None = set(sink.toposort()) if sink is not None else None
+    self._sink = sink
+    self._orig: set[UOp] | None = None   # the nodes of sink's graph, made when first needed
 
   def record(self, old: UOp, new: UOp) -> UOp:
     """`new` replaces `old`: the replacement, remembered as standing for old's original."""
     k = self.key(old)
     first = self._key.get(new)
-    if first is None or self._orig is None: self._key[new] = k
+    if first is None or self._sink is None: self._key[new] = k
     elif k is not first: self._alts.setdefault(new, [first]).append(k)
     self._replaced.add(k)
     return new
@@ -46,6 +47,7 @@ class Rebuilt:
       if u in self._key: continue
       src = tuple(self._key[s] for s in u.src)
       if self._alts and any(s in self._alts for s in u.src):
+        if self._orig is None: self._orig = set(self._sink.toposort())
         for combo in itertools.product(*(self._alts.get(s, (k,)) for s, k in zip(u.src, src))):
           if UOp(u.op, u.dtype, combo, u.arg, u.tag) in self._orig:
             src = combo

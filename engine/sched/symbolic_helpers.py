@@ -47,6 +47,13 @@ def _terms(x: UOp) -> tuple[list[tuple[int, UOp]], int]:
   return terms, const
 
 
+def multiple_of(x: UOp, n: int) -> bool:
+  """x (an integer expression) is a multiple of n for every value of its ranges: every term's coefficient and the
+  constant are (a term that is no multiplication by a constant counts as coefficient 1)."""
+  terms, const = _terms(x)
+  return const % n == 0 and all(k % n == 0 for k, _ in terms)
+
+
 def _linear_bounds(x: UOp) -> tuple[int, int] | None:
   """Bounds of sum(coef * node) + const (x's terms) computed without wrap-around; None when a term is not an integer."""
   terms, k = _terms(x)
