@@ -242,11 +242,9 @@ class LLVMRenderer(ScopedEmitter):
     self.set_lanes(ups)
     # a reduce that depends on no loop around it (a whole-tensor max under the loop that compares with it) is
     # computed once, before any loop, instead of once per iteration of loops it does not depend on
-    ups, self.ups = self.ups, {}
     levels = _reduce_levels(self.k.ast)
     self._same_reduce: dict = {}
     for r in levels.get(None, ()): self._hoisted(r)
-    self.ups = ups
     for st in stores:
       loops = []
       if st.op is Ops.END:
@@ -274,7 +272,11 @@ class LLVMRenderer(ScopedEmitter):
     same value, computed once."""
     same = self._same_reduce.setdefault(_renamed(red), red)
     got = self.lookup(same) if same is not red else None
-    self.scopes[-1][red] = got if got is not None else self.value(red)
+    if got is None:   # (it depends on no upcast range: one value for every lane, computed outside them)
+      ups, self.ups = self.ups, {}
+      got = self.value(red)
+      self.ups = ups
+    self.scopes[-1][red] = got
 
   def _store(self, p: UOp, idx, v, d: DType):
     ptr = self.b.gep(self.ptrs[p], [idx], inbounds=True, source_etype=memtype(d))

@@ -421,3 +421,13 @@ def test_signed_to_unsigned_to_float_in_vector_code(n):
     np.testing.assert_array_equal(Tensor(big, device="CPU").cast(fdt).numpy(), big.astype(fdt))
     u32 = big.astype(np.uint32)
     np.testing.assert_array_equal(Tensor(u32, device="CPU").cast(fdt).numpy(), u32.astype(fdt))
+
+
+def test_a_row_value_hoisted_into_a_kernel_with_lanes():
+  # (found by tests/fuzz_programs.py, seed 8001 program 394) a padded average pool's window count is a row value
+  # computed once per row inside the kernel (rules/fusion.rules hoist_row_reduce) whose columns are upcast lanes: it
+  # is computed outside the lanes, one value for all of them
+  x = np.random.default_rng(0).standard_normal((24, 16)).astype(np.float32)
+  p = np.pad(x, ((1, 1), (0, 0)))
+  got = Tensor(x, device="CPU").avg_pool2d((3, 1), stride=(1, 1), padding=(1, 0)).numpy()
+  np.testing.assert_allclose(got, (p[:-2] + p[1:-1] + p[2:]) / 3, rtol=1e-6, atol=1e-6)
