@@ -138,6 +138,7 @@ def check_library(files: list[A.RuleFile], pre_diags: list[Diagnostic] = (), lay
     lib.files = [attrs.evolve(f, rulesets=tuple(merged.get(id(rs), rs) for rs in f.rulesets)) if
                  any(id(rs) in merged for rs in f.rulesets) else f for f in files]
   _check_includes(lib, diags)
+  _check_ctx_uses(lib, diags)
   _check_shadowing(lib, diags)
   diags.sort(key=lambda d: (d.span.file, d.span.line, d.span.col, d.code))
   return lib
@@ -416,6 +417,68 @@ def pattern_arity(p) -> int | None:
   if p.srcs is not None and p.tail is None and p.each is None: return len(p.srcs)
   arities = {FIXED_ARITY.get(o) for name, _ in p.ops for o in (op_set(name) or ())}
   return arities.pop() if len(arities) == 1 else None
+
+
+def _check_ctx_uses(lib: CheckedLibrary, diags: list[Diagnostic]):
+  """In the sets the scheduler runs (and the sets they include), `ctx.NAME` must be a name that set's ctx
+  offers rules (engine/sched/contexts.py), and a call of a ctx method must fit its signature."""
+  from engine.sched.contexts import rule_contexts
+  contexts, seen = rule_contexts(), set()
+  for name, rs in lib.rulesets.items():
+    if name not in contexts or rs.grad is not None: continue
+    ctx = contexts[name]
+    for r in lib.flat_rules(name):
+      if id(r) in lib.too_big: continue
+      for e in (n for top in (r.guard, r.replacement) for n in _walk(top)):
+        call = e if isinstance(e, A.ECall) and _is_ctx_attr(e.func) else None
+        attr = call.func if call is not None else e
+        if not _is_ctx_attr(attr) or (id(attr), name) in seen: continue
+        seen.add((id(attr), name))
+        _check_ctx_use(name, ctx, attr, call, diags)
+
+
+def _check_ctx_use(ruleset: str, ctx, attr: A.EAttr, call: A.ECall | None, diags: list[Diagnostic]):
+  import difflib
+  if ctx is None:
+    diags.append(Diagnostic("R406", "error", attr.attr_span, f"ruleset '{ruleset}' runs with no ctx (ctx is None), "
+                            f"so ctx.{attr.attr} fails", note="engine/sched/contexts.py lists what each set the "
+                            "scheduler runs receives as ctx"))
+    return
+  if attr.attr not in ctx.names:
+    close = difflib.get_close_matches(attr.attr, sorted(ctx.names), n=1)
+    offers = ", ".join(sorted(ctx.names)) or "no attributes"
+    diags.append(Diagnostic("R406", "error", attr.attr_span, f"ctx of ruleset '{ruleset}' ({ctx.what}) has no "
+                            f"'{attr.attr}' for rules", note=(f"did you mean '{close[0]}'? " if close else "") +
+                            f"it offers: {offers}"))
+    return
+  fn = getattr(ctx.cls, attr.attr, None) if ctx.cls is not None else None
+  if call is None or not callable(fn) or isinstance(fn, type) or \
+     any(isinstance(a, A.EStarred) for a in call.args): return
+  kws = tuple(a.name for a in call.args if isinstance(a, A.EKeyword))
+  npos = sum(1 for a in call.args if not isinstance(a, A.EKeyword))
+  if (why := check_call_arity(fn, npos + 1, kws)) is not None:   # + 1: self
+    diags.append(Diagnostic("R303", "error", call.span, f"ctx.{attr.attr} called with arguments it does not "
+                            f"accept: {why.replace('(self, ', '(').replace('(self)', '()')}"))
+
+
+def _is_ctx_attr(e) -> bool:
+  return isinstance(e, A.EAttr) and isinstance(e.obj, A.EName) and e.obj.id == "ctx"
+
+
+def _walk(e):
+  """Every expression node under e (e included), without recursion."""
+  stack = [e]
+  while stack:
+    e = stack.pop()
+    if e is None: continue
+    if isinstance(e, tuple): stack.extend(e); continue
+    yield e
+    if isinstance(e, A.EAttr): stack.append(e.obj)
+    elif isinstance(e, A.ECall): stack.append(e.func); stack.extend(e.args)
+    elif isinstance(e, A.EComp):
+      stack.append(e.elt)
+      for g in e.gens: stack.append(g.iter); stack.extend(g.ifs)
+    else: stack.extend(_children(e))
 
 
 def _children(e) -> list:
