@@ -8,6 +8,12 @@ grid apart (neighbouring work-items then read neighbouring vectors on every load
 sums per work-group, then one group adds them) with scalar or float4 loads and several group counts, and a single
 pass where the last work-group to finish adds the partials (an atomic counter). Each line gives the median kernel
 time over 30 runs and GB/s as (bytes read + written) / time.
+
+Then rulec's own kernels for the same two programs, two ways: (1) rulec's generated source built in this probe's
+context and launched with rulec's work sizes on this probe's buffers, beside edited copies of it (int indices, no
+bound check, no FP_CONTRACT pragma, other work-group sizes) to find which difference costs; (2) through rulec's CL
+device as bench/cl_kernels.py runs them (fresh input tensors each repetition, profiling events), and again on the
+same buffers, to tell a cost of the source from a cost of the harness.
 """
 from __future__ import annotations
 
@@ -132,6 +138,8 @@ __kernel void sum_onepass(__global float* o, __global float* parts, volatile __g
     sys.stdout.flush()
 
   res = np.empty(N, np.float32)
+  if __import__("os").environ.get("PROBE_ONLY") == "rulec":   # rulec's kernels alone (a quick look on PoCL)
+    return rulec_forms(ctx, q, timed, report, host, (a, b, c), out, want_ew, want_sum)
   for m in (1, 2, 4, 8):
     for kind in ("grid", "side"):
       k = getattr(prg, f"ew_{kind}{m}")
@@ -159,6 +167,7 @@ __kernel void sum_onepass(__global float* o, __global float* parts, volatile __g
       ms = timed([(prg.sum_onepass, groups * local, local, (total, parts, counter, a, np.int32(n)))])
       cl.enqueue_copy(q, one, total)
       report(f"sum one-pass float4 {groups}x{local}", ms, 4 * N, abs(one[0] - want_sum) <= 1e-3 * np.abs(host[0]).sum())
+  rulec_forms(ctx, q, timed, report, host, (a, b, c), out, want_ew, want_sum)
   try:
     import torch
   except ImportError:
@@ -174,6 +183,58 @@ __kernel void sum_onepass(__global float* o, __global float* parts, volatile __g
       times.append(s.elapsed_time(e))
     ms = statistics.median(times[3:])
     print(f"{name:38s} {ms:8.4f} ms  {nbytes / ms / 1e6:6.0f} GB/s  {nbytes / ms / 1e6 / copy_bw:5.2f} of copy")
+
+
+def rulec_forms(ctx, q, timed, report, host, inputs, out, want_ew, want_sum) -> None:
+  import os
+  import re
+  sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+  os.environ.setdefault("RULEC_CL_PROFILE", "1")
+  from engine.sched.driver import schedule
+  from engine.tensor import Tensor
+  from runtime import cl_device
+  from runtime.buffer import buffer_of
+  dev = cl_device.get_device()
+  programs = {"relu(a*b+c)": lambda x, y, z: (x * y + z).relu(), "sum": lambda x, y, z: x.sum()}
+  for name, fn in programs.items():
+    ts = [Tensor(h, device="CL") for h in host]
+    kernels, _ = schedule([fn(*ts).uop], "CL")
+    nbytes = 16 * N if name.startswith("relu") else 4 * N
+    # (1) the generated source in this harness (one kernel programs only: the elementwise one)
+    if len(kernels) == 1:
+      k = kernels[0]
+      prog = cl_device.compile_kernel(k, dev)
+      param_of = {id(buffer_of(bb)): i for i, bb in enumerate(k.bufs)}
+      args = [None] * len(k.bufs)
+      for t, mem in zip(ts, inputs): args[param_of[id(buffer_of(t.uop.base))]] = mem
+      args = [out if m is None else m for m in args]
+      variants = {"as generated": prog.source,
+                  "int indices": re.sub(r"\blong\b", "int", prog.source).replace("L)", ")").replace("L;", ";"),
+                  "no bound check": re.sub(r"\n *if \(wid >= \d+L?\) return;", "", prog.source),
+                  "no FP_CONTRACT OFF": prog.source.replace("#pragma OPENCL FP_CONTRACT OFF", "")}
+      res = np.empty(N, np.float32)
+      for vname, src in variants.items():
+        kern = cl.Kernel(cl.Program(ctx, src).build(options=dev.options), prog.rendered.name)
+        for local in sorted({prog.local, 256, 0}):
+          cl.enqueue_fill_buffer(q, out, np.float32(-1), 0, 4 * N)
+          ms = timed([(kern, prog.global_ if local else prog.rendered.global_size, local, tuple(args))])
+          cl.enqueue_copy(q, res, out)
+          report(f"rulec {name} {vname} wg {local or 'auto'}", ms, nbytes, np.allclose(res, want_ew, rtol=1e-5, atol=1e-5))
+    # (2) through rulec's device: fresh inputs each time (as bench/cl_kernels.py), then the same buffers again
+    fresh, same = [], []
+    for i in range(REPS + 3):
+      ts = [Tensor(h.copy(), device="CL") for h in host]
+      kernels, _ = schedule([fn(*ts).uop], "CL")
+      for kk in kernels:
+        for bb in kk.bufs: cl_device.device_memory(buffer_of(bb), dev)
+      cl_device.synchronize()
+      for times in (fresh, same):
+        cl_device.EVENTS.clear()
+        for kk in kernels: cl_device.run_kernel(kk)
+        cl_device.synchronize()
+        times.append(sum(e.profile.end - e.profile.start for e in cl_device.EVENTS) * 1e-6)
+    report(f"rulec {name} device, fresh inputs ({len(kernels)} kernels)", statistics.median(fresh[3:]), nbytes, True)
+    report(f"rulec {name} device, same buffers again", statistics.median(same[3:]), nbytes, True)
 
 
 if __name__ == "__main__":
