@@ -85,6 +85,7 @@ class Target:
   vector: int = 0  # elements per work-item (vload / vstore) in contiguous 4-byte elementwise kernels; 0: off
   tile: int = 0    # the most work-items of a work-group around register tiles (matmul, convolution); 0: no tiles
   units: int = 1   # compute units (how many work-items fill the device)
+  grid: int = 0    # work-groups sharing one reduction of a single value in one launch (GRID); 0: never
 
 
 GROUP_ACCS = 4                 # accumulators per work-item in a long group reduction (loads in flight)
@@ -97,6 +98,9 @@ class Rendered:
   global_size: int          # work-items to launch (the kernel checks the bound itself)
   flat_ranges: tuple        # the RANGEs folded into the NDRange, outermost first
   local_size: int = 0       # a group-reduction kernel's work-group size (0: the runtime picks one)
+  # device buffers the kernel takes after its own (bytes each), made once per program and zeroed then: a one-pass
+  # reduction's (GRID) partial results and its counter, which the last work-group sets back to 0
+  scratch: tuple[int, ...] = ()
 
 
 _INTS = {1: "char", 2: "short", 4: "int", 8: "long"}
@@ -208,6 +212,7 @@ class CLRenderer(ScopedEmitter):
     self.count = 0
     self.uses_fp64 = False
     self.group = 0   # work-items per output in a group-reduction kernel (0: one work-item per output)
+    self.grid, self.grid_slots = 0, 0   # GRID: work-groups sharing the reductions, and how many reductions
     self.vec_loads: dict[UOp, str] | None = None   # a vector kernel's vector loads, by buffer (None: not one)
     self.vec_lane = 0
     self.vec_n = 0
@@ -276,13 +281,16 @@ class CLRenderer(ScopedEmitter):
     groups = {range_kind(u)[1] for u in k.ast.toposort() if u.op is Ops.RANGE and range_kind(u)[0] == "group"}
     if len(groups) > 1: raise ValueError(f"group reductions of several sizes in one kernel: {sorted(groups)}")
     self.group = groups.pop() if groups else 0
+    grids = [u for u in k.ast.toposort() if u.op is Ops.RANGE and range_kind(u)[0] == "grid"]
+    self.grid = range_kind(grids[0])[1] if grids else 0
     flat = tuple(r for r in ends if kinds[r][0] == "loop")
     local = tuple(r for r in ends if kinds[r][0] == "local")
     self.set_lanes({r: r.src[0].arg for r in ends if kinds[r][0] == "upcast"})
     total = math.prod(r.src[0].arg for r in flat)
     items = math.prod(r.src[0].arg for r in local)
     if self.group:   # (the launch size is in the source: the program cache is keyed by the source text)
-      self.line(f"// {total} work-groups of {self.group}")
+      self.line(f"// {self.grid} work-groups of {self.group} share the reduction" if self.grid else
+                f"// {total} work-groups of {self.group}")
       self.line("long gid = get_group_id(0);")
       self.line("int lane = get_local_id(0);")
     elif local:   # the split ranges divide evenly: every work-group is whole
@@ -294,6 +302,7 @@ class CLRenderer(ScopedEmitter):
       self.line(f"if (gid >= {total}L) return;")
     self._unflatten(flat, "gid")
     self._unflatten(local, "lid")
+    if self.grid: self._grid_reduces()
     for st in stores:
       loops = []
       if st.op is Ops.END:
@@ -315,6 +324,9 @@ class CLRenderer(ScopedEmitter):
           self.depth -= 1
           self.line("}")
       for r in reversed(loops): self.close_loop(r)
+    if self.grid:
+      return Rendered(self._assemble(), self.name, self.grid * self.group, flat, self.group,
+                      (8 * self.grid * self.grid_slots, 4))
     if self.group: return Rendered(self._assemble(), self.name, total * self.group, flat, self.group)
     if local: return Rendered(self._assemble(), self.name, total * items, flat + local, items)
     return Rendered(self._assemble(), self.name, total if flat else 1, flat)
@@ -364,6 +376,7 @@ class CLRenderer(ScopedEmitter):
     if self.uses_fp64 or any("double" in h for h in self.helpers.values()):
       head.append("#pragma OPENCL EXTENSION cl_khr_fp64 : enable")
     body = list(self.helpers.values())
+    if self.grid: args += ["__global ulong* grid_part", "volatile __global int* restrict grid_count"]
     sig = f"__kernel void {self.name}({', '.join(args) if args else 'void'}) {{"
     return "\n".join(head + body + [sig] + self.lines + ["}", ""])
 
@@ -604,13 +617,21 @@ class CLRenderer(ScopedEmitter):
     return [self._reduced(op, d, acc) for acc in accs]
 
   def _group_reduce(self, u: UOp, ident: str) -> str:
-    """The work-group reduces together: work-item `lane` takes elements lane, lane + G, lane + 2G, ... of the
-    flattened reduce ranges (neighbouring work-items read neighbouring memory when the innermost range is
-    contiguous), into GROUP_ACCS accumulators in turn so that many loads are in flight at once; then the G
-    partial results are combined as a tree in local memory. Every work-item gets the result."""
+    """The work-group reduces together (_group_partial); every work-item gets the result."""
+    return self._reduced(u.arg, u.dtype, self.let(u.dtype, f"{self._group_partial(u, ident)}[0]"))
+
+  def _group_partial(self, u: UOp, ident: str) -> str:
+    """Work-item `lane` takes elements lane, lane + G, lane + 2G, ... of the flattened reduce ranges (neighbouring
+    work-items read neighbouring memory when the innermost range is contiguous), into GROUP_ACCS accumulators in
+    turn so that many loads are in flight at once; then the G partial results are combined as a tree in local
+    memory. The name of that local array (the result in [0]). Under GRID the reduce's first range is the
+    work-group's number: the group's share of the reduction."""
     op, d, G = u.arg, u.dtype, self.group
     value, rngs = u.src[0], u.src[1:]
     c = self.ct(d)
+    if rngs and range_kind(rngs[0])[0] == "grid":
+      self.ranges[rngs[0]] = "gid"
+      rngs = rngs[1:]
     size = math.prod(r.src[0].arg for r in rngs)
     vec = group_vector(rngs[-1]) if rngs else 1   # elements per step (VECTOR after GROUP), vector loads where contiguous
     steps = size // vec
@@ -630,14 +651,58 @@ class CLRenderer(ScopedEmitter):
     self.depth -= 1
     self.line("}")
     for a in accs[1:]: self.line(f"{accs[0]} = {self._combine(op, d, accs[0], a)};")
-    self.line(f"__local {c} {part}[{G}];")
-    self.line(f"{part}[lane] = {accs[0]};")
+    self.line(f"__local {self._shared_type(d)} {part}[{G}];")
+    self._group_tree(op, d, part, accs[0])
+    return part
+
+  def _shared_type(self, d: DType) -> str:
+    """The type of d's values in local memory and in GRID's partial results: a bool as a uchar (OpenCL keeps bool
+    out of memory); a float16 as the float it is computed in."""
+    return "uchar" if d.kind == "b" else self.ct(d)
+
+  def _group_tree(self, op: Ops, d: DType, part: str, mine: str):
+    """Each work-item's value combined as a tree in local memory: the result in part[0]."""
+    self.line(f"{part}[lane] = {mine};")
     self.line("barrier(CLK_LOCAL_MEM_FENCE);")
-    self.line(f"for (int s = {G // 2}; s > 0; s >>= 1) {{")
+    self.line(f"for (int s = {self.group // 2}; s > 0; s >>= 1) {{")
     self.line(f"  if (lane < s) {part}[lane] = {self._combine(op, d, f'{part}[lane]', f'{part}[lane + s]')};")
     self.line("  barrier(CLK_LOCAL_MEM_FENCE);")
     self.line("}")
-    return self._reduced(op, d, self.let(d, f"{part}[0]"))
+
+  def _grid_reduces(self):
+    """GRID: every reduction of the kernel, before anything reads them. Each work-group stores its partial results
+    (reduction j's at j * grid + its number), then counts itself done; the last group to count (the counter reached
+    grid - 1) combines each reduction's partials in index order, so the value does not depend on which group that
+    is, and sets the counter back to 0 for the next launch. The other groups return: only the last goes on to what
+    the kernel computes from the reductions, and stores it. The partials are read volatile (past caches that are not
+    coherent across compute units), after the writers' fences."""
+    n, G = self.grid, self.group
+    reduces = [u for u in self.k.ast.toposort() if u.op is Ops.REDUCE]
+    parts = []
+    for u in reduces:
+      ident = self.const(identity_element(u.arg, u.dtype), u.dtype)
+      parts.append((u, ident, self._group_partial(u, ident)))
+    self.line("__local int grid_last;")
+    self.line("if (lane == 0) {")
+    for j, (u, _, part) in enumerate(parts):
+      self.line(f"  ((__global {self._shared_type(u.dtype)}*)grid_part)[{j * n} + gid] = {part}[0];")
+    self.line("  mem_fence(CLK_GLOBAL_MEM_FENCE);")
+    self.line(f"  grid_last = atomic_inc(grid_count) == {n - 1};")
+    self.line("}")
+    self.line("barrier(CLK_LOCAL_MEM_FENCE);")
+    self.line("if (!grid_last) return;")
+    self.line("mem_fence(CLK_GLOBAL_MEM_FENCE);")
+    for j, (u, ident, part) in enumerate(parts):
+      op, d, t = u.arg, u.dtype, self._shared_type(u.dtype)
+      acc = self.tmp("acc")
+      self.line(f"{self.ct(d)} {acc} = {ident};")
+      self.line(f"for (int j = lane; j < {n}; j += {G}) "
+                f"{acc} = {self._combine(op, d, acc, f'((volatile __global {t}*)grid_part)[{j * n} + j]')};")
+      self.line("barrier(CLK_LOCAL_MEM_FENCE);")   # (every work-item has read the part array's last result)
+      self._group_tree(op, d, part, acc)
+      self.scopes[0][u] = self._reduced(op, d, self.let(d, f"{part}[0]"))
+    self.line("if (lane == 0) *grid_count = 0;")
+    self.grid_slots = len(parts)
 
   def _group_step(self, op: Ops, d: DType, acc: str, value: UOp, rngs, step: str, size: int, vec: int = 1):
     """acc combined with the reduce's values at flat indices step * vec + 0 .. vec - 1 of its ranges (in a scope of

@@ -32,6 +32,7 @@ waits for every queued kernel.
 from __future__ import annotations
 
 import atexit
+import math
 import os
 import sys
 import threading
@@ -116,8 +117,14 @@ class CLDevice:
     # as RULEC_CL_TILE allows (0 turns them off; tests turn them on for PoCL)
     is_gpu = bool(self.dev.type & cl.device_type.GPU)
     tile = int(os.environ.get("RULEC_CL_TILE", "") or (256 if is_gpu else 0))
+    # one-pass reductions of a single value (GRID) over about two work-groups per compute unit, on GPUs: an H200's
+    # 16M-float sum ran at 0.79-0.84 of a float4 copy in 256-1024 groups of 256-512 where two launches reached 0.72
+    # (bench/cl_bandwidth_probe.py). RULEC_CL_GRID=n overrides (0 turns them off; tests turn them on for PoCL)
+    units = max(1, self.dev.max_compute_units)
+    grid = int(os.environ.get("RULEC_CL_GRID", "") or (1 << round(math.log2(2 * units)) if is_gpu else 0))
     self.target = Target(fp64="cl_khr_fp64" in ext, group=group_size(self.dev), vector=vector if vector in (2, 4, 8, 16) else 0,
-                         tile=min(tile, self.dev.max_work_group_size) if tile > 0 else 0, units=max(1, self.dev.max_compute_units))
+                         tile=min(tile, self.dev.max_work_group_size) if tile > 0 else 0, units=units,
+                         grid=grid if grid >= 2 else 0)
     self.max_work_group = self.dev.max_work_group_size
     self.max_item0 = self.dev.max_work_item_sizes[0]
     self.units = max(1, self.dev.max_compute_units)
@@ -223,6 +230,8 @@ class Program:
       self.kernel = cl.Kernel(prg, rendered.name)
       if kernel_cache.enabled(): _store_binary(dev, prg, digest)
     self.program = prg
+    self.scratch = [cl.Buffer(dev.ctx, cl.mem_flags.READ_WRITE, n) for n in rendered.scratch]
+    for buf, n in zip(self.scratch, rendered.scratch): cl.enqueue_fill_buffer(dev.queue, buf, np.uint8(0), 0, n)
     self.build_s = time.perf_counter() - t0
     # work sizes: enough work-groups for every compute unit, each as large as the device and the kernel allow
     n = rendered.global_size
@@ -332,7 +341,7 @@ def _time_candidate(kernel: Kernel, opt: Kernel, target, dev: CLDevice) -> float
       if id(buf) not in scratch: scratch[id(buf)] = dev.cl.Buffer(dev.ctx, dev.cl.mem_flags.READ_WRITE, max(1, buf.nbytes))
       mems.append(scratch[id(buf)])
     else: mems.append(device_memory(buf, dev).mem)
-  prog.kernel.set_args(*mems)
+  prog.kernel.set_args(*mems, *prog.scratch)
   times = []
   for _ in range(max(1, repetitions())):
     dev.queue.finish()
@@ -467,7 +476,7 @@ def run_kernel(kernel: Kernel, n: int = 0) -> None:
   if prog.rendered.global_size == 0: return   # an empty range: nothing is stored
   with _lock:
     mems = [device_memory(buffer_of(b), dev) for b in kernel.bufs]   # a buffer named twice is one device buffer
-    if mems: prog.kernel.set_args(*[m.mem for m in mems])
+    if mems or prog.scratch: prog.kernel.set_args(*[m.mem for m in mems], *prog.scratch)
     ev = dev.cl.enqueue_nd_range_kernel(dev.queue, prog.kernel, (prog.global_,), (prog.local,))
     if dev.profile: EVENTS.append(ev)
     for slot in kernel.outputs: buffer_of(kernel.bufs[slot]).device_wrote(mems[slot])

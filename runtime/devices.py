@@ -73,6 +73,18 @@ def split_parts(device) -> int:
   return 256
 
 
+def one_pass_groups(device) -> int:
+  """Work-groups that reduce one value together in a single launch on `device` (the CL device's GRID, on GPUs);
+  0 where a big reduction of one value is better split into two kernels (engine/sched/tensor_helpers.py)."""
+  if isinstance(device, str) and device_kind(device) == "CL":
+    from runtime import cl_device
+    try:
+      t = cl_device.get_device().target
+      return t.grid if t.group else 0
+    except cl_device.CLUnavailable: return 0
+  return 0
+
+
 def default_device() -> str:
   d = os.environ.get("RULEC_DEVICE", "CPU").upper()
   try: return canonical_device(d)

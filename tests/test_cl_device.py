@@ -558,6 +558,8 @@ def test_vector_loads_and_stores_in_contiguous_elementwise_kernels(monkeypatch):
 
 
 def test_big_reductions_split_into_the_devices_number_of_parts(monkeypatch):
+  import attrs
+  monkeypatch.setattr(DEV, "target", attrs.evolve(DEV.target, grid=0))   # (a GPU reduces one value in one launch)
   monkeypatch.setattr(DEV, "split_parts", 4096)   # what a GPU asks for; at most sqrt(size) parts
   x = np.random.default_rng(24).standard_normal(1 << 22).astype(np.float32)
   t = Tensor(x, device="CL").sum()
@@ -565,3 +567,99 @@ def test_big_reductions_split_into_the_devices_number_of_parts(monkeypatch):
   np.testing.assert_allclose(t.numpy(), x.sum(dtype=np.float64), rtol=1e-5, atol=1e-3)
   monkeypatch.setattr(DEV, "split_parts", 256)    # a CPU device
   assert [k.bufs[0].arg[2] for k in Tensor(x, device="CL").sum().schedule()] == [256, 1]
+
+
+# *** one-pass reductions of one value (GRID: what GPUs run; forced on here) ***
+
+@pytest.fixture
+def grid_reductions():
+  """Work-group reductions of up to 64 work-items, and a reduction to one value shared by up to 8 work-groups in
+  one launch (the last to finish combines the partial results), as on a GPU."""
+  import attrs
+  old = DEV.target
+  DEV.target = attrs.evolve(old, group=64, grid=8)
+  cl_device._by_ast.clear()
+  yield
+  DEV.target = old
+  cl_device._by_ast.clear()
+
+
+def _one_kernel_with_grid(t) -> str:
+  (k,) = t.schedule()
+  src = cl_device.render(k).source
+  assert "atomic_inc(grid_count)" in src
+  return src
+
+
+def test_a_big_reduction_to_one_value_is_one_kernel_shared_by_several_work_groups(grid_reductions):
+  x = np.random.default_rng(40).standard_normal(1 << 16).astype(np.float32)
+  t = Tensor(x, device="CL").sum()
+  src = _one_kernel_with_grid(t)
+  assert "8 work-groups of 64 share the reduction" in src
+  np.testing.assert_allclose(t.numpy(), x.sum(dtype=np.float64), rtol=1e-5, atol=1e-3)
+  # the counter is set back for the next launch: the same program again, on other data, is right every time
+  for seed in range(3):
+    y = np.random.default_rng(seed).standard_normal(1 << 16).astype(np.float32)
+    np.testing.assert_allclose(Tensor(y, device="CL").sum().numpy(), y.sum(dtype=np.float64), rtol=1e-5, atol=1e-3)
+
+
+_GRID_PROGRAMS = {
+  "sum": lambda t: t.sum(), "mean": lambda t: (t * 2 - 1).mean(), "max": lambda t: t.max(), "min": lambda t: t.min(),
+  "sum_sq": lambda t: (t * t).sum().sqrt(), "var": lambda t: t.var(), "strided": lambda t: t[::2].sum(),
+  "rows_cols": lambda t: t.reshape(-1, 8).permute(1, 0).sum(), "argmax": lambda t: t.argmax(),
+}
+
+
+@settings(max_examples=25, suppress_health_check=[HealthCheck.function_scoped_fixture], deadline=None)
+@given(st.sampled_from([8 * 1024, 12 * 1024, 40 * 1024, 7 * 8 * 1024, 1 << 17]), st.sampled_from(sorted(_GRID_PROGRAMS)))
+def test_one_pass_reductions_agree_with_numpy_for_any_size(grid_reductions, n, name):
+  x = np.random.default_rng(n).standard_normal(n).astype(np.float32)
+  x[n // 3] = 9.5   # a unique maximum for argmax
+  f = _GRID_PROGRAMS[name]
+  got, ref = on("CL", x, dtypes.float32, f), on("NUMPY", x, dtypes.float32, f)
+  if name in ("max", "min", "argmax"): np.testing.assert_array_equal(got, ref)
+  else: np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-3)
+
+
+@pytest.mark.parametrize("d", [dtypes.int8, dtypes.int32, dtypes.uint32, dtypes.int64, dtypes.float16, dtypes.float64],
+                         ids=lambda d: d.name)
+def test_one_pass_reductions_keep_exact_integer_and_half_semantics(grid_reductions, d):
+  x = sample(d, 1 << 15, seed=41)
+  if d.kind in "iu": x = x % 100 if d.kind == "u" else x % 50 - 25   # (sums that fit)
+  for fn in (lambda t: t.sum(), lambda t: t.max(), lambda t: t.min()):
+    _one_kernel_with_grid(fn(Tensor(x, device="CL")))
+    if d is dtypes.float16:
+      np.testing.assert_allclose(on("CL", x, d, fn).astype(np.float32), on("NUMPY", x, d, fn).astype(np.float32),
+                                 rtol=1e-2, atol=0.5)
+    elif d.kind == "f":
+      np.testing.assert_allclose(on("CL", x, d, fn), on("NUMPY", x, d, fn), rtol=1e-6, equal_nan=True)
+    else: both(x, d, fn)
+
+
+def test_grid_takes_any_divisor_and_a_prime_size_stays_one_group(grid_reductions):
+  # 7 * 4099 (prime): no part size from 8 up divides it, so the scheduler cannot split it; GRID takes 7 groups
+  x = np.random.default_rng(42).standard_normal(7 * 4099).astype(np.float32)
+  t = Tensor(x, device="CL").sum()
+  assert "7 work-groups of 64 share the reduction" in _one_kernel_with_grid(t)
+  np.testing.assert_allclose(t.numpy(), x.sum(dtype=np.float64), rtol=1e-5, atol=1e-3)
+  p = np.random.default_rng(44).standard_normal(28657).astype(np.float32)   # a prime: one work-group does it all
+  t = Tensor(p, device="CL").sum()
+  assert all("atomic_inc" not in cl_device.render(k).source for k in t.schedule())
+  np.testing.assert_allclose(t.numpy(), p.sum(dtype=np.float64), rtol=1e-5, atol=1e-3)
+
+
+def test_grid_is_an_action_a_user_can_force_and_it_is_refused_where_it_cannot_apply(grid_reductions, monkeypatch):
+  from codegen.opt import OptError, kernel_key
+  x = np.random.default_rng(43).standard_normal((6, 4096)).astype(np.float32)
+  (k,) = Tensor(x, device="CL").sum().schedule()
+  monkeypatch.setenv("RULEC_OPT", f"{kernel_key(k)}=GROUP(32) GRID(3)")
+  cl_device._by_ast.clear()
+  assert "3 work-groups of 32 share the reduction" in cl_device.render(k).source
+  np.testing.assert_allclose(Tensor(x, device="CL").sum().numpy(), x.sum(dtype=np.float64), rtol=1e-5, atol=1e-3)
+  for bad, why in (("GRID(4)", "comes after GROUP"), ("GROUP(32) GRID(5)", "no reduce range has a size that 5 divides")):
+    monkeypatch.setenv("RULEC_OPT", f"{kernel_key(k)}={bad}")
+    cl_device._by_ast.clear()
+    with pytest.raises(OptError, match=why): cl_device.render(k)
+  (rows,) = Tensor(x, device="CL").sum(1).schedule()
+  monkeypatch.setenv("RULEC_OPT", f"{kernel_key(rows)}=GROUP(32) GRID(2)")
+  with pytest.raises(OptError, match="stores one value"): cl_device.render(rows)

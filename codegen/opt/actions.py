@@ -13,6 +13,10 @@ applies it) by a range's axis number, the `r<axis>` of `Kernel.render()`:
   VECTOR(n)     an elementwise kernel over one contiguous range moves n elements per work-item with aligned vector
                 loads and stores; after GROUP, each work-item's step of the group reduction takes n neighbouring
                 elements, with a vector load for each load contiguous in the innermost reduce range
+  GRID(n)       after GROUP, in a kernel that stores one value of one reduction: the reduction split across n
+                work-groups in one launch; each stores its partial result, and the last to finish (an atomic
+                counter) combines the n partials and stores the value (one kernel where the scheduler would
+                otherwise split the reduce into two)
 
 Text form: the actions separated by spaces or commas, `UPCAST(2,8) UPCAST(3,16) KBLOCK(4,64) THREAD(2)`,
 as RULEC_DEBUG=2 prints them and RULEC_OPT accepts them (codegen/opt/__init__.py).
@@ -25,7 +29,8 @@ import attrs
 
 # op -> (takes an axis, takes an amount)
 SHAPES = {"UPCAST": (True, True), "LOCAL": (True, True), "KBLOCK": (True, True), "THREAD": (True, False),
-          "GROUP": (False, True), "VECTOR": (False, True)}
+          "GROUP": (False, True), "VECTOR": (False, True),
+          "GRID": (False, True)}
 
 
 class OptError(ValueError):

@@ -38,6 +38,8 @@ WIDE_K_BLOCK_BYTES = 256 << 10
 # *** OpenCL ***
 GROUP_MIN_REDUCE = 32          # a group reduction needs at least this many elements per output ...
 GROUP_MAX_OUTPUTS = 1 << 16    # ... and at most this many outputs (beyond, one work-item per output fills the device)
+GRID_MIN_PER_GROUP = 64        # a one-pass reduction over several work-groups (GRID): at least this many elements per
+                               # work-item of two groups, else one group does it all
 VECTOR_MIN_ELEMENTS = 1024     # elements per vector lane below which vector loads do not pay
 GPU_TILES = ((8, 8), (4, 4), (2, 4))   # a work-item's register tile on a GPU (rows x columns), largest first ...
 GPU_ITEMS_PER_UNIT = 256       # ... the first that leaves at least this many work-items per compute unit
@@ -162,6 +164,20 @@ def _group_size(k: Kernel, target) -> int:
   return g if _applies(k, "CL", Action("GROUP", None, g)) else 0
 
 
+def _grid(k: Kernel, acts: list[Action], g: int, target) -> list[Action]:
+  """[GRID(n)] for a kernel that stores one value of long reductions, on a device with one-pass reductions:
+  the most work-groups (up to target.grid, each with GRID_MIN_PER_GROUP elements per work-item) that divide a
+  reduce range, where one group would do it all; [] if none."""
+  top = k.ast.src[0]
+  reduces = [u for u in top.toposort() if u.op is Ops.REDUCE]
+  if not getattr(target, "grid", 0) or top.op is not Ops.STORE or not reduces: return []
+  total = max(math.prod(r.src[0].arg for r in u.src[1:]) for u in reduces)
+  if total < GRID_MIN_PER_GROUP * g * 2: return []
+  for n in range(min(target.grid, total // (GRID_MIN_PER_GROUP * g)), 1, -1):
+    if _applies(k, "CL", *acts, Action("GRID", None, n)): return [Action("GRID", None, n)]
+  return []
+
+
 def _vector_width(k: Kernel, end: UOp, target) -> int:
   """The target's vector width for an elementwise kernel over one range long enough to pay, where VECTOR applies."""
   n = target.vector
@@ -196,7 +212,9 @@ def cl_actions(k: Kernel, target) -> list[Action]:
     # with vector loads where the reduction reads contiguous elements (the device's vector width): more bytes in
     # flight per load instruction
     group, vector = Action("GROUP", None, g), Action("VECTOR", None, target.vector)
-    return [group, vector] if target.vector and _applies(k, "CL", group, vector) else [group]
+    acts = [group, vector] if target.vector and _applies(k, "CL", group, vector) else [group]
+    # one value of a long reduction: several work-groups in one launch (with vector loads if a split allows them)
+    return next((a + grid for a in (acts, [group]) if (grid := _grid(k, a, g, target))), acts)
   end = _sole_end(k)
   if end is None: return []
   v = _vector_width(k, end, target)

@@ -62,6 +62,9 @@ def _cl_candidates(k: Kernel, end, target) -> list[list[Action]]:
     while g <= target.group:
       out.append([Action("GROUP", None, g)])
       out += [[Action("GROUP", None, g), Action("VECTOR", None, n)] for n in (2, 4)]
+      if getattr(target, "grid", 0):   # one-pass reductions: a quarter, half, all and twice the device's groups
+        out += [[Action("GROUP", None, g), *v, Action("GRID", None, max(2, target.grid * m // 4))]
+                for m in (1, 2, 4, 8) for v in ((), (Action("VECTOR", None, 4),))]
       g *= 2
   return out
 

@@ -12,6 +12,8 @@ kinds; they choose nothing:
   group:n   a reduce range the work-group of n work-items strides through together (GROUP); group:n:v on
             the innermost one: v neighbouring elements per step, with vector loads (VECTOR after GROUP)
   vector:n  the one range of an elementwise kernel, n elements per work-item (VECTOR)
+  grid:n    the outer part of a group reduction's outermost range: which of n work-groups takes which share of
+            the one reduction (GRID); the last group to finish combines their partial results
 
 Each action checks that it applies (an OptError says why not, naming the action and the ranges
 there are), so an action list a user forces can never change what a kernel computes.
@@ -29,7 +31,7 @@ from runtime.kernel import Kernel
 
 # which actions each renderer can follow
 DEVICE_ACTIONS = {"CPU": frozenset({"UPCAST", "KBLOCK", "THREAD"}),
-                  "CL": frozenset({"UPCAST", "LOCAL", "GROUP", "VECTOR"})}
+                  "CL": frozenset({"UPCAST", "LOCAL", "GROUP", "VECTOR", "GRID"})}
 MAX_LANES = 256          # upcast lanes in one kernel: each is emitted as code of its own
 MAX_GROUP = 1024         # work-items sharing one reduction
 VECTOR_WIDTHS = (2, 4, 8, 16)   # OpenCL's vector sizes
@@ -174,7 +176,6 @@ class _Applier:
     ends = top.src[1:] if top.op is Ops.END else ()
     reduces = [u for u in top.toposort() if u.op is Ops.REDUCE]
     if not reduces: raise OptError(f"{a}: the kernel has no reduction")
-    if any(u.dtype.kind == "b" for u in reduces): raise OptError(f"{a}: a bool reduction has no local-memory type")
     if any(x.op is Ops.REDUCE for u in reduces for x in u.src[0].toposort()):
       raise OptError(f"{a}: a reduction nested in another cannot be shared (every work-item must reach its barriers)")
     if any(size(r) == 0 for r in ends): raise OptError(f"{a}: the kernel stores nothing (an empty range)")
@@ -212,6 +213,34 @@ class _Applier:
       raise OptError(f"{a}: no load of the reduction reads neighbouring elements along its innermost range")
     g = range_kind(next(iter(inner)))[1]
     self._mark(inner, f"group:{g}:{n}")
+
+
+  def grid(self, a: Action) -> None:
+    """After GROUP: the reductions of a kernel that stores one value, each split across the same n work-groups. In
+    each, a reduce range r becomes (grid:n outer, size/n inner), the outer part (one range shared by every reduce)
+    first among the reduce's ranges, which the renderer reads as the work-group's number; the inner part keeps r's
+    group kind (and vector width)."""
+    top, n = self.ast.src[0], a.amount
+    if len(self.ast.src) != 1 or top.op is not Ops.STORE:
+      raise OptError(f"{a}: takes a kernel that stores one value (this one stores over a range or several times)")
+    reduces = [u for u in top.toposort() if u.op is Ops.REDUCE]
+    if not reduces or any(len(u.src) < 2 or range_kind(u.src[1])[0] != "group" for u in reduces):
+      raise OptError(f"{a}: comes after GROUP")
+    if any(u.dtype.itemsize > 8 for u in reduces): raise OptError(f"{a}: takes reductions of at most 8-byte values")
+    if n < 2: raise OptError(f"{a}: the amount must be at least 2")
+    outer = UOp.range(n, self.new_axis(), f"grid:{n}")
+    mapping = {}
+    for red in reduces:
+      rngs = red.src[1:]
+      # the outermost reduce range n divides into parts of at least 2 (of whole vectors, in a vector group step)
+      r = next((x for x in rngs if size(x) % n == 0 and size(x) // n >= 2 and (size(x) // n) % group_vector(x) == 0), None)
+      if r is None: raise OptError(f"{a}: no reduce range has a size that {n} divides into parts of at least 2 "
+                                   f"(and of whole vectors): {_names(rngs)}")
+      inner = UOp.range(size(r) // n, r.arg[0], r.arg[1])
+      at = UOp(Ops.ADD, dtypes.index, (UOp(Ops.MUL, dtypes.index, (outer, UOp.const(dtypes.index, size(r) // n))), inner))
+      mapping[red] = UOp(Ops.REDUCE, red.dtype, (substitute(red.src[0], {r: at}), outer,
+                                                 *(inner if x is r else x for x in rngs)), red.arg)
+    self.ast = _rebuild(self.ast, None, substitute(top, mapping), ())
 
 
 def apply(kernel: Kernel, actions, device: str) -> Kernel:

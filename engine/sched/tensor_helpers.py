@@ -10,7 +10,7 @@ import os
 from engine.dtypes import dtypes
 from engine.ops import MOVEMENT, Ops
 from engine.uop import UOp, prod
-from runtime.devices import split_parts
+from runtime.devices import one_pass_groups, split_parts
 
 REDUCE_SPLIT_THRESHOLD = int(os.environ.get("RULEC_REDUCE_SPLIT_THRESHOLD", 32768))
 
@@ -96,6 +96,16 @@ def split_reduceop(red: UOp, x: UOp) -> UOp | None:
     partial = x.reshape(shape).r(op, inner_axes).rtag("split").contiguous()
     return partial.r(op, (ax,)).reshape(red.shape)
   return None
+
+
+@rule_helper
+def reduces_in_one_pass(red: UOp) -> bool:
+  """Whether the reduce, to a single value, runs as one kernel on its device (the CL device's GRID on a GPU: its
+  work-groups' partial results combined by the last group to finish) rather than split in two."""
+  if red.size != 1 or (n := one_pass_groups(red.device)) <= 0: return False
+  # the kernel's GRID needs a reduce range it divides; where the split below would find a part size of 8 or more,
+  # a range of the input has such a divisor (else the split into two kernels stays)
+  return any(s % d == 0 and s // d >= 2 for s in red.src[0].shape for d in range(min(n, s // 2), 7, -1))
 
 
 @rule_helper
