@@ -30,6 +30,9 @@ MAX_ROWS = 16
 # window): every lane is code of its own, and a 256-lane 3x3 convolution tile doubled rulec demo's compile time of
 # its conv block (262 -> 433 ms) for no speed the demo could see
 BODY_TILE_LANES = 128
+# ... and in a kernel of little work (outputs x reduce length below this): 256 lanes of code cost more to compile
+# than they can save in running
+SMALL_TILE_WORK = 1 << 25
 K_BLOCK_BYTES = 512 << 10   # the block of the second matrix one block of the reduction reads: fits in L2 ...
 # ... half that with 16-lane tiles: RULEC_SEARCH chose 64-long blocks over 128 for the 1024^3 matmul in both of
 # two runs here (9.6 against 10.0 ms, 7.9 against 8.8), the block loop then re-reading C twice as often
@@ -131,7 +134,9 @@ def cpu_actions(k: Kernel, target: CPUTarget | None = None) -> list[Action]:
   # for the conv2d workload (56 wide: 8 columns divide it), which runs in 99 ms that way against 218 ms with 8 x 8
   # (RULEC_SEARCH, 8-lane registers)
   accumulators = TILE_REGISTERS * lanes
-  if _reduce_ranges(end) > 1: accumulators = min(accumulators, BODY_TILE_LANES)
+  work = math.prod(r.src[0].arg for r in end.src[1:]) * max(
+    (math.prod(x.src[0].arg for x in u.src[1:]) for u in end.src[0].toposort() if u.op is Ops.REDUCE), default=1)
+  if _reduce_ranges(end) > 1 or work < SMALL_TILE_WORK: accumulators = min(accumulators, BODY_TILE_LANES)
   widths = tuple(c for c in column_lanes(lanes) if c * UPCAST_ROWS <= accumulators) or column_lanes(lanes)[-1:]
   row, rows, col, cols = tile_ranges(end, UPCAST_ROWS, widths)
   if col is not None and cols * UPCAST_ROWS < accumulators:
