@@ -39,7 +39,7 @@ import struct
 import numpy as np
 from llvmlite import ir
 
-from codegen.opt.transform import range_kind
+from codegen.opt.transform import range_kind, renamed_reduce
 from codegen.scoped import ScopedEmitter
 from engine.dtypes import DType, dtypes
 from engine.ops import Ops
@@ -270,7 +270,7 @@ class LLVMRenderer(ScopedEmitter):
     """A hoisted reduce's value in the current scope: an earlier one that differs only in the names of its own
     ranges (a fused softmax reads its row max in the sum and in the quotient, each with ranges of its own) is the
     same value, computed once."""
-    same = self._same_reduce.setdefault(_renamed(red), red)
+    same = self._same_reduce.setdefault(renamed_reduce(red), red)
     got = self.lookup(same) if same is not red else None
     if got is None:   # (it depends on no upcast range: one value for every lane, computed outside them)
       ups, self.ups = self.ups, {}
@@ -561,13 +561,6 @@ def _guarded_reduce(value: UOp) -> bool:
   if value.op is not Ops.WHERE: return False
   f = value.src[2]
   return f.op is Ops.CONST and f.arg == 0 and any(n.op is Ops.REDUCE for n in value.src[1].toposort())
-
-
-def _renamed(red: UOp) -> UOp:
-  """red with the ranges it and the reduces inside it reduce over renamed by order of appearance: equal for two
-  reduces that compute the same value over ranges of their own."""
-  own = [r for u in red.toposort() if u.op is Ops.REDUCE for r in u.src[1:]]
-  return substitute(red, {r: UOp.range(r.src[0], -1 - i, range_kind(r)[0]) for i, r in enumerate(dict.fromkeys(own))})
 
 
 def _reduce_levels(ast: UOp) -> dict:

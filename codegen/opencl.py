@@ -60,7 +60,7 @@ import attrs
 import numpy as np
 
 from engine.alu import wrap
-from codegen.opt.transform import contiguous_offset, group_vector, range_kind
+from codegen.opt.transform import contiguous_offset, group_vector, range_kind, renamed_reduce
 from codegen.scoped import ScopedEmitter
 from engine.dtypes import DType, dtypes
 from engine.ops import Ops
@@ -277,7 +277,7 @@ class CLRenderer(ScopedEmitter):
     kinds = {r: range_kind(r) for r in ends}
     for r, (kind, n) in kinds.items():
       if kind == "vector": return self._render_vector(stores[0], r, n)
-      if kind not in ("loop", "local", "upcast"): raise ValueError(f"the CL renderer cannot follow a {r.arg[1]} range (r{r.arg[0]})")
+      if kind not in ("loop", "local", "upcast", "spread"): raise ValueError(f"the CL renderer cannot follow a {r.arg[1]} range (r{r.arg[0]})")
     groups = {range_kind(u)[1] for u in k.ast.toposort() if u.op is Ops.RANGE and range_kind(u)[0] == "group"}
     if len(groups) > 1: raise ValueError(f"group reductions of several sizes in one kernel: {sorted(groups)}")
     self.group = groups.pop() if groups else 0
@@ -302,7 +302,9 @@ class CLRenderer(ScopedEmitter):
       self.line(f"if (gid >= {total}L) return;")
     self._unflatten(flat, "gid")
     self._unflatten(local, "lid")
+    spread = next((r for r in ends if kinds[r][0] == "spread"), None)
     if self.grid: self._grid_reduces()
+    elif self.group: self._group_reduces()
     for st in stores:
       loops = []
       if st.op is Ops.END:
@@ -313,16 +315,24 @@ class CLRenderer(ScopedEmitter):
         st = st.src[0]
       target, value = st.src
       p, idx = target.src
+      if spread is not None:   # each work-item stores its share of the spread range: spread, spread + G, ...
+        v = f"r{spread.arg[0]}"
+        self.line(f"for ({self.ct(spread.dtype)} {v} = lane; {v} < {spread.src[0].arg}; {v} += {self.group}) {{")
+        self.depth += 1
+        self.ranges[spread] = v
+        self.scopes.append({})
       for _ in self.each_lane():
         v = self.value(value)
         i = self.value(idx)
-        if self.group:   # every lane computed the value (the reductions need them all); one stores it
+        guard = self.group and spread is None   # every lane computed the value (the reductions need them all); one stores it
+        if guard:
           self.line("if (lane == 0) {")
           self.depth += 1
         self._store(p, i, v, value.dtype)
-        if self.group:
+        if guard:
           self.depth -= 1
           self.line("}")
+      if spread is not None: self.close_loop(spread)
       for r in reversed(loops): self.close_loop(r)
     if self.grid:
       return Rendered(self._assemble(), self.name, self.grid * self.group, flat, self.group,
@@ -619,6 +629,18 @@ class CLRenderer(ScopedEmitter):
   def _group_reduce(self, u: UOp, ident: str) -> str:
     """The work-group reduces together (_group_partial); every work-item gets the result."""
     return self._reduced(u.arg, u.dtype, self.let(u.dtype, f"{self._group_partial(u, ident)}[0]"))
+
+  def _group_reduces(self):
+    """GROUP, SPREAD: every reduction of the kernel, before the store, sources first, by the whole work-group
+    (each work-item reaches every barrier, in the same order): a reduce inside another, which depends on the
+    store's ranges only (transform.py checks), is then a value the outer one's steps read. Two reduces that differ
+    only in the names of their own ranges are one value (a fused softmax's row max, read twice)."""
+    same: dict[UOp, UOp] = {}
+    for u in self.k.ast.toposort():
+      if u.op is not Ops.REDUCE: continue
+      first = same.setdefault(renamed_reduce(u), u)
+      self.scopes[0][u] = self.scopes[0][first] if first is not u else \
+        self._group_reduce(u, self.const(identity_element(u.arg, u.dtype), u.dtype))
 
   def _group_partial(self, u: UOp, ident: str) -> str:
     """Work-item `lane` takes elements lane, lane + G, lane + 2G, ... of the flattened reduce ranges (neighbouring

@@ -85,6 +85,17 @@ def one_pass_groups(device) -> int:
   return 0
 
 
+def rows_shared(device) -> bool:
+  """Whether `device` computes a row's value (a softmax's max and sum) once per row inside the kernel that reads
+  it: the CL device where work-groups share reductions (GPUs; codegen/opt's SPREAD puts a row in a work-group).
+  Elsewhere on CL every work-item would compute its row's value again."""
+  if isinstance(device, str) and device_kind(device) == "CL":
+    from runtime import cl_device
+    try: return cl_device.get_device().target.group > 0
+    except cl_device.CLUnavailable: return False
+  return False
+
+
 def default_device() -> str:
   d = os.environ.get("RULEC_DEVICE", "CPU").upper()
   try: return canonical_device(d)

@@ -663,3 +663,61 @@ def test_grid_is_an_action_a_user_can_force_and_it_is_refused_where_it_cannot_ap
   (rows,) = Tensor(x, device="CL").sum(1).schedule()
   monkeypatch.setenv("RULEC_OPT", f"{kernel_key(rows)}=GROUP(32) GRID(2)")
   with pytest.raises(OptError, match="stores one value"): cl_device.render(rows)
+
+
+# *** a row per work-group (SPREAD: what GPUs run; forced on here) ***
+
+def test_softmax_and_layernorm_are_one_kernel_a_row_per_work_group(group_reductions):
+  x = np.random.default_rng(50).standard_normal((6, 300)).astype(np.float32)
+  for name, f in (("softmax", lambda t: t.softmax(-1)), ("log_softmax", lambda t: t.log_softmax(-1)),
+                  ("layernorm", lambda t: t.layernorm(-1))):
+    t = f(Tensor(x, device="CL"))
+    (k,) = t.schedule()
+    src = cl_device.render(k).source
+    # the row's reductions once per work-group (a softmax's max, read twice, is one value), then each work-item
+    # stores its share of the row
+    assert "for (int r1 = lane; r1 < 300; r1 += 64)" in src and src.count("__local") == 2, name
+    np.testing.assert_allclose(t.numpy(), f(Tensor(x, device="NUMPY")).numpy(), rtol=1e-5, atol=1e-6)
+
+
+def test_without_shared_reductions_a_softmax_stays_three_kernels():
+  import attrs
+  old = DEV.target
+  DEV.target = attrs.evolve(old, group=0)   # (PoCL's own setting: a CPU device)
+  try:
+    x = np.random.default_rng(51).standard_normal((6, 300)).astype(np.float32)
+    t = Tensor(x, device="CL").softmax(-1)
+    assert len(t.schedule()) == 3
+    np.testing.assert_allclose(t.numpy(), Tensor(x, device="NUMPY").softmax(-1).numpy(), rtol=1e-5, atol=1e-6)
+  finally: DEV.target = old
+
+
+@settings(max_examples=25, suppress_health_check=[HealthCheck.function_scoped_fixture], deadline=None)
+@given(st.sampled_from([(1,), (3,), (2, 5)]), st.sampled_from([1, 2, 7, 64, 65, 513]),
+       st.sampled_from(["softmax", "log_softmax", "layernorm", "center", "logsumexp", "softmax0"]))
+def test_rows_per_work_group_agree_with_numpy_for_any_shape(group_reductions, lead, cols, fn):
+  x = np.random.default_rng(cols * 7 + len(lead)).standard_normal(lead + (cols,)).astype(np.float32)
+  f = {"softmax": lambda t: t.softmax(-1), "log_softmax": lambda t: t.log_softmax(-1), "layernorm": lambda t: t.layernorm(-1),
+       "center": lambda t: (t - t.mean(-1, keepdim=True)) * t.max(-1, keepdim=True),
+       "logsumexp": lambda t: t.logsumexp(-1), "softmax0": lambda t: t.softmax(0)}[fn]
+  got, ref = on("CL", x, dtypes.float32, f), on("NUMPY", x, dtypes.float32, f)
+  np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-5)
+
+
+def test_spread_is_an_action_a_user_can_force_and_it_is_refused_where_it_cannot_apply(group_reductions, monkeypatch):
+  from codegen.opt import OptError, kernel_key
+  x = np.random.default_rng(52).standard_normal((4, 96)).astype(np.float32)
+  from runtime.kernel import decomposed
+  (k,) = Tensor(x, device="CL").softmax(-1).schedule()
+  axes = [r.arg[0] for r in k.ast.src[0].src[1:]]
+  key = kernel_key(decomposed(k, DEV.optional))   # (the key of the kernel the optimizer sees)
+  monkeypatch.setenv("RULEC_OPT", f"{key}=SPREAD({axes[1]},8)")
+  cl_device._by_ast.clear()
+  assert f"r{axes[1]} += 8" in cl_device.render(k).source
+  np.testing.assert_allclose(Tensor(x, device="CL").softmax(-1).numpy(), Tensor(x, device="NUMPY").softmax(-1).numpy(),
+                             rtol=1e-5, atol=1e-6)
+  for bad, why in ((f"SPREAD({axes[0]},16)", f"a reduction depends on r{axes[0]}, which is not fixed"),
+                   (f"SPREAD({axes[1]},12)", "power of two")):
+    monkeypatch.setenv("RULEC_OPT", f"{key}={bad}")
+    cl_device._by_ast.clear()
+    with pytest.raises(OptError, match=why): cl_device.render(k)

@@ -13,6 +13,9 @@ applies it) by a range's axis number, the `r<axis>` of `Kernel.render()`:
   VECTOR(n)     an elementwise kernel over one contiguous range moves n elements per work-item with aligned vector
                 loads and stores; after GROUP, each work-item's step of the group reduction takes n neighbouring
                 elements, with a vector load for each load contiguous in the innermost reduce range
+  SPREAD(a,n)   store range a spread across a work-group of n work-items (a, a + n, ... each); every reduction
+                of the kernel (none may depend on a) computed once per work-group by all n (GROUP): a softmax row
+                per work-group, its max and sum shared
   GRID(n)       after GROUP, in a kernel that stores one value of one reduction: the reduction split across n
                 work-groups in one launch; each stores its partial result, and the last to finish (an atomic
                 counter) combines the n partials and stores the value (one kernel where the scheduler would
@@ -30,7 +33,7 @@ import attrs
 # op -> (takes an axis, takes an amount)
 SHAPES = {"UPCAST": (True, True), "LOCAL": (True, True), "KBLOCK": (True, True), "THREAD": (True, False),
           "GROUP": (False, True), "VECTOR": (False, True),
-          "GRID": (False, True)}
+          "GRID": (False, True), "SPREAD": (True, True)}
 
 
 class OptError(ValueError):

@@ -11,7 +11,7 @@ import math
 from dataclasses import dataclass
 
 from codegen.opt.actions import Action, OptError
-from codegen.opt.transform import apply
+from codegen.opt.transform import apply, free_ranges
 from engine.index_expr import evaluate
 from engine.ops import Ops
 from engine.uop import UOp
@@ -169,6 +169,23 @@ def _group_size(k: Kernel, target) -> int:
   return g if _applies(k, "CL", Action("GROUP", None, g)) else 0
 
 
+def _spread(k: Kernel, target) -> list[Action]:
+  """[SPREAD(a,n)] for a kernel whose reductions do not depend on one of its store ranges (a row's max and sum
+  fused into the softmax that reads them): the innermost such range spread across a work-group of n work-items
+  (at least 4 elements each, up to the device's group size), the reductions computed once per group; [] if none."""
+  end = _sole_end(k)
+  if end is None or not target.group: return []
+  reduces = [u for u in end.src[0].toposort() if u.op is Ops.REDUCE]
+  if not reduces: return []
+  used = frozenset().union(*(free_ranges(u) for u in reduces))
+  r = next((x for x in reversed(end.src[1:]) if x not in used and x.src[0].arg >= 2), None)
+  if r is None: return []
+  n = 2
+  while n * 2 <= target.group and n * 2 * 4 <= r.src[0].arg: n *= 2
+  act = Action("SPREAD", r.arg[0], n)
+  return [act] if _applies(k, "CL", act) else []
+
+
 def _grid(k: Kernel, acts: list[Action], g: int, target) -> list[Action]:
   """[GRID(n)] for a kernel that stores one value of long reductions, on a device with one-pass reductions:
   the most work-groups (up to target.grid, each with GRID_MIN_PER_GROUP elements per work-item) that divide a
@@ -212,6 +229,7 @@ def cl_actions(k: Kernel, target) -> list[Action]:
   elementwise kernels (VECTOR), and on GPUs (target.tile) register tiles inside 2-D work-groups for
   matmul-shaped kernels (UPCAST rows and columns, LOCAL over what is left of each)."""
   if len(k.ast.src) != 1: return []
+  if (spread := _spread(k, target)): return spread
   g = _group_size(k, target)
   if g:
     # with vector loads where the reduction reads contiguous elements (the device's vector width): more bytes in

@@ -57,6 +57,9 @@ def _cl_candidates(k: Kernel, end, target) -> list[list[Action]]:
         if acts is not None: out.append(acts)
   if getattr(target, "vector", 0):
     out += [[Action("VECTOR", None, n)] for n in (2, 4, 8, 16)]
+  if (spread := choose._spread(k, target)):   # a row per work-group: other work-group sizes
+    r = spread[0].axis
+    out += [[Action("SPREAD", r, n)] for n in (32, 64, 128, 256, 512, 1024) if n <= target.group]
   if getattr(target, "group", 0) and any(u.op is Ops.REDUCE for u in k.ast.toposort()):
     g = 32
     while g <= target.group:

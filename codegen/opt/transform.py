@@ -12,6 +12,7 @@ kinds; they choose nothing:
   group:n   a reduce range the work-group of n work-items strides through together (GROUP); group:n:v on
             the innermost one: v neighbouring elements per step, with vector loads (VECTOR after GROUP)
   vector:n  the one range of an elementwise kernel, n elements per work-item (VECTOR)
+  spread:n  a store range the n work-items of a group take in turn, a, a + n, ... (SPREAD)
   grid:n    the outer part of a group reduction's outermost range: which of n work-groups takes which share of
             the one reduction (GRID); the last group to finish combines their partial results
 
@@ -31,7 +32,7 @@ from runtime.kernel import Kernel
 
 # which actions each renderer can follow
 DEVICE_ACTIONS = {"CPU": frozenset({"UPCAST", "KBLOCK", "THREAD"}),
-                  "CL": frozenset({"UPCAST", "LOCAL", "GROUP", "VECTOR", "GRID"})}
+                  "CL": frozenset({"UPCAST", "LOCAL", "GROUP", "VECTOR", "GRID", "SPREAD"})}
 MAX_LANES = 256          # upcast lanes in one kernel: each is emitted as code of its own
 MAX_GROUP = 1024         # work-items sharing one reduction
 VECTOR_WIDTHS = (2, 4, 8, 16)   # OpenCL's vector sizes
@@ -67,6 +68,39 @@ def contiguous_offset(u: UOp, r: UOp) -> UOp | None:
 
 
 def size(r: UOp) -> int: return r.src[0].arg
+
+
+def renamed_reduce(red: UOp) -> UOp:
+  """red with the ranges it and the reduces inside it reduce over renamed by order of appearance: equal for two
+  reduces that compute the same value over ranges of their own (a fused softmax reads its row max twice)."""
+  own = [r for u in red.toposort() if u.op is Ops.REDUCE for r in u.src[1:]]
+  return substitute(red, {r: UOp.range(r.src[0], -1 - i, range_kind(r)[0]) for i, r in enumerate(dict.fromkeys(own))})
+
+
+def free_ranges(u: UOp) -> frozenset:
+  """The ranges u's value depends on: every range under it but those its reduces (u's own too) reduce over."""
+  free: dict[UOp, frozenset] = {}
+  for x in u.toposort():
+    if x.op is Ops.RANGE: free[x] = frozenset((x,))
+    else:
+      f = frozenset().union(*(free[s] for s in x.src)) if x.src else frozenset()
+      free[x] = f - frozenset(x.src[1:]) if x.op is Ops.REDUCE else f
+  return free[u]
+
+
+def _shared_reductions(a: Action, top: UOp, store_ranges) -> list[UOp]:
+  """The reduces of a kernel whose work-group shares them (GROUP, SPREAD): each may depend on the store's ranges
+  only (besides its own), so every work-item of a group computes each one once, in the same order, before the
+  store: a reduce inside another is computed first, outside it (every work-item must reach every barrier)."""
+  reduces = [u for u in top.toposort() if u.op is Ops.REDUCE]
+  if not reduces: raise OptError(f"{a}: the kernel has no reduction")
+  allowed = frozenset(store_ranges)
+  for u in reduces:
+    if not free_ranges(u) <= allowed:
+      raise OptError(f"{a}: a reduction depends on r{' r'.join(str(r.arg[0]) for r in free_ranges(u) - allowed)}, which "
+                     "is not fixed for a work-group (the range spread across it, or an enclosing reduction's), so it "
+                     "cannot be computed once per work-group")
+  return reduces
 
 
 def _names(rs) -> str: return " ".join(f"r{r.arg[0]}[{size(r)}]" for r in rs) or "none"
@@ -174,13 +208,25 @@ class _Applier:
     n = a.amount
     if n < 2 or n > MAX_GROUP or n & (n - 1): raise OptError(f"{a}: a work-group size is a power of two from 2 to {MAX_GROUP}")
     ends = top.src[1:] if top.op is Ops.END else ()
-    reduces = [u for u in top.toposort() if u.op is Ops.REDUCE]
-    if not reduces: raise OptError(f"{a}: the kernel has no reduction")
-    if any(x.op is Ops.REDUCE for u in reduces for x in u.src[0].toposort()):
-      raise OptError(f"{a}: a reduction nested in another cannot be shared (every work-item must reach its barriers)")
+    reduces = _shared_reductions(a, top, ends)
     if any(size(r) == 0 for r in ends): raise OptError(f"{a}: the kernel stores nothing (an empty range)")
-    if any(range_kind(r)[0] != "loop" for r in ends): raise OptError(f"{a}: the store ranges are split already")
+    if any(range_kind(r)[0] not in ("loop", "spread") for r in ends): raise OptError(f"{a}: the store ranges are split already")
     self._mark({r for u in reduces for r in u.src[1:]}, f"group:{n}")
+
+  def spread(self, a: Action) -> None:
+    """Store range a spread across a work-group of n work-items (a, a + n, ... each), every reduction of the kernel,
+    none of which depends on a, computed once per work-group by all n together (GROUP): a softmax row per group,
+    its max and sum shared, each work-item storing its share of the row."""
+    end = _sole_end(self.ast, a)
+    r = _store_range(end, a, ("loop",))
+    n = a.amount
+    if n < 2 or n > MAX_GROUP or n & (n - 1): raise OptError(f"{a}: a work-group size is a power of two from 2 to {MAX_GROUP}")
+    if any(range_kind(x)[0] != "loop" for x in end.src[1:]): raise OptError(f"{a}: the store ranges are split already")
+    reduces = _shared_reductions(a, end.src[0], [x for x in end.src[1:] if x is not r])
+    if any(u.dtype.itemsize > 8 for u in reduces): raise OptError(f"{a}: takes reductions of at most 8-byte values")
+    if any(size(x) == 0 for x in end.src[1:]): raise OptError(f"{a}: the kernel stores nothing (an empty range)")
+    self._mark([r], f"spread:{n}")
+    self.group(Action("GROUP", None, n))
 
   def vector(self, a: Action) -> None:
     n = a.amount
@@ -227,6 +273,8 @@ class _Applier:
     if not reduces or any(len(u.src) < 2 or range_kind(u.src[1])[0] != "group" for u in reduces):
       raise OptError(f"{a}: comes after GROUP")
     if any(u.dtype.itemsize > 8 for u in reduces): raise OptError(f"{a}: takes reductions of at most 8-byte values")
+    if any(x.op is Ops.REDUCE for u in reduces for x in u.src[0].toposort()):
+      raise OptError(f"{a}: a reduction inside another needs the inner one's whole value before its own partials")
     if n < 2: raise OptError(f"{a}: the amount must be at least 2")
     outer = UOp.range(n, self.new_axis(), f"grid:{n}")
     mapping = {}
@@ -255,4 +303,5 @@ def apply(kernel: Kernel, actions, device: str) -> Kernel:
   return Kernel(ap.ast, kernel.bufs)
 
 
-__all__ = ["DEVICE_ACTIONS", "MAX_LANES", "apply", "contiguous_offset", "group_vector", "range_kind"]
+__all__ = ["DEVICE_ACTIONS", "MAX_LANES", "apply", "contiguous_offset", "free_ranges", "group_vector", "range_kind",
+           "renamed_reduce"]

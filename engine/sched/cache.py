@@ -26,7 +26,7 @@ from engine.sched import multi_helpers as _multi
 from engine.sched import tensor_helpers as _helpers
 from engine.uop import UOp
 from runtime.buffer import new_buffer
-from runtime.devices import one_pass_groups, split_parts
+from runtime.devices import one_pass_groups, rows_shared, split_parts
 from runtime.kernel import Kernel
 
 __all__ = ["STATS", "MAX_ENTRIES", "enabled", "graph_key", "schedule", "clear"]
@@ -112,7 +112,7 @@ def _knobs(devices: set) -> tuple:
   form, the rules."""
   ds = sorted(d for d in devices if d)
   return (tuple(_scheduler.max_kernel_buffers(d) for d in ds), tuple(split_parts(d) for d in ds),
-          tuple(one_pass_groups(d) for d in ds),
+          tuple(one_pass_groups(d) for d in ds), tuple(rows_shared(d) for d in ds),
           _helpers.REDUCE_SPLIT_THRESHOLD, _scheduler.MAX_RECOMPUTE_READS, _scheduler.HOISTING_DEVICES,
           _multi._ring_setting(),   # which allreduce form (RULEC_RING, RULEC_RING_THRESHOLD)
           load_library().digest)   # the rules themselves: RULEC_RULES may change between calls

@@ -30,7 +30,7 @@ def rule_contexts() -> dict[str, RuleContext | None]:
   from engine.sched.kernels import KernelBuilder, KernelSplit
   from engine.sched.stages import CopyReuse, Placement, StagePlan
   fusion = _facts(FusionFacts, "engine/sched/fusion.py", "uses", "contexts", "reads", "reduces_inside", "epilogue",
-                  "needed_below", "hoists", "max_reads", "row_value", "shrunk_view", "permuted_view",
+                  "needed_below", "hoists", "hoists_rows", "max_reads", "row_value", "shrunk_view", "permuted_view",
                   "store", "hoist", "keep")
   return {
     "earliest": None, "prepare": None, "realize": None, "rangeify": None, "symbolic": None, "multi": None,

@@ -32,7 +32,7 @@ from engine.sched.kernels import KernelSplit, order_kernels
 from engine.sched.multi import split_by_device
 from engine.sched.stages import CopyReuse, Placement, StagePlan, snapshot_overwritten_reads
 from engine.uop import UOp
-from runtime.devices import device_kind
+from runtime.devices import device_kind, rows_shared
 from runtime.kernel import Kernel
 
 DEBUG = int(os.environ.get("RULEC_DEBUG", "0") or 0)
@@ -89,13 +89,13 @@ def _traced_pass(name: str, sink: UOp, matcher, quiet: bool, **kw) -> UOp:
 FUSION_SETS = ("fuse_reduces", "fuse_values")
 
 
-def _fusion(sink: UOp, hoists: bool) -> set[UOp]:
+def _fusion(sink: UOp, hoists: bool, hoists_rows: bool) -> set[UOp]:
   """Pass 2: the nodes the fusion rules store (decision rules: they record, the graph is not rewritten)."""
   sets = [_m(name) for name in FUSION_SETS]
-  if not DEBUG: return choose_stages(sink, sets, hoists)
+  if not DEBUG: return choose_stages(sink, sets, hoists, hoists_rows)
   counting = [_Counting(m) for m in sets]
   t0 = time.perf_counter()
-  staged = choose_stages(sink, counting, hoists)
+  staged = choose_stages(sink, counting, hoists, hoists_rows)
   fired = ", ".join(s for s in (c.summary() for c in counting) if s)
   print(f"[schedule] {'fusion':<10} {len(staged):>6} stores {' ' * 10}{(time.perf_counter() - t0) * 1e3:7.2f} ms  "
         f"{fired or 'no rules fired'}")
@@ -128,8 +128,10 @@ def schedule(targets: list[UOp], default_device: str = "NUMPY",
   sink = _pass("earliest", UOp.sink(*targets, *assigns), _m("earliest"))
   if (copies := CopyReuse(sink)).found: sink = _pass("reuse_copies", sink, _m("reuse_copies"), ctx=copies)
   sink = _pass("prepare", sink, _m("prepare"))
-  hoists = all(device_kind(d) in HOISTING_DEVICES for d in {*devices, *(u.arg[1] for u in sink.toposort() if u.op is Ops.BUFFER)})
-  sink = _pass("stage", sink, _m("stage"), ctx=StagePlan(sink, _fusion(sink, hoists), devices))
+  used = {*devices, *(u.arg[1] for u in sink.toposort() if u.op is Ops.BUFFER)}
+  hoists = all(device_kind(d) in HOISTING_DEVICES for d in used)
+  hoists_rows = all(device_kind(d) in HOISTING_DEVICES or rows_shared(d) for d in used)
+  sink = _pass("stage", sink, _m("stage"), ctx=StagePlan(sink, _fusion(sink, hoists, hoists_rows), devices))
   if (limit := max_kernel_buffers(default_device)): sink = _pass("limit", sink, _m("limit_buffers"), ctx=limit)
   if Placement.needed(sink): sink = _pass("place", sink, _m("place"), ctx=Placement(sink, devices))
   sink = snapshot_overwritten_reads(sink)

@@ -74,8 +74,9 @@ class FusionFacts:
   value computed once at the top of its one consumer's kernel, on devices that do so) or `keep(x)` (x stays
   fused into its consumers; later sets may still decide otherwise). A node no rule decides stays fused. Uses
   are counted again after each store or hoist: a realized value starts afresh."""
-  def __init__(self, sink: UOp, hoists: bool):
+  def __init__(self, sink: UOp, hoists: bool, hoists_rows: bool | None = None):
     self.sink, self.hoists = sink, hoists
+    self.hoists_rows = hoists if hoists_rows is None else hoists_rows
     self._outputs = set(sink.src)
     self.max_reads = MAX_RECOMPUTE_READS
     self.order = sink.toposort()
@@ -198,13 +199,14 @@ class FusionFacts:
     return None if self.decided(x) else UOp(Ops.FUSE, x.dtype, (x,))
 
 
-def choose_stages(sink: UOp, rule_sets, hoists: bool = False) -> set[UOp]:
+def choose_stages(sink: UOp, rule_sets, hoists: bool = False, hoists_rows: bool | None = None) -> set[UOp]:
   """Nodes to realize: every node offered to each fusion rule set (a matcher) in turn, consumers first.
 
   `hoists`: the devices compute a reduce that depends on no loop around it once per kernel (CPU, NUMPY), so a
   whole-tensor value with one consumer may stay in that consumer's kernel however far it is broadcast
-  (`x.argmax()`, `x - x.mean()`: one kernel, as in tinygrad)."""
-  facts = FusionFacts(sink, hoists)
+  (`x.argmax()`, `x - x.mean()`: one kernel, as in tinygrad). `hoists_rows` (default: `hoists`): they compute a
+  row's value once per row (CPU and NUMPY as above; a GPU's CL device in a work-group per row: codegen/opt SPREAD)."""
+  facts = FusionFacts(sink, hoists, hoists_rows)
   for m in rule_sets:
     for u in reversed(facts.order): m.rewrite(u, facts)
   return facts.staged
@@ -226,5 +228,5 @@ def _needed_below(u: UOp, epilogues: set[UOp], uses: dict[UOp, float]) -> bool:
 
 # devices whose kernels compute a reduce that depends on no enclosing loop once, before the loops (the CPU
 # renderer hoists it, the NUMPY device evaluates each value over only the ranges it depends on); OpenCL
-# work-items would each compute it
+# work-items would each compute it (a row's value is another matter: runtime/devices.py rows_shared)
 HOISTING_DEVICES = frozenset({"CPU", "NUMPY"})
