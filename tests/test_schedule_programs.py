@@ -192,7 +192,9 @@ def test_views_of_an_assigned_tensor(view):
 def test_contiguous_of_a_computed_value_is_one_kernel():
   a, b = Tensor(arr(4, 5)).realize(), Tensor(arr(4, 5)).realize()
   assert len(kernels((a + b).contiguous())) == 1
-  assert len(kernels(a + b, (a + b).contiguous())) == 1
+  # realized beside the value, the copy gets a buffer of its own (an assign into one must not show in the other),
+  # and schedule() shows what realize() runs
+  assert len(kernels(a + b, (a + b).contiguous())) == 2
   close((a + b).contiguous(), a.numpy() + b.numpy())
 
 
@@ -384,3 +386,25 @@ def test_clones_of_one_tensor_realized_together_are_separate():
   Tensor.realize(c1, c2)
   c1[0:1] = Tensor([-5], dtype=dtypes.int32)
   assert c1.tolist() == [-5, 8, 9] and c2.tolist() == [7, 8, 9] and a.tolist() == [7, 8, 9]
+
+
+def test_schedule_shows_the_kernels_realize_runs():
+  # Tensor.schedule(...) prepares its tensors as Tensor.realize(...) does (a copy realized beside its value, one
+  # graph held by two tensors, a constant asked for storage) and leaves them unrealized
+  from runtime import cpu_device
+  def programs():
+    a, b = Tensor(arr(4, 5)).realize(), Tensor(arr(4, 5)).realize()
+    s = a + b
+    yield [s, s.contiguous()]
+    t = a * 2
+    yield [t, Tensor(t.uop)]                      # two tensors, one graph
+    yield [Tensor.full((3, 2), 1.5), a.exp()]     # a constant gets storage
+    yield [a[1:3], b.T]                           # views of realized buffers: nothing to run
+  for ts in programs():
+    graphs = [t.uop for t in ts]
+    planned = kernels(*ts)
+    assert [t.uop for t in ts] == graphs   # (left as they were)
+    if ts[0].device != "CPU": continue
+    before = cpu_device.COUNTERS["run"]
+    Tensor.realize(*ts)
+    assert cpu_device.COUNTERS["run"] - before == len(planned)

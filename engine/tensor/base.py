@@ -189,27 +189,12 @@ class TensorBase:
   def realize(self, *others: Tensor) -> Tensor:
     """Compute this tensor (and others: `Tensor.realize(a, b, c)`) into buffers; returns self."""
     ts = [self, *others]
-    for t in ts:
-      if not isinstance(t, TensorBase): raise TypeError(f"realize() takes Tensors, got {type(t).__name__}")
-    # a constant asked to be realized gets storage (a view of it can then be written through, as before it was
-    # realized it could not); a value that only folds to a constant while scheduling stays one (no kernel)
-    for t in ts:
-      if t.uop.base.op is Ops.CONST: t.uop = t.uop.contiguous()
-      t.uop = _multi.stored(t)
+    for t, u in _prepared(ts, "realize"): t.uop = u
     todo, seen = [], set()
     for t in ts:
       if id(t) not in seen and not _multi.is_realized(t.uop): seen.add(id(t)); todo.append(t)
     if todo:
-      # two tensors holding one (hash-consed) graph get a buffer each: an assign into one must not show in the other
-      # and so does a copy (contiguous()) of a lazy value realized beside it: the scheduler would otherwise store
-      # the value once and let both tensors hold that buffer
-      uops, firsts, held = [], set(), {t.uop for t in todo}
-      for t in todo:
-        u = t.uop
-        if u in firsts: u = UOp(Ops.CONTIGUOUS, t.dtype, (u,), tag="copy")
-        elif u.op is Ops.CONTIGUOUS and u.tag is None and u.src[0] in held: u = UOp(Ops.CONTIGUOUS, u.dtype, u.src, tag="copy")
-        uops.append(u)
-        firsts.add(t.uop)
+      uops = _kept_apart([t.uop for t in todo])
       # (a device set's parts say where they live: the device here is for values that live nowhere)
       done = _engine.realize_map(uops, [t.device if isinstance(t.device, str) else t.device[0] for t in todo])
       for t, u in zip(todo, uops):
@@ -221,8 +206,11 @@ class TensorBase:
 
   def schedule(self, *others: Tensor):
     """The kernels realizing these tensors would run (`Tensor.schedule(a, b)`)."""
-    ts = (self, *others)
-    return _engine.schedule([_multi.stored(t) for t in ts], [t.device if isinstance(t.device, str) else t.device[0] for t in ts])
+    ts, todo, seen = (self, *others), [], set()
+    for t, u in _prepared(ts, "schedule"):   # (what realize() would compute, the tensors left as they are)
+      if id(t) not in seen and not _multi.is_realized(u): seen.add(id(t)); todo.append((t, u))
+    return _engine.schedule(_kept_apart([u for _, u in todo]),
+                            [t.device if isinstance(t.device, str) else t.device[0] for t, _ in todo])
 
   def numpy(self) -> np.ndarray:
     """The value as a new numpy array (realizes the tensor)."""
@@ -320,3 +308,29 @@ class TensorBase:
     if other.device != self.device:
       raise DeviceError(f"tensors are on different devices: {self.device} and {other.device}; move one with .to()"
                         + (" or .shard()" if isinstance(self.device, tuple) or isinstance(other.device, tuple) else ""))
+
+
+def _prepared(ts, caller: str) -> list[tuple[TensorBase, UOp]]:
+  """Each tensor's graph as realize() computes it. A constant asked to be realized gets storage (a view of it can
+  then be written through, as before it was realized it could not); a value that only folds to a constant while
+  scheduling stays one (no kernel)."""
+  out = []
+  for t in ts:
+    if not isinstance(t, TensorBase): raise TypeError(f"{caller}() takes Tensors, got {type(t).__name__}")
+    u = t.uop.contiguous() if t.uop.base.op is Ops.CONST else t.uop
+    out.append((t, _multi.stored(t, u)))
+  return out
+
+
+def _kept_apart(uops: list[UOp]) -> list[UOp]:
+  """The graphs to realize, each with a buffer of its own: two tensors holding one (hash-consed) graph get a buffer
+  each (an assign into one must not show in the other), and so does a copy (contiguous()) of a lazy value realized
+  beside it (the scheduler would otherwise store the value once and let both tensors hold that buffer)."""
+  out, firsts, held = [], set(), set(uops)
+  for u0 in uops:
+    u = u0
+    if u in firsts: u = UOp(Ops.CONTIGUOUS, u.dtype, (u,), tag="copy")
+    elif u.op is Ops.CONTIGUOUS and u.tag is None and u.src[0] in held: u = UOp(Ops.CONTIGUOUS, u.dtype, u.src, tag="copy")
+    out.append(u)
+    firsts.add(u0)
+  return out

@@ -76,9 +76,10 @@ def host_value(u: UOp) -> np.ndarray:
   return vals[0] if u.arg[0] is None else np.concatenate(vals, axis=u.arg[0])
 
 
-def stored(t: Tensor) -> UOp:
-  """t's uop ready to realize: a constant graph on a device set is replicated first (each device stores it)."""
-  u = t.uop
+def stored(t: Tensor, u: UOp | None = None) -> UOp:
+  """t's uop (or u, a graph of t's) ready to realize: a constant graph on a device set is replicated first (each
+  device stores it)."""
+  u = t.uop if u is None else u
   if isinstance(t.device, tuple) and u.op is not Ops.MSTACK and u.device is None: u = on_devices(u, t.device)
   return u
 
