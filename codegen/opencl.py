@@ -60,12 +60,12 @@ import attrs
 import numpy as np
 
 from engine.alu import wrap
-from codegen.opt.transform import contiguous_offset, group_vector, range_kind, renamed_reduce
+from codegen.opt.transform import VECTOR_DTYPES, VECTOR_WIDTHS, contiguous_offset, group_vector, range_kind, renamed_reduce
 from codegen.scoped import ScopedEmitter
 from engine.dtypes import DType, dtypes
 from engine.ops import Ops
 from engine.sched.indexing import identity_element
-from engine.sched.symbolic_helpers import multiple_of
+from engine.sched.symbolic_helpers import _terms, multiple_of
 from engine.uop import UOp
 from runtime.kernel import Kernel
 
@@ -219,6 +219,8 @@ class CLRenderer(ScopedEmitter):
     # a vector group step's loads (VECTOR after GROUP), by INDEX node: None outside one
     self.group_loads: dict[UOp, str] | None = None
     self.group_lane, self.group_vec_n, self.group_inner = 0, 1, None
+    # a register tile's loop body: its lanes' vector loads, by (INDEX node, the other lanes' values); None outside one
+    self.lane_vecs: dict | None = None
     self.set_lanes({})   # (render finds the upcast ranges)
     # index arithmetic in int rather than long when every index value provably fits: GPUs emulate 64-bit integer
     # multiplies and adds with several 32-bit instructions, and a tile's addresses are many of them
@@ -411,6 +413,7 @@ class CLRenderer(ScopedEmitter):
         self.line(f"{t}{self.vec_n} {self.vec_loads[p]} = {self._aligned(p, t, self.vec_n)}[wid];")
       return self.let(d, f"{self.vec_loads[p]}.s{self.vec_lane:x}")
     if op is Ops.INDEX and (vl := self._group_vector_load(u)) is not None: return vl
+    if op is Ops.INDEX and (vl := self._lane_vector_load(u)) is not None: return vl
     if op is Ops.INDEX:
       p, idx = u.src
       i = self.value(idx)
@@ -618,11 +621,13 @@ class CLRenderer(ScopedEmitter):
     # a float sum of products fuses each product into the sum, as the CPU device's `contract` does (the lanes are a
     # matmul's or convolution's register tile: fma doubles what a GPU computes per cycle)
     fuse = op is Ops.ADD and d in (dtypes.float32, dtypes.float64) and value.op is Ops.MUL
+    self.lane_vecs = {}
     for lane, acc in zip(lanes, accs):
       self.enter_lane(lane)
       if fuse: self.line(f"{acc} = fma({self.value(value.src[0])}, {self.value(value.src[1])}, {acc});")
       else: self.line(f"{acc} = {self._combine(op, d, acc, self.value(value))};")
       self.scopes.pop()
+    self.lane_vecs = None
     for r in reversed(rngs): self.close_loop(r)
     return [self._reduced(op, d, acc) for acc in accs]
 
@@ -762,6 +767,28 @@ class CLRenderer(ScopedEmitter):
     workload at 0.74 of a float4 copy where typed vector loads ran at 1.1 (bench/cl_bandwidth_probe.py)."""
     const = "" if p.arg[0] in self.k.outputs else "const "
     return f"((__global {const}{t}{n}*){self.ptrs[p]})"
+
+  def _lane_vector_load(self, u: UOp) -> str | None:
+    """In a register tile's loop body: when u's index is (terms without r, all multiples of n) + r for an upcast
+    range r of n lanes (B's row in a matmul: n neighbouring columns), the n lanes' loads are one aligned n-vector
+    load, made by the first lane to ask, each lane taking its component: one load instruction where there were n
+    (a GPU's tile kernel issues fewer loads per FMA)."""
+    if self.lane_vecs is None or u.arg is not None or u.dtype not in VECTOR_DTYPES: return None
+    terms, const = _terms(u.src[1])
+    for pos, (r, n) in enumerate(self.ups.items()):
+      if n not in VECTOR_WIDTHS or (1, r) not in terms: continue
+      rest = [(k, t) for k, t in terms if t is not r]
+      if len(rest) != len(terms) - 1 or const % n or any(k % n or r in t.toposort() for k, t in rest): continue
+      key = (u, self.lane[:pos] + self.lane[pos + 1:])
+      name = self.lane_vecs.get(key)
+      if name is None:   # (the start: the terms without r, none of which differs between r's lanes)
+        start = UOp.const(dtypes.index, const)
+        for k, t in rest: start = UOp(Ops.ADD, dtypes.index, (start, UOp(Ops.MUL, dtypes.index, (t, UOp.const(dtypes.index, k)))))
+        t_ = memtype(u.dtype, self.target)
+        name = self.lane_vecs[key] = self.tmp("lv")
+        self.line(f"{t_}{n} {name} = {self._aligned(u.src[0], t_, n)}[({self.value(start)}) / {n}];")
+      return self.let(u.dtype, f"{name}.s{self.lane[pos]:x}")
+    return None
 
   def _group_vector_load(self, u: UOp) -> str | None:
     """In a vector group step: element `group_lane` of the vector load u starts at lane 0 (None: u is no such load)."""
