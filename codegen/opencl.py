@@ -60,7 +60,8 @@ import attrs
 import numpy as np
 
 from engine.alu import wrap
-from codegen.opt.transform import VECTOR_DTYPES, VECTOR_WIDTHS, contiguous_offset, group_vector, range_kind, renamed_reduce
+from codegen.opt.transform import (VECTOR_DTYPES, VECTOR_WIDTHS, contiguous_offset, free_ranges, group_vector, range_kind,
+                                   renamed_reduce)
 from codegen.scoped import ScopedEmitter
 from engine.dtypes import DType, dtypes
 from engine.ops import Ops
@@ -566,6 +567,10 @@ class CLRenderer(ScopedEmitter):
     ident = self.const(identity_element(op, d), d)
     if self.group: return self._group_reduce(u, ident)
     if self.ups: return self.lane_reduce(u, self._reduce_lanes)
+    # a reduce inside this one that does not depend on its ranges (a row's max inside the sum of a logsumexp, fused
+    # where work-groups share rows) is computed once, before the loops, not at every step
+    for x in value.toposort():
+      if x.op is Ops.REDUCE and not free_ranges(x) & set(rngs): self.value(x)
     inner = rngs[-1] if rngs else None
     if d.kind != "f" or inner is None or inner.src[0].arg < 2 * LANES or any(x.op is Ops.REDUCE for x in value.toposort()):
       acc = self.tmp("acc")

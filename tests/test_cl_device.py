@@ -721,3 +721,16 @@ def test_spread_is_an_action_a_user_can_force_and_it_is_refused_where_it_cannot_
     monkeypatch.setenv("RULEC_OPT", f"{key}={bad}")
     cl_device._by_ast.clear()
     with pytest.raises(OptError, match=why): cl_device.render(k)
+
+
+def test_a_row_value_inside_a_reduce_is_computed_once_per_output(group_reductions):
+  # more outputs than a group reduction takes: one work-item per row, which computes the row's max (inside the sum
+  # of exponentials) once, before the sum's loop, not at every step of it
+  x = np.random.default_rng(53).standard_normal((70000, 8)).astype(np.float32)
+  f = lambda t: (t - t.max(-1, keepdim=True)).exp().sum(-1)   # noqa: E731
+  (k,) = f(Tensor(x, device="CL")).schedule()
+  src = cl_device.render(k).source
+  loops = [line.strip() for line in src.splitlines() if line.strip().startswith("for (")]
+  assert len(loops) == 3 and all(line.startswith("for (int r") for line in loops)   # three loops side by side, none nested
+  assert src.count("  for (") == src.count("\n  for (")
+  np.testing.assert_allclose(f(Tensor(x, device="CL")).numpy(), f(Tensor(x, device="NUMPY")).numpy(), rtol=1e-5)
