@@ -137,6 +137,7 @@ class CLDevice:
     self.optional = frozenset({Ops.EXP2, Ops.LOG2}) if vector_math else frozenset()
     self.pool = MemoryPool(self, int(os.environ.get("RULEC_CL_POOL_MB", 0) or 0) << 20 or
                            min(self.dev.global_mem_size // 4, (1 << 30) if is_cpu else (8 << 30)))
+    self.search_queue = None   # RULEC_SEARCH's timing queue (profiling on), made when first needed
     self.fetch_s: float | None = None   # how long the driver took to hand out a program's binary (see _store_binary)
     self.options: list[str] = ["-w"]   # no warnings: a generated kernel's are noise (PoCL prints them to stderr)
     # IEEE division and sqrt in float32 (OpenCL otherwise allows 2.5 / 3 ulp), where the device offers it
@@ -342,13 +343,17 @@ def _time_candidate(kernel: Kernel, opt: Kernel, target, dev: CLDevice) -> float
       mems.append(scratch[id(buf)])
     else: mems.append(device_memory(buf, dev).mem)
   prog.kernel.set_args(*mems, *prog.scratch)
+  # device time from profiling events, on a queue of its own: a wall clock around a launch and a wait adds tens of
+  # microseconds, more than a GPU's memory-bound kernels take (it once ranked a slower one-pass sum first)
+  if dev.search_queue is None:
+    dev.queue.finish()
+    dev.search_queue = dev.cl.CommandQueue(dev.ctx, properties=dev.cl.command_queue_properties.PROFILING_ENABLE)
+  dev.queue.finish()   # (the inputs are written on the device's own queue)
   times = []
   for _ in range(max(1, repetitions())):
-    dev.queue.finish()
-    t0 = time.perf_counter()
-    dev.cl.enqueue_nd_range_kernel(dev.queue, prog.kernel, (prog.global_,), (prog.local,))
-    dev.queue.finish()
-    times.append(time.perf_counter() - t0)
+    ev = dev.cl.enqueue_nd_range_kernel(dev.search_queue, prog.kernel, (prog.global_,), (prog.local,))
+    ev.wait()
+    times.append((ev.profile.end - ev.profile.start) * 1e-9)
   return sorted(times)[len(times) // 2]
 
 
