@@ -66,7 +66,7 @@ from codegen.scoped import ScopedEmitter
 from engine.dtypes import DType, dtypes
 from engine.ops import Ops
 from engine.sched.indexing import identity_element
-from engine.sched.symbolic_helpers import _terms, multiple_of
+from engine.sched.symbolic_helpers import multiple_of, offset_of
 from engine.uop import UOp
 from runtime.kernel import Kernel
 
@@ -255,9 +255,9 @@ class CLRenderer(ScopedEmitter):
     return f"{self.helper('rh')}({expr})" if d is dtypes.float16 else expr
 
   # *** loops ***
-  def open_loop(self, r: UOp):
+  def open_loop(self, r: UOp, start: str = "0", step: int = 1):
     v = f"r{r.arg[0]}"
-    self.line(f"for ({self.ct(r.dtype)} {v} = 0; {v} < {r.src[0].arg}; {v}++) {{")
+    self.line(f"for ({self.ct(r.dtype)} {v} = {start}; {v} < {r.src[0].arg}; {v}{'++' if step == 1 else f' += {step}'}) {{")
     self.depth += 1
     self.ranges[r] = v
     self.scopes.append({})
@@ -281,11 +281,11 @@ class CLRenderer(ScopedEmitter):
     for r, (kind, n) in kinds.items():
       if kind == "vector": return self._render_vector(stores[0], r, n)
       if kind not in ("loop", "local", "upcast", "spread"): raise ValueError(f"the CL renderer cannot follow a {r.arg[1]} range (r{r.arg[0]})")
-    groups = {range_kind(u)[1] for u in k.ast.toposort() if u.op is Ops.RANGE and range_kind(u)[0] == "group"}
+    all_kinds = [range_kind(u) for u in k.ast.toposort() if u.op is Ops.RANGE]
+    groups = {n for kind, n in all_kinds if kind == "group"}
     if len(groups) > 1: raise ValueError(f"group reductions of several sizes in one kernel: {sorted(groups)}")
     self.group = groups.pop() if groups else 0
-    grids = [u for u in k.ast.toposort() if u.op is Ops.RANGE and range_kind(u)[0] == "grid"]
-    self.grid = range_kind(grids[0])[1] if grids else 0
+    self.grid = next((n for kind, n in all_kinds if kind == "grid"), 0)
     flat = tuple(r for r in ends if kinds[r][0] == "loop")
     local = tuple(r for r in ends if kinds[r][0] == "local")
     self.set_lanes({r: r.src[0].arg for r in ends if kinds[r][0] == "upcast"})
@@ -318,12 +318,8 @@ class CLRenderer(ScopedEmitter):
         st = st.src[0]
       target, value = st.src
       p, idx = target.src
-      if spread is not None:   # each work-item stores its share of the spread range: spread, spread + G, ...
-        v = f"r{spread.arg[0]}"
-        self.line(f"for ({self.ct(spread.dtype)} {v} = lane; {v} < {spread.src[0].arg}; {v} += {self.group}) {{")
-        self.depth += 1
-        self.ranges[spread] = v
-        self.scopes.append({})
+      # each work-item stores its share of the spread range: lane, lane + G, ...
+      if spread is not None: self.open_loop(spread, "lane", self.group)
       for _ in self.each_lane():
         v = self.value(value)
         i = self.value(idx)
@@ -338,6 +334,7 @@ class CLRenderer(ScopedEmitter):
       if spread is not None: self.close_loop(spread)
       for r in reversed(loops): self.close_loop(r)
     if self.grid:
+      # (8 bytes a partial result: the widest type a reduction has; then the counter)
       return Rendered(self._assemble(), self.name, self.grid * self.group, flat, self.group,
                       (8 * self.grid * self.grid_slots, 4))
     if self.group: return Rendered(self._assemble(), self.name, total * self.group, flat, self.group)
@@ -779,16 +776,11 @@ class CLRenderer(ScopedEmitter):
     load, made by the first lane to ask, each lane taking its component: one load instruction where there were n
     (a GPU's tile kernel issues fewer loads per FMA)."""
     if self.lane_vecs is None or u.arg is not None or u.dtype not in VECTOR_DTYPES: return None
-    terms, const = _terms(u.src[1])
     for pos, (r, n) in enumerate(self.ups.items()):
-      if n not in VECTOR_WIDTHS or (1, r) not in terms: continue
-      rest = [(k, t) for k, t in terms if t is not r]
-      if len(rest) != len(terms) - 1 or const % n or any(k % n or r in t.toposort() for k, t in rest): continue
+      if n not in VECTOR_WIDTHS or (start := offset_of(u.src[1], r)) is None or not multiple_of(start, n): continue
       key = (u, self.lane[:pos] + self.lane[pos + 1:])
       name = self.lane_vecs.get(key)
-      if name is None:   # (the start: the terms without r, none of which differs between r's lanes)
-        start = UOp.const(dtypes.index, const)
-        for k, t in rest: start = UOp(Ops.ADD, dtypes.index, (start, UOp(Ops.MUL, dtypes.index, (t, UOp.const(dtypes.index, k)))))
+      if name is None:   # (the start: the index at r = 0, the same for all of r's lanes)
         t_ = memtype(u.dtype, self.target)
         name = self.lane_vecs[key] = self.tmp("lv")
         self.line(f"{t_}{n} {name} = {self._aligned(u.src[0], t_, n)}[({self.value(start)}) / {n}];")

@@ -127,7 +127,7 @@ class CLDevice:
                          grid=grid if grid >= 2 else 0)
     self.max_work_group = self.dev.max_work_group_size
     self.max_item0 = self.dev.max_work_item_sizes[0]
-    self.units = max(1, self.dev.max_compute_units)
+    self.units = units
     is_cpu = bool(self.dev.type & cl.device_type.CPU)
     # the optional decompositions of rules/decomp.rules asked for: float32 exp2 / log2 as float64 polynomials, on a
     # CPU device (PoCL: softmax 4096x1024 68 -> 22 ms, its exp2 and log2 do not vectorise as well) with fp64;
@@ -346,9 +346,8 @@ def _time_candidate(kernel: Kernel, opt: Kernel, target, dev: CLDevice) -> float
   # device time from profiling events, on a queue of its own: a wall clock around a launch and a wait adds tens of
   # microseconds, more than a GPU's memory-bound kernels take (it once ranked a slower one-pass sum first)
   if dev.search_queue is None:
-    dev.queue.finish()
     dev.search_queue = dev.cl.CommandQueue(dev.ctx, properties=dev.cl.command_queue_properties.PROFILING_ENABLE)
-  dev.queue.finish()   # (the inputs are written on the device's own queue)
+  dev.queue.finish()   # (the inputs and the scratch buffers are written on the device's own queue)
   times = []
   for _ in range(max(1, repetitions())):
     ev = dev.cl.enqueue_nd_range_kernel(dev.search_queue, prog.kernel, (prog.global_,), (prog.local,))

@@ -63,37 +63,32 @@ def device_kind(name) -> str:
   return name.partition(":")[0] if isinstance(name, str) else name
 
 
+def _cl(device):
+  """The CL device (opened) when `device` names one, else None; None too when there is none to open (the error
+  surfaces when a kernel runs, with its own message)."""
+  if not (isinstance(device, str) and device_kind(device) == "CL"): return None
+  from runtime import cl_device
+  try: return cl_device.get_device()
+  except cl_device.CLUnavailable: return None
+
+
 def split_parts(device) -> int:
   """The most partial results a big reduction is split into on `device` (engine/sched/tensor_helpers.py
   split_reduceop): 256 fills a CPU's cores; a GPU wants thousands of work-groups (asks the CL device, opening it)."""
-  if device_kind(device) == "CL":
-    from runtime import cl_device
-    try: return cl_device.get_device().split_parts
-    except cl_device.CLUnavailable: return 256   # the error surfaces when a kernel runs, with its own message
-  return 256
+  return dev.split_parts if (dev := _cl(device)) is not None else 256
 
 
 def one_pass_groups(device) -> int:
   """Work-groups that reduce one value together in a single launch on `device` (the CL device's GRID, on GPUs);
   0 where a big reduction of one value is better split into two kernels (engine/sched/tensor_helpers.py)."""
-  if isinstance(device, str) and device_kind(device) == "CL":
-    from runtime import cl_device
-    try:
-      t = cl_device.get_device().target
-      return t.grid if t.group else 0
-    except cl_device.CLUnavailable: return 0
-  return 0
+  return dev.target.grid if (dev := _cl(device)) is not None and dev.target.group else 0
 
 
 def rows_shared(device) -> bool:
   """Whether `device` computes a row's value (a softmax's max and sum) once per row inside the kernel that reads
   it: the CL device where work-groups share reductions (GPUs; codegen/opt's SPREAD puts a row in a work-group).
   Elsewhere on CL every work-item would compute its row's value again."""
-  if isinstance(device, str) and device_kind(device) == "CL":
-    from runtime import cl_device
-    try: return cl_device.get_device().target.group > 0
-    except cl_device.CLUnavailable: return False
-  return False
+  return (dev := _cl(device)) is not None and dev.target.group > 0
 
 
 def default_device() -> str:

@@ -219,14 +219,9 @@ class _Applier:
     its max and sum shared, each work-item storing its share of the row."""
     end = _sole_end(self.ast, a)
     r = _store_range(end, a, ("loop",))
-    n = a.amount
-    if n < 2 or n > MAX_GROUP or n & (n - 1): raise OptError(f"{a}: a work-group size is a power of two from 2 to {MAX_GROUP}")
-    if any(range_kind(x)[0] != "loop" for x in end.src[1:]): raise OptError(f"{a}: the store ranges are split already")
-    reduces = _shared_reductions(a, end.src[0], [x for x in end.src[1:] if x is not r])
-    if any(u.dtype.itemsize > 8 for u in reduces): raise OptError(f"{a}: takes reductions of at most 8-byte values")
-    if any(size(x) == 0 for x in end.src[1:]): raise OptError(f"{a}: the kernel stores nothing (an empty range)")
-    self._mark([r], f"spread:{n}")
-    self.group(Action("GROUP", None, n))
+    _shared_reductions(a, end.src[0], [x for x in end.src[1:] if x is not r])
+    self._mark([r], f"spread:{a.amount}")
+    self.group(a)   # (its checks, named for this action: the size, the other store ranges unsplit, none empty)
 
   def vector(self, a: Action) -> None:
     n = a.amount
@@ -272,7 +267,6 @@ class _Applier:
     reduces = [u for u in top.toposort() if u.op is Ops.REDUCE]
     if not reduces or any(len(u.src) < 2 or range_kind(u.src[1])[0] != "group" for u in reduces):
       raise OptError(f"{a}: comes after GROUP")
-    if any(u.dtype.itemsize > 8 for u in reduces): raise OptError(f"{a}: takes reductions of at most 8-byte values")
     if any(x.op is Ops.REDUCE for u in reduces for x in u.src[0].toposort()):
       raise OptError(f"{a}: a reduction inside another needs the inner one's whole value before its own partials")
     if n < 2: raise OptError(f"{a}: the amount must be at least 2")

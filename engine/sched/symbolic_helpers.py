@@ -12,6 +12,7 @@ from engine.lang.capability import rule_helper
 from engine.alu import exec_alu, wrap
 from engine.dtypes import DType, dtypes
 from engine.ops import ALU, Ops
+from engine.rewrite import substitute
 from engine.uop import UOp
 
 
@@ -52,6 +53,15 @@ def multiple_of(x: UOp, n: int) -> bool:
   constant are (a term that is no multiplication by a constant counts as coefficient 1)."""
   terms, const = _terms(x)
   return const % n == 0 and all(k % n == 0 for k, _ in terms)
+
+
+def offset_of(x: UOp, r: UOp) -> UOp | None:
+  """x as offset + r, where r is a term of coefficient 1 and no other term depends on r: the offset (x with r = 0);
+  None for any other x. n neighbouring values of r then index n neighbouring elements, from the offset on."""
+  terms, _ = _terms(x)
+  if sum(t is r for _, t in terms) != 1 or (1, r) not in terms or any(t is not r and r in t.toposort() for _, t in terms):
+    return None
+  return substitute(x, {r: UOp.const(r.dtype, 0)})
 
 
 def _linear_bounds(x: UOp) -> tuple[int, int] | None:

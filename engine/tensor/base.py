@@ -188,11 +188,10 @@ class TensorBase:
 
   def realize(self, *others: Tensor) -> Tensor:
     """Compute this tensor (and others: `Tensor.realize(a, b, c)`) into buffers; returns self."""
-    ts = [self, *others]
-    for t, u in _prepared(ts, "realize"): t.uop = u
-    todo, seen = [], set()
-    for t in ts:
-      if id(t) not in seen and not _multi.is_realized(t.uop): seen.add(id(t)); todo.append(t)
+    todo = []
+    for t, u in _pending((self, *others), "realize"):
+      t.uop = u
+      todo.append(t)
     if todo:
       uops = _kept_apart([t.uop for t in todo])
       # (a device set's parts say where they live: the device here is for values that live nowhere)
@@ -206,9 +205,7 @@ class TensorBase:
 
   def schedule(self, *others: Tensor):
     """The kernels realizing these tensors would run (`Tensor.schedule(a, b)`)."""
-    ts, todo, seen = (self, *others), [], set()
-    for t, u in _prepared(ts, "schedule"):   # (what realize() would compute, the tensors left as they are)
-      if id(t) not in seen and not _multi.is_realized(u): seen.add(id(t)); todo.append((t, u))
+    todo = _pending((self, *others), "schedule")   # (what realize() would compute, the tensors left as they are)
     return _engine.schedule(_kept_apart([u for _, u in todo]),
                             [t.device if isinstance(t.device, str) else t.device[0] for t, _ in todo])
 
@@ -310,15 +307,16 @@ class TensorBase:
                         + (" or .shard()" if isinstance(self.device, tuple) or isinstance(other.device, tuple) else ""))
 
 
-def _prepared(ts, caller: str) -> list[tuple[TensorBase, UOp]]:
-  """Each tensor's graph as realize() computes it. A constant asked to be realized gets storage (a view of it can
-  then be written through, as before it was realized it could not); a value that only folds to a constant while
-  scheduling stays one (no kernel)."""
-  out = []
+def _pending(ts, caller: str) -> list[tuple[TensorBase, UOp]]:
+  """The tensors realize() computes (each once, the realized left out), each with its graph as realize() computes
+  it. A constant asked to be realized gets storage (a view of it can then be written through, as before it was
+  realized it could not); a value that only folds to a constant while scheduling stays one (no kernel)."""
   for t in ts:
     if not isinstance(t, TensorBase): raise TypeError(f"{caller}() takes Tensors, got {type(t).__name__}")
-    u = t.uop.contiguous() if t.uop.base.op is Ops.CONST else t.uop
-    out.append((t, _multi.stored(t, u)))
+  out, seen = [], set()
+  for t in ts:
+    u = _multi.stored(t, t.uop.contiguous() if t.uop.base.op is Ops.CONST else t.uop)
+    if id(t) not in seen and not _multi.is_realized(u): seen.add(id(t)); out.append((t, u))
   return out
 
 
