@@ -23,8 +23,10 @@ error, so that only well-conditioned programs are generated: a comparison,
 floor, cast to int, argmax, ... is only applied where the rounding of its
 inputs cannot change the answer, values stay far from overflow, integer
 division never divides by zero, no float is cast to an int it does not fit.
-Assigns follow numpy: a tensor computed before an assign and realized in the
-same realize call keeps the old value; values whose result would depend on
+Assigns follow tinygrad: a tensor computed before an assign of a whole buffer
+and realized in the same realize call keeps the old value, while a write
+through a view is made before anything realized with it reads the buffer
+(engine/tensor/writes.py); values whose result would depend on
 realize timing (a lazy reader of a buffer realized in a later call than the
 assign, views that may share the written storage) are dropped from the
 program, not checked (see `Val` for the storage model).
@@ -1566,7 +1568,9 @@ class Gen:
       m = t.mroot
       pending = self.readers_of(m, t)
       now = r.random() < 0.65
-      snaps = self.snapshots(pending, t, views=now)
+      # a write through a view is made before anything realized with it reads the buffer (engine/tensor/writes.py):
+      # only a whole buffer's write leaves old values to readers realized beside it
+      snaps = [] if t.movement else self.snapshots(pending, t, views=now)
       if not now and snaps: self.realize(snaps)
       self.live = [v for v in self.live if v is t or v in snaps or v not in pending]
       self.emit(f"{name}.assign({src})")
@@ -1634,9 +1638,9 @@ class Gen:
     m = t.mroot
     pending = self.readers_of(m, t)
     form = r.choice(["setitem", "assign_realize", "together"]) if vsrc.endswith("]") else r.choice(["assign_realize", "together"])
-    snaps = self.snapshots(pending, t, views=form == "together")
-    if form == "together" and not snaps: form = "assign_realize"
-    if form != "together" and snaps: self.realize(snaps)
+    # (no reader keeps the old value: a write through a view is made before anything realized with it reads the
+    # buffer, engine/tensor/writes.py; only the write and the buffer itself are realized together)
+    snaps: list[Val] = []
     self.live = [v for v in self.live if v is t or v in snaps or v not in pending]
     new = t.ref.copy()
     new.reshape(-1)[idx.reshape(-1)] = np.broadcast_to(ref, idx.shape).reshape(-1)

@@ -121,15 +121,17 @@ class AutogradMixin:
     tracked = (self.dtype.is_float and not type(self).no_grad and self.requires_grad is not False
                and (whole.op is Ops.BUFFER or (whole.op is Ops.RESHAPE and whole.src[0].op is Ops.BUFFER)))
     old = self._forward
-    view.assign(value)
-    target, written = view.uop.src
+    snap = None
     if tracked:
       stale = old_contents(whole)
       if old is None: old = stale
-      if not reads_in_place and _reads(written, whole) and _reads(old, stale):
+      # (the copy is made before the write is recorded: realizing it would carry a recorded write out)
+      if not reads_in_place and isinstance(value, type(self)) and _reads(value.uop, whole) and _reads(old, stale):
         snap = self.clone().realize()
         snap._forward = None   # (a constant: its graph reads the buffer this write changes)
-        written = substitute(written, {whole: substitute(old, {stale: snap.uop})})
+    view.assign(value)
+    target, written = view.uop.src
+    if snap is not None: written = substitute(written, {whole: substitute(old, {stale: snap.uop})})
     view.realize()
     record(self.uop, written_history(whole, target, written, old) if tracked else None, rewritten=True)
 

@@ -18,6 +18,7 @@ from engine.sched.tensor_helpers import is_buffer_view
 from engine.sched.multi_helpers import copy_to
 from engine.tensor import history as _history
 from engine.tensor import multi as _multi
+from engine.tensor import writes as _writes
 from engine.tensor.args import DeviceError, broadcast_shapes, canon_device, cast_scalar, is_py_scalar, to_dtype, to_numpy
 from engine.tensor.uops import bcast, const
 from engine.uop import UOp, prod
@@ -36,6 +37,7 @@ def _became(done: dict[UOp, UOp]) -> None:
   into one of them change the other."""
   assigned = {u: v for u, v in done.items() if u.op is Ops.ASSIGN}
   if not assigned: return
+  _writes.carried_out(assigned)
   # a buffer written over no longer holds what its graph computed, and a graph that reads a buffer written
   # over no longer computes what it did: neither is a value's history now
   _history.forget_written({v.base for v in assigned.values()}, _multi.parts)
@@ -45,6 +47,16 @@ def _became(done: dict[UOp, UOp]) -> None:
     elif not _engine.is_realized(u):
       new = substitute(u, assigned)
       if new is not u: t.uop = new
+
+
+def _carry_out(writes: list[UOp]) -> None:
+  """Carry out pending writes one realize each, in order (each reads the buffers as the ones before left them)."""
+  done: dict[UOp, UOp] = {}
+  for w in writes:
+    now = substitute(w, done)
+    result = _engine.realize_map([now], [w.src[0].base.arg[1]])
+    result[w] = done[w] = result.get(now, now.src[0])
+    _became(result)
 
 
 def is_advanced_index(it: Any) -> bool:
@@ -187,9 +199,19 @@ class TensorBase:
 
 
   def realize(self, *others: Tensor) -> Tensor:
-    """Compute this tensor (and others: `Tensor.realize(a, b, c)`) into buffers; returns self."""
+    """Compute this tensor (and others: `Tensor.realize(a, b, c)`) into buffers; returns self.
+
+    Writes through views pending on a buffer these read are carried out first (engine/tensor/writes.py)."""
+    ts = (self, *others)
+    _pending(ts, "realize")   # (checks they are Tensors)
+    for t in ts:   # a tensor that is a buffer a whole-buffer write waits on holds that write (b[:].assign(x))
+      if (w := _writes.whole(t.uop)) is not None: t.uop = w
+    pending = _pending(ts, "realize")
+    if (first := _writes.before([t.uop for t in ts])):   # (a realized tensor reads its buffer too)
+      _carry_out(first)
+      pending = _pending(ts, "realize")
     todo = []
-    for t, u in _pending((self, *others), "realize"):
+    for t, u in pending:
       t.uop = u
       todo.append(t)
     if todo:
@@ -255,8 +277,10 @@ class TensorBase:
 
     Lazy like everything else: the write happens when the tensor is realized.
     When this tensor is a view of a buffer (a realized tensor, a slice or
-    transpose of one) the write goes through the view into that buffer;
-    otherwise the tensor gets a fresh buffer."""
+    transpose of one) the write goes through the view into that buffer, and
+    (as in tinygrad) a write through a slice or transpose is also made, in
+    the order the writes were made, as soon as anything that reads the buffer
+    is realized; otherwise the tensor gets a fresh buffer."""
     if self.uop.base.op is Ops.ASSIGN or _multi.holds_assign(self.uop): self.realize()   # an earlier assign is carried out first, not lost
     if isinstance(x, TensorBase): self._same_device(x); v = x
     elif is_py_scalar(x) or isinstance(x, np.generic):
@@ -275,7 +299,12 @@ class TensorBase:
       try: _engine.view_indices(target)
       except ValueError as e: raise ValueError(f"assign to a tensor of shape {self.shape}: {e}") from None
     else: target = new_buffer(self.device, self.numel(), self.dtype).reshape(self.shape)
-    self.uop = UOp(Ops.ASSIGN, self.dtype, (target, value))
+    write = UOp(Ops.ASSIGN, self.dtype, (target, value))
+    # a write of the whole buffer waiting is made first (it came first); so is the same write waiting already,
+    # which is the same node (UOps are hash-consed), so that this one is a write of its own
+    if (first := _writes.first(write)): _carry_out(first)
+    self.uop = write
+    _writes.record(write)
     return self
 
   @property
