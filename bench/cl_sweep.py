@@ -3,9 +3,9 @@
 Run:  python bench/cl_sweep.py [--quick]     (bench/h200.sh sweep runs it on an H200)
 
 For matmul 1024^3 and the conv2d workload: register tile (rows x columns per work-item) and work-group shape
-(codegen/opt/choose.py GPU_TILES, GPU_LOCAL). For relu(a*b+c) 16M: vector width (VECTOR) and the
-largest work-group the runtime picks (cl_device.AUTO_LOCAL_MAX). For sum 16M: the
-number of parts a big reduction splits into (RULEC_CL_SPLIT_PARTS). Device-side kernel times (profiling
+(codegen/opt/choose.py GPU_TILES, GPU_LOCAL) and, for matmul, the block its reduction is staged in local memory
+in (GPU_STAGE, STAGE; 0: none). For relu(a*b+c) 16M: vector width (VECTOR) and the largest work-group the
+runtime picks (cl_device.AUTO_LOCAL_MAX). For sum, softmax and layernorm: the largest group reduction. Device-side kernel times (profiling
 events) of launches on resident buffers, rulec's and torch's (bench/cl_kernels.py), medians; every result is
 checked against numpy as in bench/cl_kernels.py.
 """
@@ -49,18 +49,20 @@ def main():
   rows = []
   tiles = [(4, 4), (8, 4), (4, 8), (8, 8), (2, 4)] if not args.quick else [(4, 4), (8, 8)]
   locals_ = [(16, 16), (8, 16), (16, 8), (8, 8), (4, 32)] if not args.quick else [(8, 16), (4, 32)]
-  default = choose.GPU_TILES, choose.GPU_LOCAL
+  default = choose.GPU_TILES, choose.GPU_LOCAL, choose.GPU_STAGE
   for name in ("matmul 1024^3", "conv2d 32x32x56x56 k3 ->64"):
     w = byname[name]
     t = torch_ms(w)
-    for tile in tiles:
-      for loc in locals_:
-        choose.GPU_TILES, choose.GPU_LOCAL = (tile,), loc
-        ms, fails = run(dataclasses.replace(w, results={}))
-        rows.append([name, f"tile {tile[0]}x{tile[1]} local {loc[0]}x{loc[1]}", f"{ms:.3f}", f"{t:.3f}", f"{t / ms:.2f}",
-                     "FAIL" if fails else "ok"])
-        print("  ", rows[-1]); sys.stdout.flush()
-  choose.GPU_TILES, choose.GPU_LOCAL = default
+    # (a convolution's reduction is over three ranges: STAGE does not apply to it)
+    for stage in ((0, 8, 16, 32) if name.startswith("matmul") and not args.quick else (0, 16) if name.startswith("matmul") else (0,)):
+      for tile in tiles:
+        for loc in locals_:
+          choose.GPU_TILES, choose.GPU_LOCAL, choose.GPU_STAGE = (tile,), loc, stage
+          ms, fails = run(dataclasses.replace(w, results={}))
+          rows.append([name, f"tile {tile[0]}x{tile[1]} local {loc[0]}x{loc[1]} stage {stage}", f"{ms:.3f}", f"{t:.3f}",
+                       f"{t / ms:.2f}", "FAIL" if fails else "ok"])
+          print("  ", rows[-1]); sys.stdout.flush()
+  choose.GPU_TILES, choose.GPU_LOCAL, choose.GPU_STAGE = default
   import attrs
   base = dev.target
   w = byname["relu(a*b+c) 16M"]
@@ -74,15 +76,6 @@ def main():
       print("  ", rows[-1]); sys.stdout.flush()
   cl_device.AUTO_LOCAL_MAX = 1024
   dev.target = base
-  w = byname["sum 16M"]
-  t = torch_ms(w, 20)
-  old = dev.split_parts
-  for parts in (256, 1024, 4096):
-    dev.split_parts = parts
-    ms, fails = run(dataclasses.replace(w, results={}), 20)
-    rows.append([w.name, f"split parts {parts}", f"{ms:.3f}", f"{t:.3f}", f"{t / ms:.2f}", "FAIL" if fails else "ok"])
-    print("  ", rows[-1]); sys.stdout.flush()
-  dev.split_parts = old
   for name in ("sum 16M", "softmax 4096x1024", "layernorm 4096x1024"):
     w = byname[name]
     t = torch_ms(w, 20)

@@ -61,12 +61,12 @@ import numpy as np
 
 from engine.alu import wrap
 from codegen.opt.transform import (VECTOR_DTYPES, VECTOR_WIDTHS, contiguous_offset, free_ranges, group_vector, range_kind,
-                                   renamed_reduce)
+                                   renamed_reduce, staged_dims, staged_loads)
 from codegen.scoped import ScopedEmitter
 from engine.dtypes import DType, dtypes
 from engine.ops import Ops
 from engine.sched.indexing import identity_element
-from engine.sched.symbolic_helpers import multiple_of, offset_of
+from engine.sched.symbolic_helpers import multiple_of, offset_of, range_steps
 from engine.uop import UOp
 from runtime.kernel import Kernel
 
@@ -222,6 +222,9 @@ class CLRenderer(ScopedEmitter):
     self.group_lane, self.group_vec_n, self.group_inner = 0, 1, None
     # a register tile's loop body: its lanes' vector loads, by (INDEX node, the other lanes' values); None outside one
     self.lane_vecs: dict | None = None
+    self.local_decls: list[str] = []   # local-memory arrays, declared at the top of the kernel (STAGE's blocks)
+    self.store_ranges: tuple = ()
+    self.items = 1                     # work-items of one work-group (LOCAL)
     self.set_lanes({})   # (render finds the upcast ranges)
     # index arithmetic in int rather than long when every index value provably fits: GPUs emulate 64-bit integer
     # multiplies and adds with several 32-bit instructions, and a tile's addresses are many of them
@@ -290,7 +293,8 @@ class CLRenderer(ScopedEmitter):
     local = tuple(r for r in ends if kinds[r][0] == "local")
     self.set_lanes({r: r.src[0].arg for r in ends if kinds[r][0] == "upcast"})
     total = math.prod(r.src[0].arg for r in flat)
-    items = math.prod(r.src[0].arg for r in local)
+    items = self.items = math.prod(r.src[0].arg for r in local)
+    self.store_ranges = ends
     if self.group:   # (the launch size is in the source: the program cache is keyed by the source text)
       self.line(f"// {self.grid} work-groups of {self.group} share the reduction" if self.grid else
                 f"// {total} work-groups of {self.group}")
@@ -388,7 +392,7 @@ class CLRenderer(ScopedEmitter):
     body = list(self.helpers.values())
     if self.grid: args += ["__global ulong* grid_part", "volatile __global int* restrict grid_count"]
     sig = f"__kernel void {self.name}({', '.join(args) if args else 'void'}) {{"
-    return "\n".join(head + body + [sig] + self.lines + ["}", ""])
+    return "\n".join(head + body + [sig] + [f"  {d}" for d in self.local_decls] + self.lines + ["}", ""])
 
   def _store(self, p: UOp, idx: str, v: str, d: DType):
     ptr = self.ptrs[p]
@@ -619,6 +623,11 @@ class CLRenderer(ScopedEmitter):
     ident = self.const(identity_element(op, d), d)
     accs = [self.tmp("acc") for _ in lanes]
     self.line(f"{self.ct(d)} {', '.join(f'{a} = {ident}' for a in accs)};")
+    staged = range_kind(rngs[0])[0] == "stage" if rngs else False
+    if staged:
+      self.open_loop(rngs[0])
+      tiles = self._stage_blocks(u)
+      rngs = rngs[1:]
     for r in rngs: self.open_loop(r)
     # a float sum of products fuses each product into the sum, as the CPU device's `contract` does (the lanes are a
     # matmul's or convolution's register tile: fma doubles what a GPU computes per cycle)
@@ -626,12 +635,57 @@ class CLRenderer(ScopedEmitter):
     self.lane_vecs = {}
     for lane, acc in zip(lanes, accs):
       self.enter_lane(lane)
+      if staged:   # this lane's element of each staged block, by the same layout the copy wrote
+        for x, (name, strides) in tiles.items():
+          self.scopes[-1][x] = f"{name}[{' + '.join(f'{self.ranges[r]} * {st}' for r, st in strides)}]"
       if fuse: self.line(f"{acc} = fma({self.value(value.src[0])}, {self.value(value.src[1])}, {acc});")
       else: self.line(f"{acc} = {self._combine(op, d, acc, self.value(value))};")
       self.scopes.pop()
     self.lane_vecs = None
     for r in reversed(rngs): self.close_loop(r)
+    if staged: self.close_loop(u.src[1])
     return [self._reduced(op, d, acc) for acc in accs]
+
+  def _stage_blocks(self, u: UOp) -> dict:
+    """STAGE, inside the block loop: the work-group copies this block of each staged load into a local array, its
+    work-items taking elements lid, lid + items, ... (layout: the block's ranges, the one with the smallest step
+    in the load's index fastest, so that neighbouring work-items read neighbouring memory), between barriers (the
+    previous block's reads are done; this block's writes are seen). {load: (array, [(range, step in the array)])}."""
+    inner = u.src[2]
+    out = {}
+    self.line("barrier(CLK_LOCAL_MEM_FENCE);")
+    for x in staged_loads(u, self.store_ranges):
+      dims = staged_dims(x, self.store_ranges) + [inner]
+      coef = range_steps(x.src[1])
+      order = sorted(dims, key=lambda r: -abs(coef.get(r, 1 << 62)))   # outermost first: the largest step
+      total = math.prod(r.src[0].arg for r in order)
+      name, e = self.tmp("tile"), self.tmp("e")
+      # each range's step in the array, a step that is a multiple of the 32 banks of local memory padded by one
+      # (work-items of a warp that read along it would otherwise all wait on one bank)
+      strides, st = [], 1
+      for r in reversed(order):
+        strides.append((r, st))
+        st *= r.src[0].arg
+        if st % 32 == 0: st += 1
+      self.local_decls.append(f"__local {self._shared_type(x.dtype)} {name}[{st}];")
+      self.line(f"for (int {e} = (int)lid; {e} < {total}; {e} += {self.items}) {{")
+      self.depth += 1
+      # the load's value with its block ranges taken from e, and nothing reused from outside (values there were
+      # computed with this work-item's own range values)
+      scopes, ranges = self.scopes, dict(self.ranges)
+      self.scopes = [{}]
+      flat = 1
+      for r, _ in strides:
+        self.ranges[r] = f"(({self.ct(r.dtype)})(({e} / {flat}) % {r.src[0].arg}))"
+        flat *= r.src[0].arg
+      at = " + ".join(f"{self.ranges[r]} * {step}" for r, step in strides)
+      self.line(f"{name}[{at}] = {self.value(x)};")
+      self.scopes, self.ranges = scopes, ranges
+      self.depth -= 1
+      self.line("}")
+      out[x] = (name, strides)
+    self.line("barrier(CLK_LOCAL_MEM_FENCE);")
+    return out
 
   def _group_reduce(self, u: UOp, ident: str) -> str:
     """The work-group reduces together (_group_partial); every work-item gets the result."""

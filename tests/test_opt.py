@@ -128,7 +128,7 @@ _PROGRAMS = {
   "elementwise": (lambda r: [r.standard_normal((64,)), r.standard_normal((64,))], lambda x, y: (x * y + 1).maximum(y)),
   "argmax": (lambda r: [r.standard_normal((6, 32))], lambda x: x.argmax(1)),
 }
-_OPS = ["UPCAST", "LOCAL", "KBLOCK", "THREAD", "GROUP", "VECTOR"]
+_OPS = ["UPCAST", "LOCAL", "KBLOCK", "THREAD", "GROUP", "VECTOR", "STAGE"]
 
 
 def _check_actions(device, data, name, picks, monkeypatch):
@@ -212,10 +212,56 @@ def test_gpu_tiles_agree_with_numpy_for_any_shape(cl_tiles, m, k, n, epilogue):
   f = (lambda x, y: (x @ y + y[0]).relu()) if epilogue else (lambda x, y: x @ y)
   t = f(Tensor(a, device="CL"), Tensor(b, device="CL"))
   src = cl_device.render(t.schedule()[-1]).source
-  if m % 4 == 0 and m > 4 and n % 4 == 0 and k > 1:   # tiled (k = 1 has no reduction: an outer product), B's neighbouring columns read with one vector load per row
-    assert "get_local_id" in src and "fma(" in src and ("float4 lv" in src or "float8 lv" in src or "float2 lv" in src)
+  if m % 4 == 0 and m > 4 and n % 4 == 0 and k > 1:   # tiled (k = 1 has no reduction: an outer product)
+    assert "get_local_id" in src and "fma(" in src
+    if k % 16 == 0: assert "__local float tile" in src   # blocks of 16 staged in local memory (STAGE)
+    else: assert "float4 lv" in src or "float8 lv" in src or "float2 lv" in src   # B's columns: one vector load a row
   ref = f(Tensor(a, device="NUMPY"), Tensor(b, device="NUMPY")).numpy()
   np.testing.assert_allclose(t.numpy(), ref, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("m, k, n, dtype, acts", [
+  (64, 64, 64, "float32", "UPCAST(0,4) UPCAST(1,4) LOCAL(0,4) LOCAL(1,8) STAGE(2,16)"),
+  (32, 96, 48, "float32", "UPCAST(1,4) UPCAST(0,2) LOCAL(1,4) LOCAL(0,8) STAGE(2,32)"),
+  (16, 12, 8, "float32", "UPCAST(0,2) UPCAST(1,2) LOCAL(0,8) LOCAL(1,4) STAGE(2,3)"),   # a block of 3 (4 blocks)
+  (24, 40, 16, "int32", "UPCAST(0,3) UPCAST(1,4) LOCAL(0,8) LOCAL(1,2) STAGE(2,8)"),
+  (16, 32, 32, "float16", "UPCAST(0,4) UPCAST(1,4) LOCAL(0,4) LOCAL(1,8) STAGE(2,16)"),
+])
+def test_stage_puts_a_tiles_blocks_in_local_memory_and_agrees_with_numpy(cl_dev, monkeypatch, m, k, n, dtype, acts):
+  # STAGE: per block of the reduction the work-group copies A's and B's blocks into local memory (padded so that a
+  # warp reading along them does not wait on one bank), then the lanes read them from there
+  from runtime import cl_device
+  cl_device._by_ast.clear()
+  rng = np.random.default_rng(m + k + n)
+  a = (rng.standard_normal((m, k)) * 4).astype(dtype); b = (rng.standard_normal((k, n)) * 4).astype(dtype)
+  t = Tensor(a, device="CL") @ Tensor(b, device="CL")
+  (kern,) = t.schedule()
+  key = kernel_key(decomposed(kern, cl_dev.optional))
+  monkeypatch.setenv("RULEC_OPT", f"{key}={acts}")
+  src = cl_device.render(kern).source
+  assert src.count("__local") == 2 and src.count("barrier(CLK_LOCAL_MEM_FENCE)") == 2
+  got = t.numpy()
+  ref = (Tensor(a, device="NUMPY") @ Tensor(b, device="NUMPY")).numpy()
+  if dtype == "int32": np.testing.assert_array_equal(got, ref)
+  else: np.testing.assert_allclose(got.astype(np.float32), ref.astype(np.float32), rtol=1e-2 if dtype == "float16" else 1e-5, atol=1e-1 if dtype == "float16" else 1e-4)
+  cl_device._by_ast.clear()
+
+
+@pytest.mark.parametrize("acts, msg", [
+  ("STAGE(2,16)", "comes after UPCAST and LOCAL"),
+  ("UPCAST(0,4) UPCAST(1,4) LOCAL(0,4) LOCAL(1,8) STAGE(2,5)", "which 5 does not divide"),
+  ("UPCAST(0,4) UPCAST(1,4) LOCAL(0,4) LOCAL(1,8) STAGE(1,16)", "not a reduce range"),
+  ("UPCAST(0,4) UPCAST(1,4) LOCAL(0,4) LOCAL(1,8) STAGE(2,16) STAGE(2,4)", "already"),
+])
+def test_stage_is_refused_with_a_reason(fresh, acts, msg):
+  (k,) = (Tensor.empty(64, 64) @ Tensor.empty(64, 64)).schedule()
+  with pytest.raises(OptError, match=msg): apply(decomposed(k), parse_actions(acts), "CL")
+
+
+def test_stage_is_refused_when_its_blocks_do_not_fit_local_memory(fresh):
+  (k,) = (Tensor.empty(256, 1024) @ Tensor.empty(1024, 256)).schedule()
+  with pytest.raises(OptError, match="bytes of local memory"):
+    apply(decomposed(k), parse_actions("UPCAST(0,8) UPCAST(1,8) LOCAL(0,16) LOCAL(1,16) STAGE(2,64)"), "CL")
 
 
 def test_gpu_tiles_of_a_convolution_agree_with_numpy(cl_tiles):
@@ -295,6 +341,8 @@ def test_the_gpu_tile_is_the_largest_that_still_fills_the_device():
   mm = Tensor.empty(1024, 1024) @ Tensor.empty(1024, 1024)
   conv = Tensor.empty(32, 32, 56, 56).conv2d(Tensor.empty(64, 32, 3, 3), padding=1)
   assert ups(mm, gpu) == [4, 4] and ups(conv, gpu) == [8, 8]
+  (k,) = mm.schedule()
+  assert any(a.op == "STAGE" for a in cl_actions(decomposed(k), gpu))   # the matmul's blocks staged in local memory
   assert ups(mm, Target(group=0, vector=0, tile=0)) == []
 
 

@@ -20,6 +20,9 @@ applies it) by a range's axis number, the `r<axis>` of `Kernel.render()`:
                 work-groups in one launch; each stores its partial result, and the last to finish (an atomic
                 counter) combines the n partials and stores the value (one kernel where the scheduler would
                 otherwise split the reduce into two)
+  STAGE(a,n)    after UPCAST and LOCAL: reduce range a in blocks of n; per block the work-group copies every load
+                that depends on a and on the store ranges only into local memory together, and the lanes read it
+                from there (a GPU's matmul tile reads A and B from global memory once per work-group)
 
 Text form: the actions separated by spaces or commas, `UPCAST(2,8) UPCAST(3,16) KBLOCK(4,64) THREAD(2)`,
 as RULEC_DEBUG=2 prints them and RULEC_OPT accepts them (codegen/opt/__init__.py).
@@ -33,7 +36,7 @@ import attrs
 # op -> (takes an axis, takes an amount)
 SHAPES = {"UPCAST": (True, True), "LOCAL": (True, True), "KBLOCK": (True, True), "THREAD": (True, False),
           "GROUP": (False, True), "VECTOR": (False, True),
-          "GRID": (False, True), "SPREAD": (True, True)}
+          "GRID": (False, True), "SPREAD": (True, True), "STAGE": (True, True)}
 
 
 class OptError(ValueError):

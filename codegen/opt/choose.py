@@ -50,6 +50,7 @@ VECTOR_MIN_ELEMENTS = 1024     # elements per vector lane below which vector loa
 GPU_TILES = ((8, 8), (4, 4), (2, 4))   # a work-item's register tile on a GPU (rows x columns), largest first ...
 GPU_ITEMS_PER_UNIT = 256       # ... the first that leaves at least this many work-items per compute unit
 GPU_LOCAL = (8, 16)            # work-items of one group along rows and columns (at most)
+GPU_STAGE = 16                 # a tile's reduction in blocks of this many, staged in local memory (STAGE); 0: never
 
 
 @dataclass(frozen=True)
@@ -217,16 +218,22 @@ def _divisor_at_most(n: int, cap: int) -> int:
   return max(d for d in range(1, cap + 1) if n % d == 0)
 
 
-def gpu_tile(end: UOp, tile: tuple[int, int], local: tuple[int, int], target) -> list[Action] | None:
+def gpu_tile(k: Kernel, tile: tuple[int, int], local: tuple[int, int], target, stage: int = 0) -> list[Action] | None:
   """A register tile of tile (rows, columns) per work-item in work-groups of at most local (rows, columns) and
-  target.tile work-items, or None where the kernel has no such tile."""
-  row, rows, col, cols = tile_ranges(end, tile[0], (tile[1],))
+  target.tile work-items, its reduction staged in local memory in blocks of `stage` where STAGE applies (a sum
+  over one range: matmul); None where the kernel has no such tile."""
+  end = _sole_end(k)
+  row, rows, col, cols = tile_ranges(end, tile[0], (tile[1],)) if end is not None else (None, 0, None, 0)
   if row is None or col is None: return None
   lc = _divisor_at_most(col.src[0].arg // cols, local[1])
   lr = _divisor_at_most(row.src[0].arg // rows, min(local[0], target.tile // max(lc, 1)))
   out = [Action("UPCAST", row.arg[0], rows), Action("UPCAST", col.arg[0], cols)]
   if lc > 1: out.append(Action("LOCAL", col.arg[0], lc))
   if lr > 1: out.append(Action("LOCAL", row.arg[0], lr))
+  red = end.src[0].src[1] if end.src[0].op is Ops.STORE else None
+  if stage and red is not None and red.op is Ops.REDUCE and len(red.src) == 2:
+    act = Action("STAGE", red.src[1].arg[0], stage)
+    if _applies(k, "CL", *out, act): out.append(act)
   return out
 
 
@@ -255,7 +262,7 @@ def cl_actions(k: Kernel, target) -> list[Action]:
     need = GPU_ITEMS_PER_UNIT * max(1, target.units)
     first = next((i for i, (tr, tc) in enumerate(GPU_TILES) if outputs // (tr * tc) >= need), len(GPU_TILES) - 1)
     for tile in GPU_TILES[first:]:   # the largest tile that fills the device, else smaller ones that apply
-      acts = gpu_tile(end, tile, GPU_LOCAL, target)
+      acts = gpu_tile(k, tile, GPU_LOCAL, target, GPU_STAGE)
       if acts is not None: return acts
   return []
 

@@ -19,7 +19,7 @@ from codegen.opt.transform import apply
 from engine.ops import Ops
 from runtime.kernel import Kernel
 
-MAX_CANDIDATES = 32
+MAX_CANDIDATES = 96   # (a GPU matmul has tiles x work-group shapes x stage blocks)
 
 
 def repetitions() -> int:
@@ -53,8 +53,9 @@ def _cl_candidates(k: Kernel, end, target) -> list[list[Action]]:
   if end is not None and getattr(target, "tile", 0):
     for tile in sorted(set(choose.GPU_TILES) | {(4, 8), (8, 4)}):
       for local in ((8, 16), (4, 32), (16, 16), (8, 8), (16, 8)):
-        acts = choose.gpu_tile(end, tile, local, target)
-        if acts is not None: out.append(acts)
+        for stage in (0, 8, 16, 32):
+          acts = choose.gpu_tile(k, tile, local, target, stage)
+          if acts is not None and acts not in out: out.append(acts)
   if getattr(target, "vector", 0):
     out += [[Action("VECTOR", None, n)] for n in (2, 4, 8, 16)]
   if (spread := choose._spread(k, target)):   # a row per work-group: other work-group sizes

@@ -15,6 +15,8 @@ kinds; they choose nothing:
   spread:n  a store range the n work-items of a group take in turn, a, a + n, ... (SPREAD)
   grid:n    the outer part of a group reduction's outermost range: which of n work-groups takes which share of
             the one reduction (GRID); the last group to finish combines their partial results
+  stage:n   the outer part of a register tile's reduce range, in blocks of n (STAGE): per block the work-group
+            copies what its staged loads read into local memory together, then the lanes read it from there
 
 Each action checks that it applies (an OptError says why not, naming the action and the ranges
 there are), so an action list a user forces can never change what a kernel computes.
@@ -32,11 +34,12 @@ from runtime.kernel import Kernel
 
 # which actions each renderer can follow
 DEVICE_ACTIONS = {"CPU": frozenset({"UPCAST", "KBLOCK", "THREAD"}),
-                  "CL": frozenset({"UPCAST", "LOCAL", "GROUP", "VECTOR", "GRID", "SPREAD"})}
+                  "CL": frozenset({"UPCAST", "LOCAL", "GROUP", "VECTOR", "GRID", "SPREAD", "STAGE"})}
 MAX_LANES = 256          # upcast lanes in one kernel: each is emitted as code of its own
 MAX_GROUP = 1024         # work-items sharing one reduction
 VECTOR_WIDTHS = (2, 4, 8, 16)   # OpenCL's vector sizes
 VECTOR_DTYPES = (dtypes.float32, dtypes.int32, dtypes.uint32)
+MAX_STAGED_BYTES = 32 * 1024   # local memory for STAGE's blocks (OpenCL promises 32 KiB to every work-group)
 
 
 def _kind_fields(r: UOp) -> list[str]:
@@ -256,6 +259,37 @@ class _Applier:
     self._mark(inner, f"group:{g}:{n}")
 
 
+  def stage(self, a: Action) -> None:
+    """Reduce range a of a register tile in work-groups (after UPCAST and LOCAL) in blocks of n: per block the
+    work-group copies the block of every load that depends on a and otherwise on the store ranges only into local
+    memory, together, and each work-item's lanes read it from there (a GPU matmul then reads each element of A and
+    B from global memory once per work-group instead of once per work-item)."""
+    end = _sole_end(self.ast, a)
+    ends = end.src[1:]
+    kinds = {range_kind(r)[0] for r in ends}
+    if not {"local", "upcast"} <= kinds: raise OptError(f"{a}: comes after UPCAST and LOCAL (a register tile in work-groups)")
+    reduces = [u for u in end.src[0].toposort() if u.op is Ops.REDUCE]
+    red = next((u for u in reduces if any(r.arg[0] == a.axis for r in u.src[1:])), None)
+    if red is None:
+      raise OptError(f"{a}: r{a.axis} is not a reduce range of this kernel (those it has: "
+                     f"{_names(dict.fromkeys(r for u in reduces for r in u.src[1:]))})")
+    k, n = next(r for r in red.src[1:] if r.arg[0] == a.axis), a.amount
+    if range_kind(k)[0] not in ("loop", "reduce"): raise OptError(f"{a}: r{a.axis} is a {k.arg[1]} range already")
+    if len(red.src) != 2 or any(x.op is Ops.REDUCE for x in red.src[0].toposort()):
+      raise OptError(f"{a}: takes a reduction over one range with no reduction inside it")
+    if n < 2 or size(k) % n: raise OptError(f"{a}: r{a.axis} has size {size(k)}, which {n} does not divide into blocks of at least 2"
+                                            if n >= 2 else f"{a}: the amount must be at least 2")
+    outer = UOp.range(size(k) // n, a.axis, f"stage:{n}")
+    inner = UOp.range(n, self.new_axis(), k.arg[1])
+    at = UOp(Ops.ADD, dtypes.index, (UOp(Ops.MUL, dtypes.index, (outer, UOp.const(dtypes.index, n))), inner))
+    new = UOp(Ops.REDUCE, red.dtype, (substitute(red.src[0], {k: at}), outer, inner), red.arg)
+    loads = staged_loads(new, ends)
+    if not loads: raise OptError(f"{a}: no load of the reduction depends on r{a.axis} and the store ranges only")
+    need = sum(math.prod(size(r) for r in staged_dims(x, ends)) * n * max(4, x.dtype.itemsize) for x in loads)
+    if need > MAX_STAGED_BYTES:
+      raise OptError(f"{a}: its blocks need {need} bytes of local memory; at most {MAX_STAGED_BYTES}")
+    self.ast = _rebuild(self.ast, end, substitute(end.src[0], {red: new}), ends)
+
   def grid(self, a: Action) -> None:
     """After GROUP: the reductions of a kernel that stores one value, each split across the same n work-groups. In
     each, a reduce range r becomes (grid:n outer, size/n inner), the outer part (one range shared by every reduce)
@@ -285,6 +319,22 @@ class _Applier:
     self.ast = _rebuild(self.ast, None, substitute(top, mapping), ())
 
 
+def staged_loads(red: UOp, store_ranges) -> list[UOp]:
+  """The loads of a STAGE reduction (ranges: stage:n outer, inner) that its work-group copies into local memory:
+  those that depend on the inner range and otherwise on the store ranges only (the same for every work-item of a
+  group but for its local and upcast ranges)."""
+  outer, inner = red.src[1:]
+  allowed = frozenset(store_ranges) | {outer, inner}
+  return [x for x in red.src[0].toposort() if x.op is Ops.INDEX and inner in (f := free_ranges(x)) and f <= allowed]
+
+
+def staged_dims(load: UOp, store_ranges) -> list[UOp]:
+  """The ranges a staged load's block is laid out over in local memory: the work-group's own store ranges (local
+  and upcast) it depends on, in store order."""
+  f = free_ranges(load)
+  return [r for r in store_ranges if r in f and range_kind(r)[0] in ("local", "upcast")]
+
+
 def apply(kernel: Kernel, actions, device: str) -> Kernel:
   """The kernel with `actions` applied in order (an OptError when one does not apply)."""
   if not actions: return kernel
@@ -298,4 +348,4 @@ def apply(kernel: Kernel, actions, device: str) -> Kernel:
 
 
 __all__ = ["DEVICE_ACTIONS", "MAX_LANES", "apply", "contiguous_offset", "free_ranges", "group_vector", "range_kind",
-           "renamed_reduce"]
+           "renamed_reduce", "staged_dims", "staged_loads"]

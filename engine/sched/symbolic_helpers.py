@@ -48,6 +48,14 @@ def _terms(x: UOp) -> tuple[list[tuple[int, UOp]], int]:
   return terms, const
 
 
+def range_steps(x: UOp) -> dict[UOp, int]:
+  """The step of each range that is a term of x on its own (coefficient * range, looking through ADD)."""
+  out: dict[UOp, int] = {}
+  for k, t in _terms(x)[0]:
+    if t.op is Ops.RANGE: out[t] = out.get(t, 0) + k
+  return out
+
+
 def multiple_of(x: UOp, n: int) -> bool:
   """x (an integer expression) is a multiple of n for every value of its ranges: every term's coefficient and the
   constant are (a term that is no multiplication by a constant counts as coefficient 1)."""
