@@ -41,6 +41,7 @@ def main():
   ap = argparse.ArgumentParser()
   ap.add_argument("--quick", action="store_true")
   ap.add_argument("--scale", type=int, default=1)
+  ap.add_argument("--only", default="", help="run only the sections whose workload name contains this (matmul, conv2d, relu, ...)")
   args = ap.parse_args()
   if ck.TORCH is not None: ck.TORCH.backends.cuda.matmul.allow_tf32 = ck.TORCH.backends.cudnn.allow_tf32 = False
   for line in ck.machine_info(): print(line)
@@ -50,7 +51,8 @@ def main():
   tiles = [(4, 4), (8, 4), (4, 8), (8, 8), (2, 4)] if not args.quick else [(4, 4), (8, 8)]
   locals_ = [(16, 16), (8, 16), (16, 8), (8, 8), (4, 32)] if not args.quick else [(8, 16), (4, 32)]
   default = choose.GPU_TILES, choose.GPU_LOCAL, choose.GPU_STAGE
-  for name in ("matmul 1024^3", "conv2d 32x32x56x56 k3 ->64"):
+  want = lambda name: args.only in name
+  for name in filter(want, ("matmul 1024^3", "conv2d 32x32x56x56 k3 ->64")):
     w = byname[name]
     t = torch_ms(w)
     # (a convolution's reduction is over three ranges: STAGE does not apply to it)
@@ -66,8 +68,8 @@ def main():
   import attrs
   base = dev.target
   w = byname["relu(a*b+c) 16M"]
-  t = torch_ms(w, 20)
-  for v in (4, 8):
+  t = torch_ms(w, 20) if want(w.name) else 0.0
+  for v in ((4, 8) if want(w.name) else ()):
     for lm in (128, 256, 512, 1024):
       dev.target = attrs.evolve(base, vector=v)
       cl_device.AUTO_LOCAL_MAX = lm
@@ -76,7 +78,7 @@ def main():
       print("  ", rows[-1]); sys.stdout.flush()
   cl_device.AUTO_LOCAL_MAX = 1024
   dev.target = base
-  for name in ("sum 16M", "softmax 4096x1024", "layernorm 4096x1024"):
+  for name in filter(want, ("sum 16M", "softmax 4096x1024", "layernorm 4096x1024")):
     w = byname[name]
     t = torch_ms(w, 20)
     for g in (128, 256, 512, 1024):

@@ -624,9 +624,13 @@ class CLRenderer(ScopedEmitter):
     accs = [self.tmp("acc") for _ in lanes]
     self.line(f"{self.ct(d)} {', '.join(f'{a} = {ident}' for a in accs)};")
     staged = range_kind(rngs[0])[0] == "stage" if rngs else False
-    if staged:
-      self.open_loop(rngs[0])
-      tiles = self._stage_blocks(u)
+    if staged:   # (STAGE: block 0 fetched before the block loop, block b + 1 while block b is computed)
+      stage, plans = rngs[0], self._stage_plan(u)
+      self._stage_fetch(plans, stage, "0")
+      self.open_loop(stage)
+      self._stage_store(plans, stage)
+      self._stage_fetch(plans, stage, f"(({self.ranges[stage]} + 1) % {stage.src[0].arg})")
+      tiles = {p["x"]: (p["name"], p["layout"], p["vec"]) for p in plans}
       rngs = rngs[1:]
     for r in rngs: self.open_loop(r)
     # a float sum of products fuses each product into the sum, as the CPU device's `contract` does (the lanes are a
@@ -636,8 +640,7 @@ class CLRenderer(ScopedEmitter):
     for lane, acc in zip(lanes, accs):
       self.enter_lane(lane)
       if staged:   # this lane's element of each staged block, by the same layout the copy wrote
-        for x, (name, strides) in tiles.items():
-          self.scopes[-1][x] = f"{name}[{' + '.join(f'{self.ranges[r]} * {st}' for r, st in strides)}]"
+        for x, (name, strides, vec) in tiles.items(): self.scopes[-1][x] = self._staged_read(x, name, strides, vec)
       if fuse: self.line(f"{acc} = fma({self.value(value.src[0])}, {self.value(value.src[1])}, {acc});")
       else: self.line(f"{acc} = {self._combine(op, d, acc, self.value(value))};")
       self.scopes.pop()
@@ -646,46 +649,94 @@ class CLRenderer(ScopedEmitter):
     if staged: self.close_loop(u.src[1])
     return [self._reduced(op, d, acc) for acc in accs]
 
-  def _stage_blocks(self, u: UOp) -> dict:
-    """STAGE, inside the block loop: the work-group copies this block of each staged load into a local array, its
-    work-items taking elements lid, lid + items, ... (layout: the block's ranges, the one with the smallest step
-    in the load's index fastest, so that neighbouring work-items read neighbouring memory), between barriers (the
-    previous block's reads are done; this block's writes are seen). {load: (array, [(range, step in the array)])}."""
+  def _stage_plan(self, u: UOp) -> list[dict]:
+    """STAGE: for each staged load of u, its local array and how the work-group fills it. The copy's work-items
+    take elements lid, lid + items, ... in the order of the load's steps, the smallest fastest (neighbouring
+    work-items read neighbouring memory). The array's layout is for the reads: the block's range outermost, then
+    the work-group's ranges, a tile's lanes innermost (side by side: one vector read for all of them); a step
+    that is a multiple of the 32 banks is padded by a vector (the work-items of a warp would read one bank).
+    `per`: elements each work-item copies when they divide evenly (then prefetched into registers), else 0."""
     inner = u.src[2]
-    out = {}
-    self.line("barrier(CLK_LOCAL_MEM_FENCE);")
+    plans = []
     for x in staged_loads(u, self.store_ranges):
       dims = staged_dims(x, self.store_ranges) + [inner]
       coef = range_steps(x.src[1])
-      order = sorted(dims, key=lambda r: -abs(coef.get(r, 1 << 62)))   # outermost first: the largest step
-      total = math.prod(r.src[0].arg for r in order)
-      name, e = self.tmp("tile"), self.tmp("e")
-      # each range's step in the array, a step that is a multiple of the 32 banks of local memory padded by one
-      # (work-items of a warp that read along it would otherwise all wait on one bank)
-      strides, st = [], 1
-      for r in reversed(order):
-        strides.append((r, st))
+      copy = sorted(dims, key=lambda r: -abs(coef.get(r, 1 << 62)))   # outermost first: the largest step
+      lanes = [r for r in dims if r in self.ups]
+      layout = [inner] + [r for r in dims if r not in lanes and r is not inner] + lanes
+      vec = lanes[-1] if lanes and lanes[-1].src[0].arg in VECTOR_WIDTHS and x.dtype in VECTOR_DTYPES else None
+      n = vec.src[0].arg if vec is not None else 1
+      strides, st = {}, 1
+      for r in reversed(layout):
+        strides[r] = st
         st *= r.src[0].arg
-        if st % 32 == 0: st += 1
-      self.local_decls.append(f"__local {self._shared_type(x.dtype)} {name}[{st}];")
-      self.line(f"for (int {e} = (int)lid; {e} < {total}; {e} += {self.items}) {{")
+        if st % 32 == 0: st += n
+      name = self.tmp("tile")
+      self.local_decls.append(f"__local {self._shared_type(x.dtype)} {name}[{st}] __attribute__((aligned(64)));")
+      total = math.prod(r.src[0].arg for r in dims)
+      plans.append(dict(x=x, name=name, layout=[(r, strides[r]) for r in layout], copy=copy, vec=vec, total=total,
+                        per=total // self.items if total % self.items == 0 else 0, regs=[]))
+    return plans
+
+  def _stage_element(self, p: dict, e: str, stage: UOp, block: str) -> tuple[str, str]:
+    """(the value of element e of p's block `block`, its place in the array). Emitted with nothing reused from
+    outside: values there were computed with this work-item's own range values."""
+    scopes, ranges = self.scopes, dict(self.ranges)
+    self.scopes = [{}]
+    self.ranges[stage] = block
+    flat = 1
+    for r in reversed(p["copy"]):
+      self.ranges[r] = f"(({self.ct(r.dtype)})(({e} / {flat}) % {r.src[0].arg}))"
+      flat *= r.src[0].arg
+    at = " + ".join(f"{self.ranges[r]} * {st}" for r, st in p["layout"])
+    v = self.value(p["x"])
+    self.scopes, self.ranges = scopes, ranges
+    return v, at
+
+  def _stage_fetch(self, plans: list[dict], stage: UOp, block: str) -> None:
+    """Each work-item's elements of block `block` of the evenly divided staged loads into its registers (the
+    first call declares them): issued before the current block is computed, so the loads are in flight then."""
+    for p in plans:
+      for j in range(p["per"]):
+        v, _ = self._stage_element(p, f"((int)lid + {j * self.items})", stage, block)
+        if len(p["regs"]) <= j:
+          p["regs"].append(self.tmp("pf"))
+          self.line(f"{self._shared_type(p['x'].dtype)} {p['regs'][j]} = {v};")
+        else: self.line(f"{p['regs'][j]} = {v};")
+
+  def _stage_store(self, plans: list[dict], stage: UOp) -> None:
+    """The current block into the local arrays, between barriers (the previous block's reads are done; this
+    block's writes are seen): from the registers, or where the elements do not divide evenly, loaded now."""
+    self.line("barrier(CLK_LOCAL_MEM_FENCE);")
+    for p in plans:
+      if p["per"]:
+        for j, reg in enumerate(p["regs"]):
+          _, at = self._stage_element(p, f"((int)lid + {j * self.items})", stage, self.ranges[stage])
+          self.line(f"{p['name']}[{at}] = {reg};")
+        continue
+      e = self.tmp("e")
+      self.line(f"for (int {e} = (int)lid; {e} < {p['total']}; {e} += {self.items}) {{")
       self.depth += 1
-      # the load's value with its block ranges taken from e, and nothing reused from outside (values there were
-      # computed with this work-item's own range values)
-      scopes, ranges = self.scopes, dict(self.ranges)
-      self.scopes = [{}]
-      flat = 1
-      for r, _ in strides:
-        self.ranges[r] = f"(({self.ct(r.dtype)})(({e} / {flat}) % {r.src[0].arg}))"
-        flat *= r.src[0].arg
-      at = " + ".join(f"{self.ranges[r]} * {step}" for r, step in strides)
-      self.line(f"{name}[{at}] = {self.value(x)};")
-      self.scopes, self.ranges = scopes, ranges
+      v, at = self._stage_element(p, e, stage, self.ranges[stage])
+      self.line(f"{p['name']}[{at}] = {v};")
       self.depth -= 1
       self.line("}")
-      out[x] = (name, strides)
     self.line("barrier(CLK_LOCAL_MEM_FENCE);")
-    return out
+
+  def _staged_read(self, x: UOp, name: str, strides: list, vec: UOp | None) -> str:
+    """This lane's element of staged load x: with a vector range, one aligned vector read of the array made by the
+    first of its lanes to ask (the others lanes' coordinates the same), each lane taking its component."""
+    if vec is None: return f"{name}[{' + '.join(f'{self.ranges[r]} * {st}' for r, st in strides)}]"
+    pos = list(self.ups).index(vec)
+    mine = {r for r, _ in strides}
+    key = (x, tuple(i for r, i in zip(self.ups, self.lane) if r in mine and r is not vec))
+    got = self.lane_vecs.get(key)
+    if got is None:
+      n, t = vec.src[0].arg, self._shared_type(x.dtype)
+      base = " + ".join(f"{self.ranges[r]} * {st}" for r, st in strides if r is not vec)
+      got = self.lane_vecs[key] = self.tmp("tv")
+      self.line(f"{t}{n} {got} = ((__local {t}{n}*){name})[({base}) / {n}];")
+    return f"{got}.s{self.lane[pos]:x}"
 
   def _group_reduce(self, u: UOp, ident: str) -> str:
     """The work-group reduces together (_group_partial); every work-item gets the result."""

@@ -47,10 +47,12 @@ SPREAD_MIN_PER_ITEM = 16       # a row per work-group (SPREAD): on the H200, RUL
                                # 1024-long softmax and layernorm rows over the 128 of 8 per item (resident: 0.028
                                # against 0.035 ms, 0.015 against 0.022; torch 0.022 and 0.044)
 VECTOR_MIN_ELEMENTS = 1024     # elements per vector lane below which vector loads do not pay
-GPU_TILES = ((8, 8), (4, 4), (2, 4))   # a work-item's register tile on a GPU (rows x columns), largest first ...
-GPU_ITEMS_PER_UNIT = 256       # ... the first that leaves at least this many work-items per compute unit
+GPU_TILES = ((8, 8), (8, 4), (4, 4), (2, 4))   # a work-item's register tile on a GPU (rows x columns), largest first ...
+GPU_ITEMS_PER_UNIT = 192       # ... the first that leaves at least this many work-items per compute unit
 GPU_LOCAL = (8, 16)            # work-items of one group along rows and columns (at most)
 GPU_STAGE = 16                 # a tile's reduction in blocks of this many, staged in local memory (STAGE); 0: never
+# (H200, bench/results/h200-cl-2026-12-03-session8-stage.txt, resident: matmul 1024^3 with STAGE(k,16) and 8x16
+# work-groups ran 8x4 tiles in 0.079 ms, 4x4 in 0.097, 8x8 in 0.097, torch 0.084; without STAGE 0.19-0.26)
 
 
 @dataclass(frozen=True)
