@@ -79,8 +79,8 @@ def _sole_end(k: Kernel) -> UOp | None:
   return k.ast.src[0] if len(k.ast.src) == 1 and k.ast.src[0].op is Ops.END else None
 
 
-def tile_ranges(end: UOp, rows_lanes: int,
-                col_lanes: tuple[int, ...] = column_lanes()) -> tuple[UOp | None, int, UOp | None, int]:
+def tile_ranges(end: UOp, rows_lanes: int, col_lanes: tuple[int, ...] = column_lanes(),
+                any_stride: bool = False) -> tuple[UOp | None, int, UOp | None, int]:
   """(row range, row lanes, column range, column lanes) of a register tile, (None, 0, None, 0) parts where none.
 
   Pays where a reduction's inner loop reads memory that neighbouring outputs share or that lies side by side
@@ -88,7 +88,7 @@ def tile_ranges(end: UOp, rows_lanes: int,
   store's innermost range, when every load that depends on it reads neighbouring elements for neighbouring lanes
   (the first of `col_lanes` that divides it). Rows: the innermost other store range that those loads do not
   depend on and another load does (its size a multiple of rows_lanes, and larger). No REDUCE may be nested in
-  another."""
+  another. `any_stride`: columns whatever their loads' steps (they are read from local memory: STAGE)."""
   none = (None, 0, None, 0)
   if len(end.src) < 2: return none
   reduces = [x for x in end.src[0].toposort() if x.op is Ops.REDUCE]
@@ -97,7 +97,7 @@ def tile_ranges(end: UOp, rows_lanes: int,
   ranges = [x for x in end.toposort() if x.op is Ops.RANGE]
   col, cols = end.src[-1], 0
   strides = [_stride(i, col, ranges) for i in loads if col in i.toposort()]
-  if strides and all(st == 1 for st in strides):
+  if strides and (any_stride or all(st == 1 for st in strides)):
     cols = next((n for n in col_lanes if col.src[0].arg % n == 0), 0)
   if not cols: return none
   col_loads = [i for i in loads if col in i.toposort()]
@@ -225,18 +225,23 @@ def gpu_tile(k: Kernel, tile: tuple[int, int], local: tuple[int, int], target, s
   target.tile work-items, its reduction staged in local memory in blocks of `stage` where STAGE applies (a sum
   over one range: matmul); None where the kernel has no such tile."""
   end = _sole_end(k)
-  row, rows, col, cols = tile_ranges(end, tile[0], (tile[1],)) if end is not None else (None, 0, None, 0)
+  if end is None: return None
+  row, rows, col, cols = tile_ranges(end, tile[0], (tile[1],))
+  # columns whose loads do not read neighbouring elements (a matmul by a transposed weight, x @ W.T) still make a
+  # tile when its blocks are staged: the lanes read them from local memory
+  staged_only = stage and (row is None or col is None)
+  if staged_only: row, rows, col, cols = tile_ranges(end, tile[0], (tile[1],), any_stride=True)
   if row is None or col is None: return None
   lc = _divisor_at_most(col.src[0].arg // cols, local[1])
   lr = _divisor_at_most(row.src[0].arg // rows, min(local[0], target.tile // max(lc, 1)))
   out = [Action("UPCAST", row.arg[0], rows), Action("UPCAST", col.arg[0], cols)]
   if lc > 1: out.append(Action("LOCAL", col.arg[0], lc))
   if lr > 1: out.append(Action("LOCAL", row.arg[0], lr))
-  red = end.src[0].src[1] if end.src[0].op is Ops.STORE else None
-  if stage and red is not None and red.op is Ops.REDUCE and len(red.src) == 2:
-    act = Action("STAGE", red.src[1].arg[0], stage)
-    if _applies(k, "CL", *out, act): out.append(act)
-  return out
+  reduces = [x for x in end.src[0].toposort() if x.op is Ops.REDUCE]
+  if stage and len(reduces) == 1 and len(reduces[0].src) == 2:   # (an epilogue after the sum is fine: bias, relu)
+    act = Action("STAGE", reduces[0].src[1].arg[0], stage)
+    if _applies(k, "CL", *out, act): return out + [act]
+  return None if staged_only else out
 
 
 def cl_actions(k: Kernel, target) -> list[Action]:
