@@ -67,6 +67,7 @@ from engine.dtypes import DType, dtypes
 from engine.ops import Ops
 from engine.sched.indexing import identity_element
 from engine.sched.symbolic_helpers import multiple_of, offset_of, range_steps
+from engine.rewrite import substitute
 from engine.uop import UOp
 from runtime.kernel import Kernel
 
@@ -90,6 +91,7 @@ class Target:
 
 
 GROUP_ACCS = 4                 # accumulators per work-item in a long group reduction (loads in flight)
+ROW_CACHE_MAX = 32             # SPREAD: a row's loads are kept in registers when each work-item has at most this many
 
 
 @attrs.frozen
@@ -225,6 +227,10 @@ class CLRenderer(ScopedEmitter):
     self.local_decls: list[str] = []   # local-memory arrays, declared at the top of the kernel (STAGE's blocks)
     self.store_ranges: tuple = ()
     self.items = 1                     # work-items of one work-group (LOCAL)
+    # SPREAD's row in registers: (canonical load, j) -> the register holding element lane + j * group of the row
+    self.row_regs: dict | None = None
+    self.row_canon: UOp | None = None
+    self.row_ranges: frozenset = frozenset()
     self.set_lanes({})   # (render finds the upcast ranges)
     # index arithmetic in int rather than long when every index value provably fits: GPUs emulate 64-bit integer
     # multiplies and adds with several 32-bit instructions, and a tile's addresses are many of them
@@ -310,6 +316,7 @@ class CLRenderer(ScopedEmitter):
     self._unflatten(flat, "gid")
     self._unflatten(local, "lid")
     spread = next((r for r in ends if kinds[r][0] == "spread"), None)
+    if spread is not None: self._row_cache(spread)
     if self.grid: self._grid_reduces()
     elif self.group: self._group_reduces()
     for st in stores:
@@ -322,7 +329,13 @@ class CLRenderer(ScopedEmitter):
         st = st.src[0]
       target, value = st.src
       p, idx = target.src
-      # each work-item stores its share of the spread range: lane, lane + G, ...
+      # each work-item stores its share of the spread range: lane, lane + G, ... (unrolled over the row's registers)
+      if spread is not None and self.row_regs is not None:
+        for j in range(spread.src[0].arg // self.group):
+          self._enter_row_element(spread, j, (value, idx))
+          self._store(p, self.value(idx), self.value(value), value.dtype)
+          self._leave_row_element(spread)
+        continue
       if spread is not None: self.open_loop(spread, "lane", self.group)
       for _ in self.each_lane():
         v = self.value(value)
@@ -763,6 +776,7 @@ class CLRenderer(ScopedEmitter):
     op, d, G = u.arg, u.dtype, self.group
     value, rngs = u.src[0], u.src[1:]
     c = self.ct(d)
+    if self.row_regs is not None: return self._row_partial(u, ident)
     if rngs and range_kind(rngs[0])[0] == "grid":
       self.ranges[rngs[0]] = "gid"
       rngs = rngs[1:]
@@ -786,6 +800,67 @@ class CLRenderer(ScopedEmitter):
     self.line("}")
     for a in accs[1:]: self.line(f"{accs[0]} = {self._combine(op, d, accs[0], a)};")
     self.line(f"__local {self._shared_type(d)} {part}[{G}];")
+    self._group_tree(op, d, part, accs[0])
+    return part
+
+  # *** SPREAD: the row in registers ***
+  def _row_cache(self, spread: UOp) -> None:
+    """SPREAD with each work-item taking at most ROW_CACHE_MAX elements of a row, and every reduction over one
+    range of the row's length: each load of the row (a load that depends on one of those ranges and otherwise on
+    the store's ranges only) is read once into registers, element lane + j * G in register j, before the
+    reductions; the reductions' steps and the stores, unrolled, read the registers (a softmax reads its row from
+    memory once, not three times)."""
+    S, G = spread.src[0].arg, self.group
+    reduces = [u for u in self.k.ast.toposort() if u.op is Ops.REDUCE]
+    if S % G or S // G > ROW_CACHE_MAX or any(len(u.src) != 2 or u.src[1].src[0].arg != S for u in reduces): return
+    rows = frozenset({spread} | {u.src[1] for u in reduces})
+    fixed = frozenset(self.store_ranges) - {spread}
+    canon = UOp.range(S, -1000, "loop")
+    keys = []
+    for x in self.k.ast.toposort():
+      if x.op is not Ops.INDEX or x.arg == "store" or x.dtype is dtypes.void: continue
+      f = free_ranges(x)
+      if len(f & rows) == 1 and f <= rows | fixed:
+        key = substitute(x, {next(iter(f & rows)): canon})
+        if key not in keys: keys.append(key)
+    if not keys: return
+    self.row_regs, self.row_canon, self.row_ranges = {}, canon, rows
+    for j in range(S // G):
+      self.scopes.append({})
+      self.ranges[canon] = f"(lane + {j * G})"
+      for key in keys: self.row_regs[(key, j)] = self.value(key)
+      del self.ranges[canon]
+      self.scopes.pop()
+
+  def _enter_row_element(self, r: UOp, j: int, roots) -> None:
+    """A scope for element lane + j * G of row range r, its loads taken from the row's registers."""
+    self.scopes.append({})
+    self.ranges[r] = f"(lane + {j * self.group})"
+    for root in roots:
+      for x in root.toposort():
+        if x.op is Ops.INDEX and r in free_ranges(x):
+          reg = self.row_regs.get((substitute(x, {r: self.row_canon}), j))
+          if reg is not None: self.scopes[-1][x] = reg
+
+  def _leave_row_element(self, r: UOp) -> None:
+    del self.ranges[r]
+    self.scopes.pop()
+
+  def _row_partial(self, u: UOp, ident: str) -> str:
+    """_group_partial over the row's registers: each work-item's elements in turn, unrolled, into GROUP_ACCS
+    accumulators; then the tree in local memory."""
+    op, d, r = u.arg, u.dtype, u.src[1]
+    per = r.src[0].arg // self.group
+    n_acc = min(GROUP_ACCS, per)
+    accs, part = [self.tmp("acc") for _ in range(n_acc)], self.tmp("part")
+    self.line(f"{self.ct(d)} {', '.join(f'{a} = {ident}' for a in accs)};")
+    for j in range(per):
+      self._enter_row_element(r, j, (u.src[0],))
+      a = accs[j % n_acc]
+      self.line(f"{a} = {self._combine(op, d, a, self.value(u.src[0]))};")
+      self._leave_row_element(r)
+    for a in accs[1:]: self.line(f"{accs[0]} = {self._combine(op, d, accs[0], a)};")
+    self.line(f"__local {self._shared_type(d)} {part}[{self.group}];")
     self._group_tree(op, d, part, accs[0])
     return part
 

@@ -12,6 +12,8 @@ import os
 import sys
 import tempfile
 
+import re
+
 import numpy as np
 import pytest
 
@@ -713,7 +715,7 @@ def test_spread_is_an_action_a_user_can_force_and_it_is_refused_where_it_cannot_
   key = kernel_key(decomposed(k, DEV.optional))   # (the key of the kernel the optimizer sees)
   monkeypatch.setenv("RULEC_OPT", f"{key}=SPREAD({axes[1]},8)")
   cl_device._by_ast.clear()
-  assert f"r{axes[1]} += 8" in cl_device.render(k).source
+  assert "(lane + 88)" in cl_device.render(k).source   # (96 / 8 elements each: the row in registers, unrolled)
   np.testing.assert_allclose(Tensor(x, device="CL").softmax(-1).numpy(), Tensor(x, device="NUMPY").softmax(-1).numpy(),
                              rtol=1e-5, atol=1e-6)
   for bad, why in ((f"SPREAD({axes[0]},16)", f"a reduction depends on r{axes[0]}, which is not fixed"),
@@ -721,6 +723,27 @@ def test_spread_is_an_action_a_user_can_force_and_it_is_refused_where_it_cannot_
     monkeypatch.setenv("RULEC_OPT", f"{key}={bad}")
     cl_device._by_ast.clear()
     with pytest.raises(OptError, match=why): cl_device.render(k)
+
+
+@pytest.mark.parametrize("name", ["softmax", "log_softmax", "layernorm", "scaled"])
+def test_a_short_rows_loads_are_read_once_into_registers(group_reductions, monkeypatch, name):
+  # SPREAD with at most ROW_CACHE_MAX elements per work-item: each load of the row is read from memory once, into
+  # registers, which the max, the sum and the stores all read (x, and the scale row for "scaled")
+  from codegen.opt import kernel_key
+  from runtime.kernel import decomposed
+  x = np.random.default_rng(54).standard_normal((5, 256)).astype(np.float32)
+  w = np.random.default_rng(55).standard_normal((256,)).astype(np.float32)
+  f = {"softmax": lambda t, s: t.softmax(-1), "log_softmax": lambda t, s: t.log_softmax(-1),
+       "layernorm": lambda t, s: t.layernorm(-1), "scaled": lambda t, s: (t * s).softmax(-1) * s}[name]
+  (k,) = f(Tensor(x, device="CL"), Tensor(w, device="CL")).schedule()
+  axes = [r.arg[0] for r in k.ast.src[0].src[1:]]
+  monkeypatch.setenv("RULEC_OPT", f"{kernel_key(decomposed(k, DEV.optional))}=SPREAD({axes[1]},32)")
+  cl_device._by_ast.clear()
+  src = cl_device.render(k).source
+  loads = len(re.findall(r"= p[12]\[", src))
+  assert loads == (16 if name == "scaled" else 8), (loads, src)   # 256 / 32 elements of each row load
+  got = f(Tensor(x, device="CL"), Tensor(w, device="CL")).numpy()
+  np.testing.assert_allclose(got, f(Tensor(x, device="NUMPY"), Tensor(w, device="NUMPY")).numpy(), rtol=1e-5, atol=1e-6)
 
 
 def test_a_row_value_inside_a_reduce_is_computed_once_per_output(group_reductions):
