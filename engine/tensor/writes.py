@@ -19,28 +19,30 @@ from engine.uop import UOp
 
 # BUFFER -> the writes through its views not yet carried out, oldest first
 _PENDING: dict[UOp, list[UOp]] = {}
-# the whole buffer in its own shape -> a write of all of it not yet carried out
-_WHOLE: dict[UOp, UOp] = {}
+# BUFFER -> (the whole buffer in its own shape, a write of all of it not yet carried out)
+_WHOLE: dict[UOp, tuple[UOp, UOp]] = {}
 
 
 def record(write: UOp) -> None:
   """Note a lazy ASSIGN whose target is a view of a buffer (engine/tensor/base.py has carried out `first(write)`)."""
   target = write.src[0]
-  if is_buffer_view(target): _WHOLE[target] = write
+  if is_buffer_view(target): _WHOLE[target.base] = (target, write)
   else: _PENDING.setdefault(target.base, []).append(write)
 
 
 def whole(u: UOp) -> UOp | None:
   """The whole-buffer write waiting on u, if u is the buffer it writes in its own shape: a tensor that is that
   buffer (`b`, `b[:]`, `b.contiguous()`) shows the write when it is realized; other readers do not (tinygrad)."""
-  return _WHOLE.get(u)
+  if u.op not in (Ops.BUFFER, Ops.RESHAPE): return None
+  target, write = _WHOLE.get(u.base, (None, None))
+  return write if target is u else None
 
 
 def first(write: UOp) -> list[UOp]:
   """What to carry out before `write` is recorded: a whole-buffer write waiting on its buffer (it came first),
   and everything waiting on it if the same write is already waiting (one node: UOps are hash-consed)."""
   buf = write.src[0].base
-  out = [w for t, w in _WHOLE.items() if t.base is buf]
+  out = [_WHOLE[buf][1]] if buf in _WHOLE else []
   if write in _PENDING.get(buf, ()): out += [w for w in before([write.src[0]]) if w not in out]
   return out
 
@@ -48,7 +50,7 @@ def first(write: UOp) -> list[UOp]:
 def carried_out(assigned: dict[UOp, UOp]) -> None:
   """After a realize: the writes it carried out are no longer pending, and a pending write whose graph holds one
   of them reads the buffer it wrote instead (so no write is carried out twice)."""
-  for t in [t for t, w in _WHOLE.items() if w in assigned]: del _WHOLE[t]
+  for b in [b for b, (_, w) in _WHOLE.items() if w in assigned]: del _WHOLE[b]
   for buf in list(_PENDING):
     kept = [substitute(w, assigned) for w in _PENDING[buf] if w not in assigned]
     if kept: _PENDING[buf] = kept
