@@ -203,13 +203,12 @@ class TensorBase:
 
     Writes through views pending on a buffer these read are carried out first (engine/tensor/writes.py)."""
     ts = (self, *others)
-    _pending(ts, "realize")   # (checks they are Tensors)
-    for t in ts:   # a tensor that is a buffer a whole-buffer write waits on holds that write (b[:].assign(x))
+    for t in ts:
+      if not isinstance(t, TensorBase): raise TypeError(f"realize() takes Tensors, got {type(t).__name__}")
+      # a tensor that is a buffer a whole-buffer write waits on holds that write (b[:].assign(x))
       if (w := _writes.whole(t.uop)) is not None: t.uop = w
+    if (first := _writes.before([t.uop for t in ts])): _carry_out(first)   # (a realized tensor reads its buffer too)
     pending = _pending(ts, "realize")
-    if (first := _writes.before([t.uop for t in ts])):   # (a realized tensor reads its buffer too)
-      _carry_out(first)
-      pending = _pending(ts, "realize")
     todo = []
     for t, u in pending:
       t.uop = u

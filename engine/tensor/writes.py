@@ -33,7 +33,7 @@ def record(write: UOp) -> None:
 def whole(u: UOp) -> UOp | None:
   """The whole-buffer write waiting on u, if u is the buffer it writes in its own shape: a tensor that is that
   buffer (`b`, `b[:]`, `b.contiguous()`) shows the write when it is realized; other readers do not (tinygrad)."""
-  if u.op not in (Ops.BUFFER, Ops.RESHAPE): return None
+  if not _WHOLE or u.op not in (Ops.BUFFER, Ops.RESHAPE): return None
   target, write = _WHOLE.get(u.base, (None, None))
   return write if target is u else None
 
