@@ -61,7 +61,7 @@ import numpy as np
 
 from engine.alu import wrap
 from codegen.opt.transform import (VECTOR_DTYPES, VECTOR_WIDTHS, contiguous_offset, free_ranges, group_vector, range_kind,
-                                   renamed_reduce, staged_dims, staged_loads)
+                                   block_dims, renamed_reduce, staged_dims, staged_loads)
 from codegen.scoped import ScopedEmitter
 from engine.dtypes import DType, dtypes
 from engine.ops import Ops
@@ -91,6 +91,7 @@ class Target:
 
 
 GROUP_ACCS = 4                 # accumulators per work-item in a long group reduction (loads in flight)
+STAGE_MAX_REGS = 16            # STAGE prefetches a block into registers when each work-item copies at most this many
 ROW_CACHE_MAX = 32             # SPREAD: a row's loads are kept in registers when each work-item has at most this many
 
 
@@ -668,15 +669,16 @@ class CLRenderer(ScopedEmitter):
     work-items read neighbouring memory). The array's layout is for the reads: the block's range outermost, then
     the work-group's ranges, a tile's lanes innermost (side by side: one vector read for all of them); a step
     that is a multiple of the 32 banks is padded by a vector (the work-items of a warp would read one bank).
-    `per`: elements each work-item copies when they divide evenly (then prefetched into registers), else 0."""
-    inner = u.src[2]
+    `per`: elements each work-item copies when they divide evenly and are at most STAGE_MAX_REGS (then prefetched
+    into registers), else 0."""
     plans = []
     for x in staged_loads(u, self.store_ranges):
-      dims = staged_dims(x, self.store_ranges) + [inner]
+      block = block_dims(x, u)
+      dims = staged_dims(x, self.store_ranges) + block
       coef = range_steps(x.src[1])
       copy = sorted(dims, key=lambda r: -abs(coef.get(r, 1 << 62)))   # outermost first: the largest step
       lanes = [r for r in dims if r in self.ups]
-      layout = [inner] + [r for r in dims if r not in lanes and r is not inner] + lanes
+      layout = block + [r for r in dims if r not in lanes and r not in block] + lanes
       vec = lanes[-1] if lanes and lanes[-1].src[0].arg in VECTOR_WIDTHS and x.dtype in VECTOR_DTYPES else None
       n = vec.src[0].arg if vec is not None else 1
       strides, st = {}, 1
@@ -687,8 +689,9 @@ class CLRenderer(ScopedEmitter):
       name = self.tmp("tile")
       self.local_decls.append(f"__local {self._shared_type(x.dtype)} {name}[{st}] __attribute__((aligned(64)));")
       total = math.prod(r.src[0].arg for r in dims)
+      per = total // self.items if total % self.items == 0 else 0
       plans.append(dict(x=x, name=name, layout=[(r, strides[r]) for r in layout], copy=copy, vec=vec, total=total,
-                        per=total // self.items if total % self.items == 0 else 0, regs=[]))
+                        per=per if per <= STAGE_MAX_REGS else 0, regs=[]))
     return plans
 
   def _stage_element(self, p: dict, e: str, stage: UOp, block: str) -> tuple[str, str]:

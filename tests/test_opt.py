@@ -282,6 +282,20 @@ def test_staged_gpu_tiles_of_other_matmuls_agree_with_numpy(cl_tiles, name):
   np.testing.assert_allclose(t.numpy(), ref, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("xs, ws, pad", [((1, 8, 12, 32), (16, 8, 3, 3), 1), ((2, 16, 8, 18), (8, 16, 3, 3), 0),
+                                          ((1, 4, 6, 32), (32, 4, 1, 1), 0)])
+def test_staged_convolutions_agree_with_numpy(cl_tiles, xs, ws, pad):
+  # STAGE on a reduction over several ranges: blocks of input channels, each with its window taps (kh, kw), copied
+  # into local memory (the input's block holds each element once per tap that reads it); padded windows read 0
+  from runtime import cl_device
+  rng = np.random.default_rng(11)
+  x, w = rng.standard_normal(xs).astype(np.float32), rng.standard_normal(ws).astype(np.float32)
+  t = Tensor(x, device="CL").conv2d(Tensor(w, device="CL"), padding=pad)
+  assert "__local float tile" in cl_device.render(t.schedule()[-1]).source
+  ref = Tensor(x, device="NUMPY").conv2d(Tensor(w, device="NUMPY"), padding=pad).numpy()
+  np.testing.assert_allclose(t.numpy(), ref, rtol=1e-4, atol=1e-4)
+
+
 def test_gpu_tiles_of_a_convolution_agree_with_numpy(cl_tiles):
   from runtime import cl_device
   rng = np.random.default_rng(9)

@@ -238,9 +238,14 @@ def gpu_tile(k: Kernel, tile: tuple[int, int], local: tuple[int, int], target, s
   if lc > 1: out.append(Action("LOCAL", col.arg[0], lc))
   if lr > 1: out.append(Action("LOCAL", row.arg[0], lr))
   reduces = [x for x in end.src[0].toposort() if x.op is Ops.REDUCE]
-  if stage and len(reduces) == 1 and len(reduces[0].src) == 2:   # (an epilogue after the sum is fine: bias, relu)
-    act = Action("STAGE", reduces[0].src[1].arg[0], stage)
-    if _applies(k, "CL", *out, act): return out + [act]
+  if stage and len(reduces) == 1:   # (an epilogue after the sum is fine: bias, relu)
+    # blocks of `stage` along the sum's outermost range, or smaller ones where those need more local memory than
+    # there is (a convolution's block holds its window taps too)
+    n = stage
+    while n >= 2:
+      act = Action("STAGE", reduces[0].src[1].arg[0], n)
+      if _applies(k, "CL", *out, act): return out + [act]
+      n //= 2
   return None if staged_only else out
 
 

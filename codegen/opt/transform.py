@@ -15,8 +15,9 @@ kinds; they choose nothing:
   spread:n  a store range the n work-items of a group take in turn, a, a + n, ... (SPREAD)
   grid:n    the outer part of a group reduction's outermost range: which of n work-groups takes which share of
             the one reduction (GRID); the last group to finish combines their partial results
-  stage:n   the outer part of a register tile's reduce range, in blocks of n (STAGE): per block the work-group
-            copies what its staged loads read into local memory together, then the lanes read it from there
+  stage:n   the outer part of a register tile's reduce range, in blocks of n (STAGE), first among the reduction's
+            ranges: per block the work-group copies what its staged loads read (over the block's part of the range
+            and the reduction's other ranges) into local memory together, then the lanes read it from there
 
 Each action checks that it applies (an OptError says why not, naming the action and the ranges
 there are), so an action list a user forces can never change what a kernel computes.
@@ -275,17 +276,19 @@ class _Applier:
                      f"{_names(dict.fromkeys(r for u in reduces for r in u.src[1:]))})")
     k, n = next(r for r in red.src[1:] if r.arg[0] == a.axis), a.amount
     if range_kind(k)[0] not in ("loop", "reduce"): raise OptError(f"{a}: r{a.axis} is a {k.arg[1]} range already")
-    if len(red.src) != 2 or any(x.op is Ops.REDUCE for x in red.src[0].toposort()):
-      raise OptError(f"{a}: takes a reduction over one range with no reduction inside it")
+    if any(x.op is Ops.REDUCE for x in red.src[0].toposort()):
+      raise OptError(f"{a}: takes a reduction with no reduction inside it")
     if n < 2 or size(k) % n: raise OptError(f"{a}: r{a.axis} has size {size(k)}, which {n} does not divide into blocks of at least 2"
                                             if n >= 2 else f"{a}: the amount must be at least 2")
     outer = UOp.range(size(k) // n, a.axis, f"stage:{n}")
     inner = UOp.range(n, self.new_axis(), k.arg[1])
     at = UOp(Ops.ADD, dtypes.index, (UOp(Ops.MUL, dtypes.index, (outer, UOp.const(dtypes.index, n))), inner))
-    new = UOp(Ops.REDUCE, red.dtype, (substitute(red.src[0], {k: at}), outer, inner), red.arg)
+    # (the block range first, then the block's part of a and the reduction's other ranges, as they were)
+    rest = [inner if r is k else r for r in red.src[1:]]
+    new = UOp(Ops.REDUCE, red.dtype, (substitute(red.src[0], {k: at}), outer, *rest), red.arg)
     loads = staged_loads(new, ends)
     if not loads: raise OptError(f"{a}: no load of the reduction depends on r{a.axis} and the store ranges only")
-    need = sum(math.prod(size(r) for r in staged_dims(x, ends)) * n * max(4, x.dtype.itemsize) for x in loads)
+    need = sum(math.prod(size(r) for r in staged_dims(x, ends) + block_dims(x, new)) * max(4, x.dtype.itemsize) for x in loads)
     if need > MAX_STAGED_BYTES:
       raise OptError(f"{a}: its blocks need {need} bytes of local memory; at most {MAX_STAGED_BYTES}")
     self.ast = _rebuild(self.ast, end, substitute(end.src[0], {red: new}), ends)
@@ -320,12 +323,18 @@ class _Applier:
 
 
 def staged_loads(red: UOp, store_ranges) -> list[UOp]:
-  """The loads of a STAGE reduction (ranges: stage:n outer, inner) that its work-group copies into local memory:
-  those that depend on the inner range and otherwise on the store ranges only (the same for every work-item of a
-  group but for its local and upcast ranges)."""
-  outer, inner = red.src[1:]
-  allowed = frozenset(store_ranges) | {outer, inner}
-  return [x for x in red.src[0].toposort() if x.op is Ops.INDEX and inner in (f := free_ranges(x)) and f <= allowed]
+  """The loads of a STAGE reduction (ranges: the stage:n block range, then the block's own ranges) that its
+  work-group copies into local memory: those that depend on the block's ranges and otherwise on the store ranges
+  only (the same for every work-item of a group but for its local and upcast ranges)."""
+  inner = frozenset(red.src[2:])
+  allowed = frozenset(store_ranges) | {red.src[1]} | inner
+  return [x for x in red.src[0].toposort() if x.op is Ops.INDEX and (f := free_ranges(x)) & inner and f <= allowed]
+
+
+def block_dims(load: UOp, red: UOp) -> list[UOp]:
+  """The ranges of a STAGE reduction's block (all but the block range) that a staged load depends on, in order."""
+  f = free_ranges(load)
+  return [r for r in red.src[2:] if r in f]
 
 
 def staged_dims(load: UOp, store_ranges) -> list[UOp]:
@@ -348,4 +357,4 @@ def apply(kernel: Kernel, actions, device: str) -> Kernel:
 
 
 __all__ = ["DEVICE_ACTIONS", "MAX_LANES", "apply", "contiguous_offset", "free_ranges", "group_vector", "range_kind",
-           "renamed_reduce", "staged_dims", "staged_loads"]
+           "block_dims", "renamed_reduce", "staged_dims", "staged_loads"]
