@@ -286,12 +286,20 @@ def test_staged_gpu_tiles_of_other_matmuls_agree_with_numpy(cl_tiles, name):
                                           ((1, 4, 6, 32), (32, 4, 1, 1), 0)])
 def test_staged_convolutions_agree_with_numpy(cl_tiles, xs, ws, pad):
   # STAGE on a reduction over several ranges: blocks of input channels, each with its window taps (kh, kw), copied
-  # into local memory (the input's block holds each element once per tap that reads it); padded windows read 0
+  # into local memory (the input's block holds each element once per tap that reads it); padded windows read 0.
+  # (Not the cost model's choice until measured on a GPU: forced here, as RULEC_SEARCH would try it.)
+  from codegen.opt import choose
   from runtime import cl_device
   rng = np.random.default_rng(11)
   x, w = rng.standard_normal(xs).astype(np.float32), rng.standard_normal(ws).astype(np.float32)
   t = Tensor(x, device="CL").conv2d(Tensor(w, device="CL"), padding=pad)
-  assert "__local float tile" in cl_device.render(t.schedule()[-1]).source
+  (k,) = t.schedule()
+  low = decomposed(k, _cl_dev().optional)
+  if ws[2:] != (1, 1):   # (a 1x1 convolution sums over one range, as a matmul: the cost model stages it)
+    assert not any(a.op == "STAGE" for a in choose.cl_actions(low, _cl_dev().target))
+  acts = next(a for tile in choose.GPU_TILES if (a := choose.gpu_tile(low, tile, choose.GPU_LOCAL, _cl_dev().target, 16, several=True)))
+  cl_tiles.setenv("RULEC_OPT", f"{kernel_key(low)}={format_actions(acts)}")
+  assert any(a.op == "STAGE" for a in acts) and "__local float tile" in cl_device.render(k).source
   ref = Tensor(x, device="NUMPY").conv2d(Tensor(w, device="NUMPY"), padding=pad).numpy()
   np.testing.assert_allclose(t.numpy(), ref, rtol=1e-4, atol=1e-4)
 

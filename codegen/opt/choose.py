@@ -220,10 +220,12 @@ def _divisor_at_most(n: int, cap: int) -> int:
   return max(d for d in range(1, cap + 1) if n % d == 0)
 
 
-def gpu_tile(k: Kernel, tile: tuple[int, int], local: tuple[int, int], target, stage: int = 0) -> list[Action] | None:
+def gpu_tile(k: Kernel, tile: tuple[int, int], local: tuple[int, int], target, stage: int = 0,
+             several: bool = False) -> list[Action] | None:
   """A register tile of tile (rows, columns) per work-item in work-groups of at most local (rows, columns) and
   target.tile work-items, its reduction staged in local memory in blocks of `stage` where STAGE applies (a sum
-  over one range: matmul); None where the kernel has no such tile."""
+  over one range, matmul; with `several`, also a sum over several ranges, a convolution: not measured on a GPU
+  yet, so only RULEC_SEARCH tries it); None where the kernel has no such tile."""
   end = _sole_end(k)
   if end is None: return None
   row, rows, col, cols = tile_ranges(end, tile[0], (tile[1],))
@@ -238,7 +240,7 @@ def gpu_tile(k: Kernel, tile: tuple[int, int], local: tuple[int, int], target, s
   if lc > 1: out.append(Action("LOCAL", col.arg[0], lc))
   if lr > 1: out.append(Action("LOCAL", row.arg[0], lr))
   reduces = [x for x in end.src[0].toposort() if x.op is Ops.REDUCE]
-  if stage and len(reduces) == 1:   # (an epilogue after the sum is fine: bias, relu)
+  if stage and len(reduces) == 1 and (several or len(reduces[0].src) == 2):   # (an epilogue after the sum is fine)
     # blocks of `stage` along the sum's outermost range, or smaller ones where those need more local memory than
     # there is (a convolution's block holds its window taps too)
     n = stage
