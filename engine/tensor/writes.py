@@ -90,7 +90,7 @@ def _direct_reads(u: UOp) -> set[UOp]:
 def before(uops: list[UOp]) -> list[UOp]:
   """The pending writes to carry out, one at a time and in this order, before the graphs `uops` are realized.
 
-  None when every write pending on a buffer the graphs read is one of their own ASSIGN nodes: one realize
+  [] when every write pending on a buffer the graphs read is one of their own ASSIGN nodes: one realize
   carries those out together (an optimizer's step), as it always has."""
   if not _PENDING: return []
   nodes = UOp.sink(*uops).toposort()
