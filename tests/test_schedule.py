@@ -145,6 +145,27 @@ def test_debug_output_names_every_pass(tmp_path):
   assert f"[schedule] {1 if one else 3} kernels" in out
 
 
+@pytest.mark.parametrize("name", ["softmax", "log_softmax", "layernorm"])
+def test_a_row_program_assigned_into_a_buffer_is_the_same_kernels_as_realized(name):
+  # an assign's value is stored where a realized value would be: the row's max and sum stay in the store's kernel
+  # (one kernel on devices that compute a row's value once per row); into a transposed view the store's loops run
+  # in the target's order, so the row's values are stored first, as before; values as numpy's either way
+  from runtime.devices import default_device
+  f = {"softmax": lambda t: t.softmax(-1), "log_softmax": lambda t: t.log_softmax(-1), "layernorm": lambda t: t.layernorm()}[name]
+  x = np.random.default_rng(8).standard_normal((16, 64)).astype(np.float32)
+  ref = f(Tensor(x, device="NUMPY")).numpy()
+  src = Tensor(x).realize()
+  out = Tensor.empty(16, 64).realize()
+  fresh = len(f(src).schedule())
+  assigned = out.assign(f(src))
+  assert len(assigned.schedule()) == fresh
+  np.testing.assert_allclose(assigned.numpy(), ref, rtol=1e-5, atol=1e-6)
+  if default_device() in ("CPU", "NUMPY"): assert fresh == 1
+  flipped = Tensor.empty(64, 16).realize()
+  flipped.T.assign(f(src)).realize()
+  np.testing.assert_allclose(flipped.numpy().T, ref, rtol=1e-5, atol=1e-6)
+
+
 def test_kernel_buffer_limit(monkeypatch):
   monkeypatch.setenv("RULEC_MAX_KERNEL_BUFFERS", "4")
   ts = [T(3) for _ in range(7)]

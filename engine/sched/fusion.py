@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from engine.sched.tensor_helpers import is_buffer_view
 from engine.ops import ALU, MOVEMENT, Ops
 from engine.uop import UOp, prod
 
@@ -148,6 +149,9 @@ class FusionFacts:
       seen.add(v)
       if v is not x and (v in self.staged or v in self._outputs): continue
       for u in self._users.get(v, []):
+        # an assign's value stored into a whole buffer in its own order (the store's loops are the value's axes; a
+        # permuted target would loop over them in another order and compute a row's value per element)
+        if u.op is Ops.STORE and u.src[-1] is v and is_buffer_view(u.src[0]) and v.shape[:lead] == shape[:lead]: continue
         if u.op is Ops.EXPAND:
           if len(u.shape) != len(shape) or u.shape[:lead] != shape[:lead]: return False
         elif u.op is Ops.REDUCE_AXIS:
