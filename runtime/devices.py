@@ -64,11 +64,13 @@ def device_kind(name) -> str:
 
 
 def _cl(device):
-  """The CL device (opened) when `device` names one, else None; None too when there is none to open (the error
-  surfaces when a kernel runs, with its own message)."""
-  if not (isinstance(device, str) and device_kind(device) == "CL"): return None
+  """The CL device `device` names ("CL", "CL:1": each has its own limits), opened, else None; None too when there
+  is none to open (the error surfaces when a kernel runs, with its own message)."""
+  try: kind, index = parse_device(device) if isinstance(device, str) else (None, 0)
+  except ValueError: return None
+  if kind != "CL": return None
   from runtime import cl_device
-  try: return cl_device.get_device()
+  try: return cl_device.get_device(index)
   except cl_device.CLUnavailable: return None
 
 

@@ -176,3 +176,19 @@ def test_kernel_buffer_limit(monkeypatch):
   want = ts[0].numpy()
   for t in ts[1:]: want = want * 2 + t.numpy()
   np.testing.assert_allclose(s.numpy(), want, rtol=1e-5)
+
+
+def test_scheduling_facts_ask_the_cl_device_the_name_says(monkeypatch):
+  # "CL:1" may be another kind of device than "CL" (a GPU beside PoCL): a row's values, one-pass reductions and
+  # split sizes follow its own limits
+  import types
+
+  pytest.importorskip("pyopencl")
+  from runtime import cl_device, devices
+  fake = {0: types.SimpleNamespace(target=types.SimpleNamespace(group=0, grid=0), split_parts=256),
+          1: types.SimpleNamespace(target=types.SimpleNamespace(group=256, grid=64), split_parts=4096)}
+  monkeypatch.setattr(cl_device, "get_device", lambda n=0: fake[n])
+  assert not devices.rows_shared("CL") and devices.rows_shared("CL:1")
+  assert devices.one_pass_groups("CL") == 0 and devices.one_pass_groups("CL:1") == 64
+  assert devices.split_parts("CL") == 256 and devices.split_parts("cl:1") == 4096
+  assert not devices.rows_shared("CPU") and devices.split_parts("CPU:1") == 256
