@@ -3,8 +3,8 @@
 Run:  python bench/cl_sweep.py [--quick]     (bench/h200.sh sweep runs it on an H200)
 
 For matmul 1024^3 and the conv2d workload: register tile (rows x columns per work-item) and work-group shape
-(codegen/opt/choose.py GPU_TILES, GPU_LOCAL) and, for matmul, the block its reduction is staged in local memory
-in (GPU_STAGE, STAGE; 0: none). For relu(a*b+c) 16M: vector width (VECTOR) and the largest work-group the
+(codegen/opt/choose.py GPU_TILES, GPU_LOCAL) and the block the reduction is staged in local memory in (GPU_STAGE,
+STAGE; 0: none; for the convolution too, which the cost model does not stage until this has measured it). For relu(a*b+c) 16M: vector width (VECTOR) and the largest work-group the
 runtime picks (cl_device.AUTO_LOCAL_MAX). For sum, softmax and layernorm: the largest group reduction. Device-side kernel times (profiling
 events) of launches on resident buffers, rulec's and torch's (bench/cl_kernels.py), medians; every result is
 checked against numpy as in bench/cl_kernels.py.
@@ -50,13 +50,15 @@ def main():
   rows = []
   tiles = [(4, 4), (8, 4), (4, 8), (8, 8), (2, 4)] if not args.quick else [(4, 4), (8, 8)]
   locals_ = [(16, 16), (8, 16), (16, 8), (8, 8), (4, 32)] if not args.quick else [(8, 16), (4, 32)]
-  default = choose.GPU_TILES, choose.GPU_LOCAL, choose.GPU_STAGE
+  default = choose.GPU_TILES, choose.GPU_LOCAL, choose.GPU_STAGE, choose.GPU_STAGE_SEVERAL
+  choose.GPU_STAGE_SEVERAL = True   # (a convolution's blocks too: the sweep is where they get measured)
   want = lambda name: args.only in name
   for name in filter(want, ("matmul 1024^3", "conv2d 32x32x56x56 k3 ->64")):
     w = byname[name]
     t = torch_ms(w)
-    # (a convolution's reduction is over three ranges: STAGE does not apply to it)
-    for stage in ((0, 8, 16, 32) if name.startswith("matmul") and not args.quick else (0, 16) if name.startswith("matmul") else (0,)):
+    # (a convolution's block holds its window taps too: smaller blocks; the cost model halves one that does not fit)
+    stages = (0, 8, 16, 32) if name.startswith("matmul") else (0, 4, 8, 16)
+    for stage in (stages if not args.quick else stages[:1] + stages[2:3]):
       for tile in tiles:
         for loc in locals_:
           choose.GPU_TILES, choose.GPU_LOCAL, choose.GPU_STAGE = (tile,), loc, stage
@@ -64,7 +66,7 @@ def main():
           rows.append([name, f"tile {tile[0]}x{tile[1]} local {loc[0]}x{loc[1]} stage {stage}", f"{ms:.3f}", f"{t:.3f}",
                        f"{t / ms:.2f}", "FAIL" if fails else "ok"])
           print("  ", rows[-1]); sys.stdout.flush()
-  choose.GPU_TILES, choose.GPU_LOCAL, choose.GPU_STAGE = default
+  choose.GPU_TILES, choose.GPU_LOCAL, choose.GPU_STAGE, choose.GPU_STAGE_SEVERAL = default
   import attrs
   base = dev.target
   w = byname["relu(a*b+c) 16M"]

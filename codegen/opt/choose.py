@@ -51,6 +51,7 @@ GPU_TILES = ((8, 8), (8, 4), (4, 4), (2, 4))   # a work-item's register tile on 
 GPU_ITEMS_PER_UNIT = 192       # ... the first that leaves at least this many work-items per compute unit
 GPU_LOCAL = (8, 16)            # work-items of one group along rows and columns (at most)
 GPU_STAGE = 16                 # a tile's reduction in blocks of this many, staged in local memory (STAGE); 0: never
+GPU_STAGE_SEVERAL = False      # ... also a reduction over several ranges (a convolution): not measured on a GPU yet
 # (H200, bench/results/h200-cl-2026-12-03-session8-stage.txt, resident: matmul 1024^3 with STAGE(k,16) and 8x16
 # work-groups ran 8x4 tiles in 0.079 ms, 4x4 in 0.097, 8x8 in 0.097, torch 0.084; without STAGE 0.19-0.26)
 
@@ -276,7 +277,7 @@ def cl_actions(k: Kernel, target) -> list[Action]:
     need = GPU_ITEMS_PER_UNIT * max(1, target.units)
     first = next((i for i, (tr, tc) in enumerate(GPU_TILES) if outputs // (tr * tc) >= need), len(GPU_TILES) - 1)
     for tile in GPU_TILES[first:]:   # the largest tile that fills the device, else smaller ones that apply
-      acts = gpu_tile(k, tile, GPU_LOCAL, target, GPU_STAGE)
+      acts = gpu_tile(k, tile, GPU_LOCAL, target, GPU_STAGE, GPU_STAGE_SEVERAL)
       if acts is not None: return acts
   return []
 
