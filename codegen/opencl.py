@@ -231,7 +231,6 @@ class CLRenderer(ScopedEmitter):
     # SPREAD's row in registers: (canonical load, j) -> the register holding element lane + j * group of the row
     self.row_regs: dict | None = None
     self.row_canon: UOp | None = None
-    self.row_ranges: frozenset = frozenset()
     self.set_lanes({})   # (render finds the upcast ranges)
     # index arithmetic in int rather than long when every index value provably fits: GPUs emulate 64-bit integer
     # multiplies and adds with several 32-bit instructions, and a tile's addresses are many of them
@@ -332,8 +331,9 @@ class CLRenderer(ScopedEmitter):
       p, idx = target.src
       # each work-item stores its share of the spread range: lane, lane + G, ... (unrolled over the row's registers)
       if spread is not None and self.row_regs is not None:
+        loads = self._row_loads(spread, (value, idx))
         for j in range(spread.src[0].arg // self.group):
-          self._enter_row_element(spread, j, (value, idx))
+          self._enter_row_element(spread, j, loads)
           self._store(p, self.value(idx), self.value(value), value.dtype)
           self._leave_row_element(spread)
         continue
@@ -743,16 +743,20 @@ class CLRenderer(ScopedEmitter):
     """This lane's element of staged load x: with a vector range, one aligned vector read of the array made by the
     first of its lanes to ask (the others lanes' coordinates the same), each lane taking its component."""
     if vec is None: return f"{name}[{' + '.join(f'{self.ranges[r]} * {st}' for r, st in strides)}]"
-    pos = list(self.ups).index(vec)
     mine = {r for r, _ in strides}
-    key = (x, tuple(i for r, i in zip(self.ups, self.lane) if r in mine and r is not vec))
-    got = self.lane_vecs.get(key)
-    if got is None:
-      n, t = vec.src[0].arg, self._shared_type(x.dtype)
-      base = " + ".join(f"{self.ranges[r]} * {st}" for r, st in strides if r is not vec)
-      got = self.lane_vecs[key] = self.tmp("tv")
-      self.line(f"{t}{n} {got} = ((__local {t}{n}*){name})[({base}) / {n}];")
-    return f"{got}.s{self.lane[pos]:x}"
+    n, t = vec.src[0].arg, self._shared_type(x.dtype)
+    base = lambda: " + ".join(f"{self.ranges[r]} * {st}" for r, st in strides if r is not vec)
+    return self._lane_component((x, tuple(i for r, i in zip(self.ups, self.lane) if r in mine and r is not vec)), vec,
+                                "tv", lambda: f"{t}{n}", lambda: f"((__local {t}{n}*){name})[({base()}) / {n}]")
+
+  def _lane_component(self, key, vec: UOp, prefix: str, vtype, load) -> str:
+    """This lane's component of a vector shared by the lanes of upcast range `vec` (the other lanes' coordinates
+    in `key`): loaded (`vtype()` and `load()`, as C) by the first of them to ask, into a variable the rest read."""
+    name = self.lane_vecs.get(key)
+    if name is None:
+      name = self.lane_vecs[key] = self.tmp(prefix)
+      self.line(f"{vtype()} {name} = {load()};")
+    return f"{name}.s{self.lane[list(self.ups).index(vec)]:x}"
 
   def _group_reduce(self, u: UOp, ident: str) -> str:
     """The work-group reduces together (_group_partial); every work-item gets the result."""
@@ -827,7 +831,7 @@ class CLRenderer(ScopedEmitter):
         key = substitute(x, {next(iter(f & rows)): canon})
         if key not in keys: keys.append(key)
     if not keys: return
-    self.row_regs, self.row_canon, self.row_ranges = {}, canon, rows
+    self.row_regs, self.row_canon = {}, canon
     for j in range(S // G):
       self.scopes.append({})
       self.ranges[canon] = f"(lane + {j * G})"
@@ -835,15 +839,20 @@ class CLRenderer(ScopedEmitter):
       del self.ranges[canon]
       self.scopes.pop()
 
-  def _enter_row_element(self, r: UOp, j: int, roots) -> None:
-    """A scope for element lane + j * G of row range r, its loads taken from the row's registers."""
-    self.scopes.append({})
-    self.ranges[r] = f"(lane + {j * self.group})"
+  def _row_loads(self, r: UOp, roots) -> dict[UOp, UOp]:
+    """The loads under `roots` that the row's registers hold for row range r: {load: its canonical form}."""
+    out = {}
     for root in roots:
       for x in root.toposort():
-        if x.op is Ops.INDEX and r in free_ranges(x):
-          reg = self.row_regs.get((substitute(x, {r: self.row_canon}), j))
-          if reg is not None: self.scopes[-1][x] = reg
+        if x.op is Ops.INDEX and x not in out and (key := substitute(x, {r: self.row_canon})) is not x and (key, 0) in self.row_regs:
+          out[x] = key
+    return out
+
+  def _enter_row_element(self, r: UOp, j: int, loads: dict[UOp, UOp]) -> None:
+    """A scope for element lane + j * G of row range r, its loads (_row_loads) taken from the row's registers."""
+    self.scopes.append({})
+    self.ranges[r] = f"(lane + {j * self.group})"
+    for x, key in loads.items(): self.scopes[-1][x] = self.row_regs[(key, j)]
 
   def _leave_row_element(self, r: UOp) -> None:
     del self.ranges[r]
@@ -857,8 +866,9 @@ class CLRenderer(ScopedEmitter):
     n_acc = min(GROUP_ACCS, per)
     accs, part = [self.tmp("acc") for _ in range(n_acc)], self.tmp("part")
     self.line(f"{self.ct(d)} {', '.join(f'{a} = {ident}' for a in accs)};")
+    loads = self._row_loads(r, (u.src[0],))
     for j in range(per):
-      self._enter_row_element(r, j, (u.src[0],))
+      self._enter_row_element(r, j, loads)
       a = accs[j % n_acc]
       self.line(f"{a} = {self._combine(op, d, a, self.value(u.src[0]))};")
       self._leave_row_element(r)
@@ -961,13 +971,9 @@ class CLRenderer(ScopedEmitter):
     if self.lane_vecs is None or u.arg is not None or u.dtype not in VECTOR_DTYPES: return None
     for pos, (r, n) in enumerate(self.ups.items()):
       if n not in VECTOR_WIDTHS or (start := offset_of(u.src[1], r)) is None or not multiple_of(start, n): continue
-      key = (u, self.lane[:pos] + self.lane[pos + 1:])
-      name = self.lane_vecs.get(key)
-      if name is None:   # (the start: the index at r = 0, the same for all of r's lanes)
-        t_ = memtype(u.dtype, self.target)
-        name = self.lane_vecs[key] = self.tmp("lv")
-        self.line(f"{t_}{n} {name} = {self._aligned(u.src[0], t_, n)}[({self.value(start)}) / {n}];")
-      return self.let(u.dtype, f"{name}.s{self.lane[pos]:x}")
+      t = memtype(u.dtype, self.target)   # (the start: the index at r = 0, the same for all of r's lanes)
+      return self.let(u.dtype, self._lane_component((u, self.lane[:pos] + self.lane[pos + 1:]), r, "lv", lambda: f"{t}{n}",
+                                                    lambda: f"{self._aligned(u.src[0], t, n)}[({self.value(start)}) / {n}]"))
     return None
 
   def _group_vector_load(self, u: UOp) -> str | None:

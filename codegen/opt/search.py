@@ -55,7 +55,7 @@ def _cl_candidates(k: Kernel, end, target) -> list[list[Action]]:
       for local in ((8, 16), (4, 32), (16, 16), (8, 8), (16, 8)):
         for stage in (0, 8, 16, 32):
           acts = choose.gpu_tile(k, tile, local, target, stage, several=True)
-          if acts is not None and acts not in out: out.append(acts)
+          if acts is not None: out.append(acts)   # (candidates() drops repeats)
   if getattr(target, "vector", 0):
     out += [[Action("VECTOR", None, n)] for n in (2, 4, 8, 16)]
   if (spread := choose._spread(k, target)):   # a row per work-group: other work-group sizes
