@@ -53,11 +53,11 @@ def main():
   default = choose.GPU_TILES, choose.GPU_LOCAL, choose.GPU_STAGE, choose.GPU_STAGE_SEVERAL
   choose.GPU_STAGE_SEVERAL = True   # (a convolution's blocks too: the sweep is where they get measured)
   want = lambda name: args.only in name
-  for name in filter(want, ("matmul 1024^3", "conv2d 32x32x56x56 k3 ->64")):
+  for name in filter(want, ("matmul 1024^3", "linear 1024^3 x @ W.T", "conv2d 32x32x56x56 k3 ->64")):
     w = byname[name]
     t = torch_ms(w)
     # (a convolution's block holds its window taps too: smaller blocks; the cost model halves one that does not fit)
-    stages = (0, 8, 16, 32) if name.startswith("matmul") else (0, 4, 8, 16)
+    stages = (0, 4, 8, 16) if name.startswith("conv") else (0, 8, 16, 32)
     for stage in (stages if not args.quick else stages[:1] + stages[2:3]):
       for tile in tiles:
         for loc in locals_:

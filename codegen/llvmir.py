@@ -42,7 +42,7 @@ from llvmlite import ir
 from codegen.opt.transform import range_kind, renamed_reduce
 from codegen.scoped import ScopedEmitter
 from engine.dtypes import DType, dtypes
-from engine.ops import Ops
+from engine.ops import MAY_FUSE, Ops
 from engine.rewrite import substitute
 from engine.sched.indexing import identity_element
 from engine.uop import UOp
@@ -301,6 +301,8 @@ class LLVMRenderer(ScopedEmitter):
     if op is Ops.BITCAST: return srcs[0] if srcs[0].type == lltype(d) else b.bitcast(srcs[0], lltype(d))
     if op is Ops.WHERE: return b.select(srcs[0], srcs[1], srcs[2])
     sd = u.src[0].dtype
+    if op is Ops.MULACC and u.arg == MAY_FUSE and sd.kind == "f" and sd is not dtypes.float16:
+      return b.fadd(b.fmul(srcs[0], srcs[1], flags=("contract",)), srcs[2], flags=("contract",))
     return self.alu(op, sd, d, srcs)
 
   def const(self, v, d: DType):
