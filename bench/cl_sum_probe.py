@@ -45,7 +45,7 @@ FINISH = """
 }"""
 
 
-def form(layout: str, u: int) -> str:
+def form(layout: str, u: int, combine: bool = True) -> str:
   """A one-pass sum of n float4 (n a multiple of every step used here): u loads per work-item per step."""
   head = (f"__kernel void sum_{layout}{u}(__global float* o, __global float* parts, volatile __global int* counter, "
           "__global const float4* x, int n) {\n  __local float red[1024];\n  __local int last;\n"
@@ -55,11 +55,15 @@ def form(layout: str, u: int) -> str:
     body = ("  int m = n / G;\n  __global const float4* s = x + (long)g * m;\n"
             f"  for (int i = l; i < m; i += {u} * L) {{\n"
             + "".join(f"    a{k} += s[i + {k} * L];\n" for k in range(u)) + "  }\n")
-  else:                   # the launch together: item t reads t, t + T, t + 2T, ... (T = G * L)
-    body = ("  int T = G * L, me = g * L + l;\n"
-            f"  for (int i = me; i < n; i += {u} * T) {{\n"
-            + "".join(f"    a{k} += x[i + {k} * T];\n" for k in range(u)) + "  }\n")
+  else:                   # the launch together: item t reads t, t + T, t + 2T, ... (T = G * L); any G
+    body = ("  int T = G * L, me = g * L + l, i = me;\n"
+            f"  for (; i + {u - 1} * T < n; i += {u} * T) {{\n"
+            + "".join(f"    a{k} += x[i + {k} * T];\n" for k in range(u)) + "  }\n"
+            "  for (; i < n; i += T) a0 += x[i];\n")
   fold = "  float4 acc = " + " + ".join(f"a{k}" for k in range(u)) + ";"
+  if not combine:   # each group's partial only: what the last group's adding costs
+    return (head.replace(f"sum_{layout}{u}(", f"part_{layout}{u}(") + body + fold
+            + FINISH.split("    mem_fence")[0].replace("  if (l == 0) {", "  if (l == 0)") + "}")
   return head + body + fold + FINISH
 
 
@@ -88,22 +92,25 @@ def main() -> None:
     return statistics.median(times[3:])
 
   src = ["__kernel void copy4(__global float4* o, __global const float4* x) { int i = get_global_id(0); o[i] = x[i]; }"]
-  src += [form(layout, u) for layout in ("chunk", "stride") for u in (4, 8, 16)]
+  src += [form(layout, u) for layout in ("chunk", "stride") for u in (2, 4, 8, 16)]
+  src += [form("stride", 4, combine=False), "__kernel void empty(__global float* o) { }"]
   prg = cl.Program(ctx, "\n".join(src)).build()
   ms = timed(prg.copy4, N // 4, 256, big, x)
   copy_bw = 2 * 4 * N / ms / 1e6
   print(f"float4 copy: {ms:.4f} ms, {copy_bw:.0f} GB/s (read + write)")
+  print(f"empty kernel, 512 groups x 256: {timed(prg.empty, 512 * 256, 256, out):.4f} ms (the floor of any launch)")
   rows = []
   for layout in ("chunk", "stride"):
-    for u in (4, 8, 16):
+    for u in ((4, 8, 16) if layout == "chunk" else (2, 4, 8, 16)):
       k = getattr(prg, f"sum_{layout}{u}")
       k.set_scalar_arg_dtypes([None, None, None, None, np.int32])
       wg_max = k.get_work_group_info(cl.kernel_work_group_info.WORK_GROUP_SIZE, dev)
       for L in (256, 512, 1024):
         if L > wg_max: continue
-        for G in (units, 2 * units, 256, 512, 1024, 2048):
+        groups = (256, 512, 1024, 2048) if layout == "chunk" else (2 * units, 3 * units, 4 * units, 6 * units, 8 * units, 256, 512, 1024)
+        for G in groups:
           n4 = N // 4
-          if n4 % (G * L * u) and layout == "stride" or layout == "chunk" and (n4 % G or (n4 // G) % (L * u)): continue
+          if layout == "chunk" and (n4 % G or (n4 // G) % (L * u)): continue
           t = timed(k, G * L, L, out, parts, counter, x, np.int32(n4))
           got = np.empty(1, np.float32)
           cl.enqueue_copy(q, got, out)
@@ -112,6 +119,12 @@ def main() -> None:
           print(f"{rows[-1][1]}   {t:.4f} ms  {4 * N / t / 1e6:6.0f} GB/s  {4 * N / t / 1e6 / copy_bw:.2f} of copy"
                 f"  {'ok' if ok else 'WRONG'}  (kernel allows {wg_max})")
           sys.stdout.flush()
+  k = prg.part_stride4
+  k.set_scalar_arg_dtypes([None, None, None, None, np.int32])
+  for G in (4 * units, 512):
+    t = timed(k, G * 256, 256, out, parts, counter, x, np.int32(N // 4))
+    print(f"stride 4 float4/step {G:5d} groups x  256, partials only (no last-group add)   {t:.4f} ms  "
+          f"{4 * N / t / 1e6 / copy_bw:.2f} of copy")
   rows.sort()
   print("fastest five:", "; ".join(f"{n} {t:.4f} ms ({4 * N / t / 1e6 / copy_bw:.2f})" for t, n in rows[:5]))
   rulec_kernel(copy_bw)
@@ -130,14 +143,26 @@ def rulec_kernel(copy_bw: float) -> None:
     info = lambda what: prog.kernel.get_work_group_info(getattr(cl.kernel_work_group_info, what), dev.dev)
     print(f"rulec kernel: local {prog.local} global {prog.global_}; the kernel allows {info('WORK_GROUP_SIZE')}, "
           f"private {info('PRIVATE_MEM_SIZE')} B, local {info('LOCAL_MEM_SIZE')} B")
-  times = []
-  for _ in range(REPS):
-    cl_device.EVENTS.clear()
-    t.sum().realize()
-    dev.queue.finish()
-    times.append(sum((e.profile.end - e.profile.start) for e in cl_device.EVENTS) * 1e-6)
-  ms = statistics.median(times)
-  print(f"rulec sum 16M through the device: {ms:.4f} ms  {4 * N / ms / 1e6:.0f} GB/s  {4 * N / ms / 1e6 / copy_bw:.2f} of copy")
+  import attrs
+  from codegen import opencl
+  base, accs = dev.target, opencl.GROUP_ACCS
+  want = float(host.astype(np.float64).sum())
+  for grid in sorted({base.grid, 256, 512, 1024}):
+    for acc in (4, 8):
+      dev.target, opencl.GROUP_ACCS = attrs.evolve(base, grid=grid), acc
+      cl_device._by_ast.clear()
+      got = t.sum().item()
+      times = []
+      for _ in range(REPS):
+        cl_device.EVENTS.clear()
+        t.sum().realize()
+        dev.queue.finish()
+        times.append(sum((e.profile.end - e.profile.start) for e in cl_device.EVENTS) * 1e-6)
+      ms = statistics.median(times)
+      ok = abs(got - want) <= 1e-5 * float(np.abs(host).sum())
+      print(f"rulec sum 16M through the device, GRID up to {grid}, {acc} accumulators: {ms:.4f} ms  "
+            f"{4 * N / ms / 1e6:.0f} GB/s  {4 * N / ms / 1e6 / copy_bw:.2f} of copy  {'ok' if ok else 'WRONG'}")
+  dev.target, opencl.GROUP_ACCS = base, accs
 
 
 if __name__ == "__main__":
