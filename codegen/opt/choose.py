@@ -51,7 +51,8 @@ GPU_TILES = ((8, 8), (8, 4), (4, 4), (2, 4))   # a work-item's register tile on 
 GPU_ITEMS_PER_UNIT = 192       # ... the first that leaves at least this many work-items per compute unit
 GPU_LOCAL = (8, 16)            # work-items of one group along rows and columns (at most)
 GPU_STAGE = 16                 # a tile's reduction in blocks of this many, staged in local memory (STAGE); 0: never
-GPU_STAGE_SEVERAL = False      # ... also a reduction over several ranges (a convolution): not measured on a GPU yet
+GPU_STAGE_SEVERAL = False      # ... also a reduction over several ranges (a convolution): slower on the H200 (0.300 ms
+# staged at best, 0.211 unstaged: bench/results/h200-cl-2026-12-03-session9-sweep-conv-linear.txt), so RULEC_SEARCH only
 # (H200, bench/results/h200-cl-2026-12-03-session8-stage.txt, resident: matmul 1024^3 with STAGE(k,16) and 8x16
 # work-groups ran 8x4 tiles in 0.079 ms, 4x4 in 0.097, 8x8 in 0.097, torch 0.084; without STAGE 0.19-0.26)
 
