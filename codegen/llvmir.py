@@ -519,8 +519,10 @@ class LLVMRenderer(ScopedEmitter):
       self.b.store(new, acc)
       if many: self.scopes.pop()
     # the lanes are the vector: keep the loop vectoriser from vectorising the reduce loop itself (it would
-    # gather along the reduction) so that the SLP vectoriser packs the lanes
-    for lp in reversed(loops): self.close_loop(lp, no_vectorize=many)
+    # gather along the reduction) so that the SLP vectoriser packs the lanes; unless the optimizer made the reduce
+    # loop the vector (SIMD: the lanes' loads run along it, not along the lanes)
+    along = any(range_kind(r)[0] == "simd" for r in rngs)
+    for lp in reversed(loops): self.close_loop(lp, no_vectorize=many and not along)
     outs = [self.b.load(acc) for acc in accs]
     return [self._to_half(o) for o in outs] if wide else outs
 
@@ -584,7 +586,7 @@ def _reduce_levels(ast: UOp) -> dict:
       free[u] = f - frozenset(u.src[1:]) if u.op is Ops.REDUCE else f
       if u.op is not Ops.REDUCE: continue
       if not free[u]: out.setdefault(None, []).append(u)
-      elif u not in direct and all(r in pos and range_kind(r)[0] in ("loop", "thread", "serial") for r in free[u]):
+      elif u not in direct and all(r in pos and range_kind(r)[0] in ("loop", "thread", "serial", "simd") for r in free[u]):
         inner = max(free[u], key=pos.__getitem__)
         if pos[inner] < len(order) - 1: out.setdefault(inner, []).append(u)
   return out

@@ -127,8 +127,9 @@ _PROGRAMS = {
   "rowsum": (lambda r: [r.standard_normal((12, 40))], lambda x: x.exp().sum(1) + x[:, 0]),
   "elementwise": (lambda r: [r.standard_normal((64,)), r.standard_normal((64,))], lambda x, y: (x * y + 1).maximum(y)),
   "argmax": (lambda r: [r.standard_normal((6, 32))], lambda x: x.argmax(1)),
+  "linear": (lambda r: [r.standard_normal((16, 64)), r.standard_normal((8, 64))], lambda x, w: x @ w.T),
 }
-_OPS = ["UPCAST", "LOCAL", "KBLOCK", "THREAD", "GROUP", "VECTOR", "STAGE"]
+_OPS = ["UPCAST", "LOCAL", "KBLOCK", "THREAD", "GROUP", "VECTOR", "STAGE", "SIMD"]
 
 
 def _check_actions(device, data, name, picks, monkeypatch):
@@ -143,7 +144,7 @@ def _check_actions(device, data, name, picks, monkeypatch):
     acts = []
     for op, i, amount in picks:
       text = {"GROUP": f"GROUP({amount})", "VECTOR": f"VECTOR({amount})"}.get(op, f"{op}({axes[i % len(axes)]},{amount})")
-      if op == "THREAD": text = f"THREAD({axes[i % len(axes)]})"
+      if op in ("THREAD", "SIMD"): text = f"{op}({axes[i % len(axes)]})"
       acts.append(text)
     try: apply(k, parse_actions(" ".join(acts)), device)
     except OptError: continue   # refused: with a reason, which is all that may happen to a list that does not apply
@@ -171,6 +172,63 @@ def test_forced_actions_that_apply_do_run(fresh):
   assert _check_actions("CPU", None, "matmul", [("UPCAST", 1, 4), ("UPCAST", 0, 8), ("KBLOCK", 2, 8), ("THREAD", 0, 2)], fresh) == 1
   cpu_device._by_ast.clear()
   assert _check_actions("CPU", None, "conv", [("UPCAST", 3, 4), ("THREAD", 0, 2)], fresh) >= 1
+
+
+# *** SIMD: x @ W.T, whose loads run along the reduction ***
+
+def _linear_actions(t):
+  (k,) = t.schedule()
+  low = decomposed(k, cpu_device.optional_decompositions())
+  from codegen.opt import choose
+  return low, choose.cpu_actions(low)
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.sampled_from([(), (3,)]), st.sampled_from([8, 16, 24, 40]), st.sampled_from([64, 96, 256, 65]),
+       st.sampled_from([2, 6, 10, 3]), st.sampled_from([np.float32, np.float64]), st.booleans())
+def test_x_times_w_transposed_tiles_along_the_reduction_and_agrees_with_numpy(fresh, batch, m, k, n, dtype, bias):
+  rng = np.random.default_rng(m * k + n)
+  x, w, b = rng.standard_normal((*batch, m, k)).astype(dtype), rng.standard_normal((n, k)).astype(dtype), rng.standard_normal(n).astype(dtype)
+  t = Tensor(x) @ Tensor(w).T
+  if bias: t = t + Tensor(b)
+  low, acts = _linear_actions(t)
+  text = format_actions(acts)
+  # the dot tile where its conditions hold: 8 rows (of 8 or more), 2 columns, a float sum of 64 or more steps
+  if m > 8 and m % 8 == 0 and n % 2 == 0 and k >= 64:
+    assert "SIMD(" in text and "UPCAST(" in text, text
+  want = x @ w.T + (b if bias else 0)
+  tol = 1e-4 if dtype == np.float32 else 1e-10
+  np.testing.assert_allclose(t.numpy(), want, rtol=tol, atol=tol)
+
+
+def test_x_times_w_transposed_runs_faster_as_a_dot_tile_than_one_output_at_a_time(fresh):
+  # not a timing: the chosen actions, which the bench measures (bench/kernels.py: linear 1024^3)
+  x = Tensor(np.ones((64, 128), np.float32)) @ Tensor(np.ones((32, 128), np.float32)).T
+  low, acts = _linear_actions(x)
+  axes = {r.src[0].arg: r.arg[0] for r in low.ranges}
+  assert format_actions(acts) == f"UPCAST({axes[32]},2) UPCAST({axes[64]},8) SIMD({axes[128]}) THREAD({axes[64]})"
+  np.testing.assert_array_equal(x.numpy(), np.full((64, 32), 128, np.float32))
+
+
+@pytest.mark.parametrize("acts, msg", [
+  ("SIMD({m})", r"SIMD\({m}\): r{m} is not a reduce range of this kernel \(those it has: r{k}\[24\]\)"),
+  ("SIMD(99)", r"r99 is not a reduce range"),
+])
+def test_simd_is_refused_with_a_reason(fresh, acts, msg):
+  a, b, t = _matmul()
+  key, axis = _key_and_axes(t)
+  names = {"m": axis[32], "n": axis[48], "k": axis[24]}
+  fresh.setenv("RULEC_OPT", f"{key}={acts.format(**names)}")
+  with pytest.raises(OptError, match=f"RULEC_OPT for kernel {key}: .*" + msg.format(**names)): t.numpy()
+
+
+def test_simd_keeps_a_max_in_order(fresh):
+  x = Tensor(np.arange(64, dtype=np.float32).reshape(4, 16)).max(1)
+  (k,) = x.schedule()
+  low = decomposed(k, cpu_device.optional_decompositions())
+  red = next(u for u in low.ast.toposort() if u.op.name == "REDUCE")
+  with pytest.raises(OptError, match="must be the innermost plain range of a sum"):
+    apply(low, parse_actions(f"SIMD({red.src[1].arg[0]})"), "CPU")
 
 
 # *** OpenCL: the GPU's actions, on PoCL ***

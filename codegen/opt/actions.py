@@ -20,6 +20,9 @@ applies it) by a range's axis number, the `r<axis>` of `Kernel.render()`:
                 work-groups in one launch; each stores its partial result, and the last to finish (an atomic
                 counter) combines the n partials and stores the value (one kernel where the scheduler would
                 otherwise split the reduce into two)
+  SIMD(a)       the CPU's reduce range a runs in vector lanes (LLVM's loop vectoriser, a partial sum per lane, the
+                lanes added at the end) instead of the upcast lanes being the vector: a register tile whose loads
+                run along the reduction and not along the tile (x @ W.T: rows of A by rows of W)
   STAGE(a,n)    after UPCAST and LOCAL: reduce range a in blocks of n; per block the work-group copies every load
                 that depends on a and on the store ranges only into local memory together, and the lanes read it
                 from there (a GPU's matmul tile reads A and B from global memory once per work-group)
@@ -36,7 +39,7 @@ import attrs
 # op -> (takes an axis, takes an amount)
 SHAPES = {"UPCAST": (True, True), "LOCAL": (True, True), "KBLOCK": (True, True), "THREAD": (True, False),
           "GROUP": (False, True), "VECTOR": (False, True),
-          "GRID": (False, True), "SPREAD": (True, True), "STAGE": (True, True)}
+          "GRID": (False, True), "SPREAD": (True, True), "STAGE": (True, True), "SIMD": (True, False)}
 
 
 class OptError(ValueError):

@@ -45,7 +45,10 @@ def _cpu_candidates(k: Kernel, end, target) -> list[list[Action]]:
       blocks = {0} | {choose._k_block(k, end, col.src[0].arg, nbytes) for nbytes in (256 << 10, 512 << 10, 1 << 20)}
       for kb in sorted(blocks):
         out.append(acts + ([Action("KBLOCK", end.src[0].src[1].src[1].arg[0], kb)] if kb else []) + [Action("THREAD", first)])
-  return out
+  lanes = (target or choose.CPUTarget()).lanes
+  for tile in ((8, 2), (4, 2), (8, 4), (4, 4), (16, 2), (2, 8)):   # x @ W.T: dot tiles, sums in vector lanes
+    out.append(choose.dot_tile(k, end, lanes, tile))
+  return [acts for acts in out if acts]
 
 
 def _cl_candidates(k: Kernel, end, target) -> list[list[Action]]:

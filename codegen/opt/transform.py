@@ -9,6 +9,8 @@ kinds; they choose nothing:
   upcast    lanes: the range is unrolled, each lane emitted side by side, sharing reduce loops (UPCAST)
   local     the work-items of one work-group (LOCAL)
   serial    a block loop outside every store loop (KBLOCK's outer part)
+  simd      a CPU reduce loop the loop vectoriser runs in vector lanes, under upcast lanes that are not the vector
+            (SIMD)
   group:n   a reduce range the work-group of n work-items strides through together (GROUP); group:n:v on
             the innermost one: v neighbouring elements per step, with vector loads (VECTOR after GROUP)
   vector:n  the one range of an elementwise kernel, n elements per work-item (VECTOR)
@@ -34,7 +36,7 @@ from engine.uop import UOp
 from runtime.kernel import Kernel
 
 # which actions each renderer can follow
-DEVICE_ACTIONS = {"CPU": frozenset({"UPCAST", "KBLOCK", "THREAD"}),
+DEVICE_ACTIONS = {"CPU": frozenset({"UPCAST", "KBLOCK", "THREAD", "SIMD"}),
                   "CL": frozenset({"UPCAST", "LOCAL", "GROUP", "VECTOR", "GRID", "SPREAD", "STAGE"})}
 MAX_LANES = 256          # upcast lanes in one kernel: each is emitted as code of its own
 MAX_GROUP = 1024         # work-items sharing one reduction
@@ -205,6 +207,19 @@ class _Applier:
     end = _sole_end(self.ast, a)
     if any(range_kind(r)[0] == "thread" for r in end.src[1:]): raise OptError(f"{a}: the kernel has a THREAD range already")
     self._mark([_store_range(end, a, ("loop",))], "thread")
+
+  def simd(self, a: Action) -> None:
+    """The reduce range a, the innermost range of every sum it belongs to, run in vector lanes by the CPU."""
+    end = _sole_end(self.ast, a)
+    reduces = [u for u in end.src[0].toposort() if u.op is Ops.REDUCE]
+    mine = [u for u in reduces if any(r.arg[0] == a.axis for r in u.src[1:])]
+    if not mine:
+      raise OptError(f"{a}: r{a.axis} is not a reduce range of this kernel (those it has: "
+                     f"{_names(dict.fromkeys(r for u in reduces for r in u.src[1:]))})")
+    for u in mine:
+      if u.arg is not Ops.ADD or u.src[-1].arg[0] != a.axis or range_kind(u.src[-1])[0] not in ("loop", "reduce"):
+        raise OptError(f"{a}: r{a.axis} must be the innermost plain range of a sum (a max or product keeps its order)")
+    self._mark([mine[0].src[-1]], "simd")
 
   def group(self, a: Action) -> None:
     if len(self.ast.src) != 1: raise OptError(f"{a}: only a kernel with one store can take it (this one has {len(self.ast.src)})")
