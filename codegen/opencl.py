@@ -91,6 +91,9 @@ class Target:
 
 
 GROUP_ACCS = 4                 # accumulators per work-item in a long group reduction (loads in flight)
+# ... in a one-pass reduction over many work-groups (GRID): the H200's 16M-float sum in 512 groups took 0.0237 ms
+# with 8, 0.0253 with 4 (bench/results/h200-cl-2026-12-03-session9-sumprobe2.txt)
+GRID_ACCS = 8
 STAGE_MAX_REGS = 16            # STAGE prefetches a block into registers when each work-item copies at most this many
 ROW_CACHE_MAX = 32             # SPREAD: a row's loads are kept in registers when each work-item has at most this many
 
@@ -776,21 +779,22 @@ class CLRenderer(ScopedEmitter):
 
   def _group_partial(self, u: UOp, ident: str) -> str:
     """Work-item `lane` takes elements lane, lane + G, lane + 2G, ... of the flattened reduce ranges (neighbouring
-    work-items read neighbouring memory when the innermost range is contiguous), into GROUP_ACCS accumulators in
-    turn so that many loads are in flight at once; then the G partial results are combined as a tree in local
+    work-items read neighbouring memory when the innermost range is contiguous), into GROUP_ACCS (under GRID:
+    GRID_ACCS) accumulators in turn so that many loads are in flight at once; then the G partial results are combined as a tree in local
     memory. The name of that local array (the result in [0]). Under GRID the reduce's first range is the
     work-group's number: the group's share of the reduction."""
     op, d, G = u.arg, u.dtype, self.group
     value, rngs = u.src[0], u.src[1:]
     c = self.ct(d)
     if self.row_regs is not None: return self._row_partial(u, ident)
+    most = GROUP_ACCS
     if rngs and range_kind(rngs[0])[0] == "grid":
       self.ranges[rngs[0]] = "gid"
-      rngs = rngs[1:]
+      rngs, most = rngs[1:], GRID_ACCS
     size = math.prod(r.src[0].arg for r in rngs)
     vec = group_vector(rngs[-1]) if rngs else 1   # elements per step (VECTOR after GROUP), vector loads where contiguous
     steps = size // vec
-    n_acc = GROUP_ACCS if steps >= 2 * GROUP_ACCS * G else 1
+    n_acc = most if steps >= 2 * most * G else 1
     accs, i, part = [self.tmp("acc") for _ in range(n_acc)], self.tmp("i"), self.tmp("part")
     self.line(f"{c} {', '.join(f'{a} = {ident}' for a in accs)};")
     self.line(f"long {i} = lane;")

@@ -117,11 +117,13 @@ class CLDevice:
     # as RULEC_CL_TILE allows (0 turns them off; tests turn them on for PoCL)
     is_gpu = bool(self.dev.type & cl.device_type.GPU)
     tile = int(os.environ.get("RULEC_CL_TILE", "") or (256 if is_gpu else 0))
-    # one-pass reductions of a single value (GRID) over about two work-groups per compute unit, on GPUs: an H200's
+    # one-pass reductions of a single value (GRID) over about four work-groups per compute unit, on GPUs: an H200's
     # 16M-float sum ran at 0.79-0.84 of a float4 copy in 256-1024 groups of 256-512 where two launches reached 0.72
-    # (bench/cl_bandwidth_probe.py). RULEC_CL_GRID=n overrides (0 turns them off; tests turn them on for PoCL)
+    # (bench/cl_bandwidth_probe.py); rulec's own kernel took 0.0265 ms in 256 groups, 0.0237 in 512 (with
+    # GRID_ACCS accumulators; bench/cl_sum_probe.py). RULEC_CL_GRID=n overrides (0 turns them off; tests turn them
+    # on for PoCL)
     units = max(1, self.dev.max_compute_units)
-    grid = int(os.environ.get("RULEC_CL_GRID", "") or (1 << round(math.log2(2 * units)) if is_gpu else 0))
+    grid = int(os.environ.get("RULEC_CL_GRID", "") or (1 << round(math.log2(4 * units)) if is_gpu else 0))
     self.target = Target(fp64="cl_khr_fp64" in ext, group=group_size(self.dev), vector=vector if vector in (2, 4, 8, 16) else 0,
                          tile=min(tile, self.dev.max_work_group_size) if tile > 0 else 0, units=units,
                          grid=grid if grid >= 2 else 0)
