@@ -92,10 +92,10 @@ WORKLOADS = [
   Workload("layernorm 4096x1024", [(4096, 1024)], lambda x: x.layernorm(), np_layernorm, tg_layernorm,
            torch=torch_layernorm, nbytes=2 * 4 * 4096 * 1024, rtol=1e-3, atol=1e-4),
   Workload("matmul 1024^3", [(1024, 1024)] * 2, lambda a, b: a @ b, lambda a, b: a @ b, lambda a, b: a @ b,
-           torch=lambda a, b: a @ b, flops=2 * 1024 ** 3, reps=(3, 7, 5), rtol=1e-3, atol=1e-3),
+           torch=lambda a, b: a @ b, flops=2 * 1024 ** 3, reps=(7, 7, 5), rtol=1e-3, atol=1e-3),
   # nn.Linear's product: the weight's rows are read across (a transposed view), so its column loads do not neighbour
   Workload("linear 1024^3 x @ W.T", [(1024, 1024)] * 2, lambda a, w: a @ w.T, lambda a, w: a @ w.T, lambda a, w: a @ w.T,
-           torch=lambda a, w: a @ w.T, flops=2 * 1024 ** 3, reps=(3, 7, 5), rtol=1e-3, atol=1e-3),
+           torch=lambda a, w: a @ w.T, flops=2 * 1024 ** 3, reps=(7, 7, 5), rtol=1e-3, atol=1e-3),
   Workload("conv2d 32x32x56x56 k3 ->64", [(CONV["N"], CONV["C"], CONV["H"], CONV["W"]), (CONV["O"], CONV["C"], 3, 3)],
            lambda x, w: x.conv2d(w, padding=1), np_conv2d, lambda x, w: x.conv2d(w, padding=1),
            torch=torch_conv2d, flops=_cf, reps=(1, 3, 3), rtol=1e-3, atol=1e-3, slow=True),
