@@ -129,7 +129,7 @@ _PROGRAMS = {
   "argmax": (lambda r: [r.standard_normal((6, 32))], lambda x: x.argmax(1)),
   "linear": (lambda r: [r.standard_normal((16, 64)), r.standard_normal((8, 64))], lambda x, w: x @ w.T),
 }
-_OPS = ["UPCAST", "LOCAL", "KBLOCK", "THREAD", "GROUP", "VECTOR", "STAGE", "SIMD"]
+_OPS = ["UPCAST", "LOCAL", "KBLOCK", "THREAD", "GROUP", "VECTOR", "STAGE", "SIMD", "BLOCK"]
 
 
 def _check_actions(device, data, name, picks, monkeypatch):
@@ -185,8 +185,11 @@ def _linear_actions(t):
 
 @settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(st.sampled_from([(), (3,)]), st.sampled_from([8, 16, 24, 40]), st.sampled_from([64, 96, 256, 65]),
-       st.sampled_from([2, 6, 10, 3]), st.sampled_from([np.float32, np.float64]), st.booleans())
-def test_x_times_w_transposed_tiles_along_the_reduction_and_agrees_with_numpy(fresh, batch, m, k, n, dtype, bias):
+       st.sampled_from([2, 6, 10, 3, 24]), st.sampled_from([np.float32, np.float64]), st.booleans(),
+       st.sampled_from([1 << 20, 1024, 3000]))
+def test_x_times_w_transposed_tiles_along_the_reduction_and_agrees_with_numpy(fresh, batch, m, k, n, dtype, bias, block):
+  from codegen.opt import choose
+  fresh.setattr(choose, "DOT_BLOCK_BYTES", block)   # small: W's rows in column blocks (BLOCK) at these sizes too
   rng = np.random.default_rng(m * k + n)
   x, w, b = rng.standard_normal((*batch, m, k)).astype(dtype), rng.standard_normal((n, k)).astype(dtype), rng.standard_normal(n).astype(dtype)
   t = Tensor(x) @ Tensor(w).T
@@ -201,18 +204,28 @@ def test_x_times_w_transposed_tiles_along_the_reduction_and_agrees_with_numpy(fr
   np.testing.assert_allclose(t.numpy(), want, rtol=tol, atol=tol)
 
 
-def test_x_times_w_transposed_runs_faster_as_a_dot_tile_than_one_output_at_a_time(fresh):
+def test_x_times_w_transposed_takes_a_dot_tile_in_column_blocks(fresh):
   # not a timing: the chosen actions, which the bench measures (bench/kernels.py: linear 1024^3)
   x = Tensor(np.ones((64, 128), np.float32)) @ Tensor(np.ones((32, 128), np.float32)).T
   low, acts = _linear_actions(x)
   axes = {r.src[0].arg: r.arg[0] for r in low.ranges}
   assert format_actions(acts) == f"UPCAST({axes[32]},2) UPCAST({axes[64]},8) SIMD({axes[128]}) THREAD({axes[64]})"
+  # a W of 1024 rows of 1024: its column tiles in blocks of 128 (two rows each: 1 MiB of W per block)
+  big = Tensor(np.ones((64, 1024), np.float32)) @ Tensor(np.ones((1024, 1024), np.float32)).T
+  low, acts = _linear_actions(big)
+  axes = {r.src[0].arg: r.arg[0] for r in low.ranges if r.src[0].arg != 1024 or r.arg[0] not in {x.arg[0] for x in low.ranges if x.src[0].arg == 64}}
+  text = format_actions(acts)
+  assert re.fullmatch(r"UPCAST\((\d+),2\) UPCAST(\(\d+),8\) SIMD\(\d+\) BLOCK\(\1,128\) THREAD\(\d+\)", text), text
+  np.testing.assert_array_equal(big.numpy(), np.full((64, 1024), 1024, np.float32))
   np.testing.assert_array_equal(x.numpy(), np.full((64, 32), 128, np.float32))
 
 
 @pytest.mark.parametrize("acts, msg", [
   ("SIMD({m})", r"SIMD\({m}\): r{m} is not a reduce range of this kernel \(those it has: r{k}\[24\]\)"),
   ("SIMD(99)", r"r99 is not a reduce range"),
+  ("BLOCK({m},5)", r"BLOCK\({m},5\): r{m} has size 32; the block must divide it and be smaller"),
+  ("BLOCK({k},4)", r"r{k} is not a store range"),
+  ("THREAD({m}) BLOCK({m},4)", r"r{m} is a thread range already"),
 ])
 def test_simd_is_refused_with_a_reason(fresh, acts, msg):
   a, b, t = _matmul()

@@ -9,6 +9,8 @@ applies it) by a range's axis number, the `r<axis>` of `Kernel.render()`:
   KBLOCK(a,n)   run reduce range a in blocks of n, the block loop outermost, each block adding into what the
                 previous one stored (the block of the second input stays in cache for every row tile: CPU)
   THREAD(a)     split store range a across the CPU's threads
+  BLOCK(a,n)    run store range a in blocks of n, the block loop outermost (outside the threads' loop too): what
+                one block reads stays in cache while every other store loop runs (CPU: x @ W.T's rows of W)
   GROUP(n)      every reduction of the kernel shared by a work-group of n work-items, combined in local memory
   VECTOR(n)     an elementwise kernel over one contiguous range moves n elements per work-item with aligned vector
                 loads and stores; after GROUP, each work-item's step of the group reduction takes n neighbouring
@@ -39,7 +41,7 @@ import attrs
 # op -> (takes an axis, takes an amount)
 SHAPES = {"UPCAST": (True, True), "LOCAL": (True, True), "KBLOCK": (True, True), "THREAD": (True, False),
           "GROUP": (False, True), "VECTOR": (False, True),
-          "GRID": (False, True), "SPREAD": (True, True), "STAGE": (True, True), "SIMD": (True, False)}
+          "GRID": (False, True), "SPREAD": (True, True), "STAGE": (True, True), "SIMD": (True, False), "BLOCK": (True, True)}
 
 
 class OptError(ValueError):

@@ -31,6 +31,10 @@ MAX_ROWS = 16
 # 1024^3 here, 2 threads: 8x2 15.4 ms, 8x4 17.2 (32 accumulators spill), 4x4 24.4, 4x2 20.9, 2x4 33.8; without
 # the tile (one output per loop, the k loop vectorised) 62-67 ms
 DOT_TILE = (8, 2)
+# ... with its columns in blocks whose rows of W fill about this much (BLOCK): W stays in L2 while every row tile
+# passes over it, where one output row tile at a time streamed all of W from L3 (1024^3: 12.1-14.5 -> 11.2-11.4 ms
+# with 1 MiB, min of 21; 512 KiB 11.2-13.5, 2 MiB 11.7-13.4)
+DOT_BLOCK_BYTES = 1 << 20
 # ... but at most this many lanes where the reduce runs over several ranges (a convolution's channels x kernel
 # window): every lane is code of its own, and a 256-lane 3x3 convolution tile doubled rulec demo's compile time of
 # its conv block (262 -> 433 ms) for no speed the demo could see
@@ -115,16 +119,19 @@ def tile_ranges(end: UOp, rows_lanes: int, col_lanes: tuple[int, ...] = column_l
   return None, 0, col, cols
 
 
-def dot_tile(k: Kernel, end: UOp, lanes: int, tile: tuple[int, int] = DOT_TILE) -> list[Action]:
+def dot_tile(k: Kernel, end: UOp, lanes: int, tile: tuple[int, int] | None = None,
+             block_bytes: int | None = None) -> list[Action]:
   """[UPCAST, UPCAST, SIMD, THREAD] for a tile whose loads run along the reduction rather than along the tile (x @ W.T,
   nn.Linear: rows of A by rows of W), where tile_ranges finds no columns: tile[0] rows (a store range one load
   reads and another does not) by tile[1] columns (the innermost store range), each output's float sum over its
-  one range in vector lanes (SIMD), every load stepping by one element along it; [] where that is not the kernel."""
+  one range in vector lanes (SIMD), every load stepping by one element along it, the columns in blocks whose reads
+  of the column-indexed input fill about block_bytes (BLOCK; 0: none); [] where that is not the kernel."""
   reduces = [x for x in end.src[0].toposort() if x.op is Ops.REDUCE]
   if len(reduces) != 1 or len(end.src) < 3: return []
   red = reduces[0]
   if red.arg is not Ops.ADD or len(red.src) != 2 or red.dtype not in (dtypes.float32, dtypes.float64): return []
-  kr, (rows, cols) = red.src[1], tile
+  kr, (rows, cols) = red.src[1], tile or DOT_TILE
+  block_bytes = DOT_BLOCK_BYTES if block_bytes is None else block_bytes
   if kr.src[0].arg < 4 * lanes: return []
   loads = [x.src[1] for x in red.src[0].toposort() if x.op is Ops.INDEX]
   ranges = [x for x in end.toposort() if x.op is Ops.RANGE]
@@ -135,8 +142,14 @@ def dot_tile(k: Kernel, end: UOp, lanes: int, tile: tuple[int, int] = DOT_TILE) 
   for row in reversed(end.src[1:-1]):
     if row.src[0].arg % rows or row.src[0].arg <= rows: continue
     if any(row in i.toposort() for i in col_loads) or not any(row in i.toposort() for i in loads): continue
-    acts = [Action("UPCAST", col.arg[0], cols), Action("UPCAST", row.arg[0], rows), Action("SIMD", kr.arg[0]),
-            Action("THREAD", end.src[1].arg[0])]
+    acts = [Action("UPCAST", col.arg[0], cols), Action("UPCAST", row.arg[0], rows), Action("SIMD", kr.arg[0])]
+    # column tiles per block, where all of them read more than block_bytes: the largest power of two within it
+    # that divides them
+    tiles, per_tile = col.src[0].arg // cols, cols * kr.src[0].arg * red.dtype.itemsize
+    b = 1
+    while 0 < block_bytes < tiles * per_tile and b * 2 * per_tile <= block_bytes and tiles % (b * 2) == 0: b *= 2
+    if b >= 2: acts.append(Action("BLOCK", col.arg[0], b))
+    acts.append(Action("THREAD", end.src[1].arg[0]))
     return acts if _applies(k, "CPU", *acts) else []
   return []
 

@@ -47,7 +47,8 @@ def _cpu_candidates(k: Kernel, end, target) -> list[list[Action]]:
         out.append(acts + ([Action("KBLOCK", end.src[0].src[1].src[1].arg[0], kb)] if kb else []) + [Action("THREAD", first)])
   lanes = (target or choose.CPUTarget()).lanes
   for tile in ((8, 2), (4, 2), (8, 4), (4, 4), (16, 2), (2, 8)):   # x @ W.T: dot tiles, sums in vector lanes
-    out.append(choose.dot_tile(k, end, lanes, tile))
+    for nbytes in (0, 256 << 10, 512 << 10, 1 << 20, 2 << 20):           # ... their column blocks
+      out.append(choose.dot_tile(k, end, lanes, tile, nbytes))
   return [acts for acts in out if acts]
 
 

@@ -8,7 +8,7 @@ kinds; they choose nothing:
   thread    the CPU's loop split across threads (THREAD)
   upcast    lanes: the range is unrolled, each lane emitted side by side, sharing reduce loops (UPCAST)
   local     the work-items of one work-group (LOCAL)
-  serial    a block loop outside every store loop (KBLOCK's outer part)
+  serial    a block loop outside every store loop (KBLOCK's and BLOCK's outer part)
   simd      a CPU reduce loop the loop vectoriser runs in vector lanes, under upcast lanes that are not the vector
             (SIMD)
   group:n   a reduce range the work-group of n work-items strides through together (GROUP); group:n:v on
@@ -36,7 +36,7 @@ from engine.uop import UOp
 from runtime.kernel import Kernel
 
 # which actions each renderer can follow
-DEVICE_ACTIONS = {"CPU": frozenset({"UPCAST", "KBLOCK", "THREAD", "SIMD"}),
+DEVICE_ACTIONS = {"CPU": frozenset({"UPCAST", "KBLOCK", "THREAD", "SIMD", "BLOCK"}),
                   "CL": frozenset({"UPCAST", "LOCAL", "GROUP", "VECTOR", "GRID", "SPREAD", "STAGE"})}
 MAX_LANES = 256          # upcast lanes in one kernel: each is emitted as code of its own
 MAX_GROUP = 1024         # work-items sharing one reduction
@@ -207,6 +207,20 @@ class _Applier:
     end = _sole_end(self.ast, a)
     if any(range_kind(r)[0] == "thread" for r in end.src[1:]): raise OptError(f"{a}: the kernel has a THREAD range already")
     self._mark([_store_range(end, a, ("loop",))], "thread")
+
+  def block(self, a: Action) -> None:
+    """Store range a in blocks of n: its outer part a `serial` loop outside every other store loop (the threads
+    included), so one block of what the inner part reads stays in cache while every other store loop runs."""
+    end = _sole_end(self.ast, a)
+    r = _store_range(end, a, ("loop",))
+    n, total = a.amount, size(r)
+    if n < 2 or total % n or n >= total:
+      raise OptError(f"{a}: r{a.axis} has size {total}; the block must divide it and be smaller (and at least 2)")
+    outer = UOp.range(total // n, a.axis, "serial")
+    inner = UOp.range(n, self.new_axis(), "loop")
+    expr = UOp(Ops.ADD, dtypes.index, (UOp(Ops.MUL, dtypes.index, (outer, UOp.const(dtypes.index, n))), inner))
+    ranges = [outer] + [inner if x is r else x for x in end.src[1:]]
+    self.ast = _rebuild(self.ast, end, substitute(end.src[0], {r: expr}), ranges)
 
   def simd(self, a: Action) -> None:
     """The reduce range a, the innermost range of every sum it belongs to, run in vector lanes by the CPU."""
