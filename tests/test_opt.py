@@ -174,6 +174,27 @@ def test_forced_actions_that_apply_do_run(fresh):
   assert _check_actions("CPU", None, "conv", [("UPCAST", 3, 4), ("THREAD", 0, 2)], fresh) >= 1
 
 
+# *** sizes no vector width divides: tiles of a divisor (the CPU) ***
+
+@settings(max_examples=16, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.sampled_from([56, 77, 100, 63, 97]), st.sampled_from([91, 100, 130, 64, 97]), st.sampled_from([65, 91, 100, 10, 97]),
+       st.booleans())
+def test_matmuls_of_sizes_no_width_divides_take_a_divisor_tile_and_agree_with_numpy(fresh, m, k, n, transposed):
+  rng = np.random.default_rng(m + k * n)
+  a = rng.standard_normal((m, k)).astype(np.float32)
+  b = rng.standard_normal((n, k) if transposed else (k, n)).astype(np.float32)
+  t = Tensor(a) @ (Tensor(b).T if transposed else Tensor(b))
+  (kern,) = t.schedule()
+  low = decomposed(kern, cpu_device.optional_decompositions())
+  from codegen.opt import choose
+  text = format_actions(choose.cpu_actions(low))
+  # a size with a divisor from 4 up (columns) or from 4 to 8 (rows) gets one: 97 is prime
+  tiled = not transposed and n != 97 and m != 97 and m > 8
+  if tiled: assert text.count("UPCAST(") == 2, text
+  if tiled and k == 130: assert "KBLOCK(2,65)" in text, text   # (no power of two from 16 divides 130)
+  np.testing.assert_allclose(t.numpy(), a @ (b.T if transposed else b), rtol=1e-4, atol=1e-4)
+
+
 # *** SIMD: x @ W.T, whose loads run along the reduction ***
 
 def _linear_actions(t):
