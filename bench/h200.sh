@@ -9,6 +9,7 @@
 #   bench/h200.sh sweep     bench/cl_sweep.py: the GPU optimizer's tile shapes, vector widths and split parts
 #   bench/h200.sh probe     bench/cl_bandwidth_probe.py: hand-written elementwise and sum forms against the copy
 #   bench/h200.sh sumprobe  bench/cl_sum_probe.py: one-pass sum forms (layout, loads in flight, work sizes) and rulec's
+#   bench/h200.sh linprobe  bench/cl_linear_probe.py: x @ W.T for sums of several lengths (odd ones too) beside torch
 #   bench/h200.sh all       bench and tests (default)
 #   bench/h200.sh bench --only relu    (anything after the first word goes to bench/kernels.py)
 # Logs go to $OUT (or ./h200-out). That machine has numpy, attrs, llvmlite, hypothesis, pytest and torch, but no
@@ -32,6 +33,9 @@ if [[ $what == bench || $what == all ]]; then
 fi
 if [[ $what == sweep ]]; then
   python3 bench/cl_sweep.py "$@" 2>&1 | tee "$out/sweep.log"
+fi
+if [[ $what == linprobe ]]; then
+  python3 bench/cl_linear_probe.py "$@" 2>&1 | tee "$out/linprobe.log"
 fi
 if [[ $what == sumprobe ]]; then
   python3 bench/cl_sum_probe.py "$@" 2>&1 | tee "$out/sumprobe.log"

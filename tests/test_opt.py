@@ -241,6 +241,21 @@ def test_x_times_w_transposed_takes_a_dot_tile_in_column_blocks(fresh):
   np.testing.assert_array_equal(x.numpy(), np.full((64, 32), 128, np.float32))
 
 
+@pytest.mark.parametrize("m, k, n", [(64, 33, 64), (32, 77, 96), (48, 26, 32)])
+def test_x_times_w_transposed_with_a_sum_no_power_of_two_divides_is_staged_in_a_divisors_blocks(cl_tiles, m, k, n):
+  # W's rows across the lanes are only read well from local memory: a sum of 33 (77, 26) takes blocks of 11 (11, 13)
+  from codegen.opt import choose
+  from runtime import cl_device
+  rng = np.random.default_rng(k)
+  a, w = rng.standard_normal((m, k)).astype(np.float32), rng.standard_normal((n, k)).astype(np.float32)
+  t = Tensor(a, device="CL") @ Tensor(w, device="CL").T
+  (kern,) = t.schedule()
+  dev = cl_device.get_device()
+  text = format_actions(choose.cl_actions(decomposed(kern, dev.optional), dev.target))
+  assert re.search(r"STAGE\(\d+,(11|13)\)", text), text
+  np.testing.assert_allclose(t.numpy(), a @ w.T, rtol=1e-4, atol=1e-4)
+
+
 @pytest.mark.parametrize("acts, msg", [
   ("SIMD({m})", r"SIMD\({m}\): r{m} is not a reduce range of this kernel \(those it has: r{k}\[24\]\)"),
   ("SIMD(99)", r"r99 is not a reduce range"),
