@@ -195,6 +195,28 @@ def test_matmuls_of_sizes_no_width_divides_take_a_divisor_tile_and_agree_with_nu
   np.testing.assert_allclose(t.numpy(), a @ (b.T if transposed else b), rtol=1e-4, atol=1e-4)
 
 
+def test_a_kernel_with_a_reduce_inside_another_takes_a_cpu_tile_and_agrees_with_numpy(fresh):
+  # a max pool's backward: each window's max (a reduce) inside the convolution's input-gradient sum
+  from codegen.opt import choose
+  def grads(device):
+    rng = np.random.default_rng(11)
+    x = Tensor(rng.standard_normal((4, 8, 8, 8)).astype(np.float32), device=device, requires_grad=True)
+    w = Tensor(rng.standard_normal((16, 8, 3, 3)).astype(np.float32), device=device, requires_grad=True)
+    x.conv2d(w, padding=1).relu().max_pool2d(2).sum().backward()
+    return x.grad, w.grad
+  gx, gw = grads("CPU")
+  nested = []
+  for k in gx.schedule():
+    low = decomposed(k, cpu_device.optional_decompositions())
+    reds = [u for u in low.ast.toposort() if u.op.name == "REDUCE"]
+    if any(v.op.name == "REDUCE" for u in reds for v in u.src[0].toposort() if v is not u):
+      nested.append(format_actions(choose.cpu_actions(low)))
+  assert any("UPCAST(" in t for t in nested), nested   # (the input gradient; not every such kernel has a tile)
+  rx, rw = grads("NUMPY")
+  np.testing.assert_allclose(gx.numpy(), rx.numpy(), rtol=1e-4, atol=1e-4)
+  np.testing.assert_allclose(gw.numpy(), rw.numpy(), rtol=1e-4, atol=1e-4)
+
+
 # *** SIMD: x @ W.T, whose loads run along the reduction ***
 
 def _linear_actions(t):
