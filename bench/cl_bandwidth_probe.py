@@ -23,6 +23,8 @@ import sys
 import numpy as np
 import pyopencl as cl
 
+from cl_sum_probe import FINISH   # (the one-pass sum's tail: each group's partial, the last group adds them)
+
 N = 1 << int(__import__("os").environ.get("PROBE_LOG2N", "24"))
 REPS = int(__import__("os").environ.get("PROBE_REPS", "30"))
 
@@ -104,25 +106,7 @@ __kernel void sum_onepass(__global float* o, __global float* parts, volatile __g
   int i = l;
   for (; i + 3 * L < n; i += 4 * L) { acc += s[i]; acc2 += s[i + L]; acc3 += s[i + 2 * L]; acc4 += s[i + 3 * L]; }
   for (; i < n; i += L) acc += s[i];
-  acc = acc + acc2 + acc3 + acc4;
-  red[l] = acc.x + acc.y + acc.z + acc.w;
-  barrier(CLK_LOCAL_MEM_FENCE);
-  for (int k = L / 2; k > 0; k >>= 1) { if (l < k) red[l] += red[l + k]; barrier(CLK_LOCAL_MEM_FENCE); }
-  if (l == 0) {
-    parts[g] = red[0];
-    mem_fence(CLK_GLOBAL_MEM_FENCE);
-    last = atomic_inc(counter) == G - 1;
-  }
-  barrier(CLK_LOCAL_MEM_FENCE);
-  if (!last) return;
-  mem_fence(CLK_GLOBAL_MEM_FENCE);
-  float t = 0.0f;
-  for (int j = l; j < G; j += L) t += ((volatile __global float*)parts)[j];
-  red[l] = t;
-  barrier(CLK_LOCAL_MEM_FENCE);
-  for (int k = L / 2; k > 0; k >>= 1) { if (l < k) red[l] += red[l + k]; barrier(CLK_LOCAL_MEM_FENCE); }
-  if (l == 0) { o[0] = red[0]; *counter = 0; }
-}""")
+  acc = acc + acc2 + acc3 + acc4;""" + FINISH)
   program = cl.Program(ctx, "\n".join(src)).build()
   prg = type("Kernels", (), {k.function_name: k for k in program.all_kernels()})
   zero = np.zeros(1, np.int32)

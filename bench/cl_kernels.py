@@ -260,18 +260,14 @@ def main(args) -> None:
     for f in failures: print("  " + f)
   compile_line = compile_times.summary(args)
   by = {w.name.split(" /")[0]: (w, rk, tk) for w, _, rk, _, tk in rows}
-  def frac(name, fresh=False):
-    if name not in by: return "nan"
+  def frac(name, fresh=False, same_bytes=False):
+    if name not in by or same_bytes and by[name][0].name not in same: return "nan"
     w, rk, _ = by[name]
-    return f"{w.nbytes / ((rk if fresh else w.results['resident']) / 1e3) / 1e9 / bw:.3f}"
+    return f"{w.nbytes / ((rk if fresh else w.results['resident']) / 1e3) / 1e9 / (same[w.name] if same_bytes else bw):.3f}"
   def vs(name):
     return f"{by[name][2] / by[name][1]:.3f}" if name in by else "nan"
-  def frac_same(name):
-    w = by[name][0] if name in by else None
-    if w is None or w.name not in same: return "nan"
-    return f"{w.nbytes / (w.results['resident'] / 1e3) / 1e9 / same[w.name]:.3f}"
   print(f"cl_elementwise_bw_fraction={frac('relu(a*b+c) 16M')} cl_reduction_bw_fraction={frac('sum 16M')} "
-        f"(against a copy of the same bytes: {frac_same('relu(a*b+c) 16M')} / {frac_same('sum 16M')}) "
+        f"(against a copy of the same bytes: {frac('relu(a*b+c) 16M', same_bytes=True)} / {frac('sum 16M', same_bytes=True)}) "
         f"(resident; with inputs just uploaded: {frac('relu(a*b+c) 16M', True)} / {frac('sum 16M', True)}) "
         f"softmax_vs_torch={vs('softmax 4096x1024')} layernorm_vs_torch={vs('layernorm 4096x1024')} "
         f"matmul_vs_torch={vs('matmul 1024^3')} {compile_line}")

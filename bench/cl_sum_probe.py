@@ -24,11 +24,14 @@ import pyopencl as cl
 N = 1 << int(os.environ.get("PROBE_LOG2N", "24"))
 REPS = int(os.environ.get("PROBE_REPS", "30"))
 
-FINISH = """
+# a one-pass sum's tail, after a work-item's float4 `acc`: the group's partial (PARTIAL), then the last group to
+# finish adds the partials (FINISH; bench/cl_bandwidth_probe.py's one-pass form ends the same way)
+PARTIAL = """
   red[l] = acc.x + acc.y + acc.z + acc.w;
   barrier(CLK_LOCAL_MEM_FENCE);
   for (int k = L / 2; k > 0; k >>= 1) { if (l < k) red[l] += red[l + k]; barrier(CLK_LOCAL_MEM_FENCE); }
-  if (l == 0) {
+"""
+FINISH = PARTIAL + """  if (l == 0) {
     parts[g] = red[0];
     mem_fence(CLK_GLOBAL_MEM_FENCE);
     last = atomic_inc(counter) == G - 1;
@@ -62,8 +65,7 @@ def form(layout: str, u: int, combine: bool = True) -> str:
             "  for (; i < n; i += T) a0 += x[i];\n")
   fold = "  float4 acc = " + " + ".join(f"a{k}" for k in range(u)) + ";"
   if not combine:   # each group's partial only: what the last group's adding costs
-    return (head.replace(f"sum_{layout}{u}(", f"part_{layout}{u}(") + body + fold
-            + FINISH.split("    mem_fence")[0].replace("  if (l == 0) {", "  if (l == 0)") + "}")
+    return head.replace(f"sum_{layout}{u}(", f"part_{layout}{u}(") + body + fold + PARTIAL + "  if (l == 0) parts[g] = red[0];\n}"
   return head + body + fold + FINISH
 
 

@@ -780,9 +780,9 @@ class CLRenderer(ScopedEmitter):
   def _group_partial(self, u: UOp, ident: str) -> str:
     """Work-item `lane` takes elements lane, lane + G, lane + 2G, ... of the flattened reduce ranges (neighbouring
     work-items read neighbouring memory when the innermost range is contiguous), into GROUP_ACCS (under GRID:
-    GRID_ACCS) accumulators in turn so that many loads are in flight at once; then the G partial results are combined as a tree in local
-    memory. The name of that local array (the result in [0]). Under GRID the reduce's first range is the
-    work-group's number: the group's share of the reduction."""
+    GRID_ACCS) accumulators in turn so that many loads are in flight at once; then the G partial results are
+    combined as a tree in local memory. The name of that local array (the result in [0]). Under GRID the reduce's
+    first range is the work-group's number: the group's share of the reduction."""
     op, d, G = u.arg, u.dtype, self.group
     value, rngs = u.src[0], u.src[1:]
     c = self.ct(d)

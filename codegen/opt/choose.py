@@ -90,9 +90,9 @@ def _sole_end(k: Kernel) -> UOp | None:
   return k.ast.src[0] if len(k.ast.src) == 1 and k.ast.src[0].op is Ops.END else None
 
 
-def divisor_at_most(n: int, most: int, least: int) -> int:
+def divisor_at_most(n: int, most: int, least: int = 1) -> int:
   """The largest divisor of n in [least, most], or 0."""
-  return next((d for d in range(min(most, n), least - 1, -1) if d >= 2 and n % d == 0), 0)
+  return next((d for d in range(min(most, n), least - 1, -1) if n % d == 0), 0)
 
 
 def tile_ranges(end: UOp, rows_lanes: int, col_lanes: tuple[int, ...] = column_lanes(),
@@ -126,15 +126,23 @@ def tile_ranges(end: UOp, rows_lanes: int, col_lanes: tuple[int, ...] = column_l
     cols = next((n for n in col_lanes if col.src[0].arg % n == 0), 0)
     if not cols and cpu: cols = divisor_at_most(col.src[0].arg, col_lanes[0], 4)
   if not cols: return none
-  col_loads = [i for i in loads if col in i.toposort()]
+  row, rows = _tile_row(end, rows_lanes, [i for i in loads if col in i.toposort()], loads, divisor=cpu, exact=cpu)
+  return row, rows, col, cols
+
+
+def _tile_row(end: UOp, rows_lanes: int, col_loads: list[UOp], loads: list[UOp], divisor: bool,
+              exact: bool) -> tuple[UOp | None, int]:
+  """(row range, row lanes) of a tile, or (None, 0): the innermost store range before the columns that the columns'
+  loads do not depend on and another load does, longer than rows_lanes (`exact`: as long, where it is not the
+  outermost store range), which rows_lanes divides (`divisor`: else its largest divisor from half of rows_lanes)."""
   for row in reversed(end.src[1:-1]):
-    if row.src[0].arg < rows_lanes or row.src[0].arg == rows_lanes and not (cpu and row is not end.src[1]): continue
-    rows = rows_lanes if row.src[0].arg % rows_lanes == 0 else \
-      divisor_at_most(row.src[0].arg, rows_lanes, max(2, rows_lanes // 2)) if cpu else 0
+    n = row.src[0].arg
+    if n < rows_lanes or n == rows_lanes and not (exact and row is not end.src[1]): continue
+    rows = rows_lanes if n % rows_lanes == 0 else (divisor_at_most(n, rows_lanes, max(2, rows_lanes // 2)) if divisor else 0)
     if not rows: continue
     if any(row in i.toposort() for i in col_loads) or not any(row in i.toposort() for i in loads): continue
-    return row, rows, col, cols
-  return None, 0, col, cols
+    return row, rows
+  return None, 0
 
 
 def dot_tile(k: Kernel, end: UOp, lanes: int, tile: tuple[int, int] | None = None,
@@ -158,19 +166,16 @@ def dot_tile(k: Kernel, end: UOp, lanes: int, tile: tuple[int, int] | None = Non
   col_loads = [i for i in loads if col in i.toposort()]
   if not col_loads: return []
   if col.src[0].arg % cols: cols = 1   # (an odd count of W's rows: one at a time)
-  for row in reversed(end.src[1:-1]):
-    if row.src[0].arg <= rows: continue
-    r = rows if row.src[0].arg % rows == 0 else divisor_at_most(row.src[0].arg, rows, max(2, rows // 2))
-    if not r or any(row in i.toposort() for i in col_loads) or not any(row in i.toposort() for i in loads): continue
-    acts = ([Action("UPCAST", col.arg[0], cols)] if cols > 1 else []) + [Action("UPCAST", row.arg[0], r), Action("SIMD", kr.arg[0])]
-    # column tiles per block, where all of them read more than block_bytes: the largest count within it that
-    # divides them
-    tiles, per_tile = col.src[0].arg // cols, cols * kr.src[0].arg * red.dtype.itemsize
-    b = divisor_at_most(tiles, block_bytes // per_tile, 2) if 0 < block_bytes < tiles * per_tile else 0
-    if b >= 2 and cols > 1: acts.append(Action("BLOCK", col.arg[0], b))
-    acts.append(Action("THREAD", end.src[1].arg[0]))
-    return acts if _applies(k, "CPU", *acts) else []
-  return []
+  row, r = _tile_row(end, rows, col_loads, loads, divisor=True, exact=False)
+  if row is None: return []
+  acts = [Action("UPCAST", col.arg[0], cols)] if cols > 1 else []
+  acts += [Action("UPCAST", row.arg[0], r), Action("SIMD", kr.arg[0])]
+  # column tiles per block, where all of them read more than block_bytes: the largest count within it dividing them
+  tiles, per_tile = col.src[0].arg // cols, cols * kr.src[0].arg * red.dtype.itemsize
+  b = divisor_at_most(tiles, block_bytes // per_tile, 2) if 0 < block_bytes < tiles * per_tile else 0
+  if b >= 2 and cols > 1: acts.append(Action("BLOCK", col.arg[0], b))
+  acts.append(Action("THREAD", end.src[1].arg[0]))
+  return acts if _applies(k, "CPU", *acts) else []
 
 
 def _applies(k: Kernel, device: str, *actions: Action) -> bool:
@@ -288,10 +293,6 @@ def _vector_width(k: Kernel, end: UOp, target) -> int:
   return n if _applies(k, "CL", Action("VECTOR", None, n)) else 0
 
 
-def _divisor_at_most(n: int, cap: int) -> int:
-  return max(d for d in range(1, cap + 1) if n % d == 0)
-
-
 def gpu_tile(k: Kernel, tile: tuple[int, int], local: tuple[int, int], target, stage: int = 0,
              several: bool = False) -> list[Action] | None:
   """A register tile of tile (rows, columns) per work-item in work-groups of at most local (rows, columns) and
@@ -306,8 +307,8 @@ def gpu_tile(k: Kernel, tile: tuple[int, int], local: tuple[int, int], target, s
   staged_only = stage and (row is None or col is None)
   if staged_only: row, rows, col, cols = tile_ranges(end, tile[0], (tile[1],), any_stride=True)
   if row is None or col is None: return None
-  lc = _divisor_at_most(col.src[0].arg // cols, local[1])
-  lr = _divisor_at_most(row.src[0].arg // rows, min(local[0], target.tile // max(lc, 1)))
+  lc = divisor_at_most(col.src[0].arg // cols, local[1])
+  lr = divisor_at_most(row.src[0].arg // rows, min(local[0], target.tile // max(lc, 1)))
   out = [Action("UPCAST", row.arg[0], rows), Action("UPCAST", col.arg[0], cols)]
   if lc > 1: out.append(Action("LOCAL", col.arg[0], lc))
   if lr > 1: out.append(Action("LOCAL", row.arg[0], lr))
@@ -315,13 +316,12 @@ def gpu_tile(k: Kernel, tile: tuple[int, int], local: tuple[int, int], target, s
   if stage and len(reduces) == 1 and (several or len(reduces[0].src) == 2):   # (an epilogue after the sum is fine)
     # blocks of `stage` along the sum's outermost range, or smaller ones where those need more local memory than
     # there is (a convolution's block holds its window taps too)
-    blocks, n = [], stage
-    while n >= 2: blocks, n = blocks + [n], n // 2
-    # a sum no power of two divides (1023, 781): its largest divisor up to `stage` (x @ W.T unstaged reads W's rows
-    # across the lanes: 4.48 ms against 0.084 staged for 1024^3 on the H200)
+    halves = [stage >> i for i in range(stage.bit_length()) if stage >> i >= 2]
+    # a sum no power of two from 4 divides (1023, 781): its largest divisor up to `stage`, before blocks of 2 or 3
+    # k-steps between barriers (x @ W.T unstaged reads W's rows across the lanes: 4.48 ms against 0.084 staged for
+    # 1024^3 on the H200)
     odd = divisor_at_most(reduces[0].src[1].src[0].arg, stage, 2)
-    # (before blocks of 2 or 3 k-steps between barriers)
-    if odd and odd not in blocks: blocks = [b for b in blocks if b >= 4] + [odd] + [b for b in blocks if b < 4]
+    blocks = [b for b in halves if b >= 4] + ([odd] if odd and odd not in halves else []) + [b for b in halves if b < 4]
     for n in blocks:
       act = Action("STAGE", reduces[0].src[1].arg[0], n)
       if _applies(k, "CL", *out, act): return out + [act]

@@ -129,6 +129,11 @@ def _store_range(end: UOp, a: Action, kinds=("loop", "thread")) -> UOp:
   raise OptError(f"{a}: r{a.axis} is not a store range of this kernel (those it can take: {_names(loops)})")
 
 
+def _joined(outer: UOp, n: int, inner: UOp) -> UOp:
+  """outer * n + inner: where a range split into an outer and an inner part stood."""
+  return UOp(Ops.ADD, dtypes.index, (UOp(Ops.MUL, dtypes.index, (outer, UOp.const(dtypes.index, n))), inner))
+
+
 def _rebuild(ast: UOp, end: UOp | None, store: UOp, ranges) -> UOp:
   top = store if end is None else UOp(Ops.END, end.dtype, (store, *ranges), end.arg)
   return UOp(Ops.SINK, ast.dtype, (top,), ast.arg)
@@ -160,7 +165,7 @@ class _Applier:
                      if n >= 2 else f"{a}: the amount must be at least 2")
     outer = UOp.range(total // n, a.axis, r.arg[1])
     inner = UOp.range(n, self.new_axis(), inner_kind)
-    expr = UOp(Ops.ADD, dtypes.index, (UOp(Ops.MUL, dtypes.index, (outer, UOp.const(dtypes.index, n))), inner))
+    expr = _joined(outer, n, inner)
     ranges = []
     for x in end.src[1:]: ranges += [outer, inner] if x is r else [x]
     self.ast = _rebuild(self.ast, end, substitute(end.src[0], {r: expr}), ranges)
@@ -185,16 +190,21 @@ class _Applier:
     if len({id(b) for b in self.k.bufs}) != len(self.k.bufs) or target.src[0] in red.toposort():
       raise OptError(f"{a}: the sum reads the buffer it writes, so a block would see another block's partial sums")
     k = red.src[1]
-    if n < 2 or size(k) % n or n >= size(k):
-      raise OptError(f"{a}: r{a.axis} has size {size(k)}; the block must divide it and be smaller (and at least 2)")
-    block = UOp.range(size(k) // n, a.axis, "serial")
-    inner = UOp.range(n, self.new_axis(), "loop")
-    expr = UOp(Ops.ADD, dtypes.index, (UOp(Ops.MUL, dtypes.index, (block, UOp.const(dtypes.index, n))), inner))
+    block, inner, expr = self._serial_blocks(a, k)
     part = UOp(Ops.REDUCE, red.dtype, (substitute(red.src[0], {k: expr}), inner), Ops.ADD)
     first = UOp(Ops.CMPLT, dtypes.bool, (block, UOp.const(dtypes.index, 1)))
     before = UOp(Ops.WHERE, red.dtype, (first, UOp.const(red.dtype, 0.0), target))   # what earlier blocks stored
     value = UOp(Ops.ADD, red.dtype, (before, part))
     self.ast = _rebuild(self.ast, end, UOp(Ops.STORE, st.dtype, (target, value), st.arg), (block, *end.src[1:]))
+
+  def _serial_blocks(self, a: Action, r: UOp) -> tuple[UOp, UOp, UOp]:
+    """Range r in blocks of a.amount (KBLOCK, BLOCK): the `serial` block range, the range within a block, and the
+    expression that stands for r."""
+    n = a.amount
+    if n < 2 or size(r) % n or n >= size(r):
+      raise OptError(f"{a}: r{a.axis} has size {size(r)}; the block must divide it and be smaller (and at least 2)")
+    outer, inner = UOp.range(size(r) // n, a.axis, "serial"), UOp.range(n, self.new_axis(), "loop")
+    return outer, inner, _joined(outer, n, inner)
 
   # *** marks ***
   def _mark(self, rs, kind: str) -> None:
@@ -213,12 +223,7 @@ class _Applier:
     included), so one block of what the inner part reads stays in cache while every other store loop runs."""
     end = _sole_end(self.ast, a)
     r = _store_range(end, a, ("loop",))
-    n, total = a.amount, size(r)
-    if n < 2 or total % n or n >= total:
-      raise OptError(f"{a}: r{a.axis} has size {total}; the block must divide it and be smaller (and at least 2)")
-    outer = UOp.range(total // n, a.axis, "serial")
-    inner = UOp.range(n, self.new_axis(), "loop")
-    expr = UOp(Ops.ADD, dtypes.index, (UOp(Ops.MUL, dtypes.index, (outer, UOp.const(dtypes.index, n))), inner))
+    outer, inner, expr = self._serial_blocks(a, r)
     ranges = [outer] + [inner if x is r else x for x in end.src[1:]]
     self.ast = _rebuild(self.ast, end, substitute(end.src[0], {r: expr}), ranges)
 
@@ -311,7 +316,7 @@ class _Applier:
                                             if n >= 2 else f"{a}: the amount must be at least 2")
     outer = UOp.range(size(k) // n, a.axis, f"stage:{n}")
     inner = UOp.range(n, self.new_axis(), k.arg[1])
-    at = UOp(Ops.ADD, dtypes.index, (UOp(Ops.MUL, dtypes.index, (outer, UOp.const(dtypes.index, n))), inner))
+    at = _joined(outer, n, inner)
     # (the block range first, then the block's part of a and the reduction's other ranges, as they were)
     rest = [inner if r is k else r for r in red.src[1:]]
     new = UOp(Ops.REDUCE, red.dtype, (substitute(red.src[0], {k: at}), outer, *rest), red.arg)
@@ -345,7 +350,7 @@ class _Applier:
       if r is None: raise OptError(f"{a}: no reduce range has a size that {n} divides into parts of at least 2 "
                                    f"(and of whole vectors): {_names(rngs)}")
       inner = UOp.range(size(r) // n, r.arg[0], r.arg[1])
-      at = UOp(Ops.ADD, dtypes.index, (UOp(Ops.MUL, dtypes.index, (outer, UOp.const(dtypes.index, size(r) // n))), inner))
+      at = _joined(outer, size(r) // n, inner)
       mapping[red] = UOp(Ops.REDUCE, red.dtype, (substitute(red.src[0], {r: at}), outer,
                                                  *(inner if x is r else x for x in rngs)), red.arg)
     self.ast = _rebuild(self.ast, None, substitute(top, mapping), ())

@@ -19,8 +19,9 @@ from engine.uop import UOp
 # (relative) of a halfway point: never more than 0.5 + 2**-25 ulp off (log2 runs once per row of a log_softmax, not
 # per element, so its cost matters less than exactness). Every step is one op, evaluated in the order written, except
 # exp2's Horner steps: MULACCs marked MAY_FUSE, one fma each on a CPU that has FMA (a softmax's time is mostly these
-# polynomials: 3.7 -> 3.2 ms here), two roundings elsewhere; the budget holds both ways (tests/test_decomp_exp.py). The polynomials were fitted for this code (least squares weighted
-# toward minimax relative error, Lawson's iteration) and checked against 50-digit decimal arithmetic.
+# polynomials: 3.7 -> 3.2 ms here), two roundings elsewhere; the budget holds both ways (tests/test_decomp_exp.py).
+# The polynomials were fitted for this code (least squares weighted toward minimax relative error, Lawson's
+# iteration) and checked against 50-digit decimal arithmetic.
 
 _F32, _U32, _F64, _U64 = dtypes.float32, dtypes.uint32, dtypes.float64, dtypes.uint64
 # 2**r = 1 + r * q(r) for |r| <= 1/2: q's coefficients, constant term first. Fitted for this code (Lawson's
