@@ -131,6 +131,22 @@ def test_views_of_inputs_are_rebound():
     np.testing.assert_array_equal(y.numpy(), a + 1)
 
 
+def test_views_left_as_graphs_are_rebound_too():
+  # several outputs realized together, one of them read again through .contiguous(): realize schedules in rounds,
+  # and a round's view of an output still to compute is a graph over buffers. A hit (here from Tensor.schedule
+  # just before) must hand back that graph over this call's buffers, not the cache's stand-ins (it read the int
+  # input in place of exp2's output: every `!=` came out False; fuzz seed 9921, program 3910)
+  for schedule_first in (True, False, True):
+    v1 = Tensor(np.array([[1, 4, 3]], dtype="int32"))
+    v2 = v1.exp2()
+    v6 = v1 != v2.contiguous().stack(v2, axis=-3)
+    if schedule_first: Tensor.schedule(v6, v2)
+    v6.realize(v2)
+    np.testing.assert_array_equal(v6.numpy(), np.ones((2, 1, 3), bool))
+    np.testing.assert_array_equal(v2.numpy(), [[2.0, 16.0, 8.0]])
+  assert sc.STATS["hits"] >= 2
+
+
 def test_constant_only_graphs():
   outs = [Tensor.full((3, 4), 2.5).contiguous().realize() for _ in range(3)]
   assert sc.STATS["hits"] == 2

@@ -102,8 +102,10 @@ class _Entry:
     """The kernels and views over this call's input buffers and newly allocated ones."""
     bufs = list(inputs) + [new_buffer(d, n, dt) for d, n, dt in self.fresh]
     kernels = [Kernel(ast, tuple(bufs[i] for i in slots)) for ast, slots in self.kernels]
+    # every view, whatever its base: a view left as a graph over buffers (what a later round of realize schedules)
+    # reads this call's buffers too; a stand-in that leaked would name a buffer of no call at all
     mapping = {s: bufs[i] for i, s in enumerate(self.stand_ins)}
-    return kernels, [substitute(v, mapping) if v.base.op in (Ops.BUFFER, Ops.MSTACK) else v for v in self.views]
+    return kernels, [substitute(v, mapping) for v in self.views]
 
 
 def _knobs(devices: set) -> tuple:
