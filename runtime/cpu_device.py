@@ -58,10 +58,25 @@ def _get_pool() -> ThreadPoolExecutor:
   return _pool
 
 
+# Features turned off on a host that has them, because LLVM 22.1 (llvmlite 0.50) miscompiles with them: its
+# X86CompressEVEX pass folds `vpmov{b,d,q}2m %xmm/%ymm -> %k; kmov %k -> gpr` into one VEX `vmovmsk`, and erases the
+# mask's definition while a later `kshiftr %k, %k` still reads it (llvm-project #198197, fixed after 22.1) and
+# encodes xmm16-31 in VEX, which cannot name them (#191304). A padded convolution's weight gradient with upcast lanes
+# read index lanes from a stale mask register and gave wrong values. Those folds exist only for the 128- and 256-bit
+# EVEX forms, which need AVX512VL (AVX10 implies it): without VL, LLVM uses 512-bit registers for AVX-512 and VEX
+# AVX2 below that, and never forms the pattern.
+_MISCOMPILED_FEATURES = ("avx512vl", "avx10")
+
+
+def _without_evex_mask_compression(features: str) -> str:
+  return ",".join("-" + f[1:] if f.startswith("+") and f[1:].startswith(_MISCOMPILED_FEATURES) else f
+                  for f in features.split(",") if f)
+
+
 def target_cpu() -> tuple[str, str]:
   """(LLVM cpu name, features) to compile for: RULEC_CPU_TARGET=host (the default) or baseline."""
   which = os.environ.get("RULEC_CPU_TARGET", "host") or "host"
-  if which == "host": return llvm.get_host_cpu_name(), llvm.get_host_cpu_features().flatten()
+  if which == "host": return llvm.get_host_cpu_name(), _without_evex_mask_compression(llvm.get_host_cpu_features().flatten())
   if which == "baseline":
     return ("x86-64" if llvm.get_process_triple().split("-")[0] in ("x86_64", "amd64") else "generic"), ""
   raise ValueError(f"RULEC_CPU_TARGET={which!r}: expected 'host' or 'baseline'")

@@ -431,3 +431,67 @@ def test_a_row_value_hoisted_into_a_kernel_with_lanes():
   p = np.pad(x, ((1, 1), (0, 0)))
   got = Tensor(x, device="CPU").avg_pool2d((3, 1), stride=(1, 1), padding=(1, 0)).numpy()
   np.testing.assert_allclose(got, (p[:-2] + p[1:-1] + p[2:]) / 3, rtol=1e-6, atol=1e-6)
+
+
+def test_host_target_leaves_out_the_features_llvm_22_miscompiles():
+  # see cpu_device._MISCOMPILED_FEATURES: with AVX512VL, LLVM 22.1 folds vpmov*2m + kmov into a vmovmsk that
+  # erases a mask register still in use
+  _, features = cpu_device.target_cpu()
+  assert not any(f.startswith(("+avx512vl", "+avx10")) for f in features.split(","))
+
+
+def small_cnn_gradients():
+  """The gradients of a small CNN's loss (a padded convolution, ReLU, max pool, linear layer, cross entropy) on the
+  CPU in float32, and their values from the numpy reference (tests/autograd_reference.py)."""
+  from tests import autograd_reference as ref
+  rng = np.random.default_rng(21)
+  labels = rng.integers(0, 3, 2)
+  onehot = np.eye(3)[labels]
+  data = {"x": rng.standard_normal((2, 2, 4, 4)), "wc": rng.standard_normal((3, 2, 3, 3)) * 0.5,
+          "bc": rng.standard_normal(3) * 0.1, "wl": rng.standard_normal((12, 3)) * 0.5, "bl": rng.standard_normal(3) * 0.1}
+  ts = {k: Tensor(v.astype(np.float32), device="CPU") for k, v in data.items()}
+  act = ts["x"].conv2d(ts["wc"], ts["bc"], padding=1).relu().max_pool2d(2)
+  logits = act.reshape(2, -1) @ ts["wl"] + ts["bl"]
+  loss = -(logits.log_softmax(axis=1) * Tensor(onehot.astype(np.float32), device="CPU")).sum(axis=1).mean()
+  _, want = ref.cnn_forward_backward(**data, onehot=onehot)
+  return dict(zip(ts, loss.gradient(*ts.values()))), want
+
+
+def _dirty_mask_launcher():
+  """A function launching a compiled kernel like cpu_device._launch (one call), with every AVX-512 mask register
+  k1-k7 set to all ones first: what a kernel finds there is whatever ran before it, and a correct one never reads it."""
+  import ctypes
+  import llvmlite.binding as llvm
+  llvm.initialize_native_asmparser()   # for the inline assembly
+  tm, ee = cpu_device._jit()
+  made = {}
+  def launch(prog, split, ptrs, work):
+    n = len(ptrs)
+    if n not in made:
+      args = ", ".join(f"ptr %a{i}" for i in range(n))
+      ir = (f"define void @dirty_masks_{n}(ptr %f, {args}, i64 %lo, i64 %hi) {{\n"
+            '  call void asm sideeffect "' + "; ".join(f"kxnorw %k{i}, %k{i}, %k{i}" for i in range(1, 8)) + '", "~{k1},~{k2},~{k3},~{k4},~{k5},~{k6},~{k7}"()\n'
+            f"  call void %f({args}, i64 %lo, i64 %hi)\n  ret void\n}}\n")
+      mod = llvm.parse_assembly(ir)
+      mod.triple, mod.data_layout = llvm.get_process_triple(), str(tm.target_data)
+      ee.add_module(mod)
+      ee.finalize_object()
+      made[n] = ctypes.CFUNCTYPE(None, *([ctypes.c_void_p] * (n + 1)), ctypes.c_int64, ctypes.c_int64)(
+        ee.get_function_address(f"dirty_masks_{n}"))
+    made[n](ctypes.cast(prog.fn, ctypes.c_void_p).value, *ptrs, 0, split if split is not None else 1)
+  return launch
+
+
+@pytest.mark.skipif("+avx512f" not in cpu_device.target_cpu()[1], reason="mask registers are AVX-512's")
+def test_kernels_never_read_mask_registers_they_did_not_write(monkeypatch):
+  # LLVM 22.1 with AVX512VL made the CNN's last-layer weight gradient, with these actions, read index lanes from a
+  # mask register it never set (cpu_device._MISCOMPILED_FEATURES); every kernel here runs with those registers dirty
+  from codegen.opt import kernel_key
+  grads, want = small_cnn_gradients()
+  kernel, = [k for k in grads["wl"].schedule() if tuple(r.src[0].arg for r in k.ranges) == (12, 3, 2)]
+  monkeypatch.setenv("RULEC_OPT", kernel_key(decomposed(kernel)) + "=UPCAST(1,3) UPCAST(0,6) THREAD(0)")
+  monkeypatch.setenv("RULEC_KERNEL_CACHE", "0")
+  monkeypatch.setattr(cpu_device, "_by_ast", {})
+  monkeypatch.setattr(cpu_device, "_launch", _dirty_mask_launcher())
+  for name, g in grads.items():
+    np.testing.assert_allclose(g.numpy(), want[name], rtol=1e-4, atol=1e-4 * np.abs(want[name]).max(), err_msg=name)
