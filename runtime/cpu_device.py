@@ -62,15 +62,20 @@ def _get_pool() -> ThreadPoolExecutor:
 # X86CompressEVEX pass folds `vpmov{b,d,q}2m %xmm/%ymm -> %k; kmov %k -> gpr` into one VEX `vmovmsk`, and erases the
 # mask's definition while a later `kshiftr %k, %k` still reads it (llvm-project #198197, fixed after 22.1) and
 # encodes xmm16-31 in VEX, which cannot name them (#191304). A padded convolution's weight gradient with upcast lanes
-# read index lanes from a stale mask register and gave wrong values. Those folds exist only for the 128- and 256-bit
-# EVEX forms, which need AVX512VL (AVX10 implies it): without VL, LLVM uses 512-bit registers for AVX-512 and VEX
-# AVX2 below that, and never forms the pattern.
-_MISCOMPILED_FEATURES = ("avx512vl", "avx10")
+# read index lanes from a stale mask register and gave wrong values. vpmov{d,q}2m need AVX512DQ and vpmovb2m
+# AVX512BW, so without those two the pattern never forms. (Dropping AVX512VL instead, the other half of the
+# pattern's condition, hit an assertion in LLVM's instruction selection on an argmax: "Cannot BITCAST between types
+# of different sizes", which aborts the process.) The features that imply BW or DQ go with them.
+_MISCOMPILED_FEATURES = ("avx512bw", "avx512dq", "avx512fp16", "avx512bf16", "avx512vbmi", "avx512bitalg", "avx10",
+                         "amx-avx512")
 
 
 def _without_evex_mask_compression(features: str) -> str:
-  return ",".join("-" + f[1:] if f.startswith("+") and f[1:].startswith(_MISCOMPILED_FEATURES) else f
-                  for f in features.split(",") if f)
+  """The host's features less _MISCOMPILED_FEATURES; the removals last, since LLVM applies the list in order and
+  a later `+x` would turn back on what x implies."""
+  kept = [f for f in features.split(",") if f and not f[1:].startswith(_MISCOMPILED_FEATURES)]
+  dropped = ["-" + f[1:] for f in features.split(",") if f[1:].startswith(_MISCOMPILED_FEATURES)]
+  return ",".join(kept + dropped)
 
 
 def target_cpu() -> tuple[str, str]:
