@@ -161,6 +161,9 @@ class Program:
   def __init__(self, name: str, nbufs: int, loaded: bool, seconds: float):
     _, ee = _jit()
     self.name, self.loaded, self.seconds = name, loaded, seconds
+    # the thread range is a ragged UPCAST's tiles (codegen/opt/transform.py): the last two run in one call, since a
+    # kernel that reads what it writes (KBLOCK) has the last tile store back what the one before stored
+    self.pair_last = False
     self.fn = ctypes.CFUNCTYPE(None, *([ctypes.c_void_p] * nbufs), ctypes.c_int64, ctypes.c_int64)(ee.get_function_address(name))
     COUNTERS["loaded" if loaded else "compiled"] += 1
     TIMES["load_s" if loaded else "compile_s"] += seconds
@@ -261,6 +264,7 @@ def compile_kernel(kernel: Kernel) -> tuple[Program, int | None]:
       if _debug_level() >= 2: print(f"[opt] CPU kernel {entry.get('key', '?')} {kernel!r}: {entry.get('actions', '?')} (cached)", file=sys.stderr)
       prog = _by_digest.get(digest) or _from_disk(digest, name, nbufs)
       if prog is not None:
+        prog.pair_last = entry.get("pair") is True
         _by_digest[digest] = prog
         _by_ast[(kernel.ast, alias)] = prog, split
         return prog, split
@@ -270,6 +274,7 @@ def compile_kernel(kernel: Kernel) -> tuple[Program, int | None]:
     opt, actions = optimize(low, "CPU", opt_target(), timer=lambda k: _time_candidate(kernel, k))
     prog, split, digest = _program_for(opt, nbufs, tried=entry["object"] if entry is not None else None)
     if kkey is not None: kernel_cache.store_json("cpu", kkey, {"object": digest, "name": prog.name, "split": split,
+                                                                  "pair": prog.pair_last,
                                                                   "key": kernel_key(low), "actions": format_actions(actions)})
     _by_ast[(kernel.ast, alias)] = prog, split
   return prog, split
@@ -279,6 +284,7 @@ def _program_for(opt: Kernel, nbufs: int, tried: str | None = None) -> tuple[Pro
   """The program for an optimized kernel (rendered, then from the process's programs, the disk or LLVM), the size
   of its thread range and the object's digest. tried: an object digest the disk cache already failed to give."""
   from codegen.llvmir import render
+  from codegen.opt import range_kind
   text, rng = render(opt, "kernel")
   split = rng.src[0].arg if rng is not None else None
   # named by its IR: the same in every process, so a cached object's symbol is the one asked for, and distinct
@@ -287,6 +293,7 @@ def _program_for(opt: Kernel, nbufs: int, tried: str | None = None) -> tuple[Pro
   text = text.replace('@"kernel"', f'@"{name}"').replace("@kernel(", f"@{name}(")
   digest = _cache_key(text)
   prog = _by_digest.get(digest) or _from_ir(text, name, nbufs, digest, tried=tried == digest)
+  prog.pair_last = rng is not None and range_kind(rng)[1] is not None
   _by_digest[digest] = prog
   return prog, split, digest
 
@@ -320,6 +327,7 @@ def _launch(prog: Program, split: int | None, ptrs: list[int], work: int) -> Non
     prog.fn(*ptrs, 0, n)
   else:
     chunks = min(t, n)
+    if prog.pair_last and chunks == n: chunks = n - 1   # (then the last call has at least two tiles)
     bounds = [(n * i // chunks, n * (i + 1) // chunks) for i in range(chunks)]
     futs = [_get_pool().submit(prog.fn, *ptrs, lo, hi) for lo, hi in bounds[1:]]
     prog.fn(*ptrs, *bounds[0])

@@ -90,7 +90,8 @@ def test_rulec_debug_2_prints_the_chosen_actions(fresh, capfd):
 
 
 @pytest.mark.parametrize("acts, msg", [
-  ("UPCAST({n},5)", r"UPCAST\({n},5\): r{n} has size 48, which 5 does not divide"),
+  ("UPCAST({n},64)", r"UPCAST\({n},64\): r{n} has size 48, fewer than 64 lanes"),
+  ("LOCAL({n},5)", r"the CPU renderer does not take LOCAL"),
   ("UPCAST(77,2)", r"r77 is not a store range of this kernel \(those it can take: r\d+\[32\] r\d+\[48\]\)"),
   ("UPCAST({k},2)", r"r{k} is not a store range"),
   ("LOCAL({n},16)", r"the CPU renderer does not take LOCAL"),
@@ -179,12 +180,16 @@ def test_forced_actions_that_apply_do_run(fresh):
   assert _check_actions("CPU", None, "conv", [("UPCAST", 3, 4), ("THREAD", 0, 2)], fresh) >= 1
 
 
-# *** sizes no vector width divides: tiles of a divisor (the CPU) ***
+# *** sizes no vector width divides: tiles of a divisor, or ragged ones (the CPU) ***
+
+def _upcasts(text: str) -> dict[int, int]:
+  return {int(ax): int(n) for ax, n in re.findall(r"UPCAST\((\d+),(\d+)\)", text)}
+
 
 @settings(max_examples=16, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(st.sampled_from([56, 77, 100, 63, 97]), st.sampled_from([91, 100, 130, 64, 97]), st.sampled_from([65, 91, 100, 10, 97]),
+@given(st.sampled_from([56, 77, 100, 63, 97, 9]), st.sampled_from([91, 100, 130, 64, 97]), st.sampled_from([65, 91, 100, 10, 97, 33]),
        st.booleans())
-def test_matmuls_of_sizes_no_width_divides_take_a_divisor_tile_and_agree_with_numpy(fresh, m, k, n, transposed):
+def test_matmuls_of_sizes_no_width_divides_take_a_divisor_or_ragged_tile_and_agree_with_numpy(fresh, m, k, n, transposed):
   rng = np.random.default_rng(m + k * n)
   a = rng.standard_normal((m, k)).astype(np.float32)
   b = rng.standard_normal((n, k) if transposed else (k, n)).astype(np.float32)
@@ -192,12 +197,80 @@ def test_matmuls_of_sizes_no_width_divides_take_a_divisor_tile_and_agree_with_nu
   (kern,) = t.schedule()
   low = decomposed(kern, cpu_device.optional_decompositions())
   from codegen.opt import choose
-  text = format_actions(choose.cpu_actions(low))
-  # a size with a divisor from 4 up (columns) or from 4 to 8 (rows) gets one: 97 is prime
-  tiled = not transposed and n != 97 and m != 97 and m > 8
-  if tiled: assert text.count("UPCAST(") == 2, text
-  if tiled and k == 130: assert "KBLOCK(2,65)" in text, text   # (no power of two from 16 divides 130)
+  text = format_actions(choose.cpu_actions(low, cpu_device.opt_target()))
+  sizes = {r.arg[0]: r.src[0].arg for r in low.ranges}
+  ups = _upcasts(text)
+  # every matmul with more than 8 rows gets rows and columns: a divisor from half the width up where there is one
+  # (100: 25 columns), else the full width with the last tile overlapping (97, 33 columns; 97, 9 rows)
+  if not transposed and m > 8: assert len(ups) == 2, text
+  ragged = any(sizes[ax] % n for ax, n in ups.items())
+  if not transposed and m > 8 and k == 130: assert "KBLOCK(2,65)" in text, text   # (no power of two from 16 divides 130)
+  if not transposed and 97 in (m, n) and m > 8: assert ragged, text
   np.testing.assert_allclose(t.numpy(), a @ (b.T if transposed else b), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("m, k, n", [(1009, 64, 1009), (9, 3, 33), (13, 1, 7), (101, 17, 67)])
+def test_prime_sized_matmuls_take_ragged_tiles_and_agree_with_numpy(fresh, m, k, n):
+  rng = np.random.default_rng(m * n + k)
+  a, b = rng.standard_normal((m, k)).astype(np.float32), rng.standard_normal((k, n)).astype(np.float32)
+  for t, want in ((Tensor(a) @ Tensor(b), a @ b), (Tensor(b.T.copy()) @ Tensor(a.T.copy()), b.T @ a.T),
+                  ((Tensor(a) @ Tensor(b)).relu() + 1, np.maximum(a @ b, 0) + 1)):
+    np.testing.assert_allclose(t.numpy(), want, rtol=1e-4, atol=1e-4)
+  (kern,) = (Tensor(a) @ Tensor(b)).schedule()
+  low = decomposed(kern, cpu_device.optional_decompositions())
+  from codegen.opt import choose
+  text = format_actions(choose.cpu_actions(low, cpu_device.opt_target()))
+  if m > 8 and n > 16: assert any(n_ and r.src[0].arg % n_ for r in low.ranges if (n_ := _upcasts(text).get(r.arg[0]))), text
+
+
+@pytest.mark.parametrize("acts", ["UPCAST({n},5) UPCAST({m},3) THREAD({m})", "UPCAST({m},7) UPCAST({n},16)",
+                                  "UPCAST({n},31)", "THREAD({m}) UPCAST({m},6) UPCAST({n},10)",
+                                  "UPCAST({n},5) UPCAST({m},3) KBLOCK({k},8) THREAD({m})",
+                                  "UPCAST({n},32) UPCAST({m},6) KBLOCK({k},4) THREAD({m})",
+                                  "UPCAST({m},24) KBLOCK({k},2) THREAD({m})"])
+@pytest.mark.parametrize("threads", ["1", "2", "3", "8"])
+def test_forced_ragged_upcasts_compute_the_same(fresh, acts, threads):
+  # with KBLOCK the last tile's lanes that the tile before also computes store back what they find, and the
+  # runtime keeps those two tiles in one thread's call (2 row tiles of 24: one call, whatever the threads)
+  a, b, t = _matmul(m=40, k=24, n=48, seed=4)
+  key, axis = _key_and_axes(t)
+  fresh.setenv("RULEC_OPT", f"{key}={acts.format(m=axis[40], n=axis[48], k=axis[24])}")
+  fresh.setenv("RULEC_THREADS", threads)
+  fresh.setattr(cpu_device, "MIN_SPLIT_WORK", 1)
+  np.testing.assert_allclose(t.numpy(), a @ b, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("tiles, threads, calls", [(2, 2, [(0, 2)]), (3, 8, [(0, 1), (1, 3)]), (5, 2, [(0, 2), (2, 5)]),
+                                                    (4, 4, [(0, 1), (1, 2), (2, 4)])])
+def test_the_last_two_ragged_tiles_run_in_one_call(monkeypatch, tiles, threads, calls):
+  # (a race otherwise: the last tile, under KBLOCK, stores back what it read of the outputs the tile before updates)
+  got = []
+  class Prog:
+    pair_last = True
+  monkeypatch.setenv("RULEC_THREADS", str(threads))
+  prog = Prog()
+  prog.fn = lambda lo, hi: got.append((lo, hi))
+  cpu_device._launch(prog, tiles, [], 1 << 30)
+  assert sorted(got) == calls
+
+
+def test_a_ragged_upcast_is_refused_where_the_kernel_reads_what_it_writes(fresh):
+  # the overlapping last tile would compute outputs from values the tile before already stored
+  x = np.arange(35, dtype=np.float32).reshape(5, 7)
+  t = Tensor(x)
+  t.realize()
+  t.assign(t * 2 + 1)   # reads the buffer it writes: twice would be 4x + 3
+  ks = t.schedule()
+  hit = 0
+  for k in ks:
+    low = decomposed(k, cpu_device.optional_decompositions())
+    if not set(low.outputs) & set(low.inputs): continue
+    r = max(low.ranges, key=lambda r: r.src[0].arg)
+    with pytest.raises(OptError, match="reads a buffer it writes, so the last tile"):
+      apply(low, parse_actions(f"UPCAST({r.arg[0]},4)"), "CPU")
+    hit += 1
+  assert hit
+  np.testing.assert_array_equal(t.numpy(), x * 2 + 1)
 
 
 def test_a_kernel_with_a_reduce_inside_another_takes_a_cpu_tile_and_agrees_with_numpy(fresh):
@@ -431,6 +504,17 @@ def test_gpu_tiles_of_a_convolution_agree_with_numpy(cl_tiles):
   assert "get_local_id" in cl_device.render(t.schedule()[-1]).source
   ref = Tensor(x, device="NUMPY").conv2d(Tensor(w, device="NUMPY"), padding=1).numpy()
   np.testing.assert_allclose(t.numpy(), ref, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("name, picks", [
+  ("matmul", [("UPCAST", 0, 3), ("UPCAST", 1, 5), ("LOCAL", 0, 3)]),
+  ("matmul", [("UPCAST", 0, 3), ("UPCAST", 1, 5), ("LOCAL", 0, 3), ("STAGE", 2, 4)]),
+  ("matmul_bias_relu", [("UPCAST", 1, 3), ("UPCAST", 0, 3)]),
+  ("conv", [("UPCAST", 3, 3), ("UPCAST", 1, 3)]),
+])
+def test_ragged_upcasts_on_the_cl_device_compute_the_same(cl_tiles, name, picks):
+  # the lanes of the last tile, moved back to end at the range's end, in work-items of their own (OpenCL C)
+  assert _check_actions("CL", None, name, picks, cl_tiles) >= 1
 
 
 @settings(max_examples=10, suppress_health_check=[HealthCheck.function_scoped_fixture])

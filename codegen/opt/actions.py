@@ -4,7 +4,9 @@ An action names one transformation of the kernel graph (codegen/opt/transform.py
 applies it) by a range's axis number, the `r<axis>` of `Kernel.render()`:
 
   UPCAST(a,n)   split store range a into a loop of size/n and n lanes computed side by side (register tile,
-                vector lanes); the lanes share every reduce loop nest of the value
+                vector lanes); the lanes share every reduce loop nest of the value. Where n does not divide the
+                size, ceil(size/n) tiles, the last one overlapping the one before (not in a kernel that reads what
+                it writes)
   LOCAL(a,n)    split store range a into work-groups and n work-items of one group (GPUs)
   KBLOCK(a,n)   run reduce range a in blocks of n, the block loop outermost, each block adding into what the
                 previous one stored (the block of the second input stays in cache for every row tile: CPU)

@@ -42,6 +42,9 @@ BODY_TILE_LANES = 128
 # ... and in a kernel of little work (outputs x reduce length below this): 256 lanes of code cost more to compile
 # than they can save in running
 SMALL_TILE_WORK = 1 << 25
+# A range no tile width divides, and no divisor from half the width does either (a prime, 1009; 2 x 509): a tile of
+# the full width anyway, the last one overlapping the one before (a ragged UPCAST, transform.py)
+RAGGED_TILES = True
 K_BLOCK_BYTES = 512 << 10   # the block of the second matrix one block of the reduction reads: fits in L2 ...
 # ... half that with 16-lane tiles: RULEC_SEARCH chose 64-long blocks over 128 for the 1024^3 matmul in both of
 # two runs here (9.6 against 10.0 ms, 7.9 against 8.8), the block loop then re-reading C twice as often
@@ -124,21 +127,30 @@ def tile_ranges(end: UOp, rows_lanes: int, col_lanes: tuple[int, ...] = column_l
   strides = [_stride(i, col, ranges) for i in loads if col in i.toposort()]
   if strides and (any_stride or all(st == 1 for st in strides)):
     cols = next((n for n in col_lanes if col.src[0].arg % n == 0), 0)
-    if not cols and cpu: cols = divisor_at_most(col.src[0].arg, col_lanes[0], 4)
+    if not cols and cpu: cols = _odd_lanes(col.src[0].arg, col_lanes[0], 4)
   if not cols: return none
   row, rows = _tile_row(end, rows_lanes, [i for i in loads if col in i.toposort()], loads, divisor=cpu, exact=cpu)
   return row, rows, col, cols
+
+
+def _odd_lanes(n: int, widest: int, least: int) -> int:
+  """Lanes for a CPU tile along a range of n that no tile width divides: its largest divisor from half of `widest`,
+  else `widest` lanes that do not divide it (a ragged UPCAST, its last tile overlapping the one before) where n is
+  longer, else its largest divisor from `least`."""
+  d = divisor_at_most(n, widest, max(least, widest // 2))
+  if d or not RAGGED_TILES: return d or divisor_at_most(n, widest, least)
+  return widest if n > widest else divisor_at_most(n, widest, least)
 
 
 def _tile_row(end: UOp, rows_lanes: int, col_loads: list[UOp], loads: list[UOp], divisor: bool,
               exact: bool) -> tuple[UOp | None, int]:
   """(row range, row lanes) of a tile, or (None, 0): the innermost store range before the columns that the columns'
   loads do not depend on and another load does, longer than rows_lanes (`exact`: as long, where it is not the
-  outermost store range), which rows_lanes divides (`divisor`: else its largest divisor from half of rows_lanes)."""
+  outermost store range), which rows_lanes divides (`divisor`: else as _odd_lanes picks, from 2)."""
   for row in reversed(end.src[1:-1]):
     n = row.src[0].arg
     if n < rows_lanes or n == rows_lanes and not (exact and row is not end.src[1]): continue
-    rows = rows_lanes if n % rows_lanes == 0 else (divisor_at_most(n, rows_lanes, max(2, rows_lanes // 2)) if divisor else 0)
+    rows = rows_lanes if n % rows_lanes == 0 else (_odd_lanes(n, rows_lanes, 2) if divisor else 0)
     if not rows: continue
     if any(row in i.toposort() for i in col_loads) or not any(row in i.toposort() for i in loads): continue
     return row, rows
@@ -165,13 +177,13 @@ def dot_tile(k: Kernel, end: UOp, lanes: int, tile: tuple[int, int] | None = Non
   col = end.src[-1]
   col_loads = [i for i in loads if col in i.toposort()]
   if not col_loads: return []
-  if col.src[0].arg % cols: cols = 1   # (an odd count of W's rows: one at a time)
+  if col.src[0].arg % cols and not (RAGGED_TILES and col.src[0].arg > cols): cols = 1   # (W's rows one at a time)
   row, r = _tile_row(end, rows, col_loads, loads, divisor=True, exact=False)
   if row is None: return []
   acts = [Action("UPCAST", col.arg[0], cols)] if cols > 1 else []
   acts += [Action("UPCAST", row.arg[0], r), Action("SIMD", kr.arg[0])]
   # column tiles per block, where all of them read more than block_bytes: the largest count within it dividing them
-  tiles, per_tile = col.src[0].arg // cols, cols * kr.src[0].arg * red.dtype.itemsize
+  tiles, per_tile = -(-col.src[0].arg // cols), cols * kr.src[0].arg * red.dtype.itemsize
   b = divisor_at_most(tiles, block_bytes // per_tile, 2) if 0 < block_bytes < tiles * per_tile else 0
   if b >= 2 and cols > 1: acts.append(Action("BLOCK", col.arg[0], b))
   acts.append(Action("THREAD", end.src[1].arg[0]))
@@ -230,7 +242,10 @@ def cpu_actions(k: Kernel, target: CPUTarget | None = None) -> list[Action]:
     out.append(Action("UPCAST", col.arg[0], cols))
   if row is not None:
     out.append(Action("UPCAST", row.arg[0], rows))
-    kb = _k_block(k, end, col.src[0].arg, WIDE_K_BLOCK_BYTES if lanes >= 16 else K_BLOCK_BYTES)
+    # (not after ragged columns: their last tile's lanes each choose between the sum and what is stored, and LLVM's
+    # SLP vectoriser then leaves part of the tile's inner loop scalar: 1024 x 1024 x 1001 in 200 ms against 20
+    # without KBLOCK; ragged rows choose per row and keep it, 1018 x 1024 x 1024 8.5-9.4 ms against 25)
+    kb = 0 if col.src[0].arg % cols else _k_block(k, end, col.src[0].arg, WIDE_K_BLOCK_BYTES if lanes >= 16 else K_BLOCK_BYTES)
     if kb: out.append(Action("KBLOCK", end.src[0].src[1].src[1].arg[0], kb))
   out.append(Action("THREAD", end.src[1].arg[0]))   # the outermost store range (its outer part if upcast)
   return out

@@ -5,8 +5,9 @@ kind the renderers know, or marks a range with a kind. After them the renderers 
 kinds; they choose nothing:
 
   loop      a loop (CPU) or part of the NDRange (CL store ranges)
-  thread    the CPU's loop split across threads (THREAD)
-  upcast    lanes: the range is unrolled, each lane emitted side by side, sharing reduce loops (UPCAST)
+  thread    the CPU's loop split across threads (THREAD); loop:<n> / thread:<n>, the tiles of a ragged UPCAST
+  upcast    lanes: the range is unrolled, each lane emitted side by side, sharing reduce loops (UPCAST);
+            upcast:<size> where the lanes do not divide the range's size: the last tile overlaps the one before
   local     the work-items of one work-group (LOCAL)
   serial    a block loop outside every store loop (KBLOCK's and BLOCK's outer part)
   simd      a CPU reduce loop the loop vectoriser runs in vector lanes, under upcast lanes that are not the vector
@@ -134,6 +135,12 @@ def _joined(outer: UOp, n: int, inner: UOp) -> UOp:
   return UOp(Ops.ADD, dtypes.index, (UOp(Ops.MUL, dtypes.index, (outer, UOp.const(dtypes.index, n))), inner))
 
 
+def _ragged_lane(x: UOp) -> bool:
+  """Whether x is a ragged UPCAST's element index, start + lane (_Applier._ragged)."""
+  return (x.op is Ops.ADD and x.src[1].op is Ops.RANGE and range_kind(x.src[1])[0] == "upcast"
+          and range_kind(x.src[1])[1] is not None and x.src[0].op is Ops.WHERE)
+
+
 def _rebuild(ast: UOp, end: UOp | None, store: UOp, ranges) -> UOp:
   top = store if end is None else UOp(Ops.END, end.dtype, (store, *ranges), end.arg)
   return UOp(Ops.SINK, ast.dtype, (top,), ast.arg)
@@ -160,17 +167,39 @@ class _Applier:
     end = _sole_end(self.ast, a)
     r = _store_range(end, a, ("loop", "thread") if inner_kind == "upcast" else ("loop",))
     n, total = a.amount, size(r)
-    if n < 2 or total % n:
-      raise OptError(f"{a}: r{a.axis} has size {total}, which {n} does not divide into parts of at least 2"
-                     if n >= 2 else f"{a}: the amount must be at least 2")
-    outer = UOp.range(total // n, a.axis, r.arg[1])
-    inner = UOp.range(n, self.new_axis(), inner_kind)
-    expr = _joined(outer, n, inner)
+    if n < 2: raise OptError(f"{a}: the amount must be at least 2")
+    if total % n == 0:
+      outer, inner = UOp.range(total // n, a.axis, r.arg[1]), UOp.range(n, self.new_axis(), inner_kind)
+      expr = _joined(outer, n, inner)
+    elif inner_kind != "upcast" or total < n:
+      raise OptError(f"{a}: r{a.axis} has size {total}, which {n} does not divide" if inner_kind != "upcast" else
+                     f"{a}: r{a.axis} has size {total}, fewer than {n} lanes")
+    else: outer, inner, expr = self._ragged(a, total)
     ranges = []
     for x in end.src[1:]: ranges += [outer, inner] if x is r else [x]
     self.ast = _rebuild(self.ast, end, substitute(end.src[0], {r: expr}), ranges)
     lanes = math.prod(size(x) for x in ranges if range_kind(x)[0] == "upcast")
     if lanes > MAX_LANES: raise OptError(f"{a}: {lanes} lanes in all; a kernel takes at most {MAX_LANES}")
+
+  def _ragged(self, a: Action, total: int) -> tuple[UOp, UOp, UOp]:
+    """UPCAST(a,n) of a range n does not divide: ceil(total / n) tiles of n lanes, the last one moved back to end
+    at the range's end, so it overlaps the one before (min(tile * n, total - n) + lane). Every lane stays in range
+    and the lanes stay neighbours (vector loads), with no guard; the overlapped outputs are computed twice and
+    stored twice, the same value both times, which holds only where the kernel does not read what it writes (KBLOCK,
+    which does, leaves the twice-computed lanes of the last tile as the tile before stored them). The lanes' kind is
+    upcast:<total> and the tiles' loop:<n> (thread:<n> after THREAD): the runtime keeps the last two tiles in one
+    thread's share when the kernel reads what it writes."""
+    n = a.amount
+    if len({id(b) for b in self.k.bufs}) != len(self.k.bufs) or set(self.k.outputs) & set(self.k.inputs):
+      raise OptError(f"{a}: r{a.axis} has size {total}, which {n} does not divide, and the kernel reads a buffer it "
+                     "writes, so the last tile, which overlaps the one before, would compute some outputs from values "
+                     "already stored")
+    r = _store_range(self.ast.src[0], a, ("loop", "thread"))
+    outer = UOp.range(-(-total // n), a.axis, f"{range_kind(r)[0]}:{n}")
+    inner = UOp.range(n, self.new_axis(), f"upcast:{total}")
+    tile, last = UOp(Ops.MUL, dtypes.index, (outer, UOp.const(dtypes.index, n))), UOp.const(dtypes.index, total - n)
+    start = UOp(Ops.WHERE, dtypes.index, (UOp(Ops.CMPLT, dtypes.bool, (tile, last)), tile, last))
+    return outer, inner, UOp(Ops.ADD, dtypes.index, (start, inner))
 
   def upcast(self, a: Action) -> None: self._split(a, "upcast")
 
@@ -195,6 +224,13 @@ class _Applier:
     first = UOp(Ops.CMPLT, dtypes.bool, (block, UOp.const(dtypes.index, 1)))
     before = UOp(Ops.WHERE, red.dtype, (first, UOp.const(red.dtype, 0.0), target))   # what earlier blocks stored
     value = UOp(Ops.ADD, red.dtype, (before, part))
+    # a ragged UPCAST's last tile overlaps the one before, which has added this block already: those lanes store
+    # back what they find
+    again = [UOp(Ops.CMPLT, dtypes.bool, (x, x.src[0].src[1])) for x in st.toposort() if _ragged_lane(x)]
+    if again:
+      twice = again[0]
+      for c in again[1:]: twice = UOp(Ops.OR, dtypes.bool, (twice, c))
+      value = UOp(Ops.WHERE, red.dtype, (twice, target, value))
     self.ast = _rebuild(self.ast, end, UOp(Ops.STORE, st.dtype, (target, value), st.arg), (block, *end.src[1:]))
 
   def _serial_blocks(self, a: Action, r: UOp) -> tuple[UOp, UOp, UOp]:
@@ -216,7 +252,9 @@ class _Applier:
   def thread(self, a: Action) -> None:
     end = _sole_end(self.ast, a)
     if any(range_kind(r)[0] == "thread" for r in end.src[1:]): raise OptError(f"{a}: the kernel has a THREAD range already")
-    self._mark([_store_range(end, a, ("loop",))], "thread")
+    r = _store_range(end, a, ("loop",))
+    lanes = range_kind(r)[1]
+    self._mark([r], "thread" if lanes is None else f"thread:{lanes}")
 
   def block(self, a: Action) -> None:
     """Store range a in blocks of n: its outer part a `serial` loop outside every other store loop (the threads
