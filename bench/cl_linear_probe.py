@@ -1,6 +1,6 @@
-"""x @ W.T (nn.Linear's product) on the CL device for sums of several lengths, beside torch: the lengths no power of
-two divides take STAGE blocks of a divisor (codegen/opt/choose.py gpu_tile); before, they got no tile and read W's
-rows across the lanes. Device-side kernel times on resident buffers (bench/cl_kernels.py's harness), medians.
+"""x @ W.T (nn.Linear's product) and a @ b on the CL device for sums of several lengths and prime sizes, beside
+torch: the lengths no power of two divides take STAGE blocks of a divisor (codegen/opt/choose.py gpu_tile), those
+with no divisor from 4 (4099) ragged blocks of 16, and prime rows and columns (1009) ragged tiles and work-groups. Device-side kernel times on resident buffers (bench/cl_kernels.py's harness), medians.
 
 Run: python bench/cl_linear_probe.py [scale]   (bench/h200.sh linprobe)
 """
@@ -22,10 +22,17 @@ def main():
   for line in ck.machine_info(): print(line)
   dev = cl_device.get_device()
   rows = []
-  for m, k, n in ((1024, 1024, 1024), (1024, 1023, 1024), (1024, 1000, 1024), (1000, 781, 500), (2048, 4099, 512)):
+  shapes = [(1024, 1024, 1024, True), (1024, 1023, 1024, True), (1024, 1000, 1024, True), (1000, 781, 500, True),
+            (2048, 4099, 512, True), (1009, 1009, 1009, True), (1009, 1009, 1009, False), (1024, 1024, 1024, False),
+            (1018, 1024, 1024, False), (512, 4099, 512, False)]
+  for m, k, n, transposed in shapes:
     m, n = max(8, m // scale), max(8, n // scale)
-    w = Workload(f"x @ W.T {m}x{k} @ ({n}x{k}).T", [(m, k), (n, k)], lambda a, b: a @ b.T, lambda a, b: a @ b.T,
-                 lambda a, b: a @ b.T, torch=lambda a, b: a @ b.T, flops=2 * m * k * n, rtol=1e-3, atol=1e-3)
+    if transposed:
+      w = Workload(f"x @ W.T {m}x{k} @ ({n}x{k}).T", [(m, k), (n, k)], lambda a, b: a @ b.T, lambda a, b: a @ b.T,
+                   lambda a, b: a @ b.T, torch=lambda a, b: a @ b.T, flops=2 * m * k * n, rtol=1e-3, atol=1e-3)
+    else:
+      w = Workload(f"a @ b {m}x{k} @ {k}x{n}", [(m, k), (k, n)], lambda a, b: a @ b, lambda a, b: a @ b,
+                   lambda a, b: a @ b, torch=lambda a, b: a @ b, flops=2 * m * k * n, rtol=1e-3, atol=1e-3)
     failures: list[str] = []
     inp = Inputs(w, 0)
     ck.time_rulec(w, inp, failures, 7)
@@ -34,7 +41,8 @@ def main():
       ck.time_torch(w, inp, [], 7)
       t = w.results["torch_resident"]
     from engine.tensor import Tensor
-    (kern,) = (Tensor(inp.sets[0][0], device="CL") @ Tensor(inp.sets[0][1], device="CL").T).schedule()
+    b = Tensor(inp.sets[0][1], device="CL")
+    (kern,) = (Tensor(inp.sets[0][0], device="CL") @ (b.T if transposed else b)).schedule()
     acts = format_actions(choose.cl_actions(decomposed(kern, dev.optional), dev.target))
     r = w.results["resident"]
     rows.append([w.name, acts, f"{r:.3f}", f"{t:.3f}", f"{t / r:.2f}", "FAIL" if failures else "ok"])

@@ -90,7 +90,7 @@ def test_rulec_debug_2_prints_the_chosen_actions(fresh, capfd):
 
 
 @pytest.mark.parametrize("acts, msg", [
-  ("UPCAST({n},64)", r"UPCAST\({n},64\): r{n} has size 48, fewer than 64 lanes"),
+  ("UPCAST({n},64)", r"UPCAST\({n},64\): r{n} has size 48, fewer than 64"),
   ("LOCAL({n},5)", r"the CPU renderer does not take LOCAL"),
   ("UPCAST(77,2)", r"r77 is not a store range of this kernel \(those it can take: r\d+\[32\] r\d+\[48\]\)"),
   ("UPCAST({k},2)", r"r{k} is not a store range"),
@@ -443,7 +443,7 @@ def test_stage_puts_a_tiles_blocks_in_local_memory_and_agrees_with_numpy(cl_dev,
 
 @pytest.mark.parametrize("acts, msg", [
   ("STAGE(2,16)", "comes after UPCAST and LOCAL"),
-  ("UPCAST(0,4) UPCAST(1,4) LOCAL(0,4) LOCAL(1,8) STAGE(2,5)", "which 5 does not divide"),
+  ("UPCAST(0,4) UPCAST(1,4) LOCAL(0,4) LOCAL(1,8) STAGE(2,64)", "blocks of 64 must be at least 2 and fewer"),
   ("UPCAST(0,4) UPCAST(1,4) LOCAL(0,4) LOCAL(1,8) STAGE(1,16)", "not a reduce range"),
   ("UPCAST(0,4) UPCAST(1,4) LOCAL(0,4) LOCAL(1,8) STAGE(2,16) STAGE(2,4)", "already"),
 ])
@@ -509,11 +509,15 @@ def test_gpu_tiles_of_a_convolution_agree_with_numpy(cl_tiles):
 @pytest.mark.parametrize("name, picks", [
   ("matmul", [("UPCAST", 0, 3), ("UPCAST", 1, 5), ("LOCAL", 0, 3)]),
   ("matmul", [("UPCAST", 0, 3), ("UPCAST", 1, 5), ("LOCAL", 0, 3), ("STAGE", 2, 4)]),
+  ("matmul", [("UPCAST", 0, 3), ("UPCAST", 1, 5), ("LOCAL", 0, 3), ("STAGE", 2, 5)]),   # 24 in blocks of 5
+  ("linear", [("UPCAST", 0, 3), ("UPCAST", 1, 3), ("LOCAL", 0, 3), ("LOCAL", 1, 2), ("STAGE", 2, 16)]),
+  ("matmul", [("UPCAST", 0, 2), ("LOCAL", 0, 3), ("UPCAST", 1, 4), ("LOCAL", 1, 3), ("STAGE", 2, 7)]),
   ("matmul_bias_relu", [("UPCAST", 1, 3), ("UPCAST", 0, 3)]),
   ("conv", [("UPCAST", 3, 3), ("UPCAST", 1, 3)]),
 ])
 def test_ragged_upcasts_on_the_cl_device_compute_the_same(cl_tiles, name, picks):
-  # the lanes of the last tile, moved back to end at the range's end, in work-items of their own (OpenCL C)
+  # the lanes of the last tile (and the work-items of the last group), moved back to end at the range's end; STAGE
+  # blocks past the sum's end adding nothing
   assert _check_actions("CL", None, name, picks, cl_tiles) >= 1
 
 
@@ -587,6 +591,23 @@ def test_the_gpu_tile_is_the_largest_that_still_fills_the_device():
   (k,) = mm.schedule()
   assert any(a.op == "STAGE" for a in cl_actions(decomposed(k), gpu))   # the matmul's blocks staged in local memory
   assert ups(mm, Target(group=0, vector=0, tile=0)) == []
+
+
+@pytest.mark.parametrize("m, k, n, transposed", [(1009, 1009, 1009, False), (1024, 4099, 512, False), (2048, 4099, 512, True),
+                                                 (1018, 1024, 1024, False)])
+def test_gpu_tiles_of_prime_sizes_are_ragged(m, k, n, transposed):
+  # rows and columns no tile divides take ragged tiles and work-groups, a sum with no divisor from 4 ragged STAGE
+  # blocks of 16; before, a prime size got one work-item per output, a prime sum no STAGE
+  from codegen.opencl import Target
+  from codegen.opt.choose import cl_actions
+  b = Tensor.empty(n, k).T if transposed else Tensor.empty(k, n)
+  (kern,) = (Tensor.empty(m, k) @ b).schedule()
+  low = decomposed(kern)
+  acts = cl_actions(low, Target(group=512, vector=4, tile=256, units=132))
+  sizes = {r.arg[0]: r.src[0].arg for r in low.ranges}
+  assert [a.op for a in acts].count("UPCAST") == 2 and [a.op for a in acts].count("LOCAL") == 2, acts
+  assert any(a.op == "STAGE" for a in acts), acts
+  if k == 4099: assert any(a.op == "STAGE" and a.amount == 16 for a in acts), acts
 
 
 # *** RULEC_SEARCH ***

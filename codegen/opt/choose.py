@@ -63,6 +63,7 @@ GPU_TILES = ((8, 8), (8, 4), (4, 4), (2, 4))   # a work-item's register tile on 
 GPU_ITEMS_PER_UNIT = 192       # ... the first that leaves at least this many work-items per compute unit
 GPU_LOCAL = (8, 16)            # work-items of one group along rows and columns (at most)
 GPU_STAGE = 16                 # a tile's reduction in blocks of this many, staged in local memory (STAGE); 0: never
+GPU_RAGGED = True              # ranges no tile divides (primes) take ragged tiles, work-groups and STAGE blocks
 GPU_STAGE_SEVERAL = False      # ... also a reduction over several ranges (a convolution): slower on the H200 (0.300 ms
 # staged at best, 0.211 unstaged: bench/results/h200-cl-2026-12-03-session9-sweep-conv-linear.txt), so RULEC_SEARCH only
 # (H200, bench/results/h200-cl-2026-12-03-session8-stage.txt, resident: matmul 1024^3 with STAGE(k,16) and 8x16
@@ -99,7 +100,7 @@ def divisor_at_most(n: int, most: int, least: int = 1) -> int:
 
 
 def tile_ranges(end: UOp, rows_lanes: int, col_lanes: tuple[int, ...] = column_lanes(),
-                any_stride: bool = False, cpu: bool = False) -> tuple[UOp | None, int, UOp | None, int]:
+                any_stride: bool = False, cpu: bool = False, ragged: bool = False) -> tuple[UOp | None, int, UOp | None, int]:
   """(row range, row lanes, column range, column lanes) of a register tile, (None, 0, None, 0) parts where none.
 
   Pays where a reduction's inner loop reads memory that neighbouring outputs share or that lies side by side
@@ -116,7 +117,9 @@ def tile_ranges(end: UOp, rows_lanes: int, col_lanes: tuple[int, ...] = column_l
     threads);
   - reduces nested in others (a max pool's backward: the window's max inside the sum). The digits CNN's conv2
     input gradient is such a kernel: 1.9 -> 0.97 ms with an 8 x 8 tile, the whole train step 6.5 -> 4.7 ms, its
-    losses bit for bit the same."""
+    losses bit for bit the same.
+
+  `ragged` (a GPU's tiles): a size none of those divides takes them anyway, the last tile overlapping the one before."""
   none = (None, 0, None, 0)
   if len(end.src) < 2: return none
   reduces = [x for x in end.src[0].toposort() if x.op is Ops.REDUCE]
@@ -128,8 +131,10 @@ def tile_ranges(end: UOp, rows_lanes: int, col_lanes: tuple[int, ...] = column_l
   if strides and (any_stride or all(st == 1 for st in strides)):
     cols = next((n for n in col_lanes if col.src[0].arg % n == 0), 0)
     if not cols and cpu: cols = _odd_lanes(col.src[0].arg, col_lanes[0], 4)
+    if not cols and ragged and col.src[0].arg > col_lanes[0]: cols = col_lanes[0]
   if not cols: return none
-  row, rows = _tile_row(end, rows_lanes, [i for i in loads if col in i.toposort()], loads, divisor=cpu, exact=cpu)
+  row, rows = _tile_row(end, rows_lanes, [i for i in loads if col in i.toposort()], loads, divisor=cpu, exact=cpu,
+                        ragged=ragged)
   return row, rows, col, cols
 
 
@@ -143,14 +148,15 @@ def _odd_lanes(n: int, widest: int, least: int) -> int:
 
 
 def _tile_row(end: UOp, rows_lanes: int, col_loads: list[UOp], loads: list[UOp], divisor: bool,
-              exact: bool) -> tuple[UOp | None, int]:
+              exact: bool, ragged: bool = False) -> tuple[UOp | None, int]:
   """(row range, row lanes) of a tile, or (None, 0): the innermost store range before the columns that the columns'
   loads do not depend on and another load does, longer than rows_lanes (`exact`: as long, where it is not the
   outermost store range), which rows_lanes divides (`divisor`: else as _odd_lanes picks, from 2)."""
   for row in reversed(end.src[1:-1]):
     n = row.src[0].arg
     if n < rows_lanes or n == rows_lanes and not (exact and row is not end.src[1]): continue
-    rows = rows_lanes if n % rows_lanes == 0 else (_odd_lanes(n, rows_lanes, 2) if divisor else 0)
+    rows = rows_lanes if n % rows_lanes == 0 else (_odd_lanes(n, rows_lanes, 2) if divisor else
+                                                   rows_lanes if ragged and n > rows_lanes else 0)
     if not rows: continue
     if any(row in i.toposort() for i in col_loads) or not any(row in i.toposort() for i in loads): continue
     return row, rows
@@ -308,22 +314,30 @@ def _vector_width(k: Kernel, end: UOp, target) -> int:
   return n if _applies(k, "CL", Action("VECTOR", None, n)) else 0
 
 
+def _group_side(tiles: int, most: int, ragged: bool) -> int:
+  """Work-items along one side of a work-group over `tiles` tiles: the largest divisor up to `most`, or with
+  `ragged`, `most` itself where no divisor from half of it divides (the last group overlapping the one before)."""
+  d = divisor_at_most(tiles, most)
+  return most if ragged and d < most // 2 and tiles > most else d
+
+
 def gpu_tile(k: Kernel, tile: tuple[int, int], local: tuple[int, int], target, stage: int = 0,
-             several: bool = False) -> list[Action] | None:
+             several: bool = False, ragged: bool = False) -> list[Action] | None:
   """A register tile of tile (rows, columns) per work-item in work-groups of at most local (rows, columns) and
   target.tile work-items, its reduction staged in local memory in blocks of `stage` where STAGE applies (a sum
   over one range, matmul; with `several`, also a sum over several ranges, a convolution: not measured on a GPU
   yet, so only RULEC_SEARCH tries it); None where the kernel has no such tile."""
   end = _sole_end(k)
   if end is None: return None
-  row, rows, col, cols = tile_ranges(end, tile[0], (tile[1],))
+  row, rows, col, cols = tile_ranges(end, tile[0], (tile[1],), ragged=ragged)
   # columns whose loads do not read neighbouring elements (a matmul by a transposed weight, x @ W.T) still make a
   # tile when its blocks are staged: the lanes read them from local memory
   staged_only = stage and (row is None or col is None)
-  if staged_only: row, rows, col, cols = tile_ranges(end, tile[0], (tile[1],), any_stride=True)
+  if staged_only: row, rows, col, cols = tile_ranges(end, tile[0], (tile[1],), any_stride=True, ragged=ragged)
   if row is None or col is None: return None
-  lc = divisor_at_most(col.src[0].arg // cols, local[1])
-  lr = divisor_at_most(row.src[0].arg // rows, min(local[0], target.tile // max(lc, 1)))
+  # (work-groups ragged whenever GPU_RAGGED: 1018 rows in tiles of 2 leave 509, which nothing from 4 to 8 divides)
+  lc = _group_side(-(-col.src[0].arg // cols), local[1], GPU_RAGGED)
+  lr = _group_side(-(-row.src[0].arg // rows), min(local[0], target.tile // max(lc, 1)), GPU_RAGGED)
   out = [Action("UPCAST", row.arg[0], rows), Action("UPCAST", col.arg[0], cols)]
   if lc > 1: out.append(Action("LOCAL", col.arg[0], lc))
   if lr > 1: out.append(Action("LOCAL", row.arg[0], lr))
@@ -335,8 +349,13 @@ def gpu_tile(k: Kernel, tile: tuple[int, int], local: tuple[int, int], target, s
     # a sum no power of two from 4 divides (1023, 781): its largest divisor up to `stage`, before blocks of 2 or 3
     # k-steps between barriers (x @ W.T unstaged reads W's rows across the lanes: 4.48 ms against 0.084 staged for
     # 1024^3 on the H200)
-    odd = divisor_at_most(reduces[0].src[1].src[0].arg, stage, 2)
-    blocks = [b for b in halves if b >= 4] + ([odd] if odd and odd not in halves else []) + [b for b in halves if b < 4]
+    total = reduces[0].src[1].src[0].arg
+    odd = divisor_at_most(total, stage, 2)
+    # ... and a sum with no divisor from 4 up (a prime, 4099): blocks of `stage`, the last one's steps past the end
+    # adding nothing (STAGE clamps their loads)
+    blocks = [b for b in halves if b >= 4 and total % b == 0] + ([odd] if odd >= 4 and odd not in halves else [])
+    blocks += [stage] if GPU_RAGGED and total > stage else []
+    blocks += ([odd] if 2 <= odd < 4 else []) + [b for b in halves if b < 4 and total % b == 0]
     for n in blocks:
       act = Action("STAGE", reduces[0].src[1].arg[0], n)
       if _applies(k, "CL", *out, act): return out + [act]
@@ -367,9 +386,10 @@ def cl_actions(k: Kernel, target) -> list[Action]:
     outputs = math.prod(r.src[0].arg for r in end.src[1:])
     need = GPU_ITEMS_PER_UNIT * max(1, target.units)
     first = next((i for i, (tr, tc) in enumerate(GPU_TILES) if outputs // (tr * tc) >= need), len(GPU_TILES) - 1)
-    for tile in GPU_TILES[first:]:   # the largest tile that fills the device, else smaller ones that apply
-      acts = gpu_tile(k, tile, GPU_LOCAL, target, GPU_STAGE, GPU_STAGE_SEVERAL)
-      if acts is not None: return acts
+    for ragged in (False, True):   # tiles that divide the ranges first
+      for tile in GPU_TILES[first:]:   # the largest tile that fills the device, else smaller ones that apply
+        acts = gpu_tile(k, tile, GPU_LOCAL, target, GPU_STAGE, GPU_STAGE_SEVERAL, ragged=ragged and GPU_RAGGED)
+        if acts is not None: return acts
   return []
 
 

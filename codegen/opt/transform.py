@@ -8,7 +8,7 @@ kinds; they choose nothing:
   thread    the CPU's loop split across threads (THREAD); loop:<n> / thread:<n>, the tiles of a ragged UPCAST
   upcast    lanes: the range is unrolled, each lane emitted side by side, sharing reduce loops (UPCAST);
             upcast:<size> where the lanes do not divide the range's size: the last tile overlaps the one before
-  local     the work-items of one work-group (LOCAL)
+  local     the work-items of one work-group (LOCAL); local:<size> where they do not divide the range (as upcast)
   serial    a block loop outside every store loop (KBLOCK's and BLOCK's outer part)
   simd      a CPU reduce loop the loop vectoriser runs in vector lanes, under upcast lanes that are not the vector
             (SIMD)
@@ -20,7 +20,9 @@ kinds; they choose nothing:
             the one reduction (GRID); the last group to finish combines their partial results
   stage:n   the outer part of a register tile's reduce range, in blocks of n (STAGE), first among the reduction's
             ranges: per block the work-group copies what its staged loads read (over the block's part of the range
-            and the reduction's other ranges) into local memory together, then the lanes read it from there
+            and the reduction's other ranges) into local memory together, then the lanes read it from there; where n
+            does not divide the range, the last block's steps past its end read its last element and add the
+            reduction's identity
 
 Each action checks that it applies (an OptError says why not, naming the action and the ranges
 there are), so an action list a user forces can never change what a kernel computes.
@@ -33,6 +35,7 @@ from codegen.opt.actions import Action, OptError
 from engine.dtypes import dtypes
 from engine.ops import Ops
 from engine.rewrite import substitute
+from engine.sched.indexing import identity_element
 from engine.uop import UOp
 from runtime.kernel import Kernel
 
@@ -136,8 +139,8 @@ def _joined(outer: UOp, n: int, inner: UOp) -> UOp:
 
 
 def _ragged_lane(x: UOp) -> bool:
-  """Whether x is a ragged UPCAST's element index, start + lane (_Applier._ragged)."""
-  return (x.op is Ops.ADD and x.src[1].op is Ops.RANGE and range_kind(x.src[1])[0] == "upcast"
+  """Whether x is a ragged UPCAST's (or LOCAL's) element index, start + lane (_Applier._ragged)."""
+  return (x.op is Ops.ADD and x.src[1].op is Ops.RANGE and range_kind(x.src[1])[0] in ("upcast", "local")
           and range_kind(x.src[1])[1] is not None and x.src[0].op is Ops.WHERE)
 
 
@@ -171,18 +174,16 @@ class _Applier:
     if total % n == 0:
       outer, inner = UOp.range(total // n, a.axis, r.arg[1]), UOp.range(n, self.new_axis(), inner_kind)
       expr = _joined(outer, n, inner)
-    elif inner_kind != "upcast" or total < n:
-      raise OptError(f"{a}: r{a.axis} has size {total}, which {n} does not divide" if inner_kind != "upcast" else
-                     f"{a}: r{a.axis} has size {total}, fewer than {n} lanes")
-    else: outer, inner, expr = self._ragged(a, total)
+    elif total < n: raise OptError(f"{a}: r{a.axis} has size {total}, fewer than {n}")
+    else: outer, inner, expr = self._ragged(a, total, inner_kind)
     ranges = []
     for x in end.src[1:]: ranges += [outer, inner] if x is r else [x]
     self.ast = _rebuild(self.ast, end, substitute(end.src[0], {r: expr}), ranges)
     lanes = math.prod(size(x) for x in ranges if range_kind(x)[0] == "upcast")
     if lanes > MAX_LANES: raise OptError(f"{a}: {lanes} lanes in all; a kernel takes at most {MAX_LANES}")
 
-  def _ragged(self, a: Action, total: int) -> tuple[UOp, UOp, UOp]:
-    """UPCAST(a,n) of a range n does not divide: ceil(total / n) tiles of n lanes, the last one moved back to end
+  def _ragged(self, a: Action, total: int, kind: str) -> tuple[UOp, UOp, UOp]:
+    """UPCAST(a,n) (or LOCAL) of a range n does not divide: ceil(total / n) tiles of n lanes, the last one moved back to end
     at the range's end, so it overlaps the one before (min(tile * n, total - n) + lane). Every lane stays in range
     and the lanes stay neighbours (vector loads), with no guard; the overlapped outputs are computed twice and
     stored twice, the same value both times, which holds only where the kernel does not read what it writes (KBLOCK,
@@ -196,7 +197,7 @@ class _Applier:
                      "already stored")
     r = _store_range(self.ast.src[0], a, ("loop", "thread"))
     outer = UOp.range(-(-total // n), a.axis, f"{range_kind(r)[0]}:{n}")
-    inner = UOp.range(n, self.new_axis(), f"upcast:{total}")
+    inner = UOp.range(n, self.new_axis(), f"{kind}:{total}")
     tile, last = UOp(Ops.MUL, dtypes.index, (outer, UOp.const(dtypes.index, n))), UOp.const(dtypes.index, total - n)
     start = UOp(Ops.WHERE, dtypes.index, (UOp(Ops.CMPLT, dtypes.bool, (tile, last)), tile, last))
     return outer, inner, UOp(Ops.ADD, dtypes.index, (start, inner))
@@ -350,14 +351,19 @@ class _Applier:
     if range_kind(k)[0] not in ("loop", "reduce"): raise OptError(f"{a}: r{a.axis} is a {k.arg[1]} range already")
     if any(x.op is Ops.REDUCE for x in red.src[0].toposort()):
       raise OptError(f"{a}: takes a reduction with no reduction inside it")
-    if n < 2 or size(k) % n: raise OptError(f"{a}: r{a.axis} has size {size(k)}, which {n} does not divide into blocks of at least 2"
-                                            if n >= 2 else f"{a}: the amount must be at least 2")
-    outer = UOp.range(size(k) // n, a.axis, f"stage:{n}")
+    if n < 2 or n >= size(k): raise OptError(f"{a}: r{a.axis} has size {size(k)}; blocks of {n} must be at least 2 and fewer")
+    outer = UOp.range(-(-size(k) // n), a.axis, f"stage:{n}")
     inner = UOp.range(n, self.new_axis(), k.arg[1])
     at = _joined(outer, n, inner)
+    body = substitute(red.src[0], {k: at})
+    if size(k) % n:   # a last block past the range's end: its loads clamped into range, its terms the identity
+      last = UOp.const(dtypes.index, size(k) - 1)
+      inside = UOp(Ops.CMPLT, dtypes.bool, (at, UOp.const(dtypes.index, size(k))))
+      body = substitute(red.src[0], {k: UOp(Ops.WHERE, dtypes.index, (inside, at, last))})
+      body = UOp(Ops.WHERE, red.dtype, (inside, body, UOp.const(red.dtype, identity_element(red.arg, red.dtype))))
     # (the block range first, then the block's part of a and the reduction's other ranges, as they were)
     rest = [inner if r is k else r for r in red.src[1:]]
-    new = UOp(Ops.REDUCE, red.dtype, (substitute(red.src[0], {k: at}), outer, *rest), red.arg)
+    new = UOp(Ops.REDUCE, red.dtype, (body, outer, *rest), red.arg)
     loads = staged_loads(new, ends)
     if not loads: raise OptError(f"{a}: no load of the reduction depends on r{a.axis} and the store ranges only")
     need = sum(math.prod(size(r) for r in staged_dims(x, ends) + block_dims(x, new)) * max(4, x.dtype.itemsize) for x in loads)
