@@ -43,13 +43,23 @@ def main():
     from engine.tensor import Tensor
     b = Tensor(inp.sets[0][1], device="CL")
     (kern,) = (Tensor(inp.sets[0][0], device="CL") @ (b.T if transposed else b)).schedule()
-    acts = format_actions(choose.cl_actions(decomposed(kern, dev.optional), dev.target))
+    low = decomposed(kern, dev.optional)
+    acts = format_actions(choose.cl_actions(low, dev.target))
     r = w.results["resident"]
-    rows.append([w.name, acts, f"{r:.3f}", f"{t:.3f}", f"{t / r:.2f}", "FAIL" if failures else "ok"])
+    # the same without ragged tiles, work-groups and STAGE blocks (choose.GPU_RAGGED), where that chooses otherwise
+    choose.GPU_RAGGED = False
+    before, old_acts = "", format_actions(choose.cl_actions(low, dev.target))
+    if old_acts != acts:
+      cl_device._by_ast.clear()
+      ck.time_rulec(w, inp, failures, 3)
+      before = f"{w.results['resident']:.3f} ({old_acts})"
+    choose.GPU_RAGGED = True
+    rows.append([w.name, acts, f"{r:.3f}", f"{t:.3f}", f"{t / r:.2f}", before, "FAIL" if failures else "ok"])
     print("  ", rows[-1]); sys.stdout.flush()
     cl_device._by_ast.clear()
   print()
-  print_table(["workload", "actions", "rulec kernel ms (resident)", "torch ms (resident)", "vs torch", "check"], rows)
+  print_table(["workload", "actions", "rulec kernel ms (resident)", "torch ms (resident)", "vs torch",
+               "without ragged: ms (actions)", "check"], rows)
 
 
 if __name__ == "__main__":
