@@ -21,8 +21,7 @@ kinds; they choose nothing:
   stage:n   the outer part of a register tile's reduce range, in blocks of n (STAGE), first among the reduction's
             ranges: per block the work-group copies what its staged loads read (over the block's part of the range
             and the reduction's other ranges) into local memory together, then the lanes read it from there; where n
-            does not divide the range, the last block's steps past its end read its last element and add the
-            reduction's identity
+            does not divide the range, the steps after the last whole block are a reduction of their own, unstaged
 
 Each action checks that it applies (an OptError says why not, naming the action and the ranges
 there are), so an action list a user forces can never change what a kernel computes.
@@ -35,7 +34,6 @@ from codegen.opt.actions import Action, OptError
 from engine.dtypes import dtypes
 from engine.ops import Ops
 from engine.rewrite import substitute
-from engine.sched.indexing import identity_element
 from engine.uop import UOp
 from runtime.kernel import Kernel
 
@@ -352,23 +350,23 @@ class _Applier:
     if any(x.op is Ops.REDUCE for x in red.src[0].toposort()):
       raise OptError(f"{a}: takes a reduction with no reduction inside it")
     if n < 2 or n >= size(k): raise OptError(f"{a}: r{a.axis} has size {size(k)}; blocks of {n} must be at least 2 and fewer")
-    outer = UOp.range(-(-size(k) // n), a.axis, f"stage:{n}")
+    whole = size(k) - size(k) % n
+    outer = UOp.range(whole // n, a.axis, f"stage:{n}")
     inner = UOp.range(n, self.new_axis(), k.arg[1])
-    at = _joined(outer, n, inner)
-    body = substitute(red.src[0], {k: at})
-    if size(k) % n:   # a last block past the range's end: its loads clamped into range, its terms the identity
-      last = UOp.const(dtypes.index, size(k) - 1)
-      inside = UOp(Ops.CMPLT, dtypes.bool, (at, UOp.const(dtypes.index, size(k))))
-      body = substitute(red.src[0], {k: UOp(Ops.WHERE, dtypes.index, (inside, at, last))})
-      body = UOp(Ops.WHERE, red.dtype, (inside, body, UOp.const(red.dtype, identity_element(red.arg, red.dtype))))
     # (the block range first, then the block's part of a and the reduction's other ranges, as they were)
     rest = [inner if r is k else r for r in red.src[1:]]
-    new = UOp(Ops.REDUCE, red.dtype, (body, outer, *rest), red.arg)
+    new = UOp(Ops.REDUCE, red.dtype, (substitute(red.src[0], {k: _joined(outer, n, inner)}), outer, *rest), red.arg)
     loads = staged_loads(new, ends)
     if not loads: raise OptError(f"{a}: no load of the reduction depends on r{a.axis} and the store ranges only")
     need = sum(math.prod(size(r) for r in staged_dims(x, ends) + block_dims(x, new)) * max(4, x.dtype.itemsize) for x in loads)
     if need > MAX_STAGED_BYTES:
       raise OptError(f"{a}: its blocks need {need} bytes of local memory; at most {MAX_STAGED_BYTES}")
+    if whole < size(k):   # the steps after the last whole block: a reduction of their own, unstaged, combined after
+      tail = UOp.range(size(k) - whole, self.new_axis(), k.arg[1])
+      fresh = {r: UOp.range(size(r), self.new_axis(), r.arg[1]) for r in red.src[1:] if r is not k}
+      at = UOp(Ops.ADD, dtypes.index, (UOp.const(dtypes.index, whole), tail))
+      rest = [tail if r is k else fresh[r] for r in red.src[1:]]
+      new = UOp(red.arg, red.dtype, (new, UOp(Ops.REDUCE, red.dtype, (substitute(red.src[0], {k: at, **fresh}), *rest), red.arg)))
     self.ast = _rebuild(self.ast, end, substitute(end.src[0], {red: new}), ends)
 
   def grid(self, a: Action) -> None:
