@@ -341,10 +341,13 @@ def test_x_times_w_transposed_takes_a_dot_tile_in_column_blocks(fresh):
   np.testing.assert_array_equal(x.numpy(), np.full((64, 32), 128, np.float32))
 
 
-@pytest.mark.parametrize("m, k, n", [(64, 33, 64), (32, 77, 96), (48, 26, 32)])
-def test_x_times_w_transposed_with_a_sum_no_power_of_two_divides_is_staged_in_a_divisors_blocks(cl_tiles, m, k, n):
-  # W's rows across the lanes are only read well from local memory: a sum of 33 (77, 26) takes blocks of 11 (11, 13)
+@pytest.mark.parametrize("m, k, n, ragged", [(64, 33, 64, True), (32, 77, 96, True), (48, 26, 32, True),
+                                             (64, 33, 64, False), (32, 77, 96, False), (48, 26, 32, False)])
+def test_x_times_w_transposed_with_a_sum_no_power_of_two_divides_is_staged(cl_tiles, m, k, n, ragged):
+  # W's rows across the lanes are only read well from local memory: a sum of 33 (77, 26) takes blocks of 16, the
+  # steps after the last whole block a sum of their own; without ragged tiles, blocks of a divisor, 11 (11, 13)
   from codegen.opt import choose
+  cl_tiles.setattr(choose, "GPU_RAGGED", ragged)
   from runtime import cl_device
   rng = np.random.default_rng(k)
   a, w = rng.standard_normal((m, k)).astype(np.float32), rng.standard_normal((n, k)).astype(np.float32)
@@ -352,7 +355,7 @@ def test_x_times_w_transposed_with_a_sum_no_power_of_two_divides_is_staged_in_a_
   (kern,) = t.schedule()
   dev = cl_device.get_device()
   text = format_actions(choose.cl_actions(decomposed(kern, dev.optional), dev.target))
-  assert re.search(r"STAGE\(\d+,(11|13)\)", text), text
+  assert re.search(r"STAGE\(\d+,16\)" if ragged else r"STAGE\(\d+,(11|13)\)", text), text
   np.testing.assert_allclose(t.numpy(), a @ w.T, rtol=1e-4, atol=1e-4)
 
 
