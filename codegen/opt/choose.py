@@ -64,6 +64,8 @@ GPU_ITEMS_PER_UNIT = 192       # ... the first that leaves at least this many wo
 GPU_LOCAL = (8, 16)            # work-items of one group along rows and columns (at most)
 GPU_STAGE = 16                 # a tile's reduction in blocks of this many, staged in local memory (STAGE); 0: never
 GPU_RAGGED = True              # ranges no tile divides (primes) take ragged tiles, work-groups and STAGE blocks
+RAGGED_EARLY_WASTE = 1 / 16    # ... a ragged tile before a smaller one that divides, where it computes at most this
+                               # much more than the outputs (its overlap)
 GPU_STAGE_SEVERAL = False      # ... also a reduction over several ranges (a convolution): slower on the H200 (0.300 ms
 # staged at best, 0.211 unstaged: bench/results/h200-cl-2026-12-03-session9-sweep-conv-linear.txt), so RULEC_SEARCH only
 # (H200, bench/results/h200-cl-2026-12-03-session8-stage.txt, resident: matmul 1024^3 with STAGE(k,16) and 8x16
@@ -324,7 +326,7 @@ def _group_side(tiles: int, most: int, ragged: bool) -> int:
 
 
 def gpu_tile(k: Kernel, tile: tuple[int, int], local: tuple[int, int], target, stage: int = 0,
-             several: bool = False, ragged: bool = False) -> list[Action] | None:
+             several: bool = False, ragged: bool = False, max_waste: float | None = None) -> list[Action] | None:
   """A register tile of tile (rows, columns) per work-item in work-groups of at most local (rows, columns) and
   target.tile work-items, its reduction staged in local memory in blocks of `stage` where STAGE applies (a sum
   over one range, matmul; with `several`, also a sum over several ranges, a convolution: not measured on a GPU
@@ -340,6 +342,10 @@ def gpu_tile(k: Kernel, tile: tuple[int, int], local: tuple[int, int], target, s
   # (work-groups ragged whenever GPU_RAGGED: 1018 rows in tiles of 2 leave 509, which nothing from 4 to 8 divides)
   lc = _group_side(-(-col.src[0].arg // cols), local[1], GPU_RAGGED)
   lr = _group_side(-(-row.src[0].arg // rows), min(local[0], target.tile // max(lc, 1)), GPU_RAGGED)
+  if max_waste is not None:   # what the work-groups cover beyond the outputs, along each side
+    for r, lanes, items in ((row, rows, lr), (col, cols, lc)):
+      n = r.src[0].arg
+      if -(-(-(-n // lanes)) // max(items, 1)) * max(items, 1) * lanes > n * (1 + max_waste): return None
   out = [Action("UPCAST", row.arg[0], rows), Action("UPCAST", col.arg[0], cols)]
   if lc > 1: out.append(Action("LOCAL", col.arg[0], lc))
   if lr > 1: out.append(Action("LOCAL", row.arg[0], lr))
@@ -389,10 +395,17 @@ def cl_actions(k: Kernel, target) -> list[Action]:
     outputs = math.prod(r.src[0].arg for r in end.src[1:])
     need = GPU_ITEMS_PER_UNIT * max(1, target.units)
     first = next((i for i, (tr, tc) in enumerate(GPU_TILES) if outputs // (tr * tc) >= need), len(GPU_TILES) - 1)
-    for ragged in (False, True):   # tiles that divide the ranges first
-      for tile in GPU_TILES[first:]:   # the largest tile that fills the device, else smaller ones that apply
-        acts = gpu_tile(k, tile, GPU_LOCAL, target, GPU_STAGE, GPU_STAGE_SEVERAL, ragged=ragged and GPU_RAGGED)
-        if acts is not None: return acts
+    # the largest tile that fills the device, else smaller ones that apply; a tile that divides the ranges, else the
+    # same one ragged before a smaller one (1018 x 1024 x 1024: 2 x 4 tiles that divide took 0.142 ms on the H200,
+    # where 8 x 4 ragged ones run about as 1009^3's, 0.084)
+    # ... where its overlap is small (RAGGED_EARLY_WASTE: not a 28-wide convolution's 32 columns), else after all
+    # the tiles that divide
+    for waste in (RAGGED_EARLY_WASTE, None):
+      for tile in GPU_TILES[first:]:
+        for ragged in (False, True) if GPU_RAGGED else (False,):
+          if waste is None and not ragged: continue
+          acts = gpu_tile(k, tile, GPU_LOCAL, target, GPU_STAGE, GPU_STAGE_SEVERAL, ragged=ragged, max_waste=waste)
+          if acts is not None: return acts
   return []
 
 
