@@ -96,7 +96,7 @@ def test_rulec_debug_2_prints_the_chosen_actions(fresh, capfd):
   ("UPCAST({k},2)", r"r{k} is not a store range"),
   ("LOCAL({n},16)", r"the CPU renderer does not take LOCAL"),
   ("THREAD({m}) THREAD({n})", r"the kernel has a THREAD range already"),
-  ("UPCAST({m},16) UPCAST({n},48)", r"768 lanes in all; a kernel takes at most 256"),
+  ("UPCAST({m},32) UPCAST({n},48)", r"1536 lanes in all; a kernel takes at most 512"),
   ("KBLOCK({k},5)", r"the block must divide it"),
   ("GROUP(64)", r"does not take GROUP"),
   ("SIMD({m})", r"SIMD\({m}\): r{m} is not a reduce range of this kernel \(those it has: r{k}\[24\]\)"),

@@ -43,8 +43,17 @@ BODY_TILE_LANES = 128
 # than they can save in running
 SMALL_TILE_WORK = 1 << 25
 # A range no tile width divides, and no divisor from half the width does either (a prime, 1009; 2 x 509): a tile of
-# the full width anyway, the last one overlapping the one before (a ragged UPCAST, transform.py)
+# the full width anyway, the last one overlapping the one before (a ragged UPCAST, transform.py); and columns the
+# widest width does not divide take it ragged wherever that computes little more (RAGGED_EARLY_WASTE): 1000^3 with
+# 32 x 14 tiles 7.7-8.1 ms against 12.7-13.0 with the 8 x 10 that divide, 1024 x 1024 x 1001 8.3-8.5 against 18.8
+# (32 x 8 ragged without KBLOCK), numpy 6.7-7.0
 RAGGED_TILES = True
+# ... and with 32 vector registers (AVX-512), a big single-range sum (matmul) takes 14 rows of two registers: 28 of
+# accumulators, two for the columns' loads and one broadcast; its reduction in blocks of K_BLOCK_BYTES. 1024^3 here,
+# 2 threads, medians of 15 in 3 runs each: 14 x 32 with blocks of 128 7.9-8.7 ms, of 64 8.7-9.1, 12 x 32 8.9-9.0,
+# 8 x 32 (blocks of 64) 8.3-10.1 (numpy 7.1-7.5); 16 rows would spill.
+# Twice the lanes of code: the kernel compiles in 0.54 s against 0.26 (once; then the disk cache has it)
+TALL_TILE_ROWS = 14
 K_BLOCK_BYTES = 512 << 10   # the block of the second matrix one block of the reduction reads: fits in L2 ...
 # ... half that with 16-lane tiles: RULEC_SEARCH chose 64-long blocks over 128 for the 1024^3 matmul in both of
 # two runs here (9.6 against 10.0 ms, 7.9 against 8.8), the block loop then re-reading C twice as often
@@ -131,13 +140,20 @@ def tile_ranges(end: UOp, rows_lanes: int, col_lanes: tuple[int, ...] = column_l
   col, cols = end.src[-1], 0
   strides = [_stride(i, col, ranges) for i in loads if col in i.toposort()]
   if strides and (any_stride or all(st == 1 for st in strides)):
-    cols = next((n for n in col_lanes if col.src[0].arg % n == 0), 0)
-    if not cols and cpu: cols = _odd_lanes(col.src[0].arg, col_lanes[0], 4)
+    n = col.src[0].arg
+    cols = col_lanes[0] if n % col_lanes[0] == 0 or (cpu and RAGGED_TILES and _small_overlap(n, col_lanes[0])) else 0
+    cols = cols or next((w for w in col_lanes if n % w == 0), 0)
+    if not cols and cpu: cols = _odd_lanes(n, col_lanes[0], 4)
     if not cols and ragged and col.src[0].arg > col_lanes[0]: cols = col_lanes[0]
   if not cols: return none
   row, rows = _tile_row(end, rows_lanes, [i for i in loads if col in i.toposort()], loads, divisor=cpu, exact=cpu,
                         ragged=ragged)
   return row, rows, col, cols
+
+
+def _small_overlap(n: int, lanes: int) -> bool:
+  """Whether ragged tiles of `lanes` over n compute at most RAGGED_EARLY_WASTE more than n (1000 in 32s: 1024)."""
+  return n > lanes and -(-n // lanes) * lanes <= n * (1 + RAGGED_EARLY_WASTE)
 
 
 def _odd_lanes(n: int, widest: int, least: int) -> int:
@@ -245,15 +261,18 @@ def cpu_actions(k: Kernel, target: CPUTarget | None = None) -> list[Action]:
   if col is not None and cols * UPCAST_ROWS < accumulators:
     wider = tile_ranges(end, min(MAX_ROWS, accumulators // cols), widths, cpu=True)
     if wider[0] is not None: row, rows, col, cols = wider
+  # a big sum over one range with two-register columns on a machine of 32 vector registers: TALL_TILE_ROWS rows, ragged
+  # where they do not divide (1024: 74 tiles, the last overlapping the one before)
+  if (row is not None and lanes >= 16 and cols == 2 * lanes and _reduce_ranges(end) == 1 and work >= SMALL_TILE_WORK
+      and row.src[0].arg > TALL_TILE_ROWS and _applies(k, "CPU", Action("UPCAST", col.arg[0], cols), Action("UPCAST", row.arg[0], TALL_TILE_ROWS))):
+    rows = TALL_TILE_ROWS
   out = []
   if col is not None:
     out.append(Action("UPCAST", col.arg[0], cols))
   if row is not None:
     out.append(Action("UPCAST", row.arg[0], rows))
-    # (not after ragged columns: their last tile's lanes each choose between the sum and what is stored, and LLVM's
-    # SLP vectoriser then leaves part of the tile's inner loop scalar: 1024 x 1024 x 1001 in 200 ms against 20
-    # without KBLOCK; ragged rows choose per row and keep it, 1018 x 1024 x 1024 8.5-9.4 ms against 25)
-    kb = 0 if col.src[0].arg % cols else _k_block(k, end, col.src[0].arg, WIDE_K_BLOCK_BYTES if lanes >= 16 else K_BLOCK_BYTES)
+    budget = WIDE_K_BLOCK_BYTES if lanes >= 16 and rows != TALL_TILE_ROWS else K_BLOCK_BYTES
+    kb = _k_block(k, end, col.src[0].arg, budget)
     if kb: out.append(Action("KBLOCK", end.src[0].src[1].src[1].arg[0], kb))
   out.append(Action("THREAD", end.src[1].arg[0]))   # the outermost store range (its outer part if upcast)
   return out

@@ -40,7 +40,7 @@ from runtime.kernel import Kernel
 # which actions each renderer can follow
 DEVICE_ACTIONS = {"CPU": frozenset({"UPCAST", "KBLOCK", "THREAD", "SIMD", "BLOCK"}),
                   "CL": frozenset({"UPCAST", "LOCAL", "GROUP", "VECTOR", "GRID", "SPREAD", "STAGE"})}
-MAX_LANES = 256          # upcast lanes in one kernel: each is emitted as code of its own
+MAX_LANES = 512          # upcast lanes in one kernel: each is emitted as code of its own (a 14 x 32 tile: 448)
 MAX_GROUP = 1024         # work-items sharing one reduction
 VECTOR_WIDTHS = (2, 4, 8, 16)   # OpenCL's vector sizes
 VECTOR_DTYPES = (dtypes.float32, dtypes.int32, dtypes.uint32)
@@ -225,7 +225,11 @@ class _Applier:
     value = UOp(Ops.ADD, red.dtype, (before, part))
     # a ragged UPCAST's last tile overlaps the one before, which has added this block already: those lanes store
     # back what they find
-    again = [UOp(Ops.CMPLT, dtypes.bool, (x, x.src[0].src[1])) for x in st.toposort() if _ragged_lane(x)]
+    # (as lane < tile * n - start: the lanes' element indices, which the loads use, emitted first inside the loops,
+    # where LLVM sees them side by side; compared before the sum, each its own value, they left part of a 14 x 32
+    # tile's inner loop scalar)
+    again = [UOp(Ops.CMPLT, dtypes.bool, (x.src[1], UOp(Ops.ADD, dtypes.index, (x.src[0].src[1], UOp(
+      Ops.MUL, dtypes.index, (x.src[0], UOp.const(dtypes.index, -1))))))) for x in st.toposort() if _ragged_lane(x)]
     if again:
       twice = again[0]
       for c in again[1:]: twice = UOp(Ops.OR, dtypes.bool, (twice, c))
