@@ -49,9 +49,10 @@ SMALL_TILE_WORK = 1 << 25
 # (32 x 8 ragged without KBLOCK), numpy 6.7-7.0
 RAGGED_TILES = True
 # ... and with 32 vector registers (AVX-512), a big single-range sum (matmul) takes 14 rows of two registers: 28 of
-# accumulators, two for the columns' loads and one broadcast; its reduction in blocks of K_BLOCK_BYTES. 1024^3 here,
-# 2 threads, medians of 15 in 3 runs each: 14 x 32 with blocks of 128 7.9-8.7 ms, of 64 8.7-9.1, 12 x 32 8.9-9.0,
-# 8 x 32 (blocks of 64) 8.3-10.1 (numpy 7.1-7.5); 16 rows would spill.
+# accumulators, two for the columns' loads and one broadcast. 1024^3 here, 2 threads, fresh inputs for every run as
+# bench/kernels.py has them, medians of 21 in 3 processes each: 14 x 32 with blocks of 64 8.9-9.1 ms, of 128 9.3-9.6,
+# 8 x 32 with blocks of 64 9.7-9.8 (numpy 7.1-7.6); 16 rows would spill. (The same buffers again and again, blocks of
+# 128 ran faster: 7.9-8.7 against 8.7-9.1.)
 # Twice the lanes of code: the kernel compiles in 0.54 s against 0.26 (once; then the disk cache has it)
 TALL_TILE_ROWS = 14
 K_BLOCK_BYTES = 512 << 10   # the block of the second matrix one block of the reduction reads: fits in L2 ...
@@ -271,8 +272,7 @@ def cpu_actions(k: Kernel, target: CPUTarget | None = None) -> list[Action]:
     out.append(Action("UPCAST", col.arg[0], cols))
   if row is not None:
     out.append(Action("UPCAST", row.arg[0], rows))
-    budget = WIDE_K_BLOCK_BYTES if lanes >= 16 and rows != TALL_TILE_ROWS else K_BLOCK_BYTES
-    kb = _k_block(k, end, col.src[0].arg, budget)
+    kb = _k_block(k, end, col.src[0].arg, WIDE_K_BLOCK_BYTES if lanes >= 16 else K_BLOCK_BYTES)
     if kb: out.append(Action("KBLOCK", end.src[0].src[1].src[1].arg[0], kb))
   out.append(Action("THREAD", end.src[1].arg[0]))   # the outermost store range (its outer part if upcast)
   return out
