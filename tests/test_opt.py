@@ -254,6 +254,20 @@ def test_the_last_two_ragged_tiles_run_in_one_call(monkeypatch, tiles, threads, 
   assert sorted(got) == calls
 
 
+@pytest.mark.parametrize("device", ["CPU", "CL"])
+def test_an_in_place_update_of_a_size_nothing_divides_takes_no_ragged_tile(request, device):
+  # an optimizer's step, w -= lr * x.T @ g, fuses into one kernel that reads the weight it writes: the cost models
+  # must not choose a ragged tile for it (they did on the H200: 97 columns, and an OptError from the applier)
+  if device == "CL": request.getfixturevalue("cl_tiles")
+  else: request.getfixturevalue("fresh")
+  rng = np.random.default_rng(8)
+  w0, x, g = (rng.standard_normal(s).astype(np.float32) for s in ((100, 97), (64, 100), (64, 97)))
+  w = Tensor(w0, device=device)
+  w.realize()
+  w.assign(w - 0.1 * (Tensor(x, device=device).T @ Tensor(g, device=device)))
+  np.testing.assert_allclose(w.numpy(), w0 - 0.1 * (x.T @ g), rtol=1e-4, atol=1e-4)
+
+
 def test_a_ragged_upcast_is_refused_where_the_kernel_reads_what_it_writes(fresh):
   # the overlapping last tile would compute outputs from values the tile before already stored
   x = np.arange(35, dtype=np.float32).reshape(5, 7)

@@ -11,7 +11,7 @@ import math
 from dataclasses import dataclass
 
 from codegen.opt.actions import Action, OptError
-from codegen.opt.transform import apply, free_ranges
+from codegen.opt.transform import apply, free_ranges, reads_what_it_writes
 from engine.dtypes import dtypes
 from engine.index_expr import evaluate
 from engine.ops import Ops
@@ -131,7 +131,9 @@ def tile_ranges(end: UOp, rows_lanes: int, col_lanes: tuple[int, ...] = column_l
     input gradient is such a kernel: 1.9 -> 0.97 ms with an 8 x 8 tile, the whole train step 6.5 -> 4.7 ms, its
     losses bit for bit the same.
 
-  `ragged` (a GPU's tiles): a size none of those divides takes them anyway, the last tile overlapping the one before."""
+  `ragged`: tiles that do not divide their range may be chosen (the last one overlapping the one before; not for a
+  kernel that reads what it writes). On the CPU, the widest columns where that computes little more, and the full
+  width where no divisor from half of it divides; on a GPU, a size none of those divides takes them anyway."""
   none = (None, 0, None, 0)
   if len(end.src) < 2: return none
   reduces = [x for x in end.src[0].toposort() if x.op is Ops.REDUCE]
@@ -142,10 +144,10 @@ def tile_ranges(end: UOp, rows_lanes: int, col_lanes: tuple[int, ...] = column_l
   strides = [_stride(i, col, ranges) for i in loads if col in i.toposort()]
   if strides and (any_stride or all(st == 1 for st in strides)):
     n = col.src[0].arg
-    cols = col_lanes[0] if n % col_lanes[0] == 0 or (cpu and RAGGED_TILES and _small_overlap(n, col_lanes[0])) else 0
+    cols = col_lanes[0] if n % col_lanes[0] == 0 or (cpu and ragged and _small_overlap(n, col_lanes[0])) else 0
     cols = cols or next((w for w in col_lanes if n % w == 0), 0)
-    if not cols and cpu: cols = _odd_lanes(n, col_lanes[0], 4)
-    if not cols and ragged and col.src[0].arg > col_lanes[0]: cols = col_lanes[0]
+    if not cols and cpu: cols = _odd_lanes(n, col_lanes[0], 4, ragged)
+    if not cols and ragged and not cpu and n > col_lanes[0]: cols = col_lanes[0]
   if not cols: return none
   row, rows = _tile_row(end, rows_lanes, [i for i in loads if col in i.toposort()], loads, divisor=cpu, exact=cpu,
                         ragged=ragged)
@@ -157,12 +159,12 @@ def _small_overlap(n: int, lanes: int) -> bool:
   return n > lanes and -(-n // lanes) * lanes <= n * (1 + RAGGED_EARLY_WASTE)
 
 
-def _odd_lanes(n: int, widest: int, least: int) -> int:
+def _odd_lanes(n: int, widest: int, least: int, ragged: bool) -> int:
   """Lanes for a CPU tile along a range of n that no tile width divides: its largest divisor from half of `widest`,
-  else `widest` lanes that do not divide it (a ragged UPCAST, its last tile overlapping the one before) where n is
-  longer, else its largest divisor from `least`."""
+  else (`ragged`) `widest` lanes that do not divide it (a ragged UPCAST, its last tile overlapping the one before)
+  where n is longer, else its largest divisor from `least`."""
   d = divisor_at_most(n, widest, max(least, widest // 2))
-  if d or not RAGGED_TILES: return d or divisor_at_most(n, widest, least)
+  if d or not ragged: return d or divisor_at_most(n, widest, least)
   return widest if n > widest else divisor_at_most(n, widest, least)
 
 
@@ -174,7 +176,7 @@ def _tile_row(end: UOp, rows_lanes: int, col_loads: list[UOp], loads: list[UOp],
   for row in reversed(end.src[1:-1]):
     n = row.src[0].arg
     if n < rows_lanes or n == rows_lanes and not (exact and row is not end.src[1]): continue
-    rows = rows_lanes if n % rows_lanes == 0 else (_odd_lanes(n, rows_lanes, 2) if divisor else
+    rows = rows_lanes if n % rows_lanes == 0 else (_odd_lanes(n, rows_lanes, 2, ragged) if divisor else
                                                    rows_lanes if ragged and n > rows_lanes else 0)
     if not rows: continue
     if any(row in i.toposort() for i in col_loads) or not any(row in i.toposort() for i in loads): continue
@@ -183,7 +185,7 @@ def _tile_row(end: UOp, rows_lanes: int, col_loads: list[UOp], loads: list[UOp],
 
 
 def dot_tile(k: Kernel, end: UOp, lanes: int, tile: tuple[int, int] | None = None,
-             block_bytes: int | None = None) -> list[Action]:
+             block_bytes: int | None = None, ragged: bool = False) -> list[Action]:
   """[UPCAST, UPCAST, SIMD, THREAD] for a tile whose loads run along the reduction rather than along the tile (x @ W.T,
   nn.Linear: rows of A by rows of W), where tile_ranges finds no columns: tile[0] rows (a store range one load
   reads and another does not) by tile[1] columns (the innermost store range), each output's float sum over its
@@ -202,8 +204,8 @@ def dot_tile(k: Kernel, end: UOp, lanes: int, tile: tuple[int, int] | None = Non
   col = end.src[-1]
   col_loads = [i for i in loads if col in i.toposort()]
   if not col_loads: return []
-  if col.src[0].arg % cols and not (RAGGED_TILES and col.src[0].arg > cols): cols = 1   # (W's rows one at a time)
-  row, r = _tile_row(end, rows, col_loads, loads, divisor=True, exact=False)
+  if col.src[0].arg % cols and not (ragged and col.src[0].arg > cols): cols = 1   # (W's rows one at a time)
+  row, r = _tile_row(end, rows, col_loads, loads, divisor=True, exact=False, ragged=ragged)
   if row is None: return []
   acts = [Action("UPCAST", col.arg[0], cols)] if cols > 1 else []
   acts += [Action("UPCAST", row.arg[0], r), Action("SIMD", kr.arg[0])]
@@ -255,12 +257,13 @@ def cpu_actions(k: Kernel, target: CPUTarget | None = None) -> list[Action]:
     (math.prod(x.src[0].arg for x in u.src[1:]) for u in end.src[0].toposort() if u.op is Ops.REDUCE), default=1)
   if _reduce_ranges(end) > 1 or work < SMALL_TILE_WORK: accumulators = min(accumulators, BODY_TILE_LANES)
   widths = tuple(c for c in column_lanes(lanes) if c * UPCAST_ROWS <= accumulators) or column_lanes(lanes)[-1:]
-  row, rows, col, cols = tile_ranges(end, UPCAST_ROWS, widths, cpu=True)
+  ragged = RAGGED_TILES and not reads_what_it_writes(k)
+  row, rows, col, cols = tile_ranges(end, UPCAST_ROWS, widths, cpu=True, ragged=ragged)
   if col is None:
-    dot = dot_tile(k, end, lanes)
+    dot = dot_tile(k, end, lanes, ragged=ragged)
     if dot: return dot
   if col is not None and cols * UPCAST_ROWS < accumulators:
-    wider = tile_ranges(end, min(MAX_ROWS, accumulators // cols), widths, cpu=True)
+    wider = tile_ranges(end, min(MAX_ROWS, accumulators // cols), widths, cpu=True, ragged=ragged)
     if wider[0] is not None: row, rows, col, cols = wider
   # a big sum over one range with two-register columns on a machine of 32 vector registers: TALL_TILE_ROWS rows, ragged
   # where they do not divide (1024: 74 tiles, the last overlapping the one before)
@@ -336,16 +339,17 @@ def _vector_width(k: Kernel, end: UOp, target) -> int:
 
 
 def _group_side(tiles: int, most: int, ragged: bool) -> int:
-  """Work-items along one side of a work-group over `tiles` tiles: `most` where it divides them or where there are
-  fewer, the largest divisor up to that; with `ragged`, `most` whenever there are more tiles (the last group
-  overlapping the one before). H200, resident (bench/results/h200-cl-2026-12-03-session10-stageprobe.txt): 1009^3
+  """Work-items along one side of a work-group over `tiles` tiles: the largest divisor up to `most`; with `ragged`,
+  `most` itself wherever the groups then cover at most RAGGED_EARLY_WASTE more (the last group overlapping the one
+  before). H200, resident (bench/results/h200-cl-2026-12-03-session10-stageprobe.txt): 1009^3
   with groups of 16 x 8 work-items 0.084 ms against 0.193 with 11 x 8 (253 column tiles = 11 x 23), torch 0.102."""
   d = divisor_at_most(tiles, most)
-  return most if ragged and d < most and tiles > most else d
+  return most if ragged and d < most and _small_overlap(tiles, most) else d
 
 
 def gpu_tile(k: Kernel, tile: tuple[int, int], local: tuple[int, int], target, stage: int = 0,
-             several: bool = False, ragged: bool = False, max_waste: float | None = None) -> list[Action] | None:
+             several: bool = False, ragged: bool = False, max_waste: float | None = None,
+             ragged_groups: bool = False) -> list[Action] | None:
   """A register tile of tile (rows, columns) per work-item in work-groups of at most local (rows, columns) and
   target.tile work-items, its reduction staged in local memory in blocks of `stage` where STAGE applies (a sum
   over one range, matmul; with `several`, also a sum over several ranges, a convolution: not measured on a GPU
@@ -358,9 +362,10 @@ def gpu_tile(k: Kernel, tile: tuple[int, int], local: tuple[int, int], target, s
   staged_only = stage and (row is None or col is None)
   if staged_only: row, rows, col, cols = tile_ranges(end, tile[0], (tile[1],), any_stride=True, ragged=ragged)
   if row is None or col is None: return None
-  # (work-groups ragged whenever GPU_RAGGED: 1018 rows in tiles of 2 leave 509, which nothing from 4 to 8 divides)
-  lc = _group_side(-(-col.src[0].arg // cols), local[1], GPU_RAGGED)
-  lr = _group_side(-(-row.src[0].arg // rows), min(local[0], target.tile // max(lc, 1)), GPU_RAGGED)
+  # (work-groups ragged wherever they may be, even over tiles that divide: 1018 rows in tiles of 2 leave 509, which
+  # nothing from 4 to 8 divides)
+  lc = _group_side(-(-col.src[0].arg // cols), local[1], ragged_groups)
+  lr = _group_side(-(-row.src[0].arg // rows), min(local[0], target.tile // max(lc, 1)), ragged_groups)
   if max_waste is not None:   # what the work-groups cover beyond the outputs, along each side
     for r, lanes, items in ((row, rows, lr), (col, cols, lc)):
       n = r.src[0].arg
@@ -419,11 +424,14 @@ def cl_actions(k: Kernel, target) -> list[Action]:
     # where 8 x 4 ragged ones run about as 1009^3's, 0.084)
     # ... where its overlap is small (RAGGED_EARLY_WASTE: not a 28-wide convolution's 32 columns), else after all
     # the tiles that divide
+    # (none of it for a kernel that reads what it writes: an optimizer's update of a weight by its gradient)
+    may = GPU_RAGGED and not reads_what_it_writes(k)
     for waste in (RAGGED_EARLY_WASTE, None):
       for tile in GPU_TILES[first:]:
-        for ragged in (False, True) if GPU_RAGGED else (False,):
+        for ragged in (False, True) if may else (False,):
           if waste is None and not ragged: continue
-          acts = gpu_tile(k, tile, GPU_LOCAL, target, GPU_STAGE, GPU_STAGE_SEVERAL, ragged=ragged, max_waste=waste)
+          acts = gpu_tile(k, tile, GPU_LOCAL, target, GPU_STAGE, GPU_STAGE_SEVERAL, ragged=ragged, max_waste=waste,
+                          ragged_groups=may)
           if acts is not None: return acts
   return []
 

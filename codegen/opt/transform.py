@@ -136,6 +136,12 @@ def _joined(outer: UOp, n: int, inner: UOp) -> UOp:
   return UOp(Ops.ADD, dtypes.index, (UOp(Ops.MUL, dtypes.index, (outer, UOp.const(dtypes.index, n))), inner))
 
 
+def reads_what_it_writes(k: Kernel) -> bool:
+  """Whether a kernel reads a buffer it writes (or two of its buffers are one): it may not take a ragged split, whose
+  overlapping tiles compute some outputs twice."""
+  return len({id(b) for b in k.bufs}) != len(k.bufs) or bool(set(k.outputs) & set(k.inputs))
+
+
 def _ragged_lane(x: UOp) -> bool:
   """Whether x is a ragged UPCAST's (or LOCAL's) element index, start + lane (_Applier._ragged)."""
   return (x.op is Ops.ADD and x.src[1].op is Ops.RANGE and range_kind(x.src[1])[0] in ("upcast", "local")
@@ -189,7 +195,7 @@ class _Applier:
     upcast:<total> and the tiles' loop:<n> (thread:<n> after THREAD): the runtime keeps the last two tiles in one
     thread's share when the kernel reads what it writes."""
     n = a.amount
-    if len({id(b) for b in self.k.bufs}) != len(self.k.bufs) or set(self.k.outputs) & set(self.k.inputs):
+    if reads_what_it_writes(self.k):
       raise OptError(f"{a}: r{a.axis} has size {total}, which {n} does not divide, and the kernel reads a buffer it "
                      "writes, so the last tile, which overlaps the one before, would compute some outputs from values "
                      "already stored")
@@ -437,4 +443,4 @@ def apply(kernel: Kernel, actions, device: str) -> Kernel:
 
 
 __all__ = ["DEVICE_ACTIONS", "MAX_LANES", "apply", "contiguous_offset", "free_ranges", "group_vector", "range_kind",
-           "block_dims", "renamed_reduce", "staged_dims", "staged_loads"]
+           "block_dims", "reads_what_it_writes", "renamed_reduce", "staged_dims", "staged_loads"]
