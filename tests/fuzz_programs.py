@@ -997,6 +997,9 @@ class Gen:
         ref64 = d * rs
         delta = 2 * np.max(ex, axis=ax, keepdims=True) + (n + 3) * eps * np.max(np.abs(xx), axis=ax, keepdims=True)
         dv = np.mean(2 * np.abs(d) * delta + delta * delta, axis=ax, keepdims=True) + (n + 4) * eps * var * 2
+        # the variance's error bound as large as half the variance itself: the bound below no longer holds (its
+        # denominator reaches 0 and then turns negative, a negative tolerance)
+        if (dv >= (var + 1e-5) / 2).any(): raise Reject("layernorm whose variance its inputs' error swamps")
         err = (delta + np.abs(d) * dv / (2 * (var + 1e-5) - 2 * dv)) * rs * 1.5 + (n + 8) * eps * (np.abs(ref64) + 1)
     ref = ref64.astype(work).astype(out)
     err = err + EPS[out] * np.abs(ref64) + TINY[out]
