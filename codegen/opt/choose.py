@@ -48,6 +48,10 @@ SMALL_TILE_WORK = 1 << 25
 # 32 x 14 tiles 7.7-8.1 ms against 12.7-13.0 with the 8 x 10 that divide, 1024 x 1024 x 1001 8.3-8.5 against 18.8
 # (32 x 8 ragged without KBLOCK), numpy 6.7-7.0
 RAGGED_TILES = True
+# ... and where the widest width that divides is under half the widest, the widest ragged one computing at most this
+# much more: 64 x 784 x 100 (an MLP layer) in 0.16-0.17 ms with 16 columns ragged against 0.22-0.25 with the 4 that
+# divide (32 ragged, 28% more: 0.16-0.18)
+RAGGED_NARROW_WASTE = 1 / 8
 # ... and with 32 vector registers (AVX-512), a big single-range sum (matmul) takes 14 rows of two registers: 28 of
 # accumulators, two for the columns' loads and one broadcast. 1024^3 here, 2 threads, fresh inputs for every run as
 # bench/kernels.py has them, medians of 21 in 3 processes each: 14 x 32 with blocks of 64 8.9-9.1 ms, of 128 9.3-9.6,
@@ -146,6 +150,8 @@ def tile_ranges(end: UOp, rows_lanes: int, col_lanes: tuple[int, ...] = column_l
     n = col.src[0].arg
     cols = col_lanes[0] if n % col_lanes[0] == 0 or (cpu and ragged and _small_overlap(n, col_lanes[0])) else 0
     cols = cols or next((w for w in col_lanes if n % w == 0), 0)
+    if cpu and ragged and cols and cols < col_lanes[0] // 2:   # (100 columns: 16 ragged rather than the 4 that divide)
+      cols = next((w for w in col_lanes if w > cols and _small_overlap(n, w, RAGGED_NARROW_WASTE)), cols)
     if not cols and cpu: cols = _odd_lanes(n, col_lanes[0], 4, ragged)
     if not cols and ragged and not cpu and n > col_lanes[0]: cols = col_lanes[0]
   if not cols: return none
@@ -154,9 +160,10 @@ def tile_ranges(end: UOp, rows_lanes: int, col_lanes: tuple[int, ...] = column_l
   return row, rows, col, cols
 
 
-def _small_overlap(n: int, lanes: int) -> bool:
-  """Whether ragged tiles of `lanes` over n compute at most RAGGED_EARLY_WASTE more than n (1000 in 32s: 1024)."""
-  return n > lanes and -(-n // lanes) * lanes <= n * (1 + RAGGED_EARLY_WASTE)
+def _small_overlap(n: int, lanes: int, waste: float | None = None) -> bool:
+  """Whether ragged tiles of `lanes` over n compute at most `waste` (RAGGED_EARLY_WASTE) more than n (1000 in 32s:
+  1024)."""
+  return n > lanes and -(-n // lanes) * lanes <= n * (1 + (RAGGED_EARLY_WASTE if waste is None else waste))
 
 
 def _odd_lanes(n: int, widest: int, least: int, ragged: bool) -> int:
