@@ -11,7 +11,7 @@ import math
 from dataclasses import dataclass
 
 from codegen.opt.actions import Action, OptError
-from codegen.opt.transform import apply, free_ranges, reads_what_it_writes
+from codegen.opt.transform import apply, free_ranges, reads_what_it_writes, tiles
 from engine.dtypes import dtypes
 from engine.index_expr import evaluate
 from engine.ops import Ops
@@ -163,7 +163,7 @@ def tile_ranges(end: UOp, rows_lanes: int, col_lanes: tuple[int, ...] = column_l
 def _small_overlap(n: int, lanes: int, waste: float | None = None) -> bool:
   """Whether ragged tiles of `lanes` over n compute at most `waste` (RAGGED_EARLY_WASTE) more than n (1000 in 32s:
   1024)."""
-  return n > lanes and -(-n // lanes) * lanes <= n * (1 + (RAGGED_EARLY_WASTE if waste is None else waste))
+  return n > lanes and tiles(n, lanes) * lanes <= n * (1 + (RAGGED_EARLY_WASTE if waste is None else waste))
 
 
 def _odd_lanes(n: int, widest: int, least: int, ragged: bool) -> int:
@@ -217,8 +217,8 @@ def dot_tile(k: Kernel, end: UOp, lanes: int, tile: tuple[int, int] | None = Non
   acts = [Action("UPCAST", col.arg[0], cols)] if cols > 1 else []
   acts += [Action("UPCAST", row.arg[0], r), Action("SIMD", kr.arg[0])]
   # column tiles per block, where all of them read more than block_bytes: the largest count within it dividing them
-  tiles, per_tile = -(-col.src[0].arg // cols), cols * kr.src[0].arg * red.dtype.itemsize
-  b = divisor_at_most(tiles, block_bytes // per_tile, 2) if 0 < block_bytes < tiles * per_tile else 0
+  count, per_tile = tiles(col.src[0].arg, cols), cols * kr.src[0].arg * red.dtype.itemsize
+  b = divisor_at_most(count, block_bytes // per_tile, 2) if 0 < block_bytes < count * per_tile else 0
   if b >= 2 and cols > 1: acts.append(Action("BLOCK", col.arg[0], b))
   acts.append(Action("THREAD", end.src[1].arg[0]))
   return acts if _applies(k, "CPU", *acts) else []
@@ -345,13 +345,13 @@ def _vector_width(k: Kernel, end: UOp, target) -> int:
   return n if _applies(k, "CL", Action("VECTOR", None, n)) else 0
 
 
-def _group_side(tiles: int, most: int, ragged: bool) -> int:
-  """Work-items along one side of a work-group over `tiles` tiles: the largest divisor up to `most`; with `ragged`,
+def _group_side(count: int, most: int, ragged: bool) -> int:
+  """Work-items along one side of a work-group over `count` tiles: the largest divisor up to `most`; with `ragged`,
   `most` itself wherever the groups then cover at most RAGGED_EARLY_WASTE more (the last group overlapping the one
   before). H200, resident (bench/results/h200-cl-2026-12-03-session10-stageprobe.txt): 1009^3
   with groups of 16 x 8 work-items 0.084 ms against 0.193 with 11 x 8 (253 column tiles = 11 x 23), torch 0.102."""
-  d = divisor_at_most(tiles, most)
-  return most if ragged and d < most and _small_overlap(tiles, most) else d
+  d = divisor_at_most(count, most)
+  return most if ragged and d < most and _small_overlap(count, most) else d
 
 
 def gpu_tile(k: Kernel, tile: tuple[int, int], local: tuple[int, int], target, stage: int = 0,
@@ -371,12 +371,11 @@ def gpu_tile(k: Kernel, tile: tuple[int, int], local: tuple[int, int], target, s
   if row is None or col is None: return None
   # (work-groups ragged wherever they may be, even over tiles that divide: 1018 rows in tiles of 2 leave 509, which
   # nothing from 4 to 8 divides)
-  lc = _group_side(-(-col.src[0].arg // cols), local[1], ragged_groups)
-  lr = _group_side(-(-row.src[0].arg // rows), min(local[0], target.tile // max(lc, 1)), ragged_groups)
+  lc = _group_side(tiles(col.src[0].arg, cols), local[1], ragged_groups)
+  lr = _group_side(tiles(row.src[0].arg, rows), min(local[0], target.tile // max(lc, 1)), ragged_groups)
   if max_waste is not None:   # what the work-groups cover beyond the outputs, along each side
-    for r, lanes, items in ((row, rows, lr), (col, cols, lc)):
-      n = r.src[0].arg
-      if -(-(-(-n // lanes)) // max(items, 1)) * max(items, 1) * lanes > n * (1 + max_waste): return None
+    for r, lanes, items in ((row, rows, max(lr, 1)), (col, cols, max(lc, 1))):
+      if tiles(tiles(r.src[0].arg, lanes), items) * items * lanes > r.src[0].arg * (1 + max_waste): return None
   out = [Action("UPCAST", row.arg[0], rows), Action("UPCAST", col.arg[0], cols)]
   if lc > 1: out.append(Action("LOCAL", col.arg[0], lc))
   if lr > 1: out.append(Action("LOCAL", row.arg[0], lr))
@@ -394,9 +393,9 @@ def gpu_tile(k: Kernel, tile: tuple[int, int], local: tuple[int, int], target, s
     # after the last whole block then a sum of their own): 1024 x 1023 x 1024 in 0.088 ms against 0.209 in blocks of
     # 11, 1000 x 781 x 500 0.125 against 0.139, 2048 x 4099 x 512 0.33 against 6.0 unstaged (H200, resident)
     blocks = [stage] if total % stage == 0 or (GPU_RAGGED and total > stage) else []
-    blocks += [b for b in halves if b != stage and b >= 4 and total % b == 0] + ([odd] if odd >= 4 and odd not in halves else [])
-    blocks += ([odd] if 2 <= odd < 4 else []) + [b for b in halves if b < 4 and total % b == 0]
-    for n in blocks:
+    blocks += [b for b in halves if b >= 4 and total % b == 0] + ([odd] if odd else [])
+    blocks += [b for b in halves if b < 4 and total % b == 0]
+    for n in dict.fromkeys(blocks):
       act = Action("STAGE", reduces[0].src[1].arg[0], n)
       if _applies(k, "CL", *out, act): return out + [act]
   return None if staged_only else out
@@ -433,13 +432,13 @@ def cl_actions(k: Kernel, target) -> list[Action]:
     # the tiles that divide
     # (none of it for a kernel that reads what it writes: an optimizer's update of a weight by its gradient)
     may = GPU_RAGGED and not reads_what_it_writes(k)
-    for waste in (RAGGED_EARLY_WASTE, None):
-      for tile in GPU_TILES[first:]:
-        for ragged in (False, True) if may else (False,):
-          if waste is None and not ragged: continue
-          acts = gpu_tile(k, tile, GPU_LOCAL, target, GPU_STAGE, GPU_STAGE_SEVERAL, ragged=ragged, max_waste=waste,
-                          ragged_groups=may)
-          if acts is not None: return acts
+    tries = [(tile, ragged, RAGGED_EARLY_WASTE) for tile in GPU_TILES[first:]
+             for ragged in ((False, True) if may else (False,))]
+    tries += [(tile, True, None) for tile in GPU_TILES[first:]] if may else []
+    for tile, ragged, waste in tries:
+      acts = gpu_tile(k, tile, GPU_LOCAL, target, GPU_STAGE, GPU_STAGE_SEVERAL, ragged=ragged, max_waste=waste,
+                      ragged_groups=may)
+      if acts is not None: return acts
   return []
 
 

@@ -136,10 +136,33 @@ def _joined(outer: UOp, n: int, inner: UOp) -> UOp:
   return UOp(Ops.ADD, dtypes.index, (UOp(Ops.MUL, dtypes.index, (outer, UOp.const(dtypes.index, n))), inner))
 
 
+def tiles(total: int, n: int) -> int:
+  """How many tiles of n a split of a range of `total` has: ceil(total / n), the last overlapping the one before
+  where n does not divide (a ragged split)."""
+  return -(-total // n)
+
+
+def _aliased(k: Kernel) -> bool:
+  return len({id(b) for b in k.bufs}) != len(k.bufs)
+
+
 def reads_what_it_writes(k: Kernel) -> bool:
   """Whether a kernel reads a buffer it writes (or two of its buffers are one): it may not take a ragged split, whose
   overlapping tiles compute some outputs twice."""
-  return len({id(b) for b in k.bufs}) != len(k.bufs) or bool(set(k.outputs) & set(k.inputs))
+  return _aliased(k) or bool(set(k.outputs) & set(k.inputs))
+
+
+def _overlapped(st: UOp) -> UOp | None:
+  """Whether a lane of a ragged split under store st is one the tile before also has (lane < tile * n - start), or
+  None where st has no ragged split. As lanes against a per-tile bound, not as the lanes' element indices: those,
+  compared before a sum, become values of their own that its loads then reuse, and LLVM's SLP vectoriser left part of
+  a 14 x 32 tile's inner loop scalar."""
+  conds = [UOp(Ops.CMPLT, dtypes.bool, (x.src[1], UOp(Ops.ADD, dtypes.index, (x.src[0].src[1], UOp(
+    Ops.MUL, dtypes.index, (x.src[0], UOp.const(dtypes.index, -1))))))) for x in st.toposort() if _ragged_lane(x)]
+  if not conds: return None
+  out = conds[0]
+  for c in conds[1:]: out = UOp(Ops.OR, dtypes.bool, (out, c))
+  return out
 
 
 def _ragged_lane(x: UOp) -> bool:
@@ -179,14 +202,14 @@ class _Applier:
       outer, inner = UOp.range(total // n, a.axis, r.arg[1]), UOp.range(n, self.new_axis(), inner_kind)
       expr = _joined(outer, n, inner)
     elif total < n: raise OptError(f"{a}: r{a.axis} has size {total}, fewer than {n}")
-    else: outer, inner, expr = self._ragged(a, total, inner_kind)
+    else: outer, inner, expr = self._ragged(a, r, inner_kind)
     ranges = []
     for x in end.src[1:]: ranges += [outer, inner] if x is r else [x]
     self.ast = _rebuild(self.ast, end, substitute(end.src[0], {r: expr}), ranges)
     lanes = math.prod(size(x) for x in ranges if range_kind(x)[0] == "upcast")
     if lanes > MAX_LANES: raise OptError(f"{a}: {lanes} lanes in all; a kernel takes at most {MAX_LANES}")
 
-  def _ragged(self, a: Action, total: int, kind: str) -> tuple[UOp, UOp, UOp]:
+  def _ragged(self, a: Action, r: UOp, kind: str) -> tuple[UOp, UOp, UOp]:
     """UPCAST(a,n) (or LOCAL) of a range n does not divide: ceil(total / n) tiles of n lanes, the last one moved back to end
     at the range's end, so it overlaps the one before (min(tile * n, total - n) + lane). Every lane stays in range
     and the lanes stay neighbours (vector loads), with no guard; the overlapped outputs are computed twice and
@@ -194,13 +217,12 @@ class _Applier:
     which does, leaves the twice-computed lanes of the last tile as the tile before stored them). The lanes' kind is
     upcast:<total> and the tiles' loop:<n> (thread:<n> after THREAD): the runtime keeps the last two tiles in one
     thread's share when the kernel reads what it writes."""
-    n = a.amount
+    n, total = a.amount, size(r)
     if reads_what_it_writes(self.k):
       raise OptError(f"{a}: r{a.axis} has size {total}, which {n} does not divide, and the kernel reads a buffer it "
                      "writes, so the last tile, which overlaps the one before, would compute some outputs from values "
                      "already stored")
-    r = _store_range(self.ast.src[0], a, ("loop", "thread"))
-    outer = UOp.range(-(-total // n), a.axis, f"{range_kind(r)[0]}:{n}")
+    outer = UOp.range(tiles(total, n), a.axis, f"{range_kind(r)[0]}:{n}")
     inner = UOp.range(n, self.new_axis(), f"{kind}:{total}")
     tile, last = UOp(Ops.MUL, dtypes.index, (outer, UOp.const(dtypes.index, n))), UOp.const(dtypes.index, total - n)
     start = UOp(Ops.WHERE, dtypes.index, (UOp(Ops.CMPLT, dtypes.bool, (tile, last)), tile, last))
@@ -221,7 +243,7 @@ class _Applier:
     if red.op is not Ops.REDUCE or red.arg is not Ops.ADD or red.dtype not in (dtypes.float32, dtypes.float64) \
        or len(red.src) != 2 or red.src[1].arg[0] != a.axis:
       raise OptError(f"{a}: takes a kernel that stores a float sum over one range, r{a.axis}, straight into its output")
-    if len({id(b) for b in self.k.bufs}) != len(self.k.bufs) or target.src[0] in red.toposort():
+    if _aliased(self.k) or target.src[0] in red.toposort():
       raise OptError(f"{a}: the sum reads the buffer it writes, so a block would see another block's partial sums")
     k = red.src[1]
     block, inner, expr = self._serial_blocks(a, k)
@@ -231,15 +253,7 @@ class _Applier:
     value = UOp(Ops.ADD, red.dtype, (before, part))
     # a ragged UPCAST's last tile overlaps the one before, which has added this block already: those lanes store
     # back what they find
-    # (as lane < tile * n - start: the lanes' element indices, which the loads use, emitted first inside the loops,
-    # where LLVM sees them side by side; compared before the sum, each its own value, they left part of a 14 x 32
-    # tile's inner loop scalar)
-    again = [UOp(Ops.CMPLT, dtypes.bool, (x.src[1], UOp(Ops.ADD, dtypes.index, (x.src[0].src[1], UOp(
-      Ops.MUL, dtypes.index, (x.src[0], UOp.const(dtypes.index, -1))))))) for x in st.toposort() if _ragged_lane(x)]
-    if again:
-      twice = again[0]
-      for c in again[1:]: twice = UOp(Ops.OR, dtypes.bool, (twice, c))
-      value = UOp(Ops.WHERE, red.dtype, (twice, target, value))
+    if (twice := _overlapped(st)) is not None: value = UOp(Ops.WHERE, red.dtype, (twice, target, value))
     self.ast = _rebuild(self.ast, end, UOp(Ops.STORE, st.dtype, (target, value), st.arg), (block, *end.src[1:]))
 
   def _serial_blocks(self, a: Action, r: UOp) -> tuple[UOp, UOp, UOp]:
@@ -443,4 +457,4 @@ def apply(kernel: Kernel, actions, device: str) -> Kernel:
 
 
 __all__ = ["DEVICE_ACTIONS", "MAX_LANES", "apply", "contiguous_offset", "free_ranges", "group_vector", "range_kind",
-           "block_dims", "reads_what_it_writes", "renamed_reduce", "staged_dims", "staged_loads"]
+           "block_dims", "reads_what_it_writes", "renamed_reduce", "staged_dims", "staged_loads", "tiles"]
