@@ -30,6 +30,21 @@ def np_dtype(dtype: DType) -> np.dtype:
   return np.dtype(dtype.np_name)
 
 
+# Host storage starts on a cache line: numpy's allocator gives 16-byte alignment (an address 16, 32 or 48 bytes past
+# one, by the allocation), and then every 64-byte vector load a CPU kernel makes along a row straddles two lines.
+# Measured on the 1024^3 matmul here (2 threads, the same kernel): 8.5-9.1 ms from numpy's arrays, 7.7 from
+# 64-byte aligned ones; a C kernel of the same loops 7.7 against 8.8.
+ALIGN = 64
+
+
+def host_array(size: int, dtype: np.dtype, zero: bool = False) -> np.ndarray:
+  """A 1-D array of `size` elements whose data starts at an ALIGN-byte boundary."""
+  nbytes = size * dtype.itemsize
+  raw = (np.zeros if zero else np.empty)(nbytes + ALIGN, dtype=np.uint8)
+  start = -raw.ctypes.data % ALIGN
+  return raw[start:start + nbytes].view(dtype)
+
+
 class Mirror:
   """A device-side copy of a Buffer. Devices subclass it; `valid` says it holds the current contents."""
   owner: object = None   # which device (object) holds it
@@ -54,7 +69,7 @@ class Buffer:
     return self._data is None and self.host_valid
 
   def _host(self) -> np.ndarray:
-    if self._data is None: self._data = np.zeros(self.size, dtype=np_dtype(self.dtype))
+    if self._data is None: self._data = host_array(self.size, np_dtype(self.dtype), zero=True)
     if not self.host_valid:
       assert self.mirror is not None and self.mirror.valid
       self.mirror.read_into(self._data)
@@ -74,9 +89,12 @@ class Buffer:
     return arr
 
   def copyin(self, data: np.ndarray):
-    arr = np.ascontiguousarray(data, dtype=np_dtype(self.dtype)).reshape(-1)
+    """The buffer's contents become a copy of `data` (never the caller's array itself, which they may change)."""
+    arr = np.asarray(data).reshape(-1)
     if arr.size != self.size: raise ValueError(f"copyin of {arr.size} elements into a buffer of {self.size}")
-    self._data = arr.copy() if arr.base is not None or not arr.flags.writeable else arr
+    # a new array, not the old one overwritten: an earlier host view someone holds keeps what it showed
+    self._data = host_array(self.size, np_dtype(self.dtype))
+    np.copyto(self._data, arr, casting="unsafe")
     self.host_valid = True
     if self.mirror is not None: self.mirror.valid = False
 
@@ -88,7 +106,7 @@ class Buffer:
     device copy of src is read back once and stays valid there); a device copy of this buffer is stale after."""
     if src.size != self.size or src.dtype is not self.dtype:
       raise ValueError(f"copy of {src!r} into {self!r}: sizes or dtypes differ")
-    if self._data is None: self._data = np.empty(self.size, dtype=np_dtype(self.dtype))
+    if self._data is None: self._data = host_array(self.size, np_dtype(self.dtype))
     np.copyto(self._data, src.host_view())
     self.host_valid = True
     if self.mirror is not None: self.mirror.valid = False
@@ -116,4 +134,4 @@ def buffer_of(u: UOp) -> Buffer:
   return buf
 
 
-__all__ = ["Buffer", "Mirror", "new_buffer", "buffer_of", "np_dtype", "dtypes"]
+__all__ = ["Buffer", "Mirror", "new_buffer", "buffer_of", "host_array", "np_dtype", "dtypes"]

@@ -253,7 +253,7 @@ def to_numpy(data: Any, dt: DType | None) -> tuple[np.ndarray, DType]:
   if isinstance(data, (np.ndarray, np.generic)):
     arr = np.asarray(data)
     if dt is None: dt = from_numpy_dtype(arr.dtype)
-    return np.array(arr, dtype=np_dtype(dt), copy=True), dt
+    return arr.astype(np_dtype(dt), copy=False), dt   # (the buffer copies it: buffer.copyin)
   if not isinstance(data, (bool, int, float, list, tuple)):
     raise TypeError(f"cannot make a Tensor from {type(data).__name__}; pass a number, nested lists or a numpy array")
   if dt is not None:
