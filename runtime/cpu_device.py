@@ -26,7 +26,6 @@ import re
 import sys
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 
 import llvmlite
 import llvmlite.binding as llvm
@@ -49,13 +48,28 @@ def threads() -> int:
   return max(1, int(os.environ.get("RULEC_THREADS", os.cpu_count() or 1)))
 
 
-_pool: ThreadPoolExecutor | None = None
+def _native_functions(text: str, names: tuple[str, ...]) -> dict[str, int]:
+  """Addresses of the functions `names` of an IR module of the runtime's own (not a kernel), built by this JIT or
+  loaded from the disk cache (beside the kernels', under a kind of its own: not a kernel's program)."""
+  digest = _cache_key(text)
+  obj = kernel_cache.load("cpu-runtime", digest)
+  _, ee = _jit()
+  if obj is None:
+    obj = _build(text)
+    kernel_cache.store("cpu-runtime", digest, obj)
+  ee.add_object_file(llvm.ObjectFileRef.from_data(obj))
+  ee.finalize_object()
+  return {n: ee.get_function_address(n) for n in names}
 
 
-def _get_pool() -> ThreadPoolExecutor:
-  global _pool
-  if _pool is None: _pool = ThreadPoolExecutor(max_workers=max(1, threads() - 1), thread_name_prefix="rulec-cpu")
-  return _pool
+def _native_helpers():
+  """runtime/cpu_workers.py's polling loop and helpers, and its trampolines as they are needed."""
+  from runtime import cpu_workers
+  x86 = llvm.get_process_triple().split("-")[0] in ("x86_64", "amd64")
+  fns = _native_functions(cpu_workers.native_ir(x86), ("rulec_wait", "rulec_publish", "rulec_cycles", "rulec_serve"))
+  def trampoline(n: int) -> int:
+    return _native_functions(cpu_workers.trampoline_ir(n), (f"rulec_call_{n}",))[f"rulec_call_{n}"]
+  return cpu_workers.Native(fns, trampoline)
 
 
 # Features turned off on a host that has them, because LLVM 22.1 (llvmlite 0.50) miscompiles with them: its
@@ -320,18 +334,22 @@ def _time_candidate(kernel: Kernel, opt: Kernel) -> float:
   return sorted(times)[len(times) // 2]
 
 
+def thread_calls(n: int, threads: int, pair_last: bool) -> list[tuple[int, int]]:
+  """The [lo, hi) parts of a thread range of n that `threads` threads take, one each. pair_last: the last two
+  steps stay in one part (a ragged tile and the one it overlaps; Program.pair_last)."""
+  chunks = min(threads, n)
+  if pair_last and chunks == n: chunks = n - 1
+  return [(n * i // chunks, n * (i + 1) // chunks) for i in range(chunks)]
+
+
 def _launch(prog: Program, split: int | None, ptrs: list[int], work: int) -> None:
   n = split if split is not None else 1
   t = threads()
   if split is None or t == 1 or n < 2 or work < MIN_SPLIT_WORK:
     prog.fn(*ptrs, 0, n)
   else:
-    chunks = min(t, n)
-    if prog.pair_last and chunks == n: chunks = n - 1   # (then the last call has at least two tiles)
-    bounds = [(n * i // chunks, n * (i + 1) // chunks) for i in range(chunks)]
-    futs = [_get_pool().submit(prog.fn, *ptrs, lo, hi) for lo, hi in bounds[1:]]
-    prog.fn(*ptrs, *bounds[0])
-    for f in futs: f.result()
+    from runtime.cpu_workers import workers
+    workers(_native_helpers).run(prog.fn, [(*ptrs, lo, hi) for lo, hi in thread_calls(n, t, prog.pair_last)])
 
 
 def run_kernel(kernel: Kernel) -> None:

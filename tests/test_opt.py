@@ -242,16 +242,11 @@ def test_forced_ragged_upcasts_compute_the_same(fresh, acts, threads):
 
 @pytest.mark.parametrize("tiles, threads, calls", [(2, 2, [(0, 2)]), (3, 8, [(0, 1), (1, 3)]), (5, 2, [(0, 2), (2, 5)]),
                                                     (4, 4, [(0, 1), (1, 2), (2, 4)])])
-def test_the_last_two_ragged_tiles_run_in_one_call(monkeypatch, tiles, threads, calls):
+def test_the_last_two_ragged_tiles_run_in_one_call(tiles, threads, calls):
   # (a race otherwise: the last tile, under KBLOCK, stores back what it read of the outputs the tile before updates)
-  got = []
-  class Prog:
-    pair_last = True
-  monkeypatch.setenv("RULEC_THREADS", str(threads))
-  prog = Prog()
-  prog.fn = lambda lo, hi: got.append((lo, hi))
-  cpu_device._launch(prog, tiles, [], 1 << 30)
-  assert sorted(got) == calls
+  assert cpu_device.thread_calls(tiles, threads, pair_last=True) == calls
+  assert cpu_device.thread_calls(tiles, threads, pair_last=False) == [(tiles * i // min(threads, tiles), tiles * (i + 1) // min(threads, tiles))
+                                                                     for i in range(min(threads, tiles))]
 
 
 @pytest.mark.parametrize("device", ["CPU", "CL"])
