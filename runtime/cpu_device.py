@@ -66,7 +66,8 @@ def _native_helpers():
   """runtime/cpu_workers.py's polling loop and helpers, and its trampolines as they are needed."""
   from runtime import cpu_workers
   x86 = llvm.get_process_triple().split("-")[0] in ("x86_64", "amd64")
-  fns = _native_functions(cpu_workers.native_ir(x86), ("rulec_wait", "rulec_publish", "rulec_cycles", "rulec_serve"))
+  fns = _native_functions(cpu_workers.native_ir(x86), ("rulec_wait", "rulec_publish", "rulec_cycles", "rulec_serve",
+                                                                   "rulec_hand", "rulec_claim"))
   def trampoline(n: int) -> int:
     return _native_functions(cpu_workers.trampoline_ir(n), (f"rulec_call_{n}",))[f"rulec_call_{n}"]
   return cpu_workers.Native(fns, trampoline)

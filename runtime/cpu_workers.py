@@ -5,16 +5,29 @@ and its result: 160 us), and a Python worker, even one that polls, must take the
 can start its call, which is another sleep and wake. A 256 x 256 elementwise kernel split in two took 63 us to
 launch that way for 4 us of work in each half.
 
-So a worker runs a loop of native code (`rulec_serve`, compiled by the CPU device's LLVM and called through
-ctypes, which releases the GIL): it polls its slot for a new call, makes it, says it is done, and polls again, for
-twice as long as its last call took (at least SPIN_MIN_S, at most SPIN_MAX_S) before it returns to Python to sleep
-on an Event. OpenMP runtimes and BLAS libraries keep their threads polling the same way; the time limit keeps the
-cost in proportion to the work. The caller, having made its own call, polls for the workers' in the same way.
+So a worker thread is one call of native code (`rulec_serve`, compiled by the CPU device's LLVM and called through
+ctypes, which releases the GIL) that never comes back to Python until it is stopped: it polls its slot for a new
+call, makes it, says it is done, and polls again, for twice as long as its last call took (at least SPIN_MIN_S, at
+most SPIN_MAX_S); then it sleeps in read(2) on a pipe of its own until the caller writes to it. OpenMP runtimes and
+BLAS libraries keep their threads polling the same way; the time limit keeps the cost in proportion to the work.
+The caller, having made its own call, polls for the workers' in the same way. (A first version slept in Python, on
+an Event: a worker coming back to Python waited up to the interpreter's 5 ms switch interval for the GIL while the
+caller ran Python, and took the GIL from it; a 0.2 ms kernel launched back to back took 0.66 ms in some processes.)
 
 A slot is four cache lines of int64: JOB (the caller raises it to hand over a call), DONE (the worker sets it to
-JOB's value when the call has returned), the call (trampoline, kernel, arguments, lo, hi) and SLEEPING's line. JOB
-and DONE are written with release stores and read with acquire loads, so a call's fields are visible before its
-JOB, and its results before its DONE, on weakly ordered machines too. A kernel takes its buffers as separate
+JOB's value when the call has returned), the call (trampoline, kernel, arguments, lo, hi) and SLEEPING. JOB and
+DONE are written with release stores and read with acquire loads, so a call's fields are visible before its JOB,
+and its results before its DONE, on weakly ordered machines too. Going to sleep, a worker sets SLEEPING and then
+reads JOB again; the caller raises JOB and then reads SLEEPING (`rulec_hand`), all four sequentially consistent, so
+one of the two sees the other: the worker finds the call, or the caller writes the wake-up. A wake-up written
+for a worker that found its call anyway wakes it once more, later, to poll and sleep again.
+
+Whoever starts a call first makes it: the worker, and the caller once its own call is done, each raise CLAIM to
+the call's JOB (an atomic max, so a worker that wakes late with an old JOB claims nothing) and make the call only
+if CLAIM was below it. A worker asleep when its call came may take longer to wake than the call takes (here
+0.5 ms on a virtual CPU left idle for a few milliseconds: a 0.2 ms matmul launched after a pause took 0.7 ms);
+the caller then makes it itself and does not wait. The caller waits for DONE only for calls a worker claimed, and
+a worker reads a call's fields only after claiming it, so the caller never rewrites a slot a worker is reading. A kernel takes its buffers as separate
 pointer arguments, so the worker calls it through a trampoline for that many buffers (`rulec_call_<n>`), which
 loads them from an array.
 """
@@ -32,9 +45,13 @@ from runtime.buffer import host_array
 SPIN_MIN_S = 0.0005    # a polling thread polls at least this long before it sleeps ...
 SPIN_RATIO = 2.0       # ... or this many times as long as its last call took ...
 SPIN_MAX_S = 0.02      # ... but at most this long
+YIELD_AFTER_S = 0.00002   # a worker polling longer than this yields its CPU between polls (sched_yield), so that
+                          # it never holds up a thread the scheduler put on the same CPU (the caller, mid-launch)
+WAIT_MIN_S = 0.00005   # the caller, waiting for a worker's call, polls twice as long as its own call took, at least
+                       # this long, before it yields its CPU, then polls this long between yields
 LINE = 8               # int64 per cache line
-JOB, DONE, CALL = 0, LINE, 2 * LINE   # a slot's fields: its counters each alone on a line, then the call
-SLOT = 4 * LINE
+JOB, DONE, CALL, SLEEPING, CLAIM = 0, LINE, 2 * LINE, 3 * LINE, 4 * LINE   # a slot's fields, each on its own line
+SLOT = 5 * LINE
 
 # The polling loop and its helpers. wait(p, old, cycles): poll *p until it differs from `old` or `cycles` of the
 # cycle counter have passed; the last value read. serve(slot, seen, min, max): make each call handed to the slot,
@@ -71,14 +88,29 @@ entry:
   %t = call i64 @llvm.readcyclecounter()
   ret i64 %t
 }}
-define i64 @rulec_serve(ptr %slot, i64 %seen0, i64 %least, i64 %most) {{
+define i64 @rulec_hand(ptr %job, i64 %v, ptr %sleeping) {{
 entry:
+  store atomic i64 %v, ptr %job seq_cst, align 8
+  %s = load atomic i64, ptr %sleeping seq_cst, align 8
+  ret i64 %s
+}}
+define i64 @rulec_claim(ptr %claim, i64 %job) {{
+entry:
+  %old = atomicrmw umax ptr %claim, i64 %job seq_cst
+  ret i64 %old
+}}
+declare i64 @read(i32, ptr, i64)
+declare i32 @sched_yield()
+define i64 @rulec_serve(ptr %slot, i64 %seen0, i64 %least, i64 %most, i32 %fd, i64 %courtesy) {{
+entry:
+  %buf = alloca [16 x i8], align 8
   %donep = getelementptr i64, ptr %slot, i64 {done}
   %call = getelementptr i64, ptr %slot, i64 {call}
+  %sleepp = getelementptr i64, ptr %slot, i64 {sleeping}
   br label %wait
 wait:
-  %seen = phi i64 [%seen0, %entry], [%job, %ran]
-  %budget = phi i64 [%least, %entry], [%next, %ran]
+  %seen = phi i64 [%seen0, %entry], [%job, %ran], [%seen, %awake], [%job, %stolen]
+  %budget = phi i64 [%least, %entry], [%next, %ran], [%least, %awake], [%least, %stolen]
   %t0 = call i64 @llvm.readcyclecounter()
   br label %poll
 poll:
@@ -90,10 +122,32 @@ again:
   %t = call i64 @llvm.readcyclecounter()
   %spent = sub i64 %t, %t0
   %more = icmp ult i64 %spent, %budget
-  br i1 %more, label %poll, label %idle
-idle:
-  ret i64 %seen
+  br i1 %more, label %stay, label %sleep
+stay:
+  %long = icmp ugt i64 %spent, %courtesy
+  br i1 %long, label %yield, label %poll
+yield:
+  %y = call i32 @sched_yield()
+  br label %poll
+sleep:
+  store atomic i64 1, ptr %sleepp seq_cst, align 8
+  %late = load atomic i64, ptr %slot seq_cst, align 8
+  %came = icmp ne i64 %late, %seen
+  br i1 %came, label %awake, label %block
+block:
+  %got = call i64 @read(i32 %fd, ptr %buf, i64 16)
+  br label %awake
+awake:
+  store atomic i64 0, ptr %sleepp seq_cst, align 8
+  br label %wait
 take:
+  %claimp = getelementptr i64, ptr %slot, i64 {claim}
+  %old = atomicrmw umax ptr %claimp, i64 %job seq_cst
+  %mine = icmp ult i64 %old, %job
+  br i1 %mine, label %fields, label %stolen
+stolen:
+  br label %wait
+fields:
   %tramp = load ptr, ptr %call, align 8
   %stop = icmp eq ptr %tramp, null
   br i1 %stop, label %stopped, label %run
@@ -128,7 +182,8 @@ ran:
 
 def native_ir(x86: bool) -> str:
   return NATIVE_IR.format(pause_decl="declare void @llvm.x86.sse2.pause()" if x86 else "",
-                          pause_call="call void @llvm.x86.sse2.pause()" if x86 else "", done=DONE, call=CALL)
+                          pause_call="call void @llvm.x86.sse2.pause()" if x86 else "", done=DONE, call=CALL,
+                          sleeping=SLEEPING, claim=CLAIM)
 
 
 def trampoline_ir(n: int) -> str:
@@ -147,20 +202,39 @@ class Native:
     self.wait = ctypes.CFUNCTYPE(ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64)(addresses["rulec_wait"])
     self.publish = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int64)(addresses["rulec_publish"])
     self.cycles = ctypes.CFUNCTYPE(ctypes.c_int64)(addresses["rulec_cycles"])
-    self.serve = ctypes.CFUNCTYPE(ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64,
-                                  ctypes.c_int64)(addresses["rulec_serve"])
+    self.serve = ctypes.CFUNCTYPE(ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64,
+                                  ctypes.c_int32, ctypes.c_int64)(addresses["rulec_serve"])
+    self.hand = ctypes.CFUNCTYPE(ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p)(addresses["rulec_hand"])
+    self.claim = ctypes.CFUNCTYPE(ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64)(addresses["rulec_claim"])
     self._trampoline, self._trampolines = trampoline, {}
     c0, t0 = self.cycles(), time.perf_counter()
     while time.perf_counter() - t0 < 0.002: pass
     c1, t1 = self.cycles(), time.perf_counter()
     self.per_second = max(0.0, (c1 - c0) / (t1 - t0))
 
-  def budget(self, seconds: float) -> int:
-    return int(min(max(seconds, SPIN_MIN_S), SPIN_MAX_S) * self.per_second)
+  def budget(self, seconds: float, least: float = SPIN_MIN_S) -> int:
+    return int(min(max(seconds, least), SPIN_MAX_S) * self.per_second)
 
   def trampoline(self, n: int) -> int:
     if n not in self._trampolines: self._trampolines[n] = self._trampoline(n)
     return self._trampolines[n]
+
+
+_WAKE = (1).to_bytes(8, "little")   # one wake-up: an eventfd adds it to its count; a pipe holds the bytes
+
+
+def _wake_channel() -> tuple[int, int]:
+  """(read end, write end) a worker sleeps on in read(2). An eventfd where there is one (Linux): a pipe's write wakes
+  its reader as the writer's CPU's next task (a "sync" wake-up, for a writer about to wait), so the worker waited
+  for the caller, who polls: a 0.2 ms kernel launched after a 3 ms pause took 0.56 ms (an eventfd: 0.07). Else a
+  pipe. Either write end is non-blocking."""
+  if hasattr(os, "eventfd"):
+    fd = os.eventfd(0, os.EFD_NONBLOCK if hasattr(os, "EFD_NONBLOCK") else 0)
+    os.set_blocking(fd, True)        # (the worker's read blocks; the caller's write never does: an eventfd only
+    return fd, fd                    # refuses a write at a count of 2^64 - 2)
+  r, w = os.pipe()
+  os.set_blocking(w, False)
+  return r, w
 
 
 class Workers:
@@ -170,7 +244,7 @@ class Workers:
     self.slots = host_array(0, np.dtype(np.int64))
     self.args: list[np.ndarray] = []
     self.threads: list[threading.Thread] = []
-    self.wake: list[threading.Event] = []
+    self.pipes: list[tuple[int, int]] = []   # each worker's (read, write) ends: the write wakes it from `read`
     self.seq = 0
 
   def _slot(self, i: int, field: int = 0) -> int:
@@ -181,31 +255,33 @@ class Workers:
     if len(self.threads) >= n: return
     if self.threads: self.stop()
     self.slots = host_array(n * SLOT, np.dtype(np.int64), zero=True)
-    self.args, self.wake, self.threads = [host_array(0, np.dtype(np.int64)) for _ in range(n)], [], []
+    self.args, self.threads = [host_array(8, np.dtype(np.int64)) for _ in range(n)], []
+    least, most = self.native.budget(SPIN_MIN_S), self.native.budget(SPIN_MAX_S)
+    courtesy = self.native.budget(0, YIELD_AFTER_S)
     for i in range(n):
-      self.wake.append(threading.Event())
-      th = threading.Thread(target=self._serve, args=(i,), name=f"rulec-cpu-{i}", daemon=True)
+      r, w = _wake_channel()
+      self.pipes.append((r, w))
+      th = threading.Thread(target=self.native.serve, args=(self._slot(i), 0, least, most, r, courtesy),
+                            name=f"rulec-cpu-{i}", daemon=True)
       self.threads.append(th)
       th.start()
+
+  def _hand(self, i: int) -> None:
+    """Worker i's JOB raised (its call is in the slot already), and the worker woken if it sleeps."""
+    self.seq += 1
+    if self.native.hand(self._slot(i, JOB), self.seq, self._slot(i, SLEEPING)):
+      try: os.write(self.pipes[i][1], _WAKE)
+      except BlockingIOError: pass   # (full: it holds wake-ups enough)
 
   def stop(self) -> None:
     for i in range(len(self.threads)):
       self.slots[i * SLOT + CALL] = 0   # a null trampoline: return
-      self.seq += 1
-      self.native.publish(self._slot(i, JOB), self.seq)
-      self.wake[i].set()
+      self._hand(i)
     for th in self.threads: th.join()
-    self.threads = []
-
-  def _serve(self, i: int) -> None:
-    native, slot = self.native, self._slot(i)
-    least, most = native.budget(SPIN_MIN_S), native.budget(SPIN_MAX_S)
-    seen = 0
-    while True:
-      seen = native.serve(slot, seen, least, most)
-      if seen < 0: return
-      self.wake[i].wait()   # polling ran out: sleep until the caller hands over a call (and sets wake)
-      self.wake[i].clear()  # (a set left from a call already served wakes this thread once, to poll again)
+    for r, w in self.pipes:
+      os.close(r)
+      if w != r: os.close(w)
+    self.threads, self.pipes = [], []
 
   def run(self, fn, calls: list[tuple]) -> None:
     """fn(*calls[0]) on this thread and fn(*calls[j]) on worker j - 1, all at once; returns when all have returned.
@@ -217,22 +293,26 @@ class Workers:
     before = []
     for i in range(helpers):
       *ptrs, lo, hi = calls[i + 1]
-      if self.args[i].size < len(ptrs): self.args[i] = host_array(max(len(ptrs), 8), np.dtype(np.int64))
+      if self.args[i].size < len(ptrs): self.args[i] = host_array(len(ptrs), np.dtype(np.int64))
       self.args[i][:len(ptrs)] = ptrs
       base = i * SLOT + CALL
       slots[base:base + 5] = (native.trampoline(len(ptrs)), address, self.args[i].ctypes.data, lo, hi)
       before.append(int(slots[i * SLOT + DONE]))
-      self.seq += 1
-      native.publish(self._slot(i, JOB), self.seq)
-      self.wake[i].set()
+      self._hand(i)
     t0 = time.perf_counter()
     try: fn(*calls[0])
     finally:   # (the workers' calls write the same outputs: they end before this returns, or raises)
-      budget = native.budget(SPIN_RATIO * (time.perf_counter() - t0))
+      budget = native.budget(SPIN_RATIO * (time.perf_counter() - t0), WAIT_MIN_S)
       for i in range(helpers):
         want = int(slots[i * SLOT + JOB])
+        if native.claim(self._slot(i, CLAIM), want) < want:   # not started yet (asleep): this thread makes it
+          fn(*calls[i + 1])
+          continue
         while native.wait(self._slot(i, DONE), before[i], budget) != want:
-          time.sleep(0.0001)   # a worker slow to wake (or preempted): poll again after a short sleep
+          # the worker is late: it may be waiting for this very CPU (the scheduler put both threads on one), so
+          # give the CPU up between shorter polls
+          os.sched_yield()
+          budget = native.budget(0, WAIT_MIN_S)
 
 
 _workers: Workers | None = None

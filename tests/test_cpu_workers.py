@@ -103,3 +103,16 @@ def test_a_failing_call_on_the_caller_still_waits_for_the_workers(monkeypatch):
   with pytest.raises(ctypes.ArgumentError):
     w.run(never, [(object(), 0, 1), (out.ctypes.data, 1, 2)])
   assert calls == [1]
+
+
+def test_many_launches_with_random_pauses_and_thread_counts(monkeypatch):
+  # the claim (a sleeping worker's call made by the caller instead), the sleep and the wake-up race each other at
+  # every pause length; every launch must still give the one-thread values
+  rng = np.random.default_rng(11)
+  a = rng.standard_normal((300, 300)).astype(np.float32)
+  b = rng.standard_normal((300, 64)).astype(np.float32)
+  for i in range(60):
+    monkeypatch.setenv("RULEC_THREADS", str(int(rng.integers(2, 5))))
+    time.sleep(float(rng.choice([0, 0, 1e-5, 2e-4, 6e-4, 3e-3])))
+    if i % 2: np.testing.assert_allclose((Tensor(a) @ Tensor(b)).numpy(), a @ b, rtol=1e-4, atol=1e-4)
+    else: np.testing.assert_array_equal((Tensor(a) * (i + 1)).numpy(), a * (i + 1))
