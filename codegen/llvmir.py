@@ -490,6 +490,7 @@ class LLVMRenderer(ScopedEmitter):
     many = len(lanes) > 1
     for acc in accs: self.b.store(self.const(identity_element(op, d), ad), acc)
     loops = [self.open_loop(r) for r in rngs]
+    if rngs and range_kind(rngs[-1])[0] == "prefetch": self._prefetch(value, rngs[-1], range_kind(rngs[-1])[1])
     # a float sum of products may fuse each product into the sum (fma): `contract` on both, as numpy's BLAS does
     fuse = ad.kind == "f" and op is Ops.ADD and not wide and value.op is Ops.MUL
     guarded = not many and ad.kind == "f" and op is Ops.ADD and _guarded_reduce(value)
@@ -526,6 +527,20 @@ class LLVMRenderer(ScopedEmitter):
     outs = [self.b.load(acc) for acc in accs]
     return [self._to_half(o) for o in outs] if wide else outs
 
+  def _prefetch(self, value: UOp, r: UOp, ahead: int) -> None:
+    """Prefetch, `ahead` steps of loop r early, each cache line that the loads of `value` read with a stride of a
+    line or more along r (what the hardware prefetchers do not follow: B's rows, a page apart in a matmul): one
+    prefetch per line of the lanes' loads, lanes that share a line sharing it."""
+    for load in dict.fromkeys(x for x in value.toposort() if x.op is Ops.INDEX and x.src[0] in self.ptrs):
+      for idx in prefetch_indices(load, r, ahead, self.ups):
+        ptr = self.b.gep(self.ptrs[load.src[0]], [self.value(idx)], inbounds=False, source_etype=memtype(load.dtype))
+        self.b.call(self._prefetch_fn(), [ptr, _I32(0), _I32(3), _I32(1)])
+
+  def _prefetch_fn(self) -> ir.Function:
+    fn = self.module.globals.get("llvm.prefetch.p0")
+    return fn if fn is not None else ir.Function(self.module, ir.FunctionType(ir.VoidType(), [ir.PointerType(), _I32, _I32, _I32]),
+                                                name="llvm.prefetch.p0")
+
   def _max_in_lanes(self, value: UOp, r: UOp, d: DType):
     """A float MAX over one range in MAX_LANES interleaved accumulators (element i into i % MAX_LANES), combined in
     order at the end. LLVM's loop vectoriser takes a compare-and-select reduction only if it may assume no NaN
@@ -558,6 +573,35 @@ class LLVMRenderer(ScopedEmitter):
 
 
 MAX_LANES = 16  # a float max reduction's interleaved accumulators (see _max_in_lanes)
+LINE_BYTES = 64                 # a cache line
+MAX_PREFETCH_PER_LOAD = 8       # lines of one load prefetched per step, at most (more: none of them)
+
+
+def prefetch_indices(load: UOp, r: UOp, ahead: int, lanes: dict) -> list[UOp]:
+  """The index expressions to prefetch for `load` in loop r, `ahead` steps early: none if its index moves by less
+  than a line per step of r (or does not depend on r); else one per line its upcast lanes read at a step, each
+  lane's index with the lanes fixed to the values of the first lane on that line and r moved ahead."""
+  from engine.index_expr import evaluate
+  idx = load.src[1]
+  free = [x for x in idx.toposort() if x.op is Ops.RANGE]
+  if r not in free or any(x.op is Ops.DEFINE_VAR for x in idx.toposort()): return []
+  mine = [x for x in free if x in lanes]
+  size = load.dtype.itemsize
+  base = {x: 0 for x in free}
+  try:
+    stride = abs(evaluate(idx, {**base, r: 1}) - evaluate(idx, base)) * size
+    combos = [{}]
+    for x in mine: combos = [{**c, x: v} for c in combos for v in range(lanes[x])]
+    if len(combos) > 512: return []
+    offsets = sorted((evaluate(idx, {**base, **c}) * size, i) for i, c in enumerate(combos))
+  except (ArithmeticError, KeyError, TypeError, ValueError): return []
+  if stride < LINE_BYTES: return []
+  picked, last = [], None
+  for off, i in offsets:
+    if last is None or off >= last + LINE_BYTES: picked, last = picked + [combos[i]], off
+  if len(picked) > MAX_PREFETCH_PER_LOAD: return []
+  moved = UOp(Ops.ADD, dtypes.index, (r, UOp.const(dtypes.index, ahead)))
+  return [substitute(idx, {r: moved, **{x: UOp.const(dtypes.index, v) for x, v in c.items()}}) for c in picked]
 
 
 def _guarded_reduce(value: UOp) -> bool:

@@ -135,7 +135,7 @@ _PROGRAMS = {
   "argmax": (lambda r: [r.standard_normal((6, 32))], lambda x: x.argmax(1)),
   "linear": (lambda r: [r.standard_normal((16, 64)), r.standard_normal((8, 64))], lambda x, w: x @ w.T),
 }
-_OPS = ["UPCAST", "LOCAL", "KBLOCK", "THREAD", "GROUP", "VECTOR", "STAGE", "SIMD", "BLOCK"]
+_OPS = ["UPCAST", "LOCAL", "KBLOCK", "THREAD", "GROUP", "VECTOR", "STAGE", "SIMD", "BLOCK", "PREFETCH"]
 
 
 def _check_actions(device, data, name, picks, monkeypatch):
@@ -718,3 +718,77 @@ def test_a_corrupt_or_stale_search_record_is_searched_again_never_trusted(fresh)
   assert optimize(low, "CPU", timer=timer)[1] == first and len(calls) == 3 * n
   kernel_cache.store_json("search", key, {"actions": 7})
   assert optimize(low, "CPU", timer=timer)[1] == first and len(calls) == 4 * n
+
+
+# *** PREFETCH: a sum's loads that step a line or more, fetched ahead (the CPU) ***
+
+def _ir_of(t, acts: str):
+  from codegen.llvmir import render
+  (kern,) = t.schedule()
+  low = decomposed(kern, cpu_device.optional_decompositions())
+  return render(apply(low, parse_actions(acts), "CPU"), "kernel")[0]
+
+
+@pytest.mark.parametrize("m, k, n, acts", [
+  (64, 200, 96, "UPCAST({n},32) UPCAST({m},8) KBLOCK({k},40) PREFETCH({k},8) THREAD({m})"),
+  (101, 97, 67, "UPCAST({n},32) UPCAST({m},14) PREFETCH({k},3) THREAD({m})"),   # ragged tiles, no block
+  (37, 101, 33, "UPCAST({n},16) UPCAST({m},4) PREFETCH({k},64)"),    # further ahead than the sum is long
+  (40, 24, 48, "PREFETCH({k},1) UPCAST({n},16) UPCAST({m},8)"),       # before the tiles: its mark survives them
+  (9, 300, 70, "PREFETCH({k},8)")])                                   # no lanes: one prefetch per step
+@pytest.mark.parametrize("threads", ["1", "3"])
+def test_forced_prefetches_compute_the_same(fresh, m, k, n, acts, threads):
+  a, b, t = _matmul(m=m, k=k, n=n, seed=m + n)
+  key, axis = _key_and_axes(t)
+  text = acts.format(m=axis[m], n=axis[n], k=axis[k])
+  assert "llvm.prefetch" in _ir_of(Tensor(a) @ Tensor(b), text)
+  fresh.setenv("RULEC_OPT", f"{key}={text}")
+  fresh.setenv("RULEC_THREADS", threads)
+  fresh.setattr(cpu_device, "MIN_SPLIT_WORK", 1)
+  np.testing.assert_allclose(t.numpy(), a @ b, rtol=1e-4, atol=1e-4)
+
+
+def test_prefetches_go_to_the_loads_that_step_lines_one_per_line():
+  # a 1024-wide B (rows 4 KiB apart): its 32 lanes read two lines per step, prefetched; A steps 4 bytes: none
+  _, _, t = _matmul(m=64, k=64, n=1024)
+  (kern,) = t.schedule()
+  rows = next(r.arg[0] for r in kern.ranges if r.src[0].arg == 64 and r.arg[0] != _k_axis(t))
+  cols, kx = next(r.arg[0] for r in kern.ranges if r.src[0].arg == 1024), _k_axis(t)
+  ir = _ir_of(t, f"UPCAST({cols},32) UPCAST({rows},8) KBLOCK({kx},16) PREFETCH({kx},8)")
+  assert len(re.findall(r"call void @\"?llvm\.prefetch", ir)) == 2
+  # x @ W.T: W's rows run along the sum, 4 bytes a step: nothing to prefetch
+  a, w = np.ones((64, 256), np.float32), np.ones((96, 256), np.float32)
+  tt = Tensor(a) @ Tensor(w).T
+  assert not re.findall(r"call void @\"?llvm\.prefetch", _ir_of(tt, f"PREFETCH({_k_axis(tt)},8)"))
+
+
+def _k_axis(t) -> int:
+  (kern,) = t.schedule()
+  low = decomposed(kern, cpu_device.optional_decompositions())
+  red = next(u for u in low.ast.toposort() if u.op.name == "REDUCE")
+  return red.src[1].arg[0]
+
+
+@pytest.mark.parametrize("acts, msg", [
+  ("PREFETCH({k},0)", r"the distance is 1 to 64 steps"),
+  ("PREFETCH({k},65)", r"the distance is 1 to 64 steps"),
+  ("PREFETCH({m},8)", r"is not a reduce range of this kernel, nor blocks of one"),
+  ("PREFETCH({k},8) PREFETCH({k},4)", r"is a prefetch:8 range already"),
+  ("SIMD({k}) PREFETCH({k},8)", r"is a simd range already")])
+def test_prefetch_that_cannot_apply_is_refused_with_a_reason(acts, msg):
+  _, _, t = _matmul(m=32, k=24, n=48)
+  _, axis = _key_and_axes(t)
+  (kern,) = t.schedule()
+  low = decomposed(kern, cpu_device.optional_decompositions())
+  with pytest.raises(OptError, match=msg): apply(low, parse_actions(acts.format(m=axis[32], k=_k_axis(t))), "CPU")
+  with pytest.raises(OptError, match="the CL renderer does not take PREFETCH"): apply(low, parse_actions(f"PREFETCH({_k_axis(t)},8)"), "CL")
+
+
+def test_the_cpu_cost_model_prefetches_big_blocked_sums_on_16_lane_targets():
+  from codegen.opt import choose
+  for (m, k, n), want in (((1024, 1024, 1024), True), ((64, 64, 64), False)):
+    _, _, t = _matmul(m=m, k=k, n=n)
+    (kern,) = t.schedule()
+    low = decomposed(kern, cpu_device.optional_decompositions())
+    wide = format_actions(choose.cpu_actions(low, choose.CPUTarget(lanes=16)))
+    narrow = format_actions(choose.cpu_actions(low, choose.CPUTarget(lanes=8)))
+    assert ("PREFETCH" in wide) == want and "PREFETCH" not in narrow, (wide, narrow)

@@ -27,6 +27,10 @@ applies it) by a range's axis number, the `r<axis>` of `Kernel.render()`:
   SIMD(a)       the CPU's reduce range a runs in vector lanes (LLVM's loop vectoriser, a partial sum per lane, the
                 lanes added at the end) instead of the upcast lanes being the vector: a register tile whose loads
                 run along the reduction and not along the tile (x @ W.T: rows of A by rows of W)
+  PREFETCH(a,n) the CPU's sum over reduce range a (or over the blocks KBLOCK made of it): each load that moves a
+                cache line or more per step of the sum's innermost range is prefetched n steps ahead, one
+                prefetch per line its lanes read (a matmul's rows of B, a page apart, which the hardware
+                prefetchers do not follow)
   STAGE(a,n)    after UPCAST and LOCAL: reduce range a in blocks of n; per block the work-group copies every load
                 that depends on a and on the store ranges only into local memory together, and the lanes read it
                 from there (a GPU's matmul tile reads A and B from global memory once per work-group)
@@ -43,7 +47,8 @@ import attrs
 # op -> (takes an axis, takes an amount)
 SHAPES = {"UPCAST": (True, True), "LOCAL": (True, True), "KBLOCK": (True, True), "THREAD": (True, False),
           "GROUP": (False, True), "VECTOR": (False, True),
-          "GRID": (False, True), "SPREAD": (True, True), "STAGE": (True, True), "SIMD": (True, False), "BLOCK": (True, True)}
+          "GRID": (False, True), "SPREAD": (True, True), "STAGE": (True, True), "SIMD": (True, False), "BLOCK": (True, True),
+          "PREFETCH": (True, True)}
 
 
 class OptError(ValueError):

@@ -63,6 +63,11 @@ K_BLOCK_BYTES = 512 << 10   # the block of the second matrix one block of the re
 # ... half that with 16-lane tiles: RULEC_SEARCH chose 64-long blocks over 128 for the 1024^3 matmul in both of
 # two runs here (9.6 against 10.0 ms, 7.9 against 8.8), the block loop then re-reading C twice as often
 WIDE_K_BLOCK_BYTES = 256 << 10
+# ... and with 16-lane tiles the loads that step a line or more along the sum (B's rows) prefetched this many steps
+# ahead (PREFETCH): the 1024^3 matmul, bench/kernels.py, 3 runs each alternating: 7.45-7.70 ms against 7.74-8.23
+# without (numpy 6.7-7.2); 4, 6, 12 and 16 steps ahead within the noise of 8, which a C kernel of the same loops
+# measured best (7.72 -> 7.51 ms; 4: 7.53, 16: 7.60)
+PREFETCH_AHEAD = 8
 
 # *** OpenCL ***
 GROUP_MIN_REDUCE = 32          # a group reduction needs at least this many elements per output ...
@@ -284,6 +289,7 @@ def cpu_actions(k: Kernel, target: CPUTarget | None = None) -> list[Action]:
     out.append(Action("UPCAST", row.arg[0], rows))
     kb = _k_block(k, end, col.src[0].arg, WIDE_K_BLOCK_BYTES if lanes >= 16 else K_BLOCK_BYTES)
     if kb: out.append(Action("KBLOCK", end.src[0].src[1].src[1].arg[0], kb))
+    if kb and lanes >= 16 and PREFETCH_AHEAD: out.append(Action("PREFETCH", end.src[0].src[1].src[1].arg[0], PREFETCH_AHEAD))
   out.append(Action("THREAD", end.src[1].arg[0]))   # the outermost store range (its outer part if upcast)
   return out
 

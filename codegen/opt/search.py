@@ -44,7 +44,13 @@ def _cpu_candidates(k: Kernel, end, target) -> list[list[Action]]:
       acts.append(Action("UPCAST", row.arg[0], r))
       blocks = {0} | {choose._k_block(k, end, col.src[0].arg, nbytes) for nbytes in (256 << 10, 512 << 10, 1 << 20)}
       for kb in sorted(blocks):
-        out.append(acts + ([Action("KBLOCK", end.src[0].src[1].src[1].arg[0], kb)] if kb else []) + [Action("THREAD", first)])
+        if not kb:
+          out.append(acts + [Action("THREAD", first)])
+          continue
+        k_axis = end.src[0].src[1].src[1].arg[0]   # (a blocked sum: the store's value is the REDUCE)
+        for ahead in (0, choose.PREFETCH_AHEAD):   # with and without prefetches
+          out.append(acts + [Action("KBLOCK", k_axis, kb)] + ([Action("PREFETCH", k_axis, ahead)] if ahead else [])
+                     + [Action("THREAD", first)])
   lanes = (target or choose.CPUTarget()).lanes
   for tile in ((8, 2), (4, 2), (8, 4), (4, 4), (16, 2), (2, 8)):   # x @ W.T: dot tiles, sums in vector lanes
     for nbytes in (0, 256 << 10, 512 << 10, 1 << 20, 2 << 20):           # ... their column blocks

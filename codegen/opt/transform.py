@@ -38,12 +38,13 @@ from engine.uop import UOp
 from runtime.kernel import Kernel
 
 # which actions each renderer can follow
-DEVICE_ACTIONS = {"CPU": frozenset({"UPCAST", "KBLOCK", "THREAD", "SIMD", "BLOCK"}),
+DEVICE_ACTIONS = {"CPU": frozenset({"UPCAST", "KBLOCK", "THREAD", "SIMD", "BLOCK", "PREFETCH"}),
                   "CL": frozenset({"UPCAST", "LOCAL", "GROUP", "VECTOR", "GRID", "SPREAD", "STAGE"})}
 MAX_LANES = 512          # upcast lanes in one kernel: each is emitted as code of its own (a 14 x 32 tile: 448)
 MAX_GROUP = 1024         # work-items sharing one reduction
 VECTOR_WIDTHS = (2, 4, 8, 16)   # OpenCL's vector sizes
 VECTOR_DTYPES = (dtypes.float32, dtypes.int32, dtypes.uint32)
+MAX_PREFETCH_AHEAD = 64  # PREFETCH's distance, in steps, at most
 MAX_STAGED_BYTES = 32 * 1024   # local memory for STAGE's blocks (OpenCL promises 32 KiB to every work-group)
 
 
@@ -300,6 +301,25 @@ class _Applier:
       if u.arg is not Ops.ADD or u.src[-1].arg[0] != a.axis or range_kind(u.src[-1])[0] not in ("loop", "reduce"):
         raise OptError(f"{a}: r{a.axis} must be the innermost plain range of a sum (a max or product keeps its order)")
     self._mark([mine[0].src[-1]], "simd")
+
+  def prefetch(self, a: Action) -> None:
+    """The innermost range of the sum over r_a (r_a itself, or after KBLOCK the range within a block) marked
+    prefetch:n: the CPU renderer prefetches, n steps ahead, the loads that move a line or more per step."""
+    n = a.amount
+    if not 1 <= n <= MAX_PREFETCH_AHEAD: raise OptError(f"{a}: the distance is 1 to {MAX_PREFETCH_AHEAD} steps")
+    top = self.ast.src[0]
+    reduces = [u for u in top.toposort() if u.op is Ops.REDUCE]
+    def over(u):   # the sum's own ranges, or a serial block range of r_a in its body
+      return any(r.arg[0] == a.axis for r in u.src[1:]) or \
+        any(r.arg[0] == a.axis and range_kind(r)[0] == "serial" for r in free_ranges(u.src[0]))
+    mine = [u for u in reduces if over(u)]
+    if not mine:
+      raise OptError(f"{a}: r{a.axis} is not a reduce range of this kernel, nor blocks of one (those it has: "
+                     f"{_names(dict.fromkeys(r for u in reduces for r in u.src[1:]))})")
+    inner = mine[0].src[-1]
+    if range_kind(inner)[0] not in ("loop", "reduce"):
+      raise OptError(f"{a}: the sum's innermost range r{inner.arg[0]} is a {inner.arg[1]} range already")
+    self._mark([inner], f"prefetch:{n}")
 
   def group(self, a: Action) -> None:
     if len(self.ast.src) != 1: raise OptError(f"{a}: only a kernel with one store can take it (this one has {len(self.ast.src)})")
