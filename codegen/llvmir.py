@@ -39,7 +39,7 @@ import struct
 import numpy as np
 from llvmlite import ir
 
-from codegen.opt.transform import range_kind, renamed_reduce
+from codegen.opt.transform import prefetch_ahead, range_kind, renamed_reduce
 from codegen.scoped import ScopedEmitter
 from engine.dtypes import DType, dtypes
 from engine.ops import MAY_FUSE, Ops
@@ -162,6 +162,11 @@ class LLVMRenderer(ScopedEmitter):
 
   # *** loops ***
   def open_loop(self, r: UOp, lo=None, hi=None) -> _Loop:
+    if hi is None and range_kind(r)[0] == "partial":   # KBLOCK's steps in a block: the last block is shorter
+      _, total, block_axis, *_ = r.arg[1].split(":")
+      block = next(v for u, v in self.ranges.items() if u.arg[0] == int(block_axis))
+      left = self.b.sub(ir.Constant(_I64, int(total)), self.b.mul(block, ir.Constant(_I64, r.src[0].arg)))
+      hi = self.b.select(self.b.icmp_signed("<", left, ir.Constant(_I64, r.src[0].arg)), left, ir.Constant(_I64, r.src[0].arg))
     var = self._alloca(_I64, f"i{r.arg[0]}")
     self.b.store(lo if lo is not None else ir.Constant(_I64, 0), var)
     header = self.fn.append_basic_block(f"r{r.arg[0]}_head")
@@ -490,7 +495,7 @@ class LLVMRenderer(ScopedEmitter):
     many = len(lanes) > 1
     for acc in accs: self.b.store(self.const(identity_element(op, d), ad), acc)
     loops = [self.open_loop(r) for r in rngs]
-    if rngs and range_kind(rngs[-1])[0] == "prefetch": self._prefetch(value, rngs[-1], range_kind(rngs[-1])[1])
+    if rngs and (ahead := prefetch_ahead(rngs[-1])): self._prefetch(value, rngs[-1], ahead)
     # a float sum of products may fuse each product into the sum (fma): `contract` on both, as numpy's BLAS does
     fuse = ad.kind == "f" and op is Ops.ADD and not wide and value.op is Ops.MUL
     guarded = not many and ad.kind == "f" and op is Ops.ADD and _guarded_reduce(value)

@@ -97,7 +97,8 @@ def test_rulec_debug_2_prints_the_chosen_actions(fresh, capfd):
   ("LOCAL({n},16)", r"the CPU renderer does not take LOCAL"),
   ("THREAD({m}) THREAD({n})", r"the kernel has a THREAD range already"),
   ("UPCAST({m},32) UPCAST({n},48)", r"1536 lanes in all; a kernel takes at most 512"),
-  ("KBLOCK({k},5)", r"the block must divide it"),
+  ("KBLOCK({k},24)", r"KBLOCK\({k},24\): r{k} has size 24; the block must be smaller"),
+  ("KBLOCK({k},1)", r"the block must be smaller \(and at least 2\)"),
   ("GROUP(64)", r"does not take GROUP"),
   ("SIMD({m})", r"SIMD\({m}\): r{m} is not a reduce range of this kernel \(those it has: r{k}\[24\]\)"),
   ("SIMD(99)", r"r99 is not a reduce range"),
@@ -792,3 +793,52 @@ def test_the_cpu_cost_model_prefetches_big_blocked_sums_on_16_lane_targets():
     wide = format_actions(choose.cpu_actions(low, choose.CPUTarget(lanes=16)))
     narrow = format_actions(choose.cpu_actions(low, choose.CPUTarget(lanes=8)))
     assert ("PREFETCH" in wide) == want and "PREFETCH" not in narrow, (wide, narrow)
+
+
+# *** KBLOCK whose blocks do not divide the sum: the last block shorter ***
+
+@pytest.mark.parametrize("m, k, n, acts", [
+  (64, 1009, 96, "UPCAST({n},32) UPCAST({m},8) KBLOCK({k},64) THREAD({m})"),
+  (101, 97, 67, "UPCAST({n},32) UPCAST({m},14) KBLOCK({k},16) PREFETCH({k},8) THREAD({m})"),   # ragged tiles too
+  (37, 33, 48, "UPCAST({n},16) UPCAST({m},4) KBLOCK({k},32)"),      # the last block one step long
+  (9, 131, 70, "KBLOCK({k},50) PREFETCH({k},3)"),                    # no lanes; blocks 50, 50, 31
+  (40, 100, 48, "KBLOCK({k},7) UPCAST({n},16) UPCAST({m},8) THREAD({m})")])   # the block before the tiles
+@pytest.mark.parametrize("threads", ["1", "3"])
+def test_kblock_with_a_shorter_last_block_computes_the_same(fresh, m, k, n, acts, threads):
+  a, b, t = _matmul(m=m, k=k, n=n, seed=m * k + n)
+  key, axis = _key_and_axes(t)
+  text = acts.format(m=axis[m], n=axis[n], k=_k_axis(t))
+  fresh.setenv("RULEC_OPT", f"{key}={text}")
+  fresh.setenv("RULEC_THREADS", threads)
+  fresh.setattr(cpu_device, "MIN_SPLIT_WORK", 1)
+  np.testing.assert_allclose(t.numpy(), a @ b, rtol=1e-4, atol=1e-4)
+  b64 = b.astype(np.float64)   # float64 sums block the same way
+  t64 = Tensor(a.astype(np.float64)) @ Tensor(b64)
+  key64, _ = _key_and_axes(t64)
+  fresh.setenv("RULEC_OPT", f"{key64}={text}")
+  np.testing.assert_allclose(t64.numpy(), a.astype(np.float64) @ b64, rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("k", [1009, 97, 131])
+def test_the_cost_model_blocks_prime_sums(k):
+  from codegen.opt import choose
+  _, _, t = _matmul(m=1024, k=k, n=1024)
+  (kern,) = t.schedule()
+  low = decomposed(kern, cpu_device.optional_decompositions())
+  text = format_actions(choose.cpu_actions(low, choose.CPUTarget(lanes=16)))
+  assert "KBLOCK" in text or k < 128, text
+
+
+def test_a_ragged_upcast_after_kblock_is_refused(fresh):
+  # after KBLOCK the kernel reads the sums earlier blocks stored, so the overlapping last tile would add its block
+  # twice (it did: RULEC_OPT lists in this order gave wrong values, found by a random action-list stress)
+  a, b, t = _matmul(m=7, k=64, n=9)
+  key, axis = _key_and_axes(t)
+  kx = _k_axis(t)
+  (kern,) = t.schedule()
+  low = decomposed(kern, cpu_device.optional_decompositions())
+  with pytest.raises(OptError, match=r"after KBLOCK: the sums of earlier blocks; UPCAST first, then KBLOCK"):
+    apply(low, parse_actions(f"UPCAST({axis[9]},3) KBLOCK({kx},16) UPCAST({axis[7]},4) THREAD({axis[7]})"), "CPU")
+  fresh.setenv("RULEC_OPT", f"{key}=UPCAST({axis[7]},4) UPCAST({axis[9]},3) KBLOCK({kx},16) THREAD({axis[7]})")   # the other order
+  fresh.setattr(cpu_device, "MIN_SPLIT_WORK", 1)
+  np.testing.assert_allclose(t.numpy(), a @ b, rtol=1e-4, atol=1e-4)

@@ -59,6 +59,13 @@ def range_kind(r: UOp) -> tuple[str, int | None]:
   return fields[0], (int(fields[1]) if len(fields) > 1 else None)
 
 
+def prefetch_ahead(r: UOp) -> int | None:
+  """PREFETCH's distance for a reduce range it marked (prefetch:n, or partial:size:axis:n), else None."""
+  fields = _kind_fields(r)
+  if fields[0] == "prefetch": return int(fields[1])
+  return int(fields[3]) if fields[0] == "partial" and len(fields) > 3 else None
+
+
 def group_vector(r: UOp) -> int:
   """Elements per load of a group reduction's innermost range (group:n:v, VECTOR on a GROUP kernel), else 1."""
   fields = _kind_fields(r)
@@ -181,6 +188,7 @@ class _Applier:
   def __init__(self, kernel: Kernel, device: str):
     self.k, self.device = kernel, device
     self.ast = kernel.ast
+    self.kblocked = False   # after KBLOCK the kernel reads the sums earlier blocks stored
     self.next_axis = 1 + max((r.arg[0] for r in kernel.ranges if isinstance(r.arg[0], int)), default=-1)
 
   def new_axis(self) -> int:
@@ -219,10 +227,10 @@ class _Applier:
     upcast:<total> and the tiles' loop:<n> (thread:<n> after THREAD): the runtime keeps the last two tiles in one
     thread's share when the kernel reads what it writes."""
     n, total = a.amount, size(r)
-    if reads_what_it_writes(self.k):
+    if reads_what_it_writes(self.k) or self.kblocked:
       raise OptError(f"{a}: r{a.axis} has size {total}, which {n} does not divide, and the kernel reads a buffer it "
-                     "writes, so the last tile, which overlaps the one before, would compute some outputs from values "
-                     "already stored")
+                     f"writes{' (after KBLOCK: the sums of earlier blocks; UPCAST first, then KBLOCK)' if self.kblocked else ''}, "
+                     "so the last tile, which overlaps the one before, would compute some outputs from values already stored")
     outer = UOp.range(tiles(total, n), a.axis, f"{range_kind(r)[0]}:{n}")
     inner = UOp.range(n, self.new_axis(), f"{kind}:{total}")
     tile, last = UOp(Ops.MUL, dtypes.index, (outer, UOp.const(dtypes.index, n))), UOp.const(dtypes.index, total - n)
@@ -247,7 +255,7 @@ class _Applier:
     if _aliased(self.k) or target.src[0] in red.toposort():
       raise OptError(f"{a}: the sum reads the buffer it writes, so a block would see another block's partial sums")
     k = red.src[1]
-    block, inner, expr = self._serial_blocks(a, k)
+    block, inner, expr = self._serial_blocks(a, k, partial=True)
     part = UOp(Ops.REDUCE, red.dtype, (substitute(red.src[0], {k: expr}), inner), Ops.ADD)
     first = UOp(Ops.CMPLT, dtypes.bool, (block, UOp.const(dtypes.index, 1)))
     before = UOp(Ops.WHERE, red.dtype, (first, UOp.const(red.dtype, 0.0), target))   # what earlier blocks stored
@@ -256,14 +264,19 @@ class _Applier:
     # back what they find
     if (twice := _overlapped(st)) is not None: value = UOp(Ops.WHERE, red.dtype, (twice, target, value))
     self.ast = _rebuild(self.ast, end, UOp(Ops.STORE, st.dtype, (target, value), st.arg), (block, *end.src[1:]))
+    self.kblocked = True
 
-  def _serial_blocks(self, a: Action, r: UOp) -> tuple[UOp, UOp, UOp]:
+  def _serial_blocks(self, a: Action, r: UOp, partial: bool = False) -> tuple[UOp, UOp, UOp]:
     """Range r in blocks of a.amount (KBLOCK, BLOCK): the `serial` block range, the range within a block, and the
-    expression that stands for r."""
-    n = a.amount
-    if n < 2 or size(r) % n or n >= size(r):
-      raise OptError(f"{a}: r{a.axis} has size {size(r)}; the block must divide it and be smaller (and at least 2)")
-    outer, inner = UOp.range(size(r) // n, a.axis, "serial"), UOp.range(n, self.new_axis(), "loop")
+    expression that stands for r. partial (a reduce range): a block that does not divide r's size is allowed, the
+    range within a block then `partial:<size>:<block axis>`, which the CPU renderer runs to min(n, size - block * n)
+    steps (the last block shorter: 1009 in blocks of 64, the last of 49)."""
+    n, total = a.amount, size(r)
+    if n < 2 or n >= total or (total % n and not partial):
+      raise OptError(f"{a}: r{a.axis} has size {total}; the block must {'' if partial else 'divide it and '}be smaller "
+                     "(and at least 2)")
+    outer = UOp.range(tiles(total, n), a.axis, "serial")
+    inner = UOp.range(n, self.new_axis(), "loop" if total % n == 0 else f"partial:{total}:{a.axis}")
     return outer, inner, _joined(outer, n, inner)
 
   # *** marks ***
@@ -317,7 +330,10 @@ class _Applier:
       raise OptError(f"{a}: r{a.axis} is not a reduce range of this kernel, nor blocks of one (those it has: "
                      f"{_names(dict.fromkeys(r for u in reduces for r in u.src[1:]))})")
     inner = mine[0].src[-1]
-    if range_kind(inner)[0] not in ("loop", "reduce"):
+    kind = range_kind(inner)[0]
+    if kind == "partial" and len(_kind_fields(inner)) == 3:   # (a block's steps that stop short: both marks)
+      return self._mark([inner], f"{inner.arg[1]}:{n}")
+    if kind not in ("loop", "reduce"):
       raise OptError(f"{a}: the sum's innermost range r{inner.arg[0]} is a {inner.arg[1]} range already")
     self._mark([inner], f"prefetch:{n}")
 
@@ -476,5 +492,5 @@ def apply(kernel: Kernel, actions, device: str) -> Kernel:
   return Kernel(ap.ast, kernel.bufs)
 
 
-__all__ = ["DEVICE_ACTIONS", "MAX_LANES", "apply", "contiguous_offset", "free_ranges", "group_vector", "range_kind",
+__all__ = ["DEVICE_ACTIONS", "MAX_LANES", "apply", "contiguous_offset", "free_ranges", "group_vector", "prefetch_ahead", "range_kind",
            "block_dims", "reads_what_it_writes", "renamed_reduce", "staged_dims", "staged_loads", "tiles"]
