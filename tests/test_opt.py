@@ -842,3 +842,37 @@ def test_a_ragged_upcast_after_kblock_is_refused(fresh):
   fresh.setenv("RULEC_OPT", f"{key}=UPCAST({axis[7]},4) UPCAST({axis[9]},3) KBLOCK({kx},16) THREAD({axis[7]})")   # the other order
   fresh.setattr(cpu_device, "MIN_SPLIT_WORK", 1)
   np.testing.assert_allclose(t.numpy(), a @ b, rtol=1e-4, atol=1e-4)
+
+
+def test_random_tile_block_prefetch_lists_are_refused_or_compute_the_same(fresh):
+  # UPCAST, KBLOCK, PREFETCH and THREAD in any order and amount on matmuls of odd, prime and even sizes, plain and
+  # transposed (the stress that found ragged tiles after KBLOCK adding a block twice). RULEC_OPT_STRESS=N for more
+  import random
+  rnd = random.Random(5)
+  fresh.setattr(cpu_device, "MIN_SPLIT_WORK", 1)
+  applied = 0
+  for it in range(int(os.environ.get("RULEC_OPT_STRESS", "60"))):
+    m, k, n = rnd.choice([7, 33, 64, 97]), rnd.choice([17, 31, 64, 97, 131]), rnd.choice([9, 48, 67])
+    rng = np.random.default_rng(it)
+    a, b = rng.standard_normal((m, k)).astype(np.float32), rng.standard_normal((k, n)).astype(np.float32)
+    t = Tensor(a) @ (Tensor(b.T.copy()).T if rnd.random() < 0.3 else Tensor(b))
+    (kern,) = t.schedule()
+    low = decomposed(kern, cpu_device.optional_decompositions())
+    kx = _k_axis(t)
+    store = [r.arg[0] for r in low.ranges if r.arg[0] != kx]
+    acts = []
+    for _ in range(rnd.randint(1, 5)):
+      op = rnd.choice(["UPCAST", "UPCAST", "KBLOCK", "PREFETCH", "THREAD"])
+      acts.append({"UPCAST": lambda: f"UPCAST({rnd.choice(store)},{rnd.choice([2, 3, 4, 8, 14, 16, 32])})",
+                   "KBLOCK": lambda: f"KBLOCK({kx},{rnd.choice([2, 5, 16, 30, 64])})",
+                   "PREFETCH": lambda: f"PREFETCH({kx},{rnd.choice([1, 4, 8, 64])})",
+                   "THREAD": lambda: f"THREAD({rnd.choice(store)})"}[op]())
+    text = " ".join(acts)
+    try: apply(low, parse_actions(text), "CPU")
+    except OptError: continue
+    fresh.setenv("RULEC_OPT", f"{kernel_key(low)}={text}")
+    fresh.setenv("RULEC_THREADS", str(rnd.randint(1, 4)))
+    cpu_device._by_ast.clear()
+    np.testing.assert_allclose(t.numpy(), a @ b, rtol=1e-4, atol=1e-4, err_msg=f"{m}x{k}x{n}: {text}")
+    applied += 1
+  assert applied >= 15
