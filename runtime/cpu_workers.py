@@ -53,15 +53,16 @@ LINE = 8               # int64 per cache line
 JOB, DONE, CALL, SLEEPING, CLAIM = 0, LINE, 2 * LINE, 3 * LINE, 4 * LINE   # a slot's fields, each on its own line
 SLOT = 5 * LINE
 
-# The polling loop and its helpers. wait(p, old, cycles): poll *p until it differs from `old` or `cycles` of the
-# cycle counter have passed; the last value read. serve(slot, seen, min, max): make each call handed to the slot,
+# The polling loop and its helpers. wait(p, old, cycles, courtesy): poll *p until it differs from `old` or `cycles`
+# of the cycle counter have passed, yielding the CPU between polls after `courtesy` cycles; the last value read. serve(slot, seen, min, max): make each call handed to the slot,
 # polling between calls for twice the last one's cycles (within min..max); returns the last JOB seen when polling
 # runs out, -1 when the call's trampoline is null (stop). (On x86, PAUSE between reads spares the sibling
 # hyperthread and the memory bus.)
 NATIVE_IR = """
 declare i64 @llvm.readcyclecounter()
 {pause_decl}
-define i64 @rulec_wait(ptr %p, i64 %old, i64 %cycles) {{
+declare i32 @sched_yield()
+define i64 @rulec_wait(ptr %p, i64 %old, i64 %cycles, i64 %courtesy) {{
 entry:
   %t0 = call i64 @llvm.readcyclecounter()
   br label %poll
@@ -74,7 +75,13 @@ again:
   %t = call i64 @llvm.readcyclecounter()
   %spent = sub i64 %t, %t0
   %more = icmp ult i64 %spent, %cycles
-  br i1 %more, label %poll, label %out
+  br i1 %more, label %stay, label %out
+stay:
+  %long = icmp ugt i64 %spent, %courtesy
+  br i1 %long, label %yield, label %poll
+yield:
+  %y = call i32 @sched_yield()
+  br label %poll
 out:
   ret i64 %v
 }}
@@ -100,7 +107,6 @@ entry:
   ret i64 %old
 }}
 declare i64 @read(i32, ptr, i64)
-declare i32 @sched_yield()
 define i64 @rulec_serve(ptr %slot, i64 %seen0, i64 %least, i64 %most, i32 %fd, i64 %courtesy) {{
 entry:
   %buf = alloca [16 x i8], align 8
@@ -111,24 +117,9 @@ entry:
 wait:
   %seen = phi i64 [%seen0, %entry], [%job, %ran], [%seen, %awake], [%job, %stolen]
   %budget = phi i64 [%least, %entry], [%next, %ran], [%least, %awake], [%least, %stolen]
-  %t0 = call i64 @llvm.readcyclecounter()
-  br label %poll
-poll:
-  %job = load atomic i64, ptr %slot acquire, align 8
+  %job = call i64 @rulec_wait(ptr %slot, i64 %seen, i64 %budget, i64 %courtesy)
   %new = icmp ne i64 %job, %seen
-  br i1 %new, label %take, label %again
-again:
-  {pause_call}
-  %t = call i64 @llvm.readcyclecounter()
-  %spent = sub i64 %t, %t0
-  %more = icmp ult i64 %spent, %budget
-  br i1 %more, label %stay, label %sleep
-stay:
-  %long = icmp ugt i64 %spent, %courtesy
-  br i1 %long, label %yield, label %poll
-yield:
-  %y = call i32 @sched_yield()
-  br label %poll
+  br i1 %new, label %take, label %sleep
 sleep:
   store atomic i64 1, ptr %sleepp seq_cst, align 8
   %late = load atomic i64, ptr %slot seq_cst, align 8
@@ -199,7 +190,8 @@ class Native:
   """The compiled helpers as ctypes functions, and the cycle counter's rate (0: it does not count, no polling).
   `trampoline(n)` is the address of rulec_call_<n>, compiled on first use."""
   def __init__(self, addresses: dict[str, int], trampoline):
-    self.wait = ctypes.CFUNCTYPE(ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64)(addresses["rulec_wait"])
+    wait = ctypes.CFUNCTYPE(ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64)(addresses["rulec_wait"])
+    self.wait = lambda p, old, cycles: wait(p, old, cycles, cycles)   # (the caller yields in Python: run)
     self.publish = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int64)(addresses["rulec_publish"])
     self.cycles = ctypes.CFUNCTYPE(ctypes.c_int64)(addresses["rulec_cycles"])
     self.serve = ctypes.CFUNCTYPE(ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64,
