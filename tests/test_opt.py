@@ -18,6 +18,13 @@ from engine.tensor import Tensor
 from runtime import cpu_device
 from runtime.kernel import decomposed
 
+@pytest.fixture(autouse=True)
+def _cpu_unless_named(monkeypatch):
+  """Tensors made without a device are the CPU's here, whatever RULEC_DEVICE says: these tests force CPU actions on
+  them (the CL tests name their device)."""
+  monkeypatch.setenv("RULEC_DEVICE", "CPU")
+
+
 # *** text ***
 
 def test_actions_round_trip_as_text():
