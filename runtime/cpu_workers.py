@@ -238,6 +238,7 @@ class Workers:
     self.threads: list[threading.Thread] = []
     self.pipes: list[tuple[int, int]] = []   # each worker's (read, write) ends: the write wakes it from `read`
     self.seq = 0
+    self.busy = threading.Lock()   # one launch at a time owns the slots
 
   def _slot(self, i: int, field: int = 0) -> int:
     return self.slots.ctypes.data + (i * SLOT + field) * 8
@@ -278,6 +279,13 @@ class Workers:
   def run(self, fn, calls: list[tuple]) -> None:
     """fn(*calls[0]) on this thread and fn(*calls[j]) on worker j - 1, all at once; returns when all have returned.
     Each call is a kernel's buffer addresses, then lo and hi; fn is a kernel's ctypes function."""
+    if not self.busy.acquire(blocking=False):   # another Python thread's launch has the workers: this one runs alone
+      for c in calls: fn(*c)
+      return
+    try: self._run(fn, calls)
+    finally: self.busy.release()
+
+  def _run(self, fn, calls: list[tuple]) -> None:
     helpers = len(calls) - 1
     self._grow(helpers)
     native, slots = self.native, self.slots
@@ -309,11 +317,13 @@ class Workers:
 
 _workers: Workers | None = None
 _workers_pid = 0
+_made = threading.Lock()
 
 
 def workers(native_factory) -> Workers:
   """This process's workers (made on first use; a forked child makes its own, since it has no threads)."""
   global _workers, _workers_pid
-  if _workers is None or _workers_pid != os.getpid():
-    _workers, _workers_pid = Workers(native_factory()), os.getpid()
+  with _made:
+    if _workers is None or _workers_pid != os.getpid():
+      _workers, _workers_pid = Workers(native_factory()), os.getpid()
   return _workers

@@ -116,3 +116,24 @@ def test_many_launches_with_random_pauses_and_thread_counts(monkeypatch):
     time.sleep(float(rng.choice([0, 0, 1e-5, 2e-4, 6e-4, 3e-3])))
     if i % 2: np.testing.assert_allclose((Tensor(a) @ Tensor(b)).numpy(), a @ b, rtol=1e-4, atol=1e-4)
     else: np.testing.assert_array_equal((Tensor(a) * (i + 1)).numpy(), a * (i + 1))
+
+
+def test_launches_from_several_python_threads_at_once(monkeypatch):
+  # the slots belong to one launch at a time: a second thread's launch runs on its own thread meanwhile
+  import threading
+  monkeypatch.setenv("RULEC_THREADS", "2")
+  rng = np.random.default_rng(4)
+  mats = [rng.standard_normal((256, 256)).astype(np.float32) for _ in range(4)]
+  errors = []
+  def worker(j):
+    try:
+      for i in range(15):
+        a, b = mats[j], mats[(j + i) % 4]
+        np.testing.assert_allclose((Tensor(a) @ Tensor(b)).numpy(), a @ b, rtol=1e-4, atol=1e-4)
+        np.testing.assert_array_equal((Tensor(a) * (i + j)).numpy(), a * (i + j))
+    except BaseException as e: errors.append(e)
+  threads = [threading.Thread(target=worker, args=(j,)) for j in range(4)]
+  for t in threads: t.start()
+  for t in threads: t.join(timeout=120)
+  assert not any(t.is_alive() for t in threads), "a launch hung (two threads' calls in one slot)"
+  assert not errors, errors[0]
