@@ -320,6 +320,14 @@ _workers_pid = 0
 _made = threading.Lock()
 
 
+def _after_fork_in_child() -> None:
+  global _made
+  _made = threading.Lock()   # (a fork while another thread held it would leave the child's copy held forever)
+
+
+if hasattr(os, "register_at_fork"): os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
 def workers(native_factory) -> Workers:
   """This process's workers (made on first use; a forked child makes its own, since it has no threads)."""
   global _workers, _workers_pid
