@@ -174,10 +174,10 @@ def rulec_forms(ctx, q, timed, report, host, inputs, out, want_ew, want_sum) -> 
   import re
   sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
   os.environ.setdefault("RULEC_CL_PROFILE", "1")
-  from engine.sched.driver import schedule
-  from engine.tensor import Tensor
-  from runtime import cl_device
-  from runtime.buffer import buffer_of
+  from rulec.engine.sched.driver import schedule
+  from rulec.engine.tensor import Tensor
+  from rulec.runtime import cl_device
+  from rulec.runtime.buffer import buffer_of
   dev = cl_device.get_device()
   programs = {"relu(a*b+c)": lambda x, y, z: (x * y + z).relu(), "sum": lambda x, y, z: x.sum()}
   for name, fn in programs.items():

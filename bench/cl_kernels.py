@@ -8,7 +8,7 @@ on PoCL.
 What is timed (medians over the repetitions, milliseconds):
 
 - rulec: fresh input Tensors on "CL" each repetition; the kernels come from
-  `engine.sched.driver.schedule` outside the timer, and every buffer they use is
+  `rulec.engine.sched.driver.schedule` outside the timer, and every buffer they use is
   made resident on the device outside the timer (inputs uploaded, outputs
   allocated), as tinygrad's and torch's inputs already live on the GPU. Then
     wall   = `for k in kernels: cl_device.run_kernel(k)` + `synchronize()`:
@@ -57,10 +57,10 @@ os.environ.setdefault("RULEC_CL_PROFILE", "1")   # device-side kernel times, bef
 
 import numpy as np  # noqa: E402
 
-from engine.sched.driver import schedule as rulec_schedule  # noqa: E402
-from engine.tensor import Tensor as RT  # noqa: E402
-from runtime import cl_device  # noqa: E402
-from runtime.buffer import buffer_of  # noqa: E402
+from rulec.engine.sched.driver import schedule as rulec_schedule  # noqa: E402
+from rulec.engine.tensor import Tensor as RT  # noqa: E402
+from rulec.runtime import cl_device  # noqa: E402
+from rulec.runtime.buffer import buffer_of  # noqa: E402
 import compile_times  # noqa: E402
 from workloads import WORKLOADS, Inputs, Workload, check, fmt, print_table  # noqa: E402
 

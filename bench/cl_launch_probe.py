@@ -13,10 +13,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import numpy as np  # noqa: E402
 
-from engine.sched.driver import schedule  # noqa: E402
-from engine.tensor import Tensor  # noqa: E402
-from runtime import cl_device  # noqa: E402
-from runtime.buffer import buffer_of  # noqa: E402
+from rulec.engine.sched.driver import schedule  # noqa: E402
+from rulec.engine.tensor import Tensor  # noqa: E402
+from rulec.runtime import cl_device  # noqa: E402
+from rulec.runtime.buffer import buffer_of  # noqa: E402
 
 N = 1 << 24
 dev = cl_device.get_device()

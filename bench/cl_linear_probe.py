@@ -11,9 +11,9 @@ import sys
 import cl_kernels as ck
 from workloads import Inputs, Workload, print_table
 
-from codegen.opt import choose, format_actions
-from runtime import cl_device
-from runtime.kernel import decomposed
+from rulec.codegen.opt import choose, format_actions
+from rulec.runtime import cl_device
+from rulec.engine.ir.kernel import decomposed
 
 
 def main():
@@ -40,7 +40,7 @@ def main():
     if ck.TORCH is not None:
       ck.time_torch(w, inp, [], 7)
       t = w.results["torch_resident"]
-    from engine.tensor import Tensor
+    from rulec.engine.tensor import Tensor
     b = Tensor(inp.sets[0][1], device="CL")
     (kern,) = (Tensor(inp.sets[0][0], device="CL") @ (b.T if transposed else b)).schedule()
     low = decomposed(kern, dev.optional)

@@ -12,10 +12,10 @@ import sys
 import cl_kernels as ck
 from workloads import Inputs, Workload, print_table
 
-from codegen.opt import kernel_key
-from engine.tensor import Tensor
-from runtime import cl_device
-from runtime.kernel import decomposed
+from rulec.codegen.opt import kernel_key
+from rulec.engine.tensor import Tensor
+from rulec.runtime import cl_device
+from rulec.engine.ir.kernel import decomposed
 
 # (m, k, n, x @ W.T?, [action lists]); axes: 0 rows, 1 columns, 2 the sum
 CASES = [

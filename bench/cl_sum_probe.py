@@ -134,8 +134,8 @@ def main() -> None:
 
 def rulec_kernel(copy_bw: float) -> None:
   """rulec's GRID sum through its CL device: the actions, the work-group size its kernel allows, the time."""
-  from engine.tensor import Tensor
-  from runtime import cl_device
+  from rulec.engine.tensor import Tensor
+  from rulec.runtime import cl_device
   os.environ.setdefault("RULEC_CL_PROFILE", "1")
   host = np.random.default_rng(1).standard_normal(N, dtype=np.float32)
   t = Tensor(host, device="CL").realize()
@@ -146,7 +146,7 @@ def rulec_kernel(copy_bw: float) -> None:
     print(f"rulec kernel: local {prog.local} global {prog.global_}; the kernel allows {info('WORK_GROUP_SIZE')}, "
           f"private {info('PRIVATE_MEM_SIZE')} B, local {info('LOCAL_MEM_SIZE')} B")
   import attrs
-  from codegen import opencl
+  from rulec.codegen import opencl
   base, accs = dev.target, opencl.GROUP_ACCS
   want = float(host.astype(np.float64).sum())
   for grid in sorted({base.grid, 256, 512, 1024}):

@@ -19,8 +19,8 @@ import sys
 import cl_kernels as ck
 from workloads import WORKLOADS, Inputs, print_table
 
-from codegen.opt import choose
-from runtime import cl_device
+from rulec.codegen.opt import choose
+from rulec.runtime import cl_device
 
 
 def run(w, reps=7):

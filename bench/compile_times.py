@@ -5,7 +5,7 @@
   warm  a second new process with the caches the first one left
 
 What is timed, in each process, per workload (milliseconds of wall time):
-  rulec     `compile_kernel` on each of the workload's kernels (from `engine.sched.driver.schedule`, outside the
+  rulec     `compile_kernel` on each of the workload's kernels (from `rulec.engine.sched.driver.schedule`, outside the
             timer): validation, the decomposition rules, rendering, and LLVM (CPU) or the OpenCL compiler, or
             their loading from the disk cache; the device counters tell built from loaded
   tinygrad  `tinygrad.engine.realize.lower_and_compile` during the workload's first realize (inputs realized
@@ -51,9 +51,9 @@ def _opencl_loader() -> str | None:
 def child_rulec(device: str, only, scale: int) -> dict:
   import numpy as np
   sys.path.insert(0, str(REPO))
-  from engine.sched.driver import schedule
-  from engine.tensor import Tensor
-  dev = __import__("runtime.cpu_device" if device == "CPU" else "runtime.cl_device", fromlist=["x"])
+  from rulec.engine.sched.driver import schedule
+  from rulec.engine.tensor import Tensor
+  dev = __import__("rulec.runtime.cpu_device" if device == "CPU" else "rulec.runtime.cl_device", fromlist=["x"])
   (Tensor(np.ones(5, np.float32), device=device) * 2 + 1).sum().numpy()   # start-up, not timed
   out = {}
   for w in _workloads(device, only, scale):

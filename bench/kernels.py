@@ -15,7 +15,7 @@ What is timed (all times are medians over the repetitions, in milliseconds):
   (warm-up: compiles every kernel and fills the program cache; for workloads
   marked slow the warm-up only compiles, `cpu_device.compile_kernel`). Each
   timed repetition makes fresh inputs (new numpy arrays -> new Tensors), builds
-  the program again, gets its kernels with `engine.sched.driver.schedule(...,
+  the program again, gets its kernels with `rulec.engine.sched.driver.schedule(...,
   "CPU")` outside the timer, allocates and touches every buffer the kernels use
   (so page faults of fresh output buffers are not counted), then times
   `for k in kernels: cpu_device.run_kernel(k)`. That includes run_kernel's own
@@ -111,10 +111,10 @@ from tinygrad import Device as TGDevice, Tensor as TT, TinyJit  # noqa: E402
 import compile_times  # noqa: E402
 from workloads import WORKLOADS, Inputs, Workload, check, fmt, print_table  # noqa: E402
 
-from engine.sched.driver import schedule as rulec_schedule  # noqa: E402
-from engine.tensor import Tensor as RT  # noqa: E402
-from runtime import cpu_device  # noqa: E402
-from runtime.buffer import buffer_of  # noqa: E402
+from rulec.engine.sched.driver import schedule as rulec_schedule  # noqa: E402
+from rulec.engine.tensor import Tensor as RT  # noqa: E402
+from rulec.runtime import cpu_device  # noqa: E402
+from rulec.runtime.buffer import buffer_of  # noqa: E402
 
 RULEC_DEVICE = ARGS.device
 

@@ -1,7 +1,7 @@
 """Rewrite throughput: rulec's compiled `symbolic` matcher vs tinygrad 0.14's PatternMatcher.
 
 Both engines get the same work: thousands of random index expressions
-(engine.index_expr recipes) under one SINK, rewritten once to a fixed point
+(rulec.engine.ir.index_expr recipes) under one SINK, rewritten once to a fixed point
 with the rules of rules/symbolic.rules. The rules are ported below as tinygrad
 UPats, in the same order and with the same first-match semantics, and the
 results of both engines are compared expression by expression before anything
@@ -33,12 +33,12 @@ from pathlib import Path
 # `python bench/matcher.py` puts bench/ on sys.path, not the repository root
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from engine.index_expr import build, evaluate, leaf_values, leaves_of, random_recipe  # noqa: E402
-from engine.lang.loader import load_library  # noqa: E402
-from engine.ops import Ops as ROps  # noqa: E402
-from engine.rewrite import graph_rewrite as rulec_graph_rewrite  # noqa: E402
-from engine.uop import UOp as RUOp  # noqa: E402
-from engine.uop import _ucache as RULEC_UCACHE  # noqa: E402
+from rulec.engine.ir.index_expr import build, evaluate, leaf_values, leaves_of, random_recipe  # noqa: E402
+from rulec.engine.lang.loader import load_library  # noqa: E402
+from rulec.engine.ir.ops import Ops as ROps  # noqa: E402
+from rulec.engine.ir.rewrite import graph_rewrite as rulec_graph_rewrite  # noqa: E402
+from rulec.engine.ir.uop import UOp as RUOp  # noqa: E402
+from rulec.engine.ir.uop import _ucache as RULEC_UCACHE  # noqa: E402
 
 from tinygrad.dtype import dtypes as tdtypes  # noqa: E402
 from tinygrad.uop.ops import GroupOp, PatternMatcher, UOp, UOpMetaClass, UPat  # noqa: E402
@@ -112,7 +112,7 @@ def _tg_terms(x: UOp):
 
 
 def tg_no_wrap(*xs: UOp) -> bool:
-  """engine.sched.symbolic_helpers.no_wrap: the exact sum of x's terms fits x's dtype (int64 for index)."""
+  """rulec.engine.sched.symbolic.no_wrap: the exact sum of x's terms fits x's dtype (int64 for index)."""
   for x in xs:
     if x.dtype not in INTS: return False
     terms, lo = _tg_terms(x)
@@ -127,7 +127,7 @@ def tg_no_wrap(*xs: UOp) -> bool:
 
 
 def tg_divmod_parts(x: UOp, c: int, div: bool):
-  """engine.sched.symbolic_helpers.divmod_parts, step for step, on tinygrad UOps (same term order)."""
+  """rulec.engine.sched.symbolic.divmod_parts, step for step, on tinygrad UOps (same term order)."""
   terms, const = _tg_terms(x)
   if not terms: return None
   qk, rk = divmod(const, c)
@@ -157,7 +157,7 @@ def _tg_fits(dt, v) -> bool: return _tg_limits(dt)[0] <= v <= _tg_limits(dt)[1]
 
 
 def tg_lossless(src, dst) -> bool:
-  """engine.sched.symbolic_helpers.lossless on tinygrad dtypes: every value of src is one of dst."""
+  """rulec.engine.sched.symbolic.lossless on tinygrad dtypes: every value of src is one of dst."""
   if src == dst: return True
   if tdtypes.weakint in (src, dst) or dst == tdtypes.void: return False
   if src == tdtypes.bool: return True
@@ -179,7 +179,7 @@ def _tg_wrap(v, dt):
 
 
 def tg_fold_cast(root: UOp, c: UOp) -> UOp | None:
-  """engine.sched.symbolic_helpers.fold_cast: a CAST of a CONST, where the conversion is defined."""
+  """rulec.engine.sched.symbolic.fold_cast: a CAST of a CONST, where the conversion is defined."""
   dt = root.dtype
   if tdtypes.bfloat16 in (dt, c.dtype) or dt == tdtypes.void or not isinstance(c.arg, (bool, int, float)): return None
   if c.dtype in _T_MANTISSA and dt == tdtypes.weakint: return None
@@ -190,7 +190,7 @@ def tg_fold_cast(root: UOp, c: UOp) -> UOp | None:
 
 
 def tg_lt_gcd(x: UOp, c: int) -> UOp | None:
-  """engine.sched.symbolic_helpers.lt_gcd: x < c as Q < c // d, x = d*Q + R with R in [0, d)."""
+  """rulec.engine.sched.symbolic.lt_gcd: x < c as Q < c // d, x = d*Q + R with R in [0, d)."""
   terms, _ = _tg_terms(x)
   scaled = [k for k, _ in terms if abs(k) != 1]
   if not scaled or (d := math.gcd(c, *scaled)) <= 1: return None
@@ -417,7 +417,7 @@ tinygrad_symbolic = PatternMatcher([
 
 
 def tinygrad_build(recipe: tuple) -> UOp:
-  """engine.index_expr.build, for tinygrad: weakint is tinygrad's index dtype."""
+  """rulec.engine.ir.index_expr.build, for tinygrad: weakint is tinygrad's index dtype."""
   kind = recipe[0]
   if kind == "var": return UOp.variable(recipe[1], recipe[2], recipe[3])
   if kind == "range": return UOp.range(recipe[2], recipe[1])

@@ -33,11 +33,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import numpy as np  # noqa: E402
 
-from engine.sched.realize import COUNTERS  # noqa: E402
+from rulec.engine.realize import COUNTERS  # noqa: E402
 from rulec import Tensor, nn  # noqa: E402
 from rulec.nn import optim  # noqa: E402
 from rulec.nn.state import get_parameters  # noqa: E402
-from runtime import devices as rt  # noqa: E402
+from rulec.runtime import devices as rt  # noqa: E402
 
 M, K, N = 1024, 1024, 1024
 BATCH = 256
@@ -50,7 +50,7 @@ def device_sets(kind: str, counts: list[int]) -> list[tuple[str, ...] | None]:
 def sync() -> None:
   """Wait for queued kernels (CL enqueues without waiting; CPU and NUMPY are done when realize returns)."""
   if KIND == "CL":
-    from runtime import cl_device
+    from rulec.runtime import cl_device
     cl_device.synchronize()
 
 

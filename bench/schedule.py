@@ -42,8 +42,8 @@ import tinygrad  # noqa: E402
 import tinygrad.schedule as tg_schedule  # noqa: E402
 from tinygrad import Tensor as TT  # noqa: E402
 
-from engine.sched import cache as schedule_cache  # noqa: E402
-from engine.tensor import Tensor as RT  # noqa: E402
+from rulec.engine.sched import cache as schedule_cache  # noqa: E402
+from rulec.engine.tensor import Tensor as RT  # noqa: E402
 
 REPEATS = 7
 

@@ -55,7 +55,7 @@ def rulec_runner(sd: dict[str, np.ndarray], device: str):
   def run(x, y): return step(Tensor(x), Tensor(y))
   def sync():
     if device == "CL":
-      from runtime import cl_device
+      from rulec.runtime import cl_device
       cl_device.synchronize()
   return run, sync, lambda loss: loss.item(), lambda: len(step.captured.plan)
 
@@ -182,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _report(rows: dict, device: str, steps: int, torch_note: str, tg_version: str) -> None:
-  from runtime.cpu_device import threads
+  from rulec.runtime.cpu_device import threads
   print(machine())
   print(f"DigitsNet train step (forward, backward, Adam), batch {BATCH}; host overhead = a batch-{TINY} step; "
         f"{steps} timed steps after {WARMUP} warm-up; rulec threads {threads() if device == 'CPU' else '-'}, "

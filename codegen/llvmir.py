@@ -39,14 +39,14 @@ import struct
 import numpy as np
 from llvmlite import ir
 
-from codegen.opt.transform import prefetch_ahead, range_kind, renamed_reduce
-from codegen.scoped import ScopedEmitter
-from engine.dtypes import DType, dtypes
-from engine.ops import MAY_FUSE, Ops
-from engine.rewrite import substitute
-from engine.sched.indexing import identity_element
-from engine.uop import UOp
-from runtime.kernel import Kernel
+from rulec.codegen.opt.transform import prefetch_ahead, range_kind, renamed_reduce
+from rulec.codegen.scoped import ScopedEmitter
+from rulec.engine.ir.dtypes import DType, dtypes
+from rulec.engine.ir.ops import MAY_FUSE, Ops
+from rulec.engine.ir.rewrite import substitute
+from rulec.engine.sched.rangeify import identity_element
+from rulec.engine.ir.uop import UOp
+from rulec.engine.ir.kernel import Kernel
 
 _I1, _I8, _I16, _I32, _I64 = ir.IntType(1), ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.IntType(64)
 _F32, _F64 = ir.FloatType(), ir.DoubleType()
@@ -156,7 +156,7 @@ class LLVMRenderer(ScopedEmitter):
     self.scopes: list[dict[UOp, ir.Value]] = [{}]
     self.ranges: dict[UOp, ir.Value] = {}
     self.split_range: UOp | None = None
-    self.set_lanes({})   # the upcast ranges are found in render (codegen.scoped: lanes)
+    self.set_lanes({})   # the upcast ranges are found in render (rulec.codegen.scoped: lanes)
     self._novec_md = None
     self._half_fns: dict[str, ir.Function] = {}
 
@@ -586,7 +586,7 @@ def prefetch_indices(load: UOp, r: UOp, ahead: int, lanes: dict) -> list[UOp]:
   """The index expressions to prefetch for `load` in loop r, `ahead` steps early: none if its index moves by less
   than a line per step of r (or does not depend on r); else one per line its upcast lanes read at a step, each
   lane's index with the lanes fixed to the values of the first lane on that line and r moved ahead."""
-  from engine.index_expr import evaluate
+  from rulec.engine.ir.index_expr import evaluate
   idx = load.src[1]
   free = [x for x in idx.toposort() if x.op is Ops.RANGE]
   if r not in free or any(x.op is Ops.DEFINE_VAR for x in idx.toposort()): return []

@@ -59,17 +59,17 @@ import math
 import attrs
 import numpy as np
 
-from engine.alu import wrap
-from codegen.opt.transform import (VECTOR_DTYPES, VECTOR_WIDTHS, contiguous_offset, free_ranges, group_vector, range_kind,
+from rulec.engine.ir.alu import wrap
+from rulec.codegen.opt.transform import (VECTOR_DTYPES, VECTOR_WIDTHS, contiguous_offset, free_ranges, group_vector, range_kind,
                                    block_dims, renamed_reduce, staged_dims, staged_loads)
-from codegen.scoped import ScopedEmitter
-from engine.dtypes import DType, dtypes
-from engine.ops import Ops
-from engine.sched.indexing import identity_element
-from engine.sched.symbolic_helpers import multiple_of, offset_of, range_steps
-from engine.rewrite import substitute
-from engine.uop import UOp
-from runtime.kernel import Kernel
+from rulec.codegen.scoped import ScopedEmitter
+from rulec.engine.ir.dtypes import DType, dtypes
+from rulec.engine.ir.ops import Ops
+from rulec.engine.sched.rangeify import identity_element
+from rulec.engine.sched.symbolic import multiple_of, offset_of, range_steps
+from rulec.engine.ir.rewrite import substitute
+from rulec.engine.ir.uop import UOp
+from rulec.engine.ir.kernel import Kernel
 
 KERNEL_NAME = "rulec_kernel"
 LANES = 8   # accumulators per float reduce

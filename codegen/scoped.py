@@ -16,8 +16,8 @@ from __future__ import annotations
 import itertools
 from typing import Any, Callable
 
-from engine.ops import Ops
-from engine.uop import UOp
+from rulec.engine.ir.ops import Ops
+from rulec.engine.ir.uop import UOp
 
 
 class ScopedEmitter:

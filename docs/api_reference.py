@@ -14,7 +14,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from engine.tensor import Tensor  # noqa: E402
+from rulec.engine.tensor import Tensor  # noqa: E402
 
 OUT = REPO / "docs" / "api.md"
 TITLES = {"TensorBase": "Core: construction, realizing, data, assign", "CreationMixin": "Creation and initialisers",
@@ -45,7 +45,7 @@ LEFT_OUT = {
   "bfloat16": "no rulec backend computes bfloat16 (the dtype exists for bitcasts and the dtype table only)",
   "threefry": "rulec draws random numbers on the host (numpy's generator); no THREEFRY kernel is rendered",
   "random_bits": "tinygrad's counter-based bits are built on threefry (above)",
-  "const": "a tinygrad internal (a constant UOp for a value); rulec's is the module-level engine.tensor.uops.const",
+  "const": "a tinygrad internal (a constant UOp for a value); rulec's is the module-level rulec.engine.tensor.uops.const",
   "hash": "tinygrad's own tensor hash (a keccak tree), not a tensor operation; left for later",
   "keccak": "SHA-3 over the last axis: needs 64-bit rotations rulec's backends do not render yet; left for later",
   "invalids": "tinygrad's Invalid value (an index-validity marker) has no counterpart in rulec's IR",

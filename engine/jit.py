@@ -28,13 +28,13 @@ from typing import Any, Callable
 
 import numpy as np
 
-from engine.sched import realize as _realize
-from engine.ops import MOVEMENT, Ops
-from engine.rewrite import substitute
-from engine.tensor.base import TensorBase
-from engine.uop import UOp
-from runtime.buffer import buffer_of, new_buffer
-from runtime.kernel import Kernel
+from rulec.engine import realize as _realize
+from rulec.engine.ir.ops import MOVEMENT, Ops
+from rulec.engine.ir.rewrite import substitute
+from rulec.engine.tensor.base import TensorBase
+from rulec.engine.ir.uop import UOp
+from rulec.runtime.buffer import buffer_of, new_buffer
+from rulec.engine.ir.kernel import Kernel
 
 __all__ = ["TinyJit", "JitError", "jit"]
 

@@ -36,7 +36,7 @@ Semantics (they follow `engine/alu.py` and numpy):
 - PAD fills with zeros (False for bool).
 - CONTIGUOUS is a copy; COPY, DETACH, CONTIGUOUS_BACKWARD are the identity on
   values (a COPY to a device set too); ASSIGN(target, value) has the value of `value` (the write into the
-  target's buffer is `engine.sched.realize`'s job, not the interpreter's).
+  target's buffer is `rulec.engine.realize`'s job, not the interpreter's).
 - MSTACK(x_0, .., x_n-1)[(axis, devices)] is its sources joined along axis, or its
   first source when axis is None (the parts of a replicated value are equal);
   MSELECT(v)[(i, axis, n)] is part i of v split n ways along axis (v for None).
@@ -54,10 +54,10 @@ from typing import Sequence
 
 import numpy as np
 
-from engine.dtypes import DType
-from engine.ops import Ops
-from engine.uop import UOp
-from runtime.buffer import buffer_of, np_dtype
+from rulec.engine.ir.dtypes import DType
+from rulec.engine.ir.ops import Ops
+from rulec.engine.ir.uop import UOp
+from rulec.runtime.buffer import buffer_of, np_dtype
 
 __all__ = ["evaluate", "apply_movement"]
 
@@ -126,7 +126,7 @@ def _part(x: np.ndarray, i: int, axis, n: int) -> np.ndarray:
 
 
 def _const(value, dtype: DType) -> np.ndarray:
-  from engine.alu import wrap
+  from rulec.engine.ir.alu import wrap
   if dtype.kind in "iu" and isinstance(value, int): value = wrap(value, dtype)
   return np.array(value, dtype=np_dtype(dtype))
 
@@ -146,7 +146,7 @@ _MOVEMENT_OPS = (Ops.RESHAPE, Ops.PERMUTE, Ops.EXPAND, Ops.PAD, Ops.SHRINK, Ops.
 
 
 def apply_movement(op: Ops, arg, x: np.ndarray) -> np.ndarray:
-  """One movement op on an array (also used on index arrays by engine.sched.realize)."""
+  """One movement op on an array (also used on index arrays by rulec.engine.realize)."""
   if op is Ops.RESHAPE: return x.reshape(tuple(arg))
   if op is Ops.PERMUTE: return np.transpose(x, tuple(arg))
   if op is Ops.EXPAND: return np.broadcast_to(x, tuple(arg))

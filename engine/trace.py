@@ -32,7 +32,7 @@ import traceback
 from pathlib import Path
 from typing import Any, Iterator
 
-from engine.uop import UOp, render
+from rulec.engine.ir.uop import UOp, render
 
 # the traces now recording (innermost last); empty means tracing is off
 ACTIVE: list[Trace] = []
@@ -167,7 +167,7 @@ def _caller() -> str:
 
 
 def begin_schedule(device: str, n_targets: int):
-  """Called by engine.sched.driver.schedule() (only when ACTIVE) as a schedule call starts."""
+  """Called by rulec.engine.sched.driver.schedule() (only when ACTIVE) as a schedule call starts."""
   caller = _caller()
   for t in ACTIVE: t.schedules.append(ScheduleRecord(len(t.schedules), device, n_targets, caller))
 

@@ -34,7 +34,7 @@ STEPS, BATCH, LR = 400, 64, 5e-3
 
 def use_device(device: str | None) -> str:
   """Make `device` rulec's default (it must be set before any tensor is made) and return the device in use."""
-  from runtime.devices import DEVICES, default_device
+  from rulec.runtime.devices import DEVICES, default_device
   if device is not None:
     if device.upper() not in DEVICES:
       raise SystemExit(f"unknown device {device!r}; known devices: {', '.join(DEVICES)}")

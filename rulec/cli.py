@@ -33,8 +33,8 @@ def _user_rules(rules: list[str] | None):
 
 
 def _cmd_check(args) -> int:
-  from engine.lang.diagnostics import render_all
-  from engine.lang.loader import check_paths, user_rules_paths
+  from rulec.engine.lang.diagnostics import render_all
+  from rulec.engine.lang.loader import check_paths, user_rules_paths
   if _missing("check", args.paths) or _missing("check", args.rules): return 2
   # explicit PATHS are a library of their own (RULEC_RULES is not layered over them; --rules is)
   user = args.rules or (None if args.paths else [str(p) for p in user_rules_paths()] or None)
@@ -46,7 +46,7 @@ def _cmd_check(args) -> int:
     return 3
   diags = lib.diagnostics
   if args.format == "sarif":
-    from engine.lang.sarif import sarif_log, tool_version
+    from rulec.engine.lang.sarif import sarif_log, tool_version
     print(json.dumps(sarif_log(diags, tool_version=tool_version()), indent=2))
   elif args.format == "json":
     print(json.dumps({"files": len(sources), "rulesets": len(lib.rulesets),
@@ -65,8 +65,8 @@ def _library_with(cmd: str, rules: list[str] | None, rulesets: list[str]):
   """The rule library (the shipped rules, with --rules paths or else RULEC_RULES layered over them) when it is
   clean and has every named rule set, else the exit status after saying why: 2 for a missing path or an
   unknown rule set, 1 for rule errors (each located in its file)."""
-  from engine.lang.diagnostics import RuleError
-  from engine.lang.loader import load_library, user_rules_paths
+  from rulec.engine.lang.diagnostics import RuleError
+  from rulec.engine.lang.loader import load_library, user_rules_paths
   if _missing(cmd, rules or user_rules_paths()): return 2
   lib = load_library(user=rules) if rules else load_library()
   try:
@@ -94,7 +94,7 @@ def _cmd_compile(args) -> int:
 
 
 def _cmd_explain(args) -> int:
-  from engine.lang.explain import explain_program
+  from rulec.engine.lang.explain import explain_program
   if _missing("explain", args.rules): return 2
   argv = args.args[1:] if args.args[:1] == ["--"] else args.args
   with _user_rules(args.rules):   # the program's scheduler sees the same layered library
@@ -117,13 +117,13 @@ def _cmd_trace(args) -> int:
 
 def _cmd_verify(args) -> int:
   try:
-    from engine.verify import format_human, format_json, verify_library
+    from rulec.engine.verify import format_human, format_json, verify_library
   except ImportError as e:
     print(f"rulec verify needs hypothesis ({e}): pip install hypothesis", file=sys.stderr)
     return 2
   if args.format == "sarif":
-    from engine.lang.loader import load_library, user_rules_paths
-    from engine.lang.sarif import sarif_log, tool_version, verify_findings
+    from rulec.engine.lang.loader import load_library, user_rules_paths
+    from rulec.engine.lang.sarif import sarif_log, tool_version, verify_findings
     if _missing("verify", args.rules or user_rules_paths()): return 2
     errors = (load_library(user=args.rules) if args.rules else load_library()).checked.errors
     # a library that does not load is reported in the log too, so CI shows where
@@ -144,9 +144,9 @@ def _cmd_verify(args) -> int:
 
 def _cmd_fmt(args) -> int:
   import difflib
-  from engine.lang.fmt import FormatError, format_source
-  from engine.lang.loader import read_rule_file, rule_files
-  from engine.lang.parser import decode_source
+  from rulec.engine.lang.fmt import FormatError, format_source
+  from rulec.engine.lang.loader import read_rule_file, rule_files
+  from rulec.engine.lang.parser import decode_source
   if args.paths == ["-"]:
     data = sys.stdin.buffer.read()
     try: out = format_source(data, "<stdin>")

@@ -17,7 +17,7 @@ import numpy as np
 
 
 def _workloads(rng: np.random.Generator):
-  from engine.tensor import Tensor
+  from rulec.engine.tensor import Tensor
 
   def mk(*shape, scale=1.0):
     a = (rng.standard_normal(shape) * scale).astype(np.float32)
@@ -59,14 +59,14 @@ def _workloads(rng: np.random.Generator):
 def run_demo(args) -> int:
   import os
 
-  from runtime.devices import DEVICES
+  from rulec.runtime.devices import DEVICES
   if args.device is not None:
     if args.device.upper() not in DEVICES:
       print(f"rulec demo: unknown device {args.device!r}; known devices: {', '.join(DEVICES)}")
       return 2
     os.environ["RULEC_DEVICE"] = args.device.upper()
-  from engine.sched.driver import schedule
-  from runtime.devices import default_device, run_kernel
+  from rulec.engine.sched.driver import schedule
+  from rulec.runtime.devices import default_device, run_kernel
 
   device = default_device()
   print(f"rulec demo on device {device}: programs scheduled by rules/, run, and checked against numpy")
@@ -83,7 +83,7 @@ def run_demo(args) -> int:
       for k in kernels: run_kernel(k, k.bufs[0].arg[1])
       t2 = time.perf_counter()
       times.append((t1 - t0, t2 - t1))
-    from engine.sched.realize import host_value
+    from rulec.engine.realize import host_value
     got = host_value(views[0])
     err = float(np.abs(got - want).max())
     ok = err <= 1e-3 * max(1.0, float(np.abs(want).max()))
@@ -97,10 +97,10 @@ def run_demo(args) -> int:
 
 
 def _symbolic_demo(count: int) -> bool:
-  from engine.index_expr import build, evaluate, leaf_values, leaves_of, random_recipe
-  from engine.lang.loader import load_library
-  from engine.rewrite import graph_rewrite
-  from engine.uop import UOp
+  from rulec.engine.ir.index_expr import build, evaluate, leaf_values, leaves_of, random_recipe
+  from rulec.engine.lang.loader import load_library
+  from rulec.engine.ir.rewrite import graph_rewrite
+  from rulec.engine.ir.uop import UOp
 
   m = load_library().matcher("symbolic")
   rng = random.Random(0)

@@ -22,15 +22,15 @@ from lsprotocol import types as T
 from pygls import uris
 from pygls.lsp.server import LanguageServer
 
-from engine.dtypes import ALL_DTYPES, DTYPE_CLASSES
-from engine.lang import ast as A
-from engine.lang.capability import RULE_HELPERS
-from engine.lang.checker import CheckedLibrary
-from engine.lang.diagnostics import Diagnostic
-from engine.lang.fmt import FormatError, format_source
-from engine.lang.loader import check_sources, default_rules_dir, read_rule_file, rule_files
-from engine.lang.names import BUILTINS, resolve_helper_module
-from engine.ops import COMMUTATIVE, FIXED_ARITY, GROUPS, Ops
+from rulec.engine.ir.dtypes import ALL_DTYPES, DTYPE_CLASSES
+from rulec.engine.lang import ast as A
+from rulec.engine.lang.capability import RULE_HELPERS
+from rulec.engine.lang.checker import CheckedLibrary
+from rulec.engine.lang.diagnostics import Diagnostic
+from rulec.engine.lang.fmt import FormatError, format_source
+from rulec.engine.lang.loader import check_sources, default_rules_dir, read_rule_file, rule_files
+from rulec.engine.lang.names import BUILTINS, resolve_helper_module
+from rulec.engine.ir.ops import COMMUTATIVE, FIXED_ARITY, GROUPS, Ops
 
 DEBOUNCE_S = 0.3
 STATS_FILE = "rulec-stats.txt"     # what `RULEC_STATS=1 PROGRAM 2> rulec-stats.txt` leaves (engine/lang/loader.py)
@@ -270,7 +270,7 @@ def use_module(lines: list[str], k: int, i: int) -> str | None:
 
 class RulesServer(LanguageServer):
   def __init__(self):
-    from engine.lang.sarif import tool_version
+    from rulec.engine.lang.sarif import tool_version
     super().__init__("rulec", tool_version() or "0", text_document_sync_kind=T.TextDocumentSyncKind.Full)
     self.analyses: dict[str, Analysis] = {}
     self.parsed: dict[str, Analysis] = {}    # the last check in which the document parsed: names while typing

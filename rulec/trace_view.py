@@ -384,7 +384,7 @@ def trace_program(program: str, argv: list[str], out: str | Path) -> int:
   import runpy
   import sys
   import traceback
-  from engine.trace import tracing
+  from rulec.engine.trace import tracing
   argv, out = split_args(list(argv), str(out))   # `rulec trace p.py -o t.html`: argparse leaves -o to the program
   path = Path(program)
   if not path.is_file():

@@ -18,9 +18,9 @@ import weakref
 
 import numpy as np
 
-from engine.dtypes import DType, dtypes
-from engine.ops import Ops
-from engine.uop import UOp
+from rulec.engine.ir.dtypes import DType, dtypes
+from rulec.engine.ir.ops import Ops
+from rulec.engine.ir.uop import UOp
 
 _storage: "weakref.WeakKeyDictionary[UOp, Buffer]" = weakref.WeakKeyDictionary()
 

@@ -43,10 +43,10 @@ import weakref
 import attrs
 import numpy as np
 
-from engine.ops import Ops
-from runtime import kernel_cache
-from runtime.buffer import Buffer, Mirror, buffer_of, np_dtype
-from runtime.kernel import Kernel, decomposed, validate
+from rulec.engine.ir.ops import Ops
+from rulec.runtime import kernel_cache
+from rulec.runtime.buffer import Buffer, Mirror, buffer_of, np_dtype
+from rulec.engine.ir.kernel import Kernel, decomposed, validate
 
 DEVICE = "CL"
 COUNTERS = {"compiled": 0, "loaded": 0, "run": 0, "uploads": 0, "downloads": 0}
@@ -96,7 +96,7 @@ def all_devices() -> list:
 class CLDevice:
   """One OpenCL device with its context, in-order queue and compile target."""
   def __init__(self, index: int = 0):
-    from codegen.opencl import Target
+    from rulec.codegen.opencl import Target
     cl = self.cl = _cl()
     devs = all_devices()
     if not 0 <= index < len(devs):
@@ -320,10 +320,10 @@ def _at_exit() -> None:
 
 
 def render(kernel: Kernel, target=None, dev: "CLDevice | None" = None):
-  """The kernel as the OpenCL device runs it (a codegen.opencl.Rendered): decomposed, optimized (codegen/opt),
+  """The kernel as the OpenCL device runs it (a rulec.codegen.opencl.Rendered): decomposed, optimized (codegen/opt),
   rendered."""
-  from codegen.opencl import render as render_cl
-  from codegen.opt import optimize
+  from rulec.codegen.opencl import render as render_cl
+  from rulec.codegen.opt import optimize
   dev = dev if dev is not None else get_device()
   target = target if target is not None else dev.target
   opt, _ = optimize(decomposed(kernel, dev.optional), "CL", target, timer=lambda k: _time_candidate(kernel, k, target, dev))
@@ -333,8 +333,8 @@ def render(kernel: Kernel, target=None, dev: "CLDevice | None" = None):
 def _time_candidate(kernel: Kernel, opt: Kernel, target, dev: CLDevice) -> float:
   """Seconds (median of RULEC_SEARCH launches, each waited for) of an optimized form of `kernel`, writing scratch
   device buffers in place of its outputs (the kernel runs for real afterwards)."""
-  from codegen.opencl import render as render_cl
-  from codegen.opt.search import repetitions
+  from rulec.codegen.opencl import render as render_cl
+  from rulec.codegen.opt.search import repetitions
   prog = Program(dev, render_cl(opt, target))
   if prog.rendered.global_size == 0: return 0.0
   outs, scratch, mems = kernel.outputs, {}, []

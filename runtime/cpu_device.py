@@ -30,11 +30,11 @@ import time
 import llvmlite
 import llvmlite.binding as llvm
 
-from engine.ops import Ops
-from engine.uop import prod
-from runtime import kernel_cache
-from runtime.buffer import buffer_of
-from runtime.kernel import Kernel, decomposed, validate
+from rulec.engine.ir.ops import Ops
+from rulec.engine.ir.uop import prod
+from rulec.runtime import kernel_cache
+from rulec.runtime.buffer import buffer_of
+from rulec.engine.ir.kernel import Kernel, decomposed, validate
 
 _lock = threading.Lock()
 _target_machine = None
@@ -67,7 +67,7 @@ def _native_functions(text: str, names: tuple[str, ...]) -> dict[str, int]:
 
 def _native_helpers():
   """runtime/cpu_workers.py's polling loop and helpers, and its trampolines as they are needed."""
-  from runtime import cpu_workers
+  from rulec.runtime import cpu_workers
   x86 = llvm.get_process_triple().split("-")[0] in ("x86_64", "amd64")
   fns = _native_functions(cpu_workers.native_ir(x86), ("rulec_wait", "rulec_publish", "rulec_cycles", "rulec_serve",
                                                                    "rulec_hand", "rulec_claim"))
@@ -141,8 +141,8 @@ def _wide_vectors() -> bool:
 
 
 def opt_target():
-  """What the kernel optimizer's cost model knows of this CPU (codegen.opt.choose.CPUTarget)."""
-  from codegen.opt.choose import CPUTarget
+  """What the kernel optimizer's cost model knows of this CPU (rulec.codegen.opt.choose.CPUTarget)."""
+  from rulec.codegen.opt.choose import CPUTarget
   return CPUTarget(lanes=16 if _wide_vectors() else 8)
 
 
@@ -246,8 +246,8 @@ def _kernel_key(kernel: Kernel, alias) -> str:
   optional decompositions, the code that renders it (kernel_cache.code_digest) and the target. Found, it names
   the program without validating, decomposing or rendering the kernel again (for a matmul that is 100-300 ms of
   Python)."""
-  from codegen import llvmir
-  from codegen.opt import choose, transform
+  from rulec.codegen import llvmir
+  from rulec.codegen.opt import choose, transform
   # the optimizer's and renderer's tunables as they are now (a benchmark or test may set them), besides the code
   # that reads them, and the actions RULEC_OPT forces
   knobs = sorted((m.__name__, k, v) for m in (llvmir, choose, transform) for k, v in vars(m).items()
@@ -287,7 +287,7 @@ def compile_kernel(kernel: Kernel) -> tuple[Program, int | None]:
         _by_ast[(kernel.ast, alias)] = prog, split
         return prog, split
     validate(kernel)
-    from codegen.opt import format_actions, kernel_key, optimize
+    from rulec.codegen.opt import format_actions, kernel_key, optimize
     low = decomposed(kernel, optional_decompositions())
     opt, actions = optimize(low, "CPU", opt_target(), timer=lambda k: _time_candidate(kernel, k))
     prog, split, digest = _program_for(opt, nbufs, tried=entry["object"] if entry is not None else None)
@@ -301,8 +301,8 @@ def compile_kernel(kernel: Kernel) -> tuple[Program, int | None]:
 def _program_for(opt: Kernel, nbufs: int, tried: str | None = None) -> tuple[Program, int | None, str]:
   """The program for an optimized kernel (rendered, then from the process's programs, the disk or LLVM), the size
   of its thread range and the object's digest. tried: an object digest the disk cache already failed to give."""
-  from codegen.llvmir import render
-  from codegen.opt import range_kind
+  from rulec.codegen.llvmir import render
+  from rulec.codegen.opt import range_kind
   text, rng = render(opt, "kernel")
   split = rng.src[0].arg if rng is not None else None
   # named by its IR: the same in every process, so a cached object's symbol is the one asked for, and distinct
@@ -319,7 +319,7 @@ def _program_for(opt: Kernel, nbufs: int, tried: str | None = None) -> tuple[Pro
 def _time_candidate(kernel: Kernel, opt: Kernel) -> float:
   """Seconds (median of RULEC_SEARCH runs) of an optimized form of `kernel`, writing scratch copies of its outputs:
   the real outputs are not touched (the kernel runs for real afterwards)."""
-  from codegen.opt.search import repetitions
+  from rulec.codegen.opt.search import repetitions
   prog, split, _ = _program_for(opt, len(kernel.bufs))
   outs, scratch = kernel.outputs, {}
   arrays = []
@@ -352,7 +352,7 @@ def _launch(prog: Program, split: int | None, ptrs: list[int], work: int) -> Non
   if split is None or t == 1 or n < 2 or work < MIN_SPLIT_WORK:
     prog.fn(*ptrs, 0, n)
   else:
-    from runtime.cpu_workers import workers
+    from rulec.runtime.cpu_workers import workers
     workers(_native_helpers).run(prog.fn, [(*ptrs, lo, hi) for lo, hi in thread_calls(n, t, prog.pair_last)])
 
 

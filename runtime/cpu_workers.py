@@ -40,7 +40,7 @@ import time
 
 import numpy as np
 
-from runtime.buffer import host_array
+from rulec.runtime.buffer import host_array
 
 SPIN_MIN_S = 0.0005    # a polling thread polls at least this long before it sleeps ...
 SPIN_RATIO = 2.0       # ... or this many times as long as its last call took ...

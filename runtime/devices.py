@@ -16,18 +16,18 @@ from typing import Callable
 
 
 def _cpu_run(kernel, index: int) -> None:
-  from runtime import cpu_device
+  from rulec.runtime import cpu_device
   cpu_device.run_kernel(kernel)
 
 
 def _cl_run(kernel, index: int) -> None:
-  from runtime import cl_device
+  from rulec.runtime import cl_device
   if index: cl_device.run_kernel(kernel, index)
   else: cl_device.run_kernel(kernel)
 
 
 def _numpy_run(kernel, index: int) -> None:
-  from runtime import numpy_device
+  from rulec.runtime import numpy_device
   numpy_device.run_kernel(kernel)
 
 
@@ -69,7 +69,7 @@ def _cl(device):
   try: kind, index = parse_device(device) if isinstance(device, str) else (None, 0)
   except ValueError: return None
   if kind != "CL": return None
-  from runtime import cl_device
+  from rulec.runtime import cl_device
   try: return cl_device.get_device(index)
   except cl_device.CLUnavailable: return None
 
@@ -102,7 +102,7 @@ def default_device() -> str:
 def copy_buffers(kernel):
   """(destination, source) BUFFERs when `kernel` copies one whole buffer into another of another device, element
   for element, and nothing else; None otherwise."""
-  from engine.ops import Ops
+  from rulec.engine.ir.ops import Ops
   if len(kernel.bufs) != 2 or len(kernel.ast.src) != 1: return None
   dst, src = kernel.bufs
   if dst.arg[1] == src.arg[1] or dst.arg[2] != src.arg[2] or dst.dtype is not src.dtype: return None
@@ -127,7 +127,7 @@ def run_kernel(kernel, device: str) -> None:
   except ValueError: raise ValueError(f"no runtime for device {device!r}; known devices: {', '.join(DEVICES)}") from None
   pair = copy_buffers(kernel)
   if pair is not None and separate_memory(pair[0].arg[1], pair[1].arg[1]):
-    from runtime.buffer import buffer_of
+    from rulec.runtime.buffer import buffer_of
     dst, src = buffer_of(pair[0]), buffer_of(pair[1])
     dst.copy_from(src)
     COPIES["copies"] += 1

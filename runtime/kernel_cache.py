@@ -35,7 +35,7 @@ import os
 import tempfile
 from pathlib import Path
 
-from engine.lang.loader import _cache_dir
+from rulec.engine.lang.loader import _cache_dir
 
 FORMAT = 1
 STATS = {"hits": 0, "misses": 0, "rejected": 0, "writes": 0}
@@ -152,7 +152,7 @@ def code_digest() -> str:
   packages (read once per process) and the rule library as it is now (its files, the user's layered rules
   included, and its compiler). Any edit there retires the kernel entries; the object code entries, keyed by the
   text itself, stay valid."""
-  from engine.lang.loader import load_library
+  from rulec.engine.lang.loader import load_library
   if not _CODE:
     root = Path(__file__).resolve().parent.parent
     h = hashlib.sha256()

@@ -29,12 +29,12 @@ from typing import Iterable
 
 import numpy as np
 
-from engine.alu import wrap
-from engine.dtypes import DType
-from engine.ops import Ops
-from engine.uop import UOp
-from runtime.buffer import buffer_of
-from runtime.kernel import Kernel, validate
+from rulec.engine.ir.alu import wrap
+from rulec.engine.ir.dtypes import DType
+from rulec.engine.ir.ops import Ops
+from rulec.engine.ir.uop import UOp
+from rulec.runtime.buffer import buffer_of
+from rulec.engine.ir.kernel import Kernel, validate
 
 DEVICE = "NUMPY"
 
@@ -84,7 +84,7 @@ _TWO63, _TWO64 = 2.0 ** 63, 2.0 ** 64
 
 
 def _float_to_int(x: np.ndarray, t: np.dtype) -> np.ndarray:
-  """A float array as integers of `t` the way engine.alu.wrap does it: truncate, non-finite -> 0, wrap around."""
+  """A float array as integers of `t` the way rulec.engine.ir.alu.wrap does it: truncate, non-finite -> 0, wrap around."""
   x = x.astype(np.float64)
   x = np.where(np.isfinite(x), np.trunc(x), 0.0)
   if (np.abs(x) >= _TWO63).any():

@@ -6,10 +6,10 @@ from pathlib import Path
 
 import numpy as np
 
-from engine.lang.compiler import generate
-from engine.lang.interp import InterpretedMatcher
-from engine.lang.loader import check_sources
-from engine.tensor import Tensor
+from rulec.engine.lang.compiler import generate
+from rulec.engine.lang.interp import InterpretedMatcher
+from rulec.engine.lang.loader import check_sources
+from rulec.engine.tensor import Tensor
 
 
 class TextMatcher:

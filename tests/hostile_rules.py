@@ -26,28 +26,28 @@ KEYWORDS = ["class", "from", "def", "import", "return", "while", "with", "yield"
 
 # project functions that must never be callable from rules: (module, name)
 UNMARKED = [
-  ("engine.lang.loader", "_exec"), ("engine.lang.loader", "_write_cache"), ("engine.lang.loader", "_read_cache"),
-  ("engine.lang.loader", "default_rules_dir"), ("engine.lang.loader", "rule_files"), ("engine.lang.loader", "check_paths"),
-  ("engine.lang.loader", "load_library"), ("engine.lang.loader", "check_sources"), ("engine.lang.loader", "_cache_dir"),
-  ("engine.lang.loader", "read_rule_file"), ("engine.lang.runtime", "import_helper"), ("engine.lang.runtime", "rule_failed"),
-  ("engine.lang.names", "resolve_helper_module"), ("engine.lang.names", "resolve_helper"),
-  ("engine.lang.names", "helper_packages"), ("engine.lang.capability", "rule_attr"),
-  ("engine.lang.capability", "rule_helper"), ("engine.lang.explain", "explain_program"), ("rulec.cli", "main"),
-  ("rulec.trace_view", "trace_program"), ("rulec.demo", "run_demo"), ("engine.lang.parser", "parse_rules"),
-  ("engine.lang.compiler", "generate"), ("engine.lang.examples", "run_examples"), ("engine.sched.indexing", "_c"),
-  ("engine.sched.indexing", "strides_of"), ("engine.sched.tensor_helpers", "is_buffer_view"),
-  ("engine.sched.symbolic_helpers", "_terms"), ("engine.uop", "render"),
+  ("rulec.engine.lang.loader", "_exec"), ("rulec.engine.lang.loader", "_write_cache"), ("rulec.engine.lang.loader", "_read_cache"),
+  ("rulec.engine.lang.loader", "default_rules_dir"), ("rulec.engine.lang.loader", "rule_files"), ("rulec.engine.lang.loader", "check_paths"),
+  ("rulec.engine.lang.loader", "load_library"), ("rulec.engine.lang.loader", "check_sources"), ("rulec.engine.lang.loader", "_cache_dir"),
+  ("rulec.engine.lang.loader", "read_rule_file"), ("rulec.engine.lang.runtime", "import_helper"), ("rulec.engine.lang.runtime", "rule_failed"),
+  ("rulec.engine.lang.names", "resolve_helper_module"), ("rulec.engine.lang.names", "resolve_helper"),
+  ("rulec.engine.lang.names", "helper_packages"), ("rulec.engine.lang.capability", "rule_attr"),
+  ("rulec.engine.lang.capability", "rule_helper"), ("rulec.engine.lang.explain", "explain_program"), ("rulec.cli", "main"),
+  ("rulec.trace_view", "trace_program"), ("rulec.demo", "run_demo"), ("rulec.engine.lang.parser", "parse_rules"),
+  ("rulec.engine.lang.compiler", "generate"), ("rulec.engine.lang.examples", "run_examples"), ("rulec.engine.sched.rangeify", "_c"),
+  ("rulec.engine.sched.rangeify", "strides_of"), ("rulec.engine.sched.early", "is_buffer_view"),
+  ("rulec.engine.sched.symbolic", "_terms"), ("rulec.engine.ir.uop", "render"),
 ]
 # names modules re-export from the standard library or other packages, or that are not functions at all
 REEXPORTED = [
-  ("engine.verify.core", "given"), ("engine.verify.core", "settings"), ("engine.lang.parser", "v_args"),
-  ("engine.lang.parser", "Lark"), ("engine.lang.loader", "Path"), ("engine.lang.loader", "os"),
-  ("engine.lang.loader", "tempfile"), ("engine.lang.loader", "importlib"), ("engine.sched.tensor_helpers", "os"),
-  ("engine.lang.names", "importlib"), ("engine.lang.names", "os"), ("engine.lang.examples", "os"),
-  ("engine.lang.examples", "signal"), ("engine.lang.capability", "RULE_HELPERS"), ("engine.lang.loader", "hashlib"),
-  ("engine.lang.loader", "atexit"), ("engine.lang.loader", "sys"),
+  ("rulec.engine.verify.core", "given"), ("rulec.engine.verify.core", "settings"), ("rulec.engine.lang.parser", "v_args"),
+  ("rulec.engine.lang.parser", "Lark"), ("rulec.engine.lang.loader", "Path"), ("rulec.engine.lang.loader", "os"),
+  ("rulec.engine.lang.loader", "tempfile"), ("rulec.engine.lang.loader", "importlib"), ("rulec.engine.sched.early", "os"),
+  ("rulec.engine.lang.names", "importlib"), ("rulec.engine.lang.names", "os"), ("rulec.engine.lang.examples", "os"),
+  ("rulec.engine.lang.examples", "signal"), ("rulec.engine.lang.capability", "RULE_HELPERS"), ("rulec.engine.lang.loader", "hashlib"),
+  ("rulec.engine.lang.loader", "atexit"), ("rulec.engine.lang.loader", "sys"),
 ]
-BAD_MODULES = ["os", "subprocess", "builtins", "engine.lang.__init__", "engine.__main__", "rulec.__main__",
+BAD_MODULES = ["os", "subprocess", "builtins", "rulec.engine.lang.__init__", "engine.__main__", "rulec.__main__",
                "engine._private", "importlib", "shutil", "pathlib", "engine..lang", "tests.helpers"]
 
 
@@ -63,8 +63,8 @@ def _call_for(name: str, m: str, s: str) -> str:
     "load_library": f"load_library([{s}])",
     "check_sources": f"check_sources({{{m}: 'x'}})",
     "read_rule_file": f"read_rule_file(rule_files([{s}])[0])",
-    "import_helper": f"import_helper('engine.lang.loader', '_exec')('open(' + repr({m}) + ', \"w\")', ('x',))",
-    "resolve_helper_module": f"resolve_helper_module('engine.lang.loader')[0].os.system('touch ' + {m})",
+    "import_helper": f"import_helper('rulec.engine.lang.loader', '_exec')('open(' + repr({m}) + ', \"w\")', ('x',))",
+    "resolve_helper_module": f"resolve_helper_module('rulec.engine.lang.loader')[0].os.system('touch ' + {m})",
     "main": f"main(['trace', {m}])",
     "explain_program": f"explain_program('r', {m}, [], None)",
     "trace_program": f"trace_program({s}, [], {m})",
@@ -96,7 +96,7 @@ def _helper_files(m: str, s: str) -> dict[str, tuple[str, bytes]]:
                             f"fold_constants(x).__class__.__init__.__globals__['os'].system('touch ' + {m})",
                             f"fold_constants.x"]):
     out[f"helper-value-{j}"] = ("helper", (
-      "use engine.sched.symbolic_helpers (fold_constants, bounds_const)\n"
+      "use rulec.engine.sched.symbolic (fold_constants, bounds_const)\n"
       f"ruleset s:\n  rule r: x + 0 => x if {expr} else x\n    example: RANGE(3) + 0 => RANGE(3)\n").encode())
   return out
 
@@ -341,8 +341,8 @@ SAMPLE_NODES = None
 
 
 def _sample_nodes():
-  from engine.dtypes import dtypes
-  from engine.uop import UOp
+  from rulec.engine.ir.dtypes import dtypes
+  from rulec.engine.ir.uop import UOp
   x = UOp.variable("x", 0, 10)
   one = UOp.const(dtypes.index, 1)
   return [x + 0, x * 1, (x + 1) + 0, UOp.sink(UOp.const(dtypes.float32, 1.5), arg="payload"), UOp.sink(one), x - 0,
@@ -359,10 +359,10 @@ def check_one(path, category: str, marker, token: str) -> dict:
   from contextlib import redirect_stderr, redirect_stdout
   from pathlib import Path
 
-  from engine.lang.diagnostics import CODES, RuleError, escape_text
-  from engine.lang.loader import RuleLibrary
-  from engine.lang.runtime import RuleAbort, RuleRuntimeError
-  from engine.rewrite import RewriteLoopError, graph_rewrite
+  from rulec.engine.lang.diagnostics import CODES, RuleError, escape_text
+  from rulec.engine.lang.loader import RuleLibrary
+  from rulec.engine.lang.runtime import RuleAbort, RuleRuntimeError
+  from rulec.engine.ir.rewrite import RewriteLoopError, graph_rewrite
   from rulec.cli import main
 
   problems: list[str] = []

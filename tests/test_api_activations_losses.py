@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given, settings, strategies as st
 from hypothesis.extra import numpy as hnp
 
-from engine.tensor import Tensor
-from engine.tensor.args import ShapeError
+from rulec.engine.tensor import Tensor
+from rulec.engine.tensor.args import ShapeError
 
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
 FLOATS = [np.float32, np.float64, np.float16]

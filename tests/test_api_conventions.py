@@ -11,8 +11,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine.dtypes import dtypes
-from engine.tensor.args import AxisError, ShapeError, promote_types
+from rulec.engine.ir.dtypes import dtypes
+from rulec.engine.tensor.args import AxisError, ShapeError, promote_types
 from rulec import Tensor
 
 NAMES = ["bool", "int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "uint64", "float16", "float32", "float64"]

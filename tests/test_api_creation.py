@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from engine.dtypes import dtypes
-from engine.ops import Ops
+from rulec.engine.ir.dtypes import dtypes
+from rulec.engine.ir.ops import Ops
 from rulec import Tensor
 
 shapes = st.lists(st.integers(0, 4), min_size=0, max_size=3).map(tuple)

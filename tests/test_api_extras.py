@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given, settings, strategies as st
 from hypothesis.extra import numpy as hnp
 
-from engine.dtypes import dtypes
-from engine.tensor import Tensor
+from rulec.engine.ir.dtypes import dtypes
+from rulec.engine.tensor import Tensor
 
 shapes = hnp.array_shapes(min_dims=0, max_dims=3, min_side=0, max_side=3)
 INPLACE = {"__iadd__": operator.add, "__isub__": operator.sub, "__imul__": operator.mul, "__ifloordiv__": operator.floordiv,
@@ -180,8 +180,8 @@ def test_contiguous_backward_and_sequential():
 
 
 def test_alu_ufix_and_max_shape():
-  from engine.ops import Ops
-  from engine.tensor.args import DTypeError
+  from rulec.engine.ir.ops import Ops
+  from rulec.engine.tensor.args import DTypeError
   a, b = Tensor([1.0, 4.0]), Tensor([[2.0], [3.0]])
   np.testing.assert_array_equal(a.alu(Ops.ADD, b).numpy(), [[3.0, 6.0], [4.0, 7.0]])   # broadcast
   np.testing.assert_allclose(a.alu(Ops.SQRT).numpy(), [1.0, 2.0])

@@ -7,8 +7,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from engine.dtypes import dtypes
-from engine.tensor.args import ShapeError
+from rulec.engine.ir.dtypes import dtypes
+from rulec.engine.tensor.args import ShapeError
 from rulec import Tensor
 
 SETTINGS = {"deadline": None, "suppress_health_check": [HealthCheck.too_slow, HealthCheck.data_too_large]}

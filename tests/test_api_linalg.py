@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from engine.tensor import Tensor
-from engine.tensor.linalg import LinalgError
+from rulec.engine.tensor import Tensor
+from rulec.engine.tensor.linalg import LinalgError
 
 # a stack of random normal matrices: (batch shape, m, n, seed); random normal matrices are full rank
 matrices = st.tuples(st.sampled_from([(), (1,), (2,), (2, 1)]), st.integers(1, 4), st.integers(1, 4), st.integers(0, 2 ** 16))

@@ -7,8 +7,8 @@ import pytest
 from hypothesis import given, settings, strategies as st
 from hypothesis.extra import numpy as hnp
 
-from engine.tensor import Tensor
-from engine.tensor.args import AxisError
+from rulec.engine.tensor import Tensor
+from rulec.engine.tensor.args import AxisError
 
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")   # float16 casts of 1e30, numpy on inf - inf
 inf, nan = math.inf, math.nan

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from engine.dtypes import dtypes
-from engine.tensor.args import ShapeError
+from rulec.engine.ir.dtypes import dtypes
+from rulec.engine.tensor.args import ShapeError
 from rulec import Tensor
 
 

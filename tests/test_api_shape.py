@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from engine.tensor.args import AxisError, ShapeError
+from rulec.engine.tensor.args import AxisError, ShapeError
 from rulec import Tensor
 
 DTYPES = [np.float32, np.int32, np.bool_]
@@ -175,5 +175,5 @@ def test_rearrange():
 def test_repeat_errors_and_lazy():
   with pytest.raises(ShapeError, match=r"\(2, 3\)"): Tensor.ones(2, 3).repeat(2)
   t = Tensor.ones(2, 3).repeat(2, 1).roll(1, 0).tril()
-  from engine.ops import Ops
+  from rulec.engine.ir.ops import Ops
   assert t.uop.op is not Ops.BUFFER  # built lazily, not computed on the host

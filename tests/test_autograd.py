@@ -980,7 +980,7 @@ def test_schedule_loss_and_grads(device):
 def test_backward_grads_are_lazy():
   x = T([1.0, 2.0])
   (x.exp() * x).sum().backward()
-  from engine.sched import realize as _engine
+  from rulec.engine import realize as _engine
   assert not _engine.is_realized(x.grad.uop)    # nothing ran yet
   assert len(x.grad.schedule()) > 0
   np.testing.assert_allclose(x.grad.numpy(), np.exp([1.0, 2.0]) * (1 + np.array([1.0, 2.0])))

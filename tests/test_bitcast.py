@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine.dtypes import dtypes
-from engine.tensor import Tensor
+from rulec.engine.ir.dtypes import dtypes
+from rulec.engine.tensor import Tensor
 
 SIZED = ["uint8", "int8", "uint16", "int16", "float16", "uint32", "int32", "float32", "uint64", "int64", "float64"]
 EXAMPLES = max(1, int(float(os.environ.get("RULEC_TENSOR_EXAMPLES", "1") or 1) * 40))

@@ -5,9 +5,9 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from engine.dtypes import dtypes
-from engine.tensor import Tensor
-from runtime.buffer import ALIGN, buffer_of, host_array, new_buffer
+from rulec.engine.ir.dtypes import dtypes
+from rulec.engine.tensor import Tensor
+from rulec.runtime.buffer import ALIGN, buffer_of, host_array, new_buffer
 
 DTYPES = [dtypes.bool, dtypes.int8, dtypes.uint8, dtypes.int16, dtypes.float16, dtypes.int32, dtypes.float32,
           dtypes.int64, dtypes.float64]

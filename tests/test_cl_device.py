@@ -25,12 +25,12 @@ pytest.importorskip("pyopencl", reason="the CL device needs pyopencl: pip instal
 from hypothesis import HealthCheck, given, settings   # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from codegen import opencl   # noqa: E402
-from engine.dtypes import dtypes   # noqa: E402
-from engine.ops import Ops   # noqa: E402
-from engine.tensor import Tensor   # noqa: E402
-from runtime import cl_device   # noqa: E402
-from runtime.kernel import decomposed   # noqa: E402
+from rulec.codegen import opencl   # noqa: E402
+from rulec.engine.ir.dtypes import dtypes   # noqa: E402
+from rulec.engine.ir.ops import Ops   # noqa: E402
+from rulec.engine.tensor import Tensor   # noqa: E402
+from rulec.runtime import cl_device   # noqa: E402
+from rulec.engine.ir.kernel import decomposed   # noqa: E402
 from tests.helpers import on, same_as_reference   # noqa: E402
 
 try: DEV = cl_device.get_device()
@@ -420,10 +420,10 @@ def test_a_device_without_fp64_gets_float_code():
 # *** kernels built by hand: shapes the scheduler does not make today ***
 
 def _hand_kernels(device):
-  from engine.ops import Ops
-  from engine.uop import UOp
-  from runtime.buffer import buffer_of, new_buffer
-  from runtime.kernel import Kernel
+  from rulec.engine.ir.ops import Ops
+  from rulec.engine.ir.uop import UOp
+  from rulec.runtime.buffer import buffer_of, new_buffer
+  from rulec.engine.ir.kernel import Kernel
 
   def buf(arr, dt):
     b = new_buffer(device, arr.size, dt)
@@ -446,8 +446,8 @@ def _hand_kernels(device):
 
 
 def test_a_kernel_with_several_stores_runs_them_in_order():
-  from runtime.buffer import buffer_of
-  from runtime.devices import run_kernel
+  from rulec.runtime.buffer import buffer_of
+  from rulec.runtime.devices import run_kernel
   got = {}
   for device in ("CL", "NUMPY"):
     k, bufs = _hand_kernels(device)
@@ -460,7 +460,7 @@ def test_a_kernel_with_several_stores_runs_them_in_order():
 
 
 def _storage(t: Tensor):
-  from runtime.buffer import buffer_of
+  from rulec.runtime.buffer import buffer_of
   u = t.uop
   return buffer_of(u if u.op.name == "BUFFER" else u.src[0])
 
@@ -651,7 +651,7 @@ def test_grid_takes_any_divisor_and_a_prime_size_stays_one_group(grid_reductions
 
 
 def test_grid_is_an_action_a_user_can_force_and_it_is_refused_where_it_cannot_apply(grid_reductions, monkeypatch):
-  from codegen.opt import OptError, kernel_key
+  from rulec.codegen.opt import OptError, kernel_key
   x = np.random.default_rng(43).standard_normal((6, 4096)).astype(np.float32)
   (k,) = Tensor(x, device="CL").sum().schedule()
   monkeypatch.setenv("RULEC_OPT", f"{kernel_key(k)}=GROUP(32) GRID(3)")
@@ -707,9 +707,9 @@ def test_rows_per_work_group_agree_with_numpy_for_any_shape(group_reductions, le
 
 
 def test_spread_is_an_action_a_user_can_force_and_it_is_refused_where_it_cannot_apply(group_reductions, monkeypatch):
-  from codegen.opt import OptError, kernel_key
+  from rulec.codegen.opt import OptError, kernel_key
   x = np.random.default_rng(52).standard_normal((4, 96)).astype(np.float32)
-  from runtime.kernel import decomposed
+  from rulec.engine.ir.kernel import decomposed
   (k,) = Tensor(x, device="CL").softmax(-1).schedule()
   axes = [r.arg[0] for r in k.ast.src[0].src[1:]]
   key = kernel_key(decomposed(k, DEV.optional))   # (the key of the kernel the optimizer sees)
@@ -729,8 +729,8 @@ def test_spread_is_an_action_a_user_can_force_and_it_is_refused_where_it_cannot_
 def test_a_short_rows_loads_are_read_once_into_registers(group_reductions, monkeypatch, name):
   # SPREAD with at most ROW_CACHE_MAX elements per work-item: each load of the row is read from memory once, into
   # registers, which the max, the sum and the stores all read (x, and the scale row for "scaled")
-  from codegen.opt import kernel_key
-  from runtime.kernel import decomposed
+  from rulec.codegen.opt import kernel_key
+  from rulec.engine.ir.kernel import decomposed
   x = np.random.default_rng(54).standard_normal((5, 256)).astype(np.float32)
   w = np.random.default_rng(55).standard_normal((256,)).astype(np.float32)
   f = {"softmax": lambda t, s: t.softmax(-1), "log_softmax": lambda t, s: t.log_softmax(-1),

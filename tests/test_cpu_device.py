@@ -11,10 +11,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine.dtypes import dtypes
-from engine.tensor import Tensor
-from runtime import cpu_device
-from runtime.kernel import decomposed
+from rulec.engine.ir.dtypes import dtypes
+from rulec.engine.tensor import Tensor
+from rulec.runtime import cpu_device
+from rulec.engine.ir.kernel import decomposed
 from tests.helpers import on, same_as_reference
 
 DTS = [dtypes.bool, dtypes.uint8, dtypes.int8, dtypes.int32, dtypes.int64, dtypes.float16, dtypes.float32, dtypes.float64]
@@ -141,21 +141,21 @@ def test_big_kernels_split_across_threads_and_agree(monkeypatch):
 
 def _upcasts(k) -> dict:
   """{range size: lanes} of the UPCAST actions the CPU's optimizer chooses for a kernel."""
-  from codegen.opt.choose import cpu_actions
+  from rulec.codegen.opt.choose import cpu_actions
   low = decomposed(k)
   sizes = {r.arg[0]: r.src[0].arg for r in low.ranges}
   return {sizes[a.axis]: a.amount for a in cpu_actions(low) if a.op == "UPCAST"}
 
 
 def _kblock(k) -> int:
-  from codegen.opt.choose import cpu_actions
+  from rulec.codegen.opt.choose import cpu_actions
   return next((a.amount for a in cpu_actions(decomposed(k)) if a.op == "KBLOCK"), 0)
 
 
 def test_matmul_kernels_are_upcast():
-  from codegen.llvmir import render
-  from codegen.opt import optimize
-  from codegen.opt.choose import UPCAST_ROWS
+  from rulec.codegen.llvmir import render
+  from rulec.codegen.opt import optimize
+  from rulec.codegen.opt.choose import UPCAST_ROWS
   (k,) = (Tensor(np.ones((16, 32), np.float32)) @ Tensor(np.ones((32, 48), np.float32))).schedule()
   opt, actions = optimize(decomposed(k), "CPU")
   text, split = render(opt)
@@ -332,7 +332,7 @@ def test_float16_kernels_call_no_runtime_conversion_routines(monkeypatch):
   # native conversions, which the JIT cannot resolve (a call to address 0): the IR must never contain a `half`
   import re
   import llvmlite.binding as llvm
-  from codegen.llvmir import render
+  from rulec.codegen.llvmir import render
   cpu_device._jit()   # initialises LLVM's native target
   monkeypatch.setenv("RULEC_CPU_TARGET", "baseline")
   cpu, features = cpu_device.target_cpu()
@@ -375,7 +375,7 @@ def half_programs() -> dict:
 BASELINE_CHILD = """
 import sys
 import numpy as np
-from runtime import cpu_device
+from rulec.runtime import cpu_device
 from tests.helpers import on
 from tests.test_cpu_device import half_programs
 got = {name: on("CPU", x, d, fn) for name, (x, d, fn, _) in half_programs().items()}
@@ -504,7 +504,7 @@ def _dirty_mask_launcher():
 def test_kernels_never_read_mask_registers_they_did_not_write(monkeypatch):
   # LLVM 22.1 with AVX512VL made the CNN's last-layer weight gradient, with these actions, read index lanes from a
   # mask register it never set (cpu_device._MISCOMPILED_FEATURES); every kernel here runs with those registers dirty
-  from codegen.opt import kernel_key
+  from rulec.codegen.opt import kernel_key
   grads, want = small_cnn_gradients()
   kernel, = [k for k in grads["wl"].schedule() if tuple(r.src[0].arg for r in k.ranges) == (12, 3, 2)]
   monkeypatch.setenv("RULEC_OPT", kernel_key(decomposed(kernel)) + "=UPCAST(1,3) UPCAST(0,6) THREAD(0)")

@@ -9,9 +9,9 @@ import time
 import numpy as np
 import pytest
 
-from engine.tensor import Tensor
-from runtime import cpu_device, cpu_workers
-from runtime.buffer import host_array
+from rulec.engine.tensor import Tensor
+from rulec.runtime import cpu_device, cpu_workers
+from rulec.runtime.buffer import host_array
 
 
 def _native():

@@ -14,11 +14,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine.dtypes import dtypes
-from engine.ops import Ops
-from engine.tensor import Tensor
-from runtime import cpu_device
-from runtime.kernel import decomposed
+from rulec.engine.ir.dtypes import dtypes
+from rulec.engine.ir.ops import Ops
+from rulec.engine.tensor import Tensor
+from rulec.runtime import cpu_device
+from rulec.engine.ir.kernel import decomposed
 
 ULP_BUDGET = {"exp2": 1.25, "log2": 0.5 + 2.0 ** -20}
 N = 1 << 16   # every run has this many elements, so that all share one compiled kernel per function
@@ -126,7 +126,7 @@ def _kernel(t: Tensor):
 
 
 def test_cpu_only_and_float64_left_to_libm():
-  from codegen.llvmir import render
+  from rulec.codegen.llvmir import render
   for d in (dtypes.float32, dtypes.float16):
     t = Tensor(np.ones(16, d.np_name), device="CPU")
     k = _kernel(t.exp2() + t.log2())
@@ -149,7 +149,7 @@ def test_libm_switch(monkeypatch):
 def test_no_calls_on_the_baseline_target(monkeypatch):
   # vector code from instructions every x86-64 (or the architecture's baseline) has: no call to libm or compiler-rt
   import llvmlite.binding as llvm
-  from codegen.llvmir import render
+  from rulec.codegen.llvmir import render
   cpu_device._jit()
   monkeypatch.setenv("RULEC_CPU_TARGET", "baseline")
   name, features = cpu_device.target_cpu()
@@ -192,7 +192,7 @@ def test_max_rows_in_lanes(n):
 
 def test_cl_asks_on_a_cpu_device():
   pytest.importorskip("pyopencl")
-  from runtime import cl_device
+  from rulec.runtime import cl_device
   try: dev = cl_device.get_device()
   except cl_device.CLUnavailable as e: pytest.skip(f"no OpenCL device: {e}")
   on_cpu = bool(dev.dev.type & dev.cl.device_type.CPU) and dev.target.fp64

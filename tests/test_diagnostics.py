@@ -9,7 +9,7 @@
 * R001 messages say what was expected;
 * the `rulec check` CLI: exit codes, JSON output, and the shipped rules/.
 
-Columns are 1-based and `end_col` is exclusive, as in `engine.lang.ast.Span`.
+Columns are 1-based and `end_col` is exclusive, as in `rulec.engine.lang.ast.Span`.
 """
 from __future__ import annotations
 
@@ -23,13 +23,13 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path: sys.path.insert(0, str(REPO))
 
-from engine.lang.diagnostics import CODES, EXAMPLE_CODES, Diagnostic, RuleError  # noqa: E402
-from engine.lang.loader import RuleLibrary, check_sources, load_library  # noqa: E402
-from engine.uop import UOp  # noqa: E402
+from rulec.engine.lang.diagnostics import CODES, EXAMPLE_CODES, Diagnostic, RuleError  # noqa: E402
+from rulec.engine.lang.loader import RuleLibrary, check_sources, load_library  # noqa: E402
+from rulec.engine.ir.uop import UOp  # noqa: E402
 from rulec.cli import main as rulec  # noqa: E402
 from tests.helpers import subprocess_env
 
-H = "engine.sched.symbolic_helpers"    # real helper module: fold_constants(alu), bounds_const(x)
+H = "rulec.engine.sched.symbolic"    # real helper module: fold_constants(alu), bounds_const(x)
 
 
 @pytest.fixture(autouse=True)
@@ -105,7 +105,7 @@ CASES = [
   ("R302-missing", f"use {H} (nope)\nruleset s:\n  rule r: x + 0 => x\n", "R302", "error", 1, 36, 1, 40, "nope"),
   ("R302-not-a-function", f"use {H} (annotations)\nruleset s:\n  rule r: x + 0 => x\n",
    "R302", "error", 1, 36, 1, 47, "annotations"),
-  ("R302-module-is-not-a-helper", "use engine.lang.names (os)\nruleset s:\n  rule r: x + 0 => x\n",
+  ("R302-module-is-not-a-helper", "use rulec.engine.lang.names (os)\nruleset s:\n  rule r: x + 0 => x\n",
    "R302", "error", 1, 24, 1, 26, "os"),
   ("R303-too-many", f"use {H} (fold_constants)\nruleset s:\n  rule r: x + 0 => fold_constants(x, x)\n",
    "R303", "error", 3, 20, 3, 40, "fold_constants(x, x)"),
@@ -379,7 +379,7 @@ def _security_cases():
     ("assignment", "x = 1\nruleset s:\n  rule r: x + 0 => x\n", "R405", 1, "="),
     ("assignment-in-ruleset", "ruleset s:\n  rule r: x + 0 => x\n  x = 1\n", "R405", 3, "="),
     ("use-os", f"use os (system)\nruleset s:\n  rule r: x + 0 => system('touch ' + {m})\n", "R301", 1, "os"),
-    ("helper-module-attribute", f"use engine.lang.names (os)\nruleset s:\n  rule r: x + 0 => os.system('touch ' + {m})\n",
+    ("helper-module-attribute", f"use rulec.engine.lang.names (os)\nruleset s:\n  rule r: x + 0 => os.system('touch ' + {m})\n",
      "R302", 1, "os"),
   ]
 

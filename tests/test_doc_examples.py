@@ -42,16 +42,16 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path: sys.path.insert(0, str(REPO))
 
-from engine.dtypes import ALL_DTYPES, DTYPE_CLASSES, dtypes  # noqa: E402
-from engine.lang.diagnostics import CODES, RuleError  # noqa: E402
-from engine.lang.interp import InterpretedMatcher  # noqa: E402
-from engine.lang.loader import check_sources, load_library  # noqa: E402
-from engine.lang.names import BUILTINS  # noqa: E402
-from engine.lang.parser import _PATTERN_OPS  # noqa: E402
-from engine.lang.runtime import RuleRuntimeError  # noqa: E402
-from engine.ops import COMMUTATIVE, GROUPS, Ops  # noqa: E402
-from engine.rewrite import RewriteLoopError, graph_rewrite  # noqa: E402
-from engine.uop import UOp  # noqa: E402
+from rulec.engine.ir.dtypes import ALL_DTYPES, DTYPE_CLASSES, dtypes  # noqa: E402
+from rulec.engine.lang.diagnostics import CODES, RuleError  # noqa: E402
+from rulec.engine.lang.interp import InterpretedMatcher  # noqa: E402
+from rulec.engine.lang.loader import check_sources, load_library  # noqa: E402
+from rulec.engine.lang.names import BUILTINS  # noqa: E402
+from rulec.engine.lang.parser import _PATTERN_OPS  # noqa: E402
+from rulec.engine.lang.runtime import RuleRuntimeError  # noqa: E402
+from rulec.engine.ir.ops import COMMUTATIVE, GROUPS, Ops  # noqa: E402
+from rulec.engine.ir.rewrite import RewriteLoopError, graph_rewrite  # noqa: E402
+from rulec.engine.ir.uop import UOp  # noqa: E402
 from tests.helpers import subprocess_env  # noqa: E402
 
 DOC = REPO / "docs" / "rules.md"

@@ -21,12 +21,12 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path: sys.path.insert(0, str(REPO))
 
-from engine.lang import ast as A  # noqa: E402
-from engine.lang import fmt as fmt_module  # noqa: E402
-from engine.lang.checker import check_library  # noqa: E402
-from engine.lang.compiler import generate  # noqa: E402
-from engine.lang.fmt import MAX_WIDTH, FormatError, _lex, format_source  # noqa: E402
-from engine.lang.parser import decode_source, parse_rules  # noqa: E402
+from rulec.engine.lang import ast as A  # noqa: E402
+from rulec.engine.lang import fmt as fmt_module  # noqa: E402
+from rulec.engine.lang.checker import check_library  # noqa: E402
+from rulec.engine.lang.compiler import generate  # noqa: E402
+from rulec.engine.lang.fmt import MAX_WIDTH, FormatError, _lex, format_source  # noqa: E402
+from rulec.engine.lang.parser import decode_source, parse_rules  # noqa: E402
 from rulec.cli import main as rulec  # noqa: E402
 from tests import hostile_rules  # noqa: E402
 from tests.test_diagnostics import CASES  # noqa: E402
@@ -162,7 +162,7 @@ def fmt(text: str) -> str: return format_source(text, "t.rules")
 
 
 def test_spacing_is_canonical():
-  src = ("use  engine.sched.symbolic_helpers(fold_constants ,bounds_const)\n"
+  src = ("use  rulec.engine.sched.symbolic(fold_constants ,bounds_const)\n"
          "ruleset   s  includes t,u :\n"
          "    rule a :x+0=>x\n"
          "    rule b: c : CONST [ -1 ] * y { ints , bools } if not c.arg<-1 and y . vmin>=0 => y . replace ( src = ( y , ) )\n"
@@ -171,7 +171,7 @@ def test_spacing_is_canonical():
          "    rule d: INDEX(x, ..) => {k : v for k, v in x} | { 1, 2 } | f(*a, ** k) | (lambda q : q)(1 .real)\n"
          "ruleset t:\nruleset u:\n")
   assert fmt(src) == (
-    "use engine.sched.symbolic_helpers (fold_constants, bounds_const)\n"
+    "use rulec.engine.sched.symbolic (fold_constants, bounds_const)\n"
     "\n"
     "ruleset s includes t, u:\n"
     "  rule a: x + 0 => x\n"
@@ -213,7 +213,7 @@ def test_comments_and_blank_lines():
 
 
 def test_line_breaks_the_author_made_are_kept_and_reindented():
-  src = ("use engine.sched.symbolic_helpers (fold_constants,\n"
+  src = ("use rulec.engine.sched.symbolic (fold_constants,\n"
          "        bounds_const)\n"
          "ruleset s:\n"
          " rule a: x // c:CONST\n"
@@ -231,7 +231,7 @@ def test_line_breaks_the_author_made_are_kept_and_reindented():
          "   )\n"
          " rule e: \\\n"
          "   x * 1 => x\n")
-  assert fmt(src) == ("use engine.sched.symbolic_helpers (fold_constants,\n"
+  assert fmt(src) == ("use rulec.engine.sched.symbolic (fold_constants,\n"
                       "                                   bounds_const)\n"
                       "\n"
                       "ruleset s:\n"

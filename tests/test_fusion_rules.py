@@ -15,8 +15,8 @@ import numpy as np
 REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path: sys.path.insert(0, str(REPO))
 
-from engine.sched import cache as schedule_cache  # noqa: E402
-from engine.tensor import Tensor  # noqa: E402
+from rulec.engine.sched import cache as schedule_cache  # noqa: E402
+from rulec.engine.tensor import Tensor  # noqa: E402
 from tests.helpers import subprocess_env  # noqa: E402
 
 DOC = REPO / "docs" / "fusion.md"

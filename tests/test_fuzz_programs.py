@@ -32,7 +32,7 @@ def count(device: str) -> int: return max(1, int(COUNTS[device] * SCALE))
 def cl_missing() -> str | None:
   """Why the CL device cannot run here (None when it can)."""
   if importlib.util.find_spec("pyopencl") is None: return "the CL device needs pyopencl: pip install pyopencl pocl-binary-distribution"
-  from runtime import cl_device
+  from rulec.runtime import cl_device
   try: cl_device.get_device()
   except cl_device.CLUnavailable as e: return f"no OpenCL device: {e}"
   return None

@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from engine.sched import realize as R
-from engine.sched import cache as sc
-from engine.tensor import Tensor
+from rulec.engine import realize as R
+from rulec.engine.sched import cache as sc
+from rulec.engine.tensor import Tensor
 from rulec import JitError, TinyJit, jit
 
 

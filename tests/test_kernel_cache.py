@@ -12,15 +12,15 @@ import sys
 import numpy as np
 import pytest
 
-from runtime import kernel_cache
+from rulec.runtime import kernel_cache
 from tests.helpers import subprocess_env
 
 # a softmax (max, exp-sum, divide) and an elementwise kernel; C makes their IR this test's own
 CHILD = """
 import json, sys
 import numpy as np
-from engine.tensor import Tensor
-from runtime import cpu_device, kernel_cache
+from rulec.engine.tensor import Tensor
+from rulec.runtime import cpu_device, kernel_cache
 c = float(sys.argv[1])
 x = np.linspace(-4, 4, 32 * 48, dtype=np.float32).reshape(32, 48)
 t = Tensor(x, device="CPU")
@@ -83,8 +83,8 @@ def test_off_reads_and_writes_nothing(fresh, monkeypatch):
   kernel_cache.store("t", kernel_cache.key("t", "y"), b"abc")
   assert len(list((fresh / "kernels" / "t").iterdir())) == 1
   # a CPU kernel compiled with the cache off leaves nothing on disk
-  from engine.tensor import Tensor
-  from runtime import cpu_device
+  from rulec.engine.tensor import Tensor
+  from rulec.runtime import cpu_device
   before = cpu_device.COUNTERS["compiled"]
   Tensor(np.ones(7, np.float32), device="CPU").__mul__(random.random() + 3.0).numpy()
   assert cpu_device.COUNTERS["compiled"] == before + 1 and entries(fresh) == []
@@ -124,8 +124,8 @@ def test_a_second_process_compiles_nothing(tmp_path):
 
 def test_cl_binaries_are_kept_and_checked(fresh, monkeypatch):
   pytest.importorskip("pyopencl")
-  from engine.tensor import Tensor
-  from runtime import cl_device
+  from rulec.engine.tensor import Tensor
+  from rulec.runtime import cl_device
   try: dev = cl_device.get_device()
   except cl_device.CLUnavailable as e: pytest.skip(f"no OpenCL device: {e}")
   monkeypatch.setattr(cl_device, "_unsaved", [])   # programs other tests built are not this test's to write

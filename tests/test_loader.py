@@ -5,10 +5,10 @@ from pathlib import Path
 
 import pytest
 
-from engine.dtypes import dtypes
-from engine.lang.diagnostics import RuleError
-from engine.lang.loader import RuleLibrary, default_rules_dir, load_library
-from engine.uop import UOp
+from rulec.engine.ir.dtypes import dtypes
+from rulec.engine.lang.diagnostics import RuleError
+from rulec.engine.lang.loader import RuleLibrary, default_rules_dir, load_library
+from rulec.engine.ir.uop import UOp
 from rulec.cli import main
 from tests.helpers import subprocess_env
 
@@ -90,8 +90,8 @@ def test_combined_rulesets_keep_order(tmp_path, cache_dir):
 def test_stats_are_printed_at_exit(tmp_path):
   p = tmp_path / "a.rules"
   p.write_text(RULES)
-  code = ("from engine.lang.loader import load_library; from engine.rewrite import graph_rewrite; "
-          "from engine.uop import UOp; a = UOp.variable('a', 0, 3); "
+  code = ("from rulec.engine.lang.loader import load_library; from rulec.engine.ir.rewrite import graph_rewrite; "
+          "from rulec.engine.ir.uop import UOp; a = UOp.variable('a', 0, 3); "
           f"b = UOp.variable('b', 0, 3); graph_rewrite(((a + 0) * (b + 0)) * 1, load_library([{str(p)!r}]).matcher('s'))")
   env = subprocess_env(RULEC_STATS="1", RULEC_CACHE_DIR=str(tmp_path / "c"))
   out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)

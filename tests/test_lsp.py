@@ -15,10 +15,10 @@ from pygls.lsp.client import LanguageClient
 REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path: sys.path.insert(0, str(REPO))
 
-from engine.sched import symbolic_helpers  # noqa: E402
+from rulec.engine.sched import symbolic as symbolic_helpers  # noqa: E402
 from tests.helpers import subprocess_env  # noqa: E402
 
-V1 = """use engine.sched.symbolic_helpers (fold_constants)
+V1 = """use rulec.engine.sched.symbolic (fold_constants)
 
 ruleset base:
   rule any_mul: x * _ => x

@@ -9,10 +9,10 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine.dtypes import dtypes
-from engine.lang.runtime import RuleRuntimeError
-from engine.ops import Ops
-from engine.uop import UOp
+from rulec.engine.ir.dtypes import dtypes
+from rulec.engine.lang.runtime import RuleRuntimeError
+from rulec.engine.ir.ops import Ops
+from rulec.engine.ir.uop import UOp
 from tests.helpers import TextMatcher
 
 BIN_OPS = ["ADD", "MUL", "SUB", "IDIV", "MAX"]

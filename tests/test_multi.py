@@ -15,14 +15,14 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from engine.ops import Ops
-from engine.sched import cache as schedule_cache
-from engine.tensor.args import DeviceError, ShapeError
+from rulec.engine.ir.ops import Ops
+from rulec.engine.sched import cache as schedule_cache
+from rulec.engine.tensor.args import DeviceError, ShapeError
 from rulec import Tensor, nn
 from rulec.nn import optim
 from rulec.nn.state import get_parameters
-from runtime import devices as rt_devices
-from runtime.buffer import buffer_of
+from rulec.runtime import devices as rt_devices
+from rulec.runtime.buffer import buffer_of
 
 # (under RULEC_DEVICE=CL the host devices carry the main set: PoCL shows two CL devices, not four)
 KIND = {"CL": "CPU"}.get(k := rt_devices.device_kind(rt_devices.default_device()), k)
@@ -330,7 +330,7 @@ def test_assign_into_sharded():
 
 def _cl_devices() -> int:
   try:
-    from runtime import cl_device
+    from rulec.runtime import cl_device
     return len(cl_device.all_devices())
   except (ImportError, RuntimeError): return 0
 
@@ -352,7 +352,7 @@ def test_sharded_op_on_two_cl_devices(name):
 
 @TWO_CL
 def test_two_cl_devices():
-  from runtime import cl_device
+  from rulec.runtime import cl_device
   x, w = rand(8, 16), rand(16, 4)
   a, b = Tensor(x, device="CL").shard(CL2, axis=0), Tensor(w, device="CL").shard(CL2)
   r = (a @ b).relu()

@@ -4,7 +4,7 @@ and a 2-layer MLP trained with SGD against the same model computed by hand in nu
 import numpy as np
 import pytest
 
-import engine.sched.realize
+import rulec.engine.realize
 from rulec import Tensor, nn
 from rulec.nn.optim import LAMB, LARS, SGD, Adam, AdamW, OptimizerGroup
 
@@ -112,8 +112,8 @@ def test_one_realize_per_step(monkeypatch):
   with Tensor.train():
     (ws[0].sum() + ws[1].square().sum()).backward()
     calls = []
-    real = engine.sched.realize.realize_map
-    monkeypatch.setattr(engine.sched.realize, "realize_map", lambda *a, **k: calls.append(1) or real(*a, **k))
+    real = rulec.engine.realize.realize_map
+    monkeypatch.setattr(rulec.engine.realize, "realize_map", lambda *a, **k: calls.append(1) or real(*a, **k))
     opt.step()
   assert len(calls) == 1
   np.testing.assert_allclose(ws[0].numpy(), W0[0] - 0.1, rtol=1e-5)   # Adam's first step: lr * sign(g)

@@ -1,4 +1,4 @@
-"""The NUMPY reference device and the Kernel structure: hand-built kernels against numpy and engine.alu."""
+"""The NUMPY reference device and the Kernel structure: hand-built kernels against numpy and rulec.engine.ir.alu."""
 from __future__ import annotations
 
 import math
@@ -7,14 +7,14 @@ import numpy as np
 import pytest
 from hypothesis import given, strategies as st
 
-from engine.alu import exec_alu, wrap
-from engine.dtypes import DType, dtypes
-from engine.ops import Ops
-from engine.uop import UOp
-from runtime import numpy_device
-from runtime.buffer import buffer_of, new_buffer, np_dtype
-from runtime.kernel import Kernel, validate
-from runtime.numpy_device import _Run, run_kernel, run_schedule
+from rulec.engine.ir.alu import exec_alu, wrap
+from rulec.engine.ir.dtypes import DType, dtypes
+from rulec.engine.ir.ops import Ops
+from rulec.engine.ir.uop import UOp
+from rulec.runtime import numpy_device
+from rulec.runtime.buffer import buffer_of, new_buffer, np_dtype
+from rulec.engine.ir.kernel import Kernel, validate
+from rulec.runtime.numpy_device import _Run, run_kernel, run_schedule
 
 IDX = dtypes.index
 
@@ -223,7 +223,7 @@ def test_a_kernel_whose_values_truly_span_too_many_ranges_is_refused_cleanly():
 @pytest.mark.parametrize("axis", [-1, 0])
 def test_fused_tensor_programs_past_32_dimensions_match_numpy(axis):
   # Tensor programs the scheduler may fuse into one kernel with many reductions (a pair of ranges each)
-  from engine.tensor import Tensor
+  from rulec.engine.tensor import Tensor
   x = np.random.default_rng(2).random((3, 4)).astype(np.float32)
   t = Tensor(x, device="NUMPY")
   acc, want = t.sum(), x.astype(np.float64).sum()
@@ -294,7 +294,7 @@ def test_out_of_bounds_store_raises():
     run([out], p0.index(r + 1).store(c(1, dtypes.int32)).end(r))
 
 
-# *** ALU semantics match engine.alu exactly ***
+# *** ALU semantics match rulec.engine.ir.alu exactly ***
 
 INT_BINARY = [Ops.ADD, Ops.SUB, Ops.MUL, Ops.IDIV, Ops.MOD, Ops.MAX, Ops.AND, Ops.OR, Ops.XOR, Ops.SHL, Ops.SHR,
               Ops.POW, Ops.CMPLT, Ops.CMPNE, Ops.CMPEQ]
@@ -340,7 +340,7 @@ def test_integer_division_and_modulo_by_zero_and_negative(dt):
 
 FLOAT_BINARY = [Ops.ADD, Ops.SUB, Ops.MUL, Ops.FDIV, Ops.IDIV, Ops.MOD, Ops.MAX, Ops.CMPLT, Ops.CMPNE, Ops.CMPEQ]
 FLOAT_UNARY = [Ops.NEG, Ops.EXP2, Ops.LOG2, Ops.SIN, Ops.SQRT, Ops.RECIPROCAL, Ops.TRUNC]
-# no tiny magnitudes: engine.alu's float IDIV raises OverflowError when a / b overflows (math.floor(inf))
+# no tiny magnitudes: rulec.engine.ir.alu's float IDIV raises OverflowError when a / b overflows (math.floor(inf))
 finite = st.floats(-1e3, 1e3).filter(lambda x: x == 0 or abs(x) > 1e-6) | st.sampled_from([0.0, -0.0, 1.0, -2.5, 0.5])
 
 

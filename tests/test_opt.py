@@ -11,12 +11,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from codegen.opt import OptError, format_actions, kernel_key, optimize, parse_actions
-from codegen.opt.transform import apply
-from engine.dtypes import dtypes
-from engine.tensor import Tensor
-from runtime import cpu_device
-from runtime.kernel import decomposed
+from rulec.codegen.opt import OptError, format_actions, kernel_key, optimize, parse_actions
+from rulec.codegen.opt.transform import apply
+from rulec.engine.ir.dtypes import dtypes
+from rulec.engine.tensor import Tensor
+from rulec.runtime import cpu_device
+from rulec.engine.ir.kernel import decomposed
 
 @pytest.fixture(autouse=True)
 def _cpu_unless_named(monkeypatch):
@@ -204,7 +204,7 @@ def test_matmuls_of_sizes_no_width_divides_take_a_divisor_or_ragged_tile_and_agr
   t = Tensor(a) @ (Tensor(b).T if transposed else Tensor(b))
   (kern,) = t.schedule()
   low = decomposed(kern, cpu_device.optional_decompositions())
-  from codegen.opt import choose
+  from rulec.codegen.opt import choose
   text = format_actions(choose.cpu_actions(low, cpu_device.opt_target()))
   sizes = {r.arg[0]: r.src[0].arg for r in low.ranges}
   ups = _upcasts(text)
@@ -226,7 +226,7 @@ def test_prime_sized_matmuls_take_ragged_tiles_and_agree_with_numpy(fresh, m, k,
     np.testing.assert_allclose(t.numpy(), want, rtol=1e-4, atol=1e-4)
   (kern,) = (Tensor(a) @ Tensor(b)).schedule()
   low = decomposed(kern, cpu_device.optional_decompositions())
-  from codegen.opt import choose
+  from rulec.codegen.opt import choose
   text = format_actions(choose.cpu_actions(low, cpu_device.opt_target()))
   if m > 8 and n > 16: assert any(n_ and r.src[0].arg % n_ for r in low.ranges if (n_ := _upcasts(text).get(r.arg[0]))), text
 
@@ -292,7 +292,7 @@ def test_a_ragged_upcast_is_refused_where_the_kernel_reads_what_it_writes(fresh)
 
 def test_a_kernel_with_a_reduce_inside_another_takes_a_cpu_tile_and_agrees_with_numpy(fresh):
   # a max pool's backward: each window's max (a reduce) inside the convolution's input-gradient sum
-  from codegen.opt import choose
+  from rulec.codegen.opt import choose
   def grads(device):
     rng = np.random.default_rng(11)
     x = Tensor(rng.standard_normal((4, 8, 8, 8)).astype(np.float32), device=device, requires_grad=True)
@@ -317,7 +317,7 @@ def test_a_kernel_with_a_reduce_inside_another_takes_a_cpu_tile_and_agrees_with_
 def _linear_actions(t):
   (k,) = t.schedule()
   low = decomposed(k, cpu_device.optional_decompositions())
-  from codegen.opt import choose
+  from rulec.codegen.opt import choose
   return low, choose.cpu_actions(low)
 
 
@@ -326,7 +326,7 @@ def _linear_actions(t):
        st.sampled_from([2, 6, 10, 3, 24]), st.sampled_from([np.float32, np.float64]), st.booleans(),
        st.sampled_from([1 << 20, 1024, 3000]))
 def test_x_times_w_transposed_tiles_along_the_reduction_and_agrees_with_numpy(fresh, batch, m, k, n, dtype, bias, block):
-  from codegen.opt import choose
+  from rulec.codegen.opt import choose
   fresh.setattr(choose, "DOT_BLOCK_BYTES", block)   # small: W's rows in column blocks (BLOCK) at these sizes too
   rng = np.random.default_rng(m * k + n)
   x, w, b = rng.standard_normal((*batch, m, k)).astype(dtype), rng.standard_normal((n, k)).astype(dtype), rng.standard_normal(n).astype(dtype)
@@ -363,9 +363,9 @@ def test_x_times_w_transposed_takes_a_dot_tile_in_column_blocks(fresh):
 def test_x_times_w_transposed_with_a_sum_no_power_of_two_divides_is_staged(cl_tiles, m, k, n, ragged):
   # W's rows across the lanes are only read well from local memory: a sum of 33 (77, 26) takes blocks of 16, the
   # steps after the last whole block a sum of their own; without ragged tiles, blocks of a divisor, 11 (11, 13)
-  from codegen.opt import choose
+  from rulec.codegen.opt import choose
   cl_tiles.setattr(choose, "GPU_RAGGED", ragged)
-  from runtime import cl_device
+  from rulec.runtime import cl_device
   rng = np.random.default_rng(k)
   a, w = rng.standard_normal((m, k)).astype(np.float32), rng.standard_normal((n, k)).astype(np.float32)
   t = Tensor(a, device="CL") @ Tensor(w, device="CL").T
@@ -388,7 +388,7 @@ def test_simd_keeps_a_max_in_order(fresh):
 # *** OpenCL: the GPU's actions, on PoCL ***
 
 def _cl_dev():
-  from runtime import cl_device
+  from rulec.runtime import cl_device
   return cl_device.get_device()
 
 
@@ -396,7 +396,7 @@ def _cl_dev():
 def cl_dev():
   """The CL device (the test is skipped, saying why, where there is none)."""
   pytest.importorskip("pyopencl", reason="the CL device needs pyopencl: pip install pyopencl pocl-binary-distribution")
-  from runtime import cl_device
+  from rulec.runtime import cl_device
   try: return cl_device.get_device()
   except cl_device.CLUnavailable as e: pytest.skip(f"no OpenCL device: {e}")
 
@@ -407,7 +407,7 @@ def cl_tiles(monkeypatch, cl_dev):
   reductions, which a GPU gives small outputs of long sums instead)."""
   import attrs
 
-  from runtime import cl_device
+  from rulec.runtime import cl_device
   monkeypatch.setattr(cl_dev, "target", attrs.evolve(cl_dev.target, tile=256, group=0, units=int(os.environ.get("TEST_UNITS", "0")) or cl_dev.target.units))
   cl_device._by_ast.clear()
   yield monkeypatch
@@ -418,7 +418,7 @@ def cl_tiles(monkeypatch, cl_dev):
 @given(st.sampled_from([4, 8, 12, 64, 96, 3]), st.sampled_from([1, 5, 32, 48]), st.sampled_from([4, 16, 64, 80, 6]),
        st.booleans())
 def test_gpu_tiles_agree_with_numpy_for_any_shape(cl_tiles, m, k, n, epilogue):
-  from runtime import cl_device
+  from rulec.runtime import cl_device
   rng = np.random.default_rng(m * 100 + k * 10 + n)
   a, b = rng.standard_normal((m, k)).astype(np.float32), rng.standard_normal((k, n)).astype(np.float32)
   f = (lambda x, y: (x @ y + y[0]).relu()) if epilogue else (lambda x, y: x @ y)
@@ -442,7 +442,7 @@ def test_gpu_tiles_agree_with_numpy_for_any_shape(cl_tiles, m, k, n, epilogue):
 def test_stage_puts_a_tiles_blocks_in_local_memory_and_agrees_with_numpy(cl_dev, monkeypatch, m, k, n, dtype, acts):
   # STAGE: per block of the reduction the work-group copies A's and B's blocks into local memory (padded so that a
   # warp reading along them does not wait on one bank), then the lanes read them from there
-  from runtime import cl_device
+  from rulec.runtime import cl_device
   cl_device._by_ast.clear()
   rng = np.random.default_rng(m + k + n)
   a = (rng.standard_normal((m, k)) * 4).astype(dtype); b = (rng.standard_normal((k, n)) * 4).astype(dtype)
@@ -482,7 +482,7 @@ def test_stage_is_refused_when_its_blocks_do_not_fit_local_memory(fresh):
 def test_staged_gpu_tiles_of_other_matmuls_agree_with_numpy(cl_tiles, name):
   # the cost model's STAGE (blocks of 16) on matmuls whose loads step differently: transposed inputs (the copy's
   # fastest range is then not the block's), a batch (a loop range fixed for a work-group), a cast inside the load
-  from runtime import cl_device
+  from rulec.runtime import cl_device
   rng = np.random.default_rng(3)
   a, b = rng.standard_normal((3, 32, 48)).astype(np.float32), rng.standard_normal((3, 48, 64)).astype(np.float32)
   f = {"a_transposed": lambda x, y: x[0].T.contiguous().T @ y[1], "b_transposed": lambda x, y: x[1] @ y[2].T.contiguous().T,
@@ -500,8 +500,8 @@ def test_staged_convolutions_agree_with_numpy(cl_tiles, xs, ws, pad):
   # STAGE on a reduction over several ranges: blocks of input channels, each with its window taps (kh, kw), copied
   # into local memory (the input's block holds each element once per tap that reads it); padded windows read 0.
   # (Not the cost model's choice until measured on a GPU: forced here, as RULEC_SEARCH would try it.)
-  from codegen.opt import choose
-  from runtime import cl_device
+  from rulec.codegen.opt import choose
+  from rulec.runtime import cl_device
   rng = np.random.default_rng(11)
   x, w = rng.standard_normal(xs).astype(np.float32), rng.standard_normal(ws).astype(np.float32)
   t = Tensor(x, device="CL").conv2d(Tensor(w, device="CL"), padding=pad)
@@ -517,7 +517,7 @@ def test_staged_convolutions_agree_with_numpy(cl_tiles, xs, ws, pad):
 
 
 def test_gpu_tiles_of_a_convolution_agree_with_numpy(cl_tiles):
-  from runtime import cl_device
+  from rulec.runtime import cl_device
   rng = np.random.default_rng(9)
   x, w = rng.standard_normal((2, 3, 10, 16)).astype(np.float32), rng.standard_normal((16, 3, 3, 3)).astype(np.float32)
   t = Tensor(x, device="CL").conv2d(Tensor(w, device="CL"), padding=1)
@@ -544,7 +544,7 @@ def test_ragged_upcasts_on_the_cl_device_compute_the_same(cl_tiles, name, picks)
 @settings(max_examples=10, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(st.sampled_from(sorted(_PROGRAMS)), _picks)
 def test_any_action_list_on_the_cl_device_is_refused_or_computes_the_same(cl_tiles, name, picks):
-  from runtime import cl_device
+  from rulec.runtime import cl_device
   cl_device._by_ast.clear()
   _check_actions("CL", None, name, picks, cl_tiles)
 
@@ -561,7 +561,7 @@ def test_any_action_list_on_the_cl_device_is_refused_or_computes_the_same(cl_til
 def test_group_reductions_with_vector_loads_agree_with_numpy(monkeypatch, cl_dev, shape, vec, fn):
   # VECTOR after GROUP: each work-item's step reads vec neighbouring elements, with vloadn where a load is
   # contiguous in the innermost reduce range; forced on PoCL (a CPU device gets neither by default)
-  from runtime import cl_device
+  from rulec.runtime import cl_device
   x = np.random.default_rng(len(shape) * 7 + vec).standard_normal(shape).astype(np.float32)
   ks = fn(Tensor(x, device="CL")).schedule()
   forced, sources = [], []
@@ -571,7 +571,7 @@ def test_group_reductions_with_vector_loads_agree_with_numpy(monkeypatch, cl_dev
     try: opt = apply(low, acts, "CL")
     except OptError: continue
     forced.append(f"{kernel_key(low)}=GROUP(16) VECTOR({vec})")
-    from codegen.opencl import render
+    from rulec.codegen.opencl import render
     sources.append(render(opt, cl_dev.target).source)
   # (aligned vector loads through a vector pointer where the start is a multiple of vec, vloadn elsewhere)
   assert forced and all(re.search(rf"(float|int|uint){vec}\*\)p\d+\)\[|vload{vec}\(0, ", src) for src in sources)
@@ -599,8 +599,8 @@ def test_vector_after_group_is_refused_where_it_cannot_apply(fresh):
 def test_the_gpu_tile_is_the_largest_that_still_fills_the_device():
   # 132 compute units (an H200): a 1024^2 output gets 8x4 tiles (8x8 would leave 16K work-items), the conv2d
   # workload's 6.4M outputs 8x8; a CPU OpenCL device (tile=0) gets none
-  from codegen.opencl import Target
-  from codegen.opt.choose import cl_actions
+  from rulec.codegen.opencl import Target
+  from rulec.codegen.opt.choose import cl_actions
   gpu = Target(group=512, vector=4, tile=256, units=132)
   def ups(t, target):
     (k,) = t.schedule()
@@ -618,8 +618,8 @@ def test_the_gpu_tile_is_the_largest_that_still_fills_the_device():
 def test_gpu_tiles_of_prime_sizes_are_ragged(m, k, n, transposed):
   # rows and columns no tile divides take ragged tiles and work-groups, a sum with no divisor from 4 ragged STAGE
   # blocks of 16; before, a prime size got one work-item per output, a prime sum no STAGE
-  from codegen.opencl import Target
-  from codegen.opt.choose import cl_actions
+  from rulec.codegen.opencl import Target
+  from rulec.codegen.opt.choose import cl_actions
   b = Tensor.empty(n, k).T if transposed else Tensor.empty(k, n)
   (kern,) = (Tensor.empty(m, k) @ b).schedule()
   low = decomposed(kern)
@@ -633,8 +633,8 @@ def test_gpu_tiles_of_prime_sizes_are_ragged(m, k, n, transposed):
 # *** RULEC_SEARCH ***
 
 def test_search_times_the_candidates_and_remembers_the_fastest(fresh):
-  from codegen.opt import search
-  from codegen.opt.choose import cpu_actions
+  from rulec.codegen.opt import search
+  from rulec.codegen.opt.choose import cpu_actions
   _, _, t = _matmul(64, 32, 64, seed=4)
   (k,) = t.schedule()
   low = decomposed(k, cpu_device.optional_decompositions())
@@ -669,7 +669,7 @@ def test_search_on_the_cpu_computes_the_same_and_leaves_outputs_alone(fresh):
 
 
 def test_search_on_the_cl_device_computes_the_same(cl_tiles):
-  from runtime import cl_device
+  from rulec.runtime import cl_device
   cl_tiles.setenv("RULEC_SEARCH", "2")
   cl_device._by_ast.clear()
   rng = np.random.default_rng(10)
@@ -682,7 +682,7 @@ def test_search_on_the_cl_device_computes_the_same(cl_tiles):
 def test_cl_index_arithmetic_is_int_only_where_every_index_fits():
   # GPUs emulate 64-bit integer arithmetic, so indices are int when their value bounds fit in 32 bits (a 2^31-element
   # buffer's do not: those kernels keep long); rendering only, nothing this big is allocated
-  from codegen.opencl import Target, render
+  from rulec.codegen.opencl import Target, render
   def src(n):
     (k,) = (Tensor.empty(n) * 2).schedule()
     return render(decomposed(k), Target()).source
@@ -692,8 +692,8 @@ def test_cl_index_arithmetic_is_int_only_where_every_index_fits():
 
 
 def test_search_candidates_on_a_gpu_target_are_tiles_groups_and_vectors():
-  from codegen.opencl import Target
-  from codegen.opt.search import candidates
+  from rulec.codegen.opencl import Target
+  from rulec.codegen.opt.search import candidates
   gpu = Target(group=256, vector=4, tile=256, units=132)
   def cands(t):
     (k,) = t.schedule()[-1:]
@@ -706,8 +706,8 @@ def test_search_candidates_on_a_gpu_target_are_tiles_groups_and_vectors():
 
 
 def test_a_corrupt_or_stale_search_record_is_searched_again_never_trusted(fresh):
-  from codegen.opt import search
-  from runtime import kernel_cache
+  from rulec.codegen.opt import search
+  from rulec.runtime import kernel_cache
   _, _, t = _matmul(32, 16, 32, seed=11)
   (k,) = t.schedule()
   low = decomposed(k, cpu_device.optional_decompositions())
@@ -731,7 +731,7 @@ def test_a_corrupt_or_stale_search_record_is_searched_again_never_trusted(fresh)
 # *** PREFETCH: a sum's loads that step a line or more, fetched ahead (the CPU) ***
 
 def _ir_of(t, acts: str):
-  from codegen.llvmir import render
+  from rulec.codegen.llvmir import render
   (kern,) = t.schedule()
   low = decomposed(kern, cpu_device.optional_decompositions())
   return render(apply(low, parse_actions(acts), "CPU"), "kernel")[0]
@@ -792,7 +792,7 @@ def test_prefetch_that_cannot_apply_is_refused_with_a_reason(acts, msg):
 
 
 def test_the_cpu_cost_model_prefetches_big_blocked_sums_on_16_lane_targets():
-  from codegen.opt import choose
+  from rulec.codegen.opt import choose
   for (m, k, n), want in (((1024, 1024, 1024), True), ((64, 64, 64), False)):
     _, _, t = _matmul(m=m, k=k, n=n)
     (kern,) = t.schedule()
@@ -828,7 +828,7 @@ def test_kblock_with_a_shorter_last_block_computes_the_same(fresh, m, k, n, acts
 
 @pytest.mark.parametrize("k", [1009, 97, 131])
 def test_the_cost_model_blocks_prime_sums(k):
-  from codegen.opt import choose
+  from rulec.codegen.opt import choose
   _, _, t = _matmul(m=1024, k=k, n=1024)
   (kern,) = t.schedule()
   low = decomposed(kern, cpu_device.optional_decompositions())

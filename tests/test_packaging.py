@@ -12,4 +12,4 @@ def test_every_package_is_listed_in_pyproject():
            for p in (ROOT / top).rglob("__init__.py")}
   assert found <= listed, f"add to [tool.setuptools] packages in pyproject.toml: {sorted(found - listed)}"
   assert cfg["package-dir"]["rulec._rules"] == "rules"
-  assert "*.rules" in cfg["package-data"]["rulec._rules"] and "*.lark" in cfg["package-data"]["engine.lang"]
+  assert "*.rules" in cfg["package-data"]["rulec._rules"] and "*.lark" in cfg["package-data"]["rulec.engine.lang"]

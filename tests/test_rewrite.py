@@ -1,9 +1,9 @@
 """graph_rewrite: fixed points, both traversal orders, memoisation, loop errors."""
 import pytest
 
-from engine.dtypes import dtypes
-from engine.rewrite import RewriteLoopError, graph_rewrite, substitute
-from engine.uop import UOp
+from rulec.engine.ir.dtypes import dtypes
+from rulec.engine.ir.rewrite import RewriteLoopError, graph_rewrite, substitute
+from rulec.engine.ir.uop import UOp
 from tests.helpers import TextMatcher
 
 SYM = """
@@ -68,7 +68,7 @@ def test_an_ever_growing_rewrite_hits_the_step_bound():
 
 
 def test_loop_error_from_library_matcher_names_rule(tmp_path, cache_dir):
-  from engine.lang.loader import load_library
+  from rulec.engine.lang.loader import load_library
   p = tmp_path / "loop.rules"
   p.write_text("ruleset loop:\n  rule flip: x * y => y * x\n")
   m = load_library([p]).matcher("loop")

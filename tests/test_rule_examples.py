@@ -17,14 +17,14 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path: sys.path.insert(0, str(REPO))
 
-from engine.dtypes import dtypes  # noqa: E402
-from engine.lang import examples as E  # noqa: E402
-from engine.lang.diagnostics import EXAMPLE_CODES  # noqa: E402
-from engine.lang.loader import check_sources, load_library  # noqa: E402
-from engine.lang.parser import parse_rules  # noqa: E402
-from engine.ops import Ops  # noqa: E402
-from engine.rewrite import graph_rewrite  # noqa: E402
-from engine.uop import UOp  # noqa: E402
+from rulec.engine.ir.dtypes import dtypes  # noqa: E402
+from rulec.engine.lang import examples as E  # noqa: E402
+from rulec.engine.lang.diagnostics import EXAMPLE_CODES  # noqa: E402
+from rulec.engine.lang.loader import check_sources, load_library  # noqa: E402
+from rulec.engine.lang.parser import parse_rules  # noqa: E402
+from rulec.engine.ir.ops import Ops  # noqa: E402
+from rulec.engine.ir.rewrite import graph_rewrite  # noqa: E402
+from rulec.engine.ir.uop import UOp  # noqa: E402
 from rulec.cli import main as rulec  # noqa: E402
 
 
@@ -264,7 +264,7 @@ def test_loading_never_runs_examples(tmp_path, monkeypatch):
 
 
 def test_shipped_examples_hold():
-  from engine.lang.loader import check_paths
+  from rulec.engine.lang.loader import check_paths
   lib, _ = check_paths(None, examples=True)
   assert lib.diagnostics == []
   assert E.count_examples(lib) >= 10

@@ -7,10 +7,10 @@ import math
 import numpy as np
 import pytest
 
-from engine.alu import exec_alu
-from engine.dtypes import dtypes
-from engine.ops import Ops
-from engine.uop import UOp
+from rulec.engine.ir.alu import exec_alu
+from rulec.engine.ir.dtypes import dtypes
+from rulec.engine.ir.ops import Ops
+from rulec.engine.ir.uop import UOp
 from rulec import Tensor
 
 DEVICES = ("NUMPY", "CPU")
@@ -64,8 +64,8 @@ def test_size_zero_broadcast(device):
 
 def test_index_arithmetic_still_simplifies():
   # the no-wrap guards hold for index expressions: kernel indexing keeps its simplifications
-  from engine.lang.loader import load_library
-  from engine.rewrite import graph_rewrite
+  from rulec.engine.lang.loader import load_library
+  from rulec.engine.ir.rewrite import graph_rewrite
   m = load_library().matcher("symbolic")
   r, s = UOp.range(16, 0), UOp.range(8, 1)
   assert graph_rewrite((r * 6) // 3, m) is r * 2
@@ -77,7 +77,7 @@ def test_index_arithmetic_still_simplifies():
 
 def test_broadcast_helper_size_zero():
   # expand_broadcast raised "cannot broadcast shapes": 1 and 0 broadcast to 0, not to max(1, 0)
-  from engine.sched.tensor_helpers import broadcast_sources
+  from rulec.engine.sched.early import broadcast_sources
   z = UOp.const(dtypes.int32, 0)
   x = UOp(Ops.ADD, dtypes.int32, (z.reshape((1, 1, 1)).expand((1, 1, 0)), z))
   assert [s.shape for s in broadcast_sources(x).src] == [(1, 1, 0), (1, 1, 0)]
@@ -109,9 +109,9 @@ def _guarded_cases():
 
 def test_where_given_is_sound():
   from hypothesis import given, settings
-  from engine.index_expr import evaluate
-  from engine.lang.loader import load_library
-  from engine.rewrite import graph_rewrite
+  from rulec.engine.ir.index_expr import evaluate
+  from rulec.engine.lang.loader import load_library
+  from rulec.engine.ir.rewrite import graph_rewrite
   sym = load_library().matcher("symbolic")
 
   @settings(max_examples=150, derandomize=True, deadline=None, database=None)
@@ -128,8 +128,8 @@ def test_where_given_is_sound():
 
 
 def test_where_given_folds_a_guarded_mod():
-  from engine.lang.loader import load_library
-  from engine.rewrite import graph_rewrite
+  from rulec.engine.lang.loader import load_library
+  from rulec.engine.ir.rewrite import graph_rewrite
   x = UOp.variable("x", 0, 100)
   g = x % 11
   out = graph_rewrite(g.lt(8).where((g % 8) * 3 + g // 8, 0), load_library().matcher("symbolic"))

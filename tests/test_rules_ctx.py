@@ -15,14 +15,14 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path: sys.path.insert(0, str(REPO))
 
-from engine.lang.diagnostics import RuleError  # noqa: E402
-from engine.lang.loader import check_paths, load_library  # noqa: E402
-from engine.sched.contexts import rule_contexts  # noqa: E402
-from engine.sched.fusion import FusionFacts  # noqa: E402
-from engine.sched.kernels import KernelBuilder, KernelSplit  # noqa: E402
-from engine.sched.stages import CopyReuse, Placement, StagePlan  # noqa: E402
-from engine.tensor import Tensor  # noqa: E402
-from engine.uop import UOp  # noqa: E402
+from rulec.engine.lang.diagnostics import RuleError  # noqa: E402
+from rulec.engine.lang.loader import check_paths, load_library  # noqa: E402
+from rulec.engine.lang.contexts import rule_contexts  # noqa: E402
+from rulec.engine.sched.fusion import FusionFacts  # noqa: E402
+from rulec.engine.sched.kernels import KernelBuilder, KernelSplit  # noqa: E402
+from rulec.engine.sched.stages import CopyReuse, Placement, StagePlan  # noqa: E402
+from rulec.engine.tensor import Tensor  # noqa: E402
+from rulec.engine.ir.uop import UOp  # noqa: E402
 
 
 @pytest.fixture(autouse=True)

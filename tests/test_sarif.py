@@ -14,9 +14,9 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path: sys.path.insert(0, str(REPO))
 
-from engine.lang.ast import Span  # noqa: E402
-from engine.lang.diagnostics import CODES, Diagnostic  # noqa: E402
-from engine.lang.sarif import FULL, VERIFY_CODES, sarif_log  # noqa: E402
+from rulec.engine.lang.ast import Span  # noqa: E402
+from rulec.engine.lang.diagnostics import CODES, Diagnostic  # noqa: E402
+from rulec.engine.lang.sarif import FULL, VERIFY_CODES, sarif_log  # noqa: E402
 from rulec.cli import main as rulec  # noqa: E402
 
 SCHEMA = json.loads((REPO / "tests" / "data" / "sarif-schema-2.1.0.json").read_text())

@@ -8,11 +8,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from engine.ops import Ops
-from engine.sched import realize as engine_realize
-from engine.tensor import Tensor
-from runtime.devices import rows_shared
-from runtime.kernel import validate
+from rulec.engine.ir.ops import Ops
+from rulec.engine import realize as engine_realize
+from rulec.engine.tensor import Tensor
+from rulec.runtime.devices import rows_shared
+from rulec.engine.ir.kernel import validate
 from tests.helpers import subprocess_env
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -106,7 +106,7 @@ def test_assign_runs_after_the_reads_of_the_old_value():
 
 
 def test_big_reduce_is_split_in_two(monkeypatch):
-  import engine.sched.tensor_helpers as th
+  import rulec.engine.sched.early as th
   monkeypatch.setattr(th, "REDUCE_SPLIT_THRESHOLD", 300)
   x = T(4096)
   # on a device that reduces one value in one launch (a GPU's CL device: GRID) the sum stays whole
@@ -134,13 +134,13 @@ def test_counters_count_scheduled_and_run_kernels():
 
 
 def test_debug_output_names_every_pass(tmp_path):
-  code = "from engine.tensor import Tensor; import numpy as np; (Tensor(np.ones((4, 4), np.float32)).softmax(-1)).realize()"
+  code = "from rulec.engine.tensor import Tensor; import numpy as np; (Tensor(np.ones((4, 4), np.float32)).softmax(-1)).realize()"
   env = subprocess_env(RULEC_DEBUG="1")
   out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
   for p in ("earliest", "prepare", "fusion", "realize", "rangeify", "symbolic"): assert f"[schedule] {p}" in out
   # one kernel where the device computes the row's max and sum once per row inside it (CPU, NUMPY, a GPU's CL
   # device: a row per work-group), else three
-  from runtime.devices import default_device
+  from rulec.runtime.devices import default_device
   one = default_device() in ('CPU', 'NUMPY') or rows_shared(default_device())
   assert f"[schedule] {1 if one else 3} kernels" in out
 
@@ -150,7 +150,7 @@ def test_a_row_program_assigned_into_a_buffer_is_the_same_kernels_as_realized(na
   # an assign's value is stored where a realized value would be: the row's max and sum stay in the store's kernel
   # (one kernel on devices that compute a row's value once per row); into a transposed view the store's loops run
   # in the target's order, so the row's values are stored first, as before; values as numpy's either way
-  from runtime.devices import default_device
+  from rulec.runtime.devices import default_device
   f = {"softmax": lambda t: t.softmax(-1), "log_softmax": lambda t: t.log_softmax(-1), "layernorm": lambda t: t.layernorm()}[name]
   x = np.random.default_rng(8).standard_normal((16, 64)).astype(np.float32)
   ref = f(Tensor(x, device="NUMPY")).numpy()
@@ -184,7 +184,7 @@ def test_scheduling_facts_ask_the_cl_device_the_name_says(monkeypatch):
   import types
 
   pytest.importorskip("pyopencl")
-  from runtime import cl_device, devices
+  from rulec.runtime import cl_device, devices
   fake = {0: types.SimpleNamespace(target=types.SimpleNamespace(group=0, grid=0), split_parts=256),
           1: types.SimpleNamespace(target=types.SimpleNamespace(group=256, grid=64), split_parts=4096)}
   monkeypatch.setattr(cl_device, "get_device", lambda n=0: fake[n])

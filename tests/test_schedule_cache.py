@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from engine.sched import realize as R
-from engine.sched import cache as sc
-from engine.tensor import Tensor
+from rulec.engine import realize as R
+from rulec.engine.sched import cache as sc
+from rulec.engine.tensor import Tensor
 from tests import fuzz_programs as fp
 
 

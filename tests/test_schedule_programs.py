@@ -5,10 +5,10 @@ default device and again on NUMPY and CL in CI (RULEC_DEVICE)."""
 import numpy as np
 import pytest
 
-from engine.dtypes import dtypes
-from engine.ops import Ops
-from engine.tensor import Tensor
-from runtime.kernel import validate
+from rulec.engine.ir.dtypes import dtypes
+from rulec.engine.ir.ops import Ops
+from rulec.engine.tensor import Tensor
+from rulec.engine.ir.kernel import validate
 
 rng = np.random.default_rng(10)
 
@@ -391,7 +391,7 @@ def test_clones_of_one_tensor_realized_together_are_separate():
 def test_schedule_shows_the_kernels_realize_runs():
   # Tensor.schedule(...) prepares its tensors as Tensor.realize(...) does (a copy realized beside its value, one
   # graph held by two tensors, a constant asked for storage) and leaves them unrealized
-  from runtime import cpu_device
+  from rulec.runtime import cpu_device
   def programs():
     a, b = Tensor(arr(4, 5)).realize(), Tensor(arr(4, 5)).realize()
     s = a + b

@@ -6,11 +6,11 @@ import random
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine.dtypes import dtypes
-from engine.index_expr import build, evaluate, leaf_values, leaves_of, random_recipe
-from engine.lang.loader import load_library
-from engine.rewrite import graph_rewrite
-from engine.uop import UOp
+from rulec.engine.ir.dtypes import dtypes
+from rulec.engine.ir.index_expr import build, evaluate, leaf_values, leaves_of, random_recipe
+from rulec.engine.lang.loader import load_library
+from rulec.engine.ir.rewrite import graph_rewrite
+from rulec.engine.ir.uop import UOp
 
 SMALL_LEAVES = [("range", 0, 6), ("range", 1, 4), ("var", "n", -3, 5)]
 
@@ -57,8 +57,8 @@ def test_fixed_point_is_stable():
 
 # *** the classes of rules added for parity with tinygrad's symbolic set: each on concrete graphs, values checked ***
 
-from engine.ops import Ops  # noqa: E402
-from engine.verify.evaluate import eval_scalar, free_leaves, points, scalars_equal  # noqa: E402
+from rulec.engine.ir.ops import Ops  # noqa: E402
+from rulec.engine.verify.evaluate import eval_scalar, free_leaves, points, scalars_equal  # noqa: E402
 
 i32 = UOp.variable("i", -8, 8, dtypes.int32)
 i8 = UOp.variable("j", -5, 5, dtypes.int8)

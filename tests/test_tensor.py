@@ -14,20 +14,20 @@ import os
 
 import numpy as np
 
-from runtime.devices import DEVICES, default_device
+from rulec.runtime.devices import DEVICES, default_device
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from engine.sched import realize as engine_realize
-from engine import tensor_eval
-from engine.alu import exec_alu
-from engine.dtypes import DType, dtypes
-from engine.ops import ALU, COMPARISON, MOVEMENT, Ops
-from engine.uop import UOp
+from rulec.engine import realize as engine_realize
+from rulec.engine import tensor_eval
+from rulec.engine.ir.alu import exec_alu
+from rulec.engine.ir.dtypes import DType, dtypes
+from rulec.engine.ir.ops import ALU, COMPARISON, MOVEMENT, Ops
+from rulec.engine.ir.uop import UOp
 from rulec import Tensor
 from tests.test_api_conventions import tinygrad_promote
-from runtime.buffer import buffer_of, new_buffer, np_dtype
+from rulec.runtime.buffer import buffer_of, new_buffer, np_dtype
 
 FLOATS = [dtypes.float16, dtypes.float32, dtypes.float64]
 INTS = [dtypes.int8, dtypes.uint8, dtypes.int32, dtypes.int64]

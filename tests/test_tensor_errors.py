@@ -8,8 +8,8 @@ import re
 import numpy as np
 import pytest
 
-from engine.dtypes import dtypes
-from engine.tensor import AxisError
+from rulec.engine.ir.dtypes import dtypes
+from rulec.engine.tensor import AxisError
 from rulec import Tensor
 
 FRONT_END = (os.path.join("engine", "tensor", ""),)

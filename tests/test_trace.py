@@ -16,12 +16,12 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path: sys.path.insert(0, str(REPO))
 
-from engine.sched import driver as scheduler  # noqa: E402
-from engine import trace  # noqa: E402
-from engine.lang.loader import load_library  # noqa: E402
-from engine.ops import Ops  # noqa: E402
-from engine.rewrite import RewriteLoopError  # noqa: E402
-from engine.uop import UOp  # noqa: E402
+from rulec.engine.sched import driver as scheduler  # noqa: E402
+from rulec.engine import trace  # noqa: E402
+from rulec.engine.lang.loader import load_library  # noqa: E402
+from rulec.engine.ir.ops import Ops  # noqa: E402
+from rulec.engine.ir.rewrite import RewriteLoopError  # noqa: E402
+from rulec.engine.ir.uop import UOp  # noqa: E402
 from rulec import Tensor  # noqa: E402
 from rulec.cli import main as cli_main  # noqa: E402
 from rulec.trace_view import MAX_DRAWN, render_html, write_html  # noqa: E402

@@ -19,8 +19,8 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path: sys.path.insert(0, str(REPO))
 
-from engine.lang import capability  # noqa: E402
-from engine.lang.capability import RULE_HELPERS, RuleCapabilityError, rule_attr  # noqa: E402
+from rulec.engine.lang import capability  # noqa: E402
+from rulec.engine.lang.capability import RULE_HELPERS, RuleCapabilityError, rule_attr  # noqa: E402
 from tests.hostile_rules import build  # noqa: E402
 
 SHARDS = 2
@@ -122,14 +122,14 @@ def test_the_cli_on_the_whole_corpus(corpus):
 # *** the boundary itself ***
 
 def test_the_documented_helpers_are_the_marked_ones():
-  import engine.autograd.helpers, engine.sched.decomp_helpers, engine.sched.indexing, engine.sched.symbolic_helpers, engine.sched.tensor_helpers, engine.sched.multi_helpers  # noqa: E401,F401,E501
+  import rulec.engine.autograd.gradient, rulec.codegen.decomp, rulec.engine.sched.rangeify, rulec.engine.sched.symbolic, rulec.engine.sched.early, rulec.engine.sched.multi  # noqa: E401,F401,E501
   doc = (REPO / "docs" / "rules.md").read_text()
   listed = set()
   for line in doc.splitlines():
-    if line.startswith(("| `engine.sched.", "| `engine.autograd.")):
+    if line.startswith(("| `rulec.engine.sched.", "| `rulec.engine.autograd.")):
       mod = line.split("`")[1]
       listed |= {f"{mod}.{n}" for n in line.split("|")[2].replace("`", " ").split()}
-  assert listed == {k for k in RULE_HELPERS if k.startswith(("engine.sched.", "engine.autograd."))}
+  assert listed == {k for k in RULE_HELPERS if k.startswith(("rulec.engine.sched.", "rulec.engine.autograd."))}
 
 
 def test_the_documented_attributes_are_the_allowlist():
@@ -141,9 +141,9 @@ def test_the_documented_attributes_are_the_allowlist():
 
 
 def test_rule_attr_is_an_allowlist():
-  from engine.dtypes import dtypes
-  from engine.ops import Ops
-  from engine.uop import UOp
+  from rulec.engine.ir.dtypes import dtypes
+  from rulec.engine.ir.ops import Ops
+  from rulec.engine.ir.uop import UOp
   x = UOp.variable("x", 0, 4)
   assert rule_attr(x, "vmax") == 4 and rule_attr(dtypes.int8, "max")() == 127 and rule_attr(Ops, "ADD") is Ops.ADD
   assert rule_attr("ab", "upper")() == "AB" and rule_attr(UOp, "const") is UOp.const
@@ -154,7 +154,7 @@ def test_rule_attr_is_an_allowlist():
 
 
 def test_unmarked_and_private_functions_are_not_helpers():
-  from engine.lang.capability import rule_helper
+  from rulec.engine.lang.capability import rule_helper
   with pytest.raises(ValueError): rule_helper(lambda: 0)
   def _private(): pass
   with pytest.raises(ValueError): rule_helper(_private)
@@ -184,10 +184,10 @@ def test_the_harness_detects_execution(tmp_path):
 
 @pytest.mark.parametrize("bottom_up", [False, True])
 def test_a_graph_with_non_node_sources_is_a_rule_error(tmp_path, bottom_up):
-  from engine.lang.loader import RuleLibrary
-  from engine.lang.runtime import RuleRuntimeError
-  from engine.rewrite import graph_rewrite
-  from engine.uop import UOp
+  from rulec.engine.lang.loader import RuleLibrary
+  from rulec.engine.lang.runtime import RuleRuntimeError
+  from rulec.engine.ir.rewrite import graph_rewrite
+  from rulec.engine.ir.uop import UOp
   path = tmp_path / "n.rules"
   path.write_text("ruleset s:\n  rule shallow: x + 0 => x.replace(src=(1, 2))\n"
                   "  rule deep: x * 1 => UOp.sink(x.replace(src=(None,)))\n")

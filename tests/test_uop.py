@@ -4,9 +4,9 @@ import pickle
 
 import pytest
 
-from engine.dtypes import dtypes
-from engine.ops import Ops
-from engine.uop import UOp, _ucache
+from rulec.engine.ir.dtypes import dtypes
+from rulec.engine.ir.ops import Ops
+from rulec.engine.ir.uop import UOp, _ucache
 
 
 def test_hash_consing_returns_the_same_object():

@@ -24,10 +24,10 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path: sys.path.insert(0, str(REPO))
 
-from engine.sched import cache as schedule_cache  # noqa: E402
-from engine.lang.diagnostics import RuleError  # noqa: E402
-from engine.lang.loader import check_paths, load_library  # noqa: E402
-from engine.tensor import Tensor  # noqa: E402
+from rulec.engine.sched import cache as schedule_cache  # noqa: E402
+from rulec.engine.lang.diagnostics import RuleError  # noqa: E402
+from rulec.engine.lang.loader import check_paths, load_library  # noqa: E402
+from rulec.engine.tensor import Tensor  # noqa: E402
 from rulec.cli import main as rulec  # noqa: E402
 
 # EXP2 of an ADD reads a contiguous copy of the ADD: one more kernel for exp2(a * b + 1)
@@ -39,8 +39,8 @@ ruleset earliest extends earliest:
 PROGRAM = """\
 import numpy as np
 import rulec
-from engine.lang.loader import default_rules_dir
-from engine.tensor import Tensor
+from rulec.engine.lang.loader import default_rules_dir
+from rulec.engine.tensor import Tensor
 a, b = Tensor(np.ones((4, 4), np.float32)), Tensor(np.ones((4, 4), np.float32))
 out = (a * b + 1).exp2()
 n = len(Tensor.schedule(out))
@@ -205,7 +205,7 @@ def _build_wheel(src: Path, dist: Path) -> Path:
   name, version = proj["name"], proj["version"]
   files: dict[str, bytes] = {}
   for pkg in st["packages"]:
-    d = src / st.get("package-dir", {}).get(pkg, pkg.replace(".", "/"))
+    d = src / _package_dir(pkg, st.get("package-dir", {}))
     globs = ["*.py", *st.get("package-data", {}).get(pkg, [])]
     for g in globs:
       for f in d.glob(g): files[f"{pkg.replace('.', '/')}/{f.name}"] = f.read_bytes()
@@ -223,6 +223,14 @@ def _build_wheel(src: Path, dist: Path) -> Path:
   with zipfile.ZipFile(whl, "w", zipfile.ZIP_DEFLATED) as z:
     for p, b in files.items(): z.writestr(p, b)
   return whl
+
+
+def _package_dir(pkg: str, package_dir: dict[str, str]) -> str:
+  """Where setuptools finds `pkg`: its nearest mapped parent's folder, then the rest of its name as folders."""
+  parts = pkg.split(".")
+  for n in range(len(parts), 0, -1):
+    if ".".join(parts[:n]) in package_dir: return "/".join([package_dir[".".join(parts[:n])], *parts[n:]])
+  return "/".join(parts)
 
 
 @pytest.fixture(scope="module")

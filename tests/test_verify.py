@@ -5,8 +5,8 @@ import textwrap
 
 import pytest
 
-from engine.lang.loader import load_library
-from engine.verify import verify_library
+from rulec.engine.lang.loader import load_library
+from rulec.engine.verify import verify_library
 from rulec.cli import main
 
 
@@ -40,7 +40,7 @@ def test_wrong_rule_is_refuted_with_a_small_counterexample(tmp_path):
 
 def test_correct_rules_are_verified(tmp_path):
   _, lib = _lib(tmp_path, """
-    use engine.sched.symbolic_helpers (fold_constants)
+    use rulec.engine.sched.symbolic (fold_constants)
     ruleset s:
       rule add_zero: x + 0 => x
       rule mul_two: x{ints} * 2 => x + x
@@ -57,8 +57,8 @@ def test_correct_rules_are_verified(tmp_path):
 
 def test_not_checkable_rules_say_why(tmp_path, monkeypatch):
   (tmp_path / "opaque_helpers.py").write_text(textwrap.dedent("""
-    from engine.ops import Ops
-    from engine.uop import UOp
+    from rulec.engine.ir.ops import Ops
+    from rulec.engine.ir.uop import UOp
     from rulec import rule_helper
     @rule_helper
     def opaque(x): return UOp(Ops.CUSTOM, x.dtype, (x,), "asm")
@@ -174,8 +174,8 @@ def test_correct_gradient_rules_are_verified(tmp_path):
 
 
 def test_gradient_rule_giving_the_wrong_arity_at_run_time_is_located(tmp_path):
-  from engine.lang.runtime import RuleRuntimeError
-  from engine.uop import UOp
+  from rulec.engine.lang.runtime import RuleRuntimeError
+  from rulec.engine.ir.uop import UOp
   _, lib = _lib(tmp_path, """
     gradients odd(g):
       rule d_any: x:Binary => tuple(g for _ in range(3))

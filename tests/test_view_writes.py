@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 from hypothesis import given, strategies as st
 
-from engine.sched.tensor_helpers import is_buffer_view
-from engine.tensor import Tensor
-from engine.tensor import writes as _writes
+from rulec.engine.sched.early import is_buffer_view
+from rulec.engine.tensor import Tensor
+from rulec.engine.tensor import writes as _writes
 
 X = np.arange(12, dtype=np.float32).reshape(4, 3)
 ONES, TWOS = np.ones((1, 3), np.float32), np.full((1, 3), 2, np.float32)
@@ -91,7 +91,7 @@ def test_realized_together_with_its_reader():
 
 def test_writes_realized_together_stay_one_realize(monkeypatch):
   # each buffer has one pending write, made by the tensors realized: one realize carries them all out
-  from engine.tensor import base
+  from rulec.engine.tensor import base
   calls = []
   real = base._engine.realize_map
   monkeypatch.setattr(base._engine, "realize_map", lambda *a, **k: calls.append(1) or real(*a, **k))

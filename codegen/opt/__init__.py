@@ -18,14 +18,14 @@ import hashlib
 import os
 import sys
 
-from codegen.opt.actions import Action, OptError, format_actions, parse_actions
-from codegen.opt.transform import apply, range_kind
-from runtime.kernel import Kernel
+from rulec.codegen.opt.actions import Action, OptError, format_actions, parse_actions
+from rulec.codegen.opt.transform import apply, range_kind
+from rulec.engine.ir.kernel import Kernel
 
 
 def kernel_key(kernel: Kernel) -> str:
   """A short name for a kernel that is the same in every process: a digest of its structure."""
-  from runtime import kernel_cache
+  from rulec.runtime import kernel_cache
   return hashlib.sha256(kernel_cache.structure(kernel.ast).encode()).hexdigest()[:8]
 
 
@@ -50,8 +50,8 @@ def _debug() -> int:
 def optimize(kernel: Kernel, device: str, target=None, timer=None) -> tuple[Kernel, tuple[Action, ...]]:
   """The kernel with its actions applied, and the actions: RULEC_OPT's for this kernel if it names it, else with
   RULEC_SEARCH the fastest candidate by `timer` (the runtime's: seconds for an optimized kernel; search.py), else
-  the device's choice (choose.py). `target` is the CL device's codegen.opencl.Target, or the CPU's choose.CPUTarget."""
-  from codegen.opt import choose, search
+  the device's choice (choose.py). `target` is the CL device's rulec.codegen.opencl.Target, or the CPU's choose.CPUTarget."""
+  from rulec.codegen.opt import choose, search
   key = kernel_key(kernel)
   want = forced().get(key)
   if want is not None: acts = want

@@ -10,13 +10,13 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from codegen.opt.actions import Action, OptError
-from codegen.opt.transform import apply, free_ranges, reads_what_it_writes, tiles
-from engine.dtypes import dtypes
-from engine.index_expr import evaluate
-from engine.ops import Ops
-from engine.uop import UOp
-from runtime.kernel import Kernel
+from rulec.codegen.opt.actions import Action, OptError
+from rulec.codegen.opt.transform import apply, free_ranges, reads_what_it_writes, tiles
+from rulec.engine.ir.dtypes import dtypes
+from rulec.engine.ir.index_expr import evaluate
+from rulec.engine.ir.ops import Ops
+from rulec.engine.ir.uop import UOp
+from rulec.engine.ir.kernel import Kernel
 
 # *** CPU ***
 # A register tile is two vector registers wide and UPCAST_ROWS rows: 16 registers of accumulators, which leaves

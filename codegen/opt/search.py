@@ -13,11 +13,11 @@ import os
 import sys
 from collections.abc import Callable
 
-from codegen.opt import _debug, choose
-from codegen.opt.actions import Action, OptError, format_actions, parse_actions
-from codegen.opt.transform import apply
-from engine.ops import Ops
-from runtime.kernel import Kernel
+from rulec.codegen.opt import _debug, choose
+from rulec.codegen.opt.actions import Action, OptError, format_actions, parse_actions
+from rulec.codegen.opt.transform import apply
+from rulec.engine.ir.ops import Ops
+from rulec.engine.ir.kernel import Kernel
 
 MAX_CANDIDATES = 96   # (a GPU matmul has tiles x work-group shapes x stage blocks)
 
@@ -99,14 +99,14 @@ def candidates(k: Kernel, device: str, target=None) -> list[tuple[Action, ...]]:
 
 
 def _cache_key(k: Kernel, device: str, target) -> str:
-  from runtime import kernel_cache
+  from rulec.runtime import kernel_cache
   return kernel_cache.key("search", device, repr(target), kernel_cache.structure(k.ast),
                           repr([(b.dtype.name, b.arg[-1]) for b in k.bufs]), kernel_cache.code_digest())
 
 
 def best(k: Kernel, device: str, target, timer: Callable[[Kernel], float], key: str) -> tuple[Action, ...]:
   """The fastest of `candidates` by `timer` (seconds for an optimized kernel), remembered on disk."""
-  from runtime import kernel_cache
+  from rulec.runtime import kernel_cache
   ckey = _cache_key(k, device, target) if kernel_cache.enabled() else None
   hit = kernel_cache.load_json("search", ckey) if ckey is not None else None
   if hit is not None and isinstance(hit.get("actions"), str):

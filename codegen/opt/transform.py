@@ -30,12 +30,12 @@ from __future__ import annotations
 
 import math
 
-from codegen.opt.actions import Action, OptError
-from engine.dtypes import dtypes
-from engine.ops import Ops
-from engine.rewrite import substitute
-from engine.uop import UOp
-from runtime.kernel import Kernel
+from rulec.codegen.opt.actions import Action, OptError
+from rulec.engine.ir.dtypes import dtypes
+from rulec.engine.ir.ops import Ops
+from rulec.engine.ir.rewrite import substitute
+from rulec.engine.ir.uop import UOp
+from rulec.engine.ir.kernel import Kernel
 
 # which actions each renderer can follow
 DEVICE_ACTIONS = {"CPU": frozenset({"UPCAST", "KBLOCK", "THREAD", "SIMD", "BLOCK", "PREFETCH"}),

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from typing import Iterable
 
-from engine.lang.loader import load_library
-from engine.uop import UOp
+from rulec.engine.lang.loader import load_library
+from rulec.engine.ir.uop import UOp
 
 
 class NoGradientRule(RuntimeError):

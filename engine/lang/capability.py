@@ -12,9 +12,9 @@ from __future__ import annotations
 import inspect
 from typing import Any, Callable
 
-from engine.dtypes import DType, dtypes
-from engine.ops import Ops
-from engine.uop import UOp
+from rulec.engine.ir.dtypes import DType, dtypes
+from rulec.engine.ir.ops import Ops
+from rulec.engine.ir.uop import UOp
 
 # "module.name" -> the function, for every function marked with @rule_helper
 RULE_HELPERS: dict[str, Callable] = {}
@@ -143,7 +143,7 @@ __all__ = ["rule_helper", "is_rule_helper", "RULE_HELPERS", "rule_attr", "RuleCa
 
 def pattern_tails(p) -> set[str]:
   """Names bound by `*rest` in a pattern (tuples of nodes, not nodes)."""
-  from engine.lang import ast as A
+  from rulec.engine.lang import ast as A
   out: set[str] = set()
   stack = [p]
   while stack:
@@ -161,8 +161,8 @@ def static_type(e, nodes, tails, helpers, scope):
   the comprehension variables in scope, a dict name -> static type (or a set: all unknown)."""
   import types
 
-  from engine.lang import ast as A
-  from engine.lang.names import BUILTINS, CONSTANT_NAMES
+  from rulec.engine.lang import ast as A
+  from rulec.engine.lang.names import BUILTINS, CONSTANT_NAMES
   if isinstance(e, A.EName):
     n = e.id
     if n in scope: return scope.get(n) if isinstance(scope, dict) else None

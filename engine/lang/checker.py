@@ -9,15 +9,15 @@ import attrs
 
 import keyword
 
-from engine.dtypes import dtype_set
-from engine.lang import ast as A
-from engine.lang.capability import CTX, allowed_attrs, comprehension_scope, describe_type, static_type
-from engine.lang.compiler import child_orders
-from engine.lang.diagnostics import Diagnostic
-from engine.lang.limits import MAX_EXPR_DEPTH, MAX_INCLUDE_DEPTH, MAX_VARIANTS, SHADOW_CANDIDATES
-from engine.lang.names import (BUILTINS, CONSTANT_NAMES, FORBIDDEN_NAMES, check_call_arity, forbidden_attr, resolve_helper,
+from rulec.engine.ir.dtypes import dtype_set
+from rulec.engine.lang import ast as A
+from rulec.engine.lang.capability import CTX, allowed_attrs, comprehension_scope, describe_type, static_type
+from rulec.engine.lang.compiler import child_orders
+from rulec.engine.lang.diagnostics import Diagnostic
+from rulec.engine.lang.limits import MAX_EXPR_DEPTH, MAX_INCLUDE_DEPTH, MAX_VARIANTS, SHADOW_CANDIDATES
+from rulec.engine.lang.names import (BUILTINS, CONSTANT_NAMES, FORBIDDEN_NAMES, check_call_arity, forbidden_attr, resolve_helper,
                                resolve_helper_module)
-from engine.ops import COMMUTATIVE, FIXED_ARITY, GROUPS, op_set
+from rulec.engine.ir.ops import COMMUTATIVE, FIXED_ARITY, GROUPS, op_set
 
 
 
@@ -422,7 +422,7 @@ def pattern_arity(p) -> int | None:
 def _check_ctx_uses(lib: CheckedLibrary, diags: list[Diagnostic]):
   """In the sets the scheduler runs (and the sets they include), `ctx.NAME` must be a name that set's ctx
   offers rules (engine/sched/contexts.py), and a call of a ctx method must fit its signature."""
-  from engine.sched.contexts import rule_contexts
+  from rulec.engine.lang.contexts import rule_contexts
   contexts, seen = rule_contexts(), set()
   for name, rs in lib.rulesets.items():
     if name not in contexts or rs.grad is not None: continue

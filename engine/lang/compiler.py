@@ -14,12 +14,12 @@ from __future__ import annotations
 import itertools
 from typing import Any
 
-from engine.dtypes import dtype_set
-from engine.lang import ast as A
-from engine.lang.limits import MAX_IF_DEPTH
-from engine.lang.capability import CTX, allowed_attrs, comprehension_scope, pattern_tails, static_type
-from engine.lang.names import BUILTINS, CONSTANT_NAMES
-from engine.ops import COMMUTATIVE, GROUPS, OPS_BY_NAME, Ops, op_set
+from rulec.engine.ir.dtypes import dtype_set
+from rulec.engine.lang import ast as A
+from rulec.engine.lang.limits import MAX_IF_DEPTH
+from rulec.engine.lang.capability import CTX, allowed_attrs, comprehension_scope, pattern_tails, static_type
+from rulec.engine.lang.names import BUILTINS, CONSTANT_NAMES
+from rulec.engine.ir.ops import COMMUTATIVE, GROUPS, OPS_BY_NAME, Ops, op_set
 
 ALL_OPS = frozenset(Ops)
 
@@ -107,7 +107,7 @@ def lower(p, path: str, depth: int = 0) -> list[Variant]:
 
 def literal_code(v: Any) -> str:
   """Python source that rebuilds constant v (so generated modules are self-contained)."""
-  from engine.dtypes import DType
+  from rulec.engine.ir.dtypes import DType
   if isinstance(v, Ops): return f"Ops.{v.name}"
   if isinstance(v, DType): return f"dtypes.{v.name}"
   if isinstance(v, float) and (v != v or v in (float("inf"), float("-inf"))): return f"float({str(v)!r})"
@@ -160,12 +160,12 @@ class _Emitter:
 
   def module_head(self, rules: list[A.Rule]) -> list[str]:
     lines = ["from time import perf_counter",
-             "from engine.ops import Ops",
-             "from engine.dtypes import dtypes",
-             "from engine.lang.names import BUILTINS, CONSTANT_NAMES",
-             "from engine.lang.runtime import RuleAbort, rule_failed, import_helper, not_a_node, check_gradients",
-             "from engine.lang.capability import rule_attr",
-             "from engine.uop import UOp",
+             "from rulec.engine.ir.ops import Ops",
+             "from rulec.engine.ir.dtypes import dtypes",
+             "from rulec.engine.lang.names import BUILTINS, CONSTANT_NAMES",
+             "from rulec.engine.lang.runtime import RuleAbort, rule_failed, import_helper, not_a_node, check_gradients",
+             "from rulec.engine.lang.capability import rule_attr",
+             "from rulec.engine.ir.uop import UOp",
              "RULES = (" + "".join(f"({r.name!r}, {str(r.span)!r}, {r.source_line!r}), " for r in rules) + ")",
              "STATS = [[0, 0, 0.0] for _ in RULES]"]
     lines += [f"{k} = {v}" for k, v in self.preamble.items()]

@@ -6,7 +6,7 @@ import json
 
 import attrs
 
-from engine.lang.ast import Span
+from rulec.engine.lang.ast import Span
 
 # Every code rulec can report; docs/rules.md lists the same table (a test keeps them in step).
 CODES: dict[str, str] = {

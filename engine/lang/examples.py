@@ -25,17 +25,17 @@ import sys
 import time
 from typing import Any
 
-from engine.dtypes import DType, dtype_set, dtypes
-from engine.lang import ast as A
-from engine.lang.checker import CheckedLibrary
-from engine.lang.compiler import generate, per_rule_functions
-from engine.lang.diagnostics import Diagnostic
-from engine.lang.limits import EXAMPLE_MEMORY_BYTES, EXAMPLE_TIME_S
-from engine.lang.parser import _PATTERN_OPS
-from engine.lang.runtime import RuleAbort, RuleRuntimeError
-from engine.ops import ALU, COMPARISON, FIXED_ARITY, GROUPS, OPS_BY_NAME, Ops
-from engine.rewrite import RewriteLoopError, graph_rewrite
-from engine.uop import UOp
+from rulec.engine.ir.dtypes import DType, dtype_set, dtypes
+from rulec.engine.lang import ast as A
+from rulec.engine.lang.checker import CheckedLibrary
+from rulec.engine.lang.compiler import generate, per_rule_functions
+from rulec.engine.lang.diagnostics import Diagnostic
+from rulec.engine.lang.limits import EXAMPLE_MEMORY_BYTES, EXAMPLE_TIME_S
+from rulec.engine.lang.parser import _PATTERN_OPS
+from rulec.engine.lang.runtime import RuleAbort, RuleRuntimeError
+from rulec.engine.ir.ops import ALU, COMPARISON, FIXED_ARITY, GROUPS, OPS_BY_NAME, Ops
+from rulec.engine.ir.rewrite import RewriteLoopError, graph_rewrite
+from rulec.engine.ir.uop import UOp
 
 # rewrites allowed for one example before it counts as a loop (R605)
 MAX_STEPS = 10_000

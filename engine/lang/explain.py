@@ -12,7 +12,7 @@ Two parts:
   graph_rewrite call whose matcher contains the rule is recorded: the nodes
   the matcher was asked about whose op the rule's root can match, which rule
   rewrote each, and how often the rule itself fired. graph_rewrite is wrapped
-  for the run (in engine.rewrite and in every module that imported it); the
+  for the run (in rulec.engine.ir.rewrite and in every module that imported it); the
   compiled matchers are not touched: the recorded calls use the rule set's
   counting (RULEC_STATS) variant, which rewrites the same way.
 """
@@ -26,11 +26,11 @@ from typing import Any, Iterator
 
 import attrs
 
-from engine.dtypes import dtype_set
-from engine.lang import ast as A
-from engine.lang.compiler import ALL_OPS, child_orders, pattern_ops
-from engine.lang.interp import Evaluator
-from engine.uop import UOp
+from rulec.engine.ir.dtypes import dtype_set
+from rulec.engine.lang import ast as A
+from rulec.engine.lang.compiler import ALL_OPS, child_orders, pattern_ops
+from rulec.engine.lang.interp import Evaluator
+from rulec.engine.ir.uop import UOp
 
 GUARD_SCORE = 1 << 20        # a false guard is deeper than any pattern test: the whole pattern matched
 MAX_EXPLAINED = 2000         # distinct nodes explained per rule; more are only counted
@@ -230,7 +230,7 @@ class RewriteRecorder:
     self._patched: list = []
 
   def _variant(self, matcher):
-    from engine.lang.loader import Matcher
+    from rulec.engine.lang.loader import Matcher
     if not isinstance(matcher, Matcher): return None
     key = id(matcher)
     if key not in self._variants:
@@ -255,7 +255,7 @@ class RewriteRecorder:
     return self._orig(sink, _RecordingMatcher(self.rec, matcher, v[1], v[2]), ctx=ctx, bottom_up=bottom_up, max_steps=max_steps)
 
   def __enter__(self):
-    import engine.rewrite as R
+    import rulec.engine.ir.rewrite as R
     self._orig = orig = R.graph_rewrite
     wrapper = self.graph_rewrite
     for mod in list(sys.modules.values()):
@@ -284,7 +284,7 @@ def _caret(span: A.Span, source: str | None, indent: str = "    ") -> list[str]:
 
 def report(rec: _Recording, source: str | None, shown: int = SHOWN) -> tuple[str, int]:
   """(text, exit status): 0 when the rule fired, 1 when it never did."""
-  from engine.lang.examples import show
+  from rulec.engine.lang.examples import show
   rule = rec.rule
   head = f"rule '{rule.name}' ({rule.span})"
   calls = f"{rec.calls} graph_rewrite call{'s' if rec.calls != 1 else ''} with {', '.join(rec.rulesets)}"
@@ -335,8 +335,8 @@ def explain_program(rule_name: str, program: str, argv: list[str], rules: list[s
   import runpy
   from pathlib import Path
 
-  from engine.lang.diagnostics import RuleError
-  from engine.lang.loader import load_library
+  from rulec.engine.lang.diagnostics import RuleError
+  from rulec.engine.lang.loader import load_library
   out = out or sys.stdout
   err = sys.stderr
   if not Path(program).is_file():

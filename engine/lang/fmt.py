@@ -27,8 +27,8 @@ import attrs
 from lark import Token
 from lark.lexer import BasicLexer, LexerThread
 
-from engine.lang.diagnostics import Diagnostic
-from engine.lang.parser import RuleLayout, _lark, decode_source, parse_rules
+from rulec.engine.lang.diagnostics import Diagnostic
+from rulec.engine.lang.parser import RuleLayout, _lark, decode_source, parse_rules
 
 MAX_WIDTH = 120
 RULE_INDENT, EXAMPLE_INDENT = 2, 4

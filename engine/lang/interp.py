@@ -9,13 +9,13 @@ from __future__ import annotations
 import operator
 from typing import Any, Iterator
 
-from engine.dtypes import dtype_set
-from engine.lang import ast as A
-from engine.lang.capability import rule_attr
-from engine.lang.compiler import child_orders, pattern_ops
-from engine.lang.names import BUILTINS, CONSTANT_NAMES
-from engine.lang.runtime import RuleAbort, check_gradients, import_helper, not_a_node, rule_failed
-from engine.uop import UOp
+from rulec.engine.ir.dtypes import dtype_set
+from rulec.engine.lang import ast as A
+from rulec.engine.lang.capability import rule_attr
+from rulec.engine.lang.compiler import child_orders, pattern_ops
+from rulec.engine.lang.names import BUILTINS, CONSTANT_NAMES
+from rulec.engine.lang.runtime import RuleAbort, check_gradients, import_helper, not_a_node, rule_failed
+from rulec.engine.ir.uop import UOp
 
 _BINOPS = {"+": operator.add, "-": operator.sub, "*": operator.mul, "/": operator.truediv, "//": operator.floordiv,
            "%": operator.mod, "@": operator.matmul, "**": operator.pow, "<<": operator.lshift, ">>": operator.rshift,

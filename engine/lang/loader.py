@@ -19,11 +19,11 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from engine.lang import ast as A
-from engine.lang.checker import CheckedLibrary, check_library
-from engine.lang.compiler import generate, per_rule_functions
-from engine.lang.diagnostics import Diagnostic, RuleError
-from engine.lang.parser import decode_source, parse_rules
+from rulec.engine.lang import ast as A
+from rulec.engine.lang.checker import CheckedLibrary, check_library
+from rulec.engine.lang.compiler import generate, per_rule_functions
+from rulec.engine.lang.diagnostics import Diagnostic, RuleError
+from rulec.engine.lang.parser import decode_source, parse_rules
 
 _HERE = Path(__file__).resolve().parent
 _COMPILER_FILES = ("compiler.py", "parser.py", "checker.py", "names.py", "rules.lark", "ast.py", "runtime.py", "loader.py",
@@ -31,14 +31,10 @@ _COMPILER_FILES = ("compiler.py", "parser.py", "checker.py", "names.py", "rules.
 
 
 def default_rules_dir() -> Path:
-  """rules/ of a checkout, else the copy installed as the package `rulec._rules`."""
-  checkout = _HERE.parent.parent / "rules"
-  if checkout.is_dir(): return checkout
-  spec = importlib.util.find_spec("rulec")
-  installed = Path(spec.origin).parent / "_rules" if spec is not None and spec.origin else None
-  if installed is None or not installed.is_dir():
-    raise FileNotFoundError(f"rulec's rules/ directory is missing (looked in {checkout} and {installed})")
-  return installed
+  """The shipped rules: rules/ beside engine/, in a checkout and in the installed package (`rulec.rules`)."""
+  rules = _HERE.parent.parent / "rules"
+  if not rules.is_dir(): raise FileNotFoundError(f"rulec's rules directory is missing (looked in {rules})")
+  return rules
 
 
 def rule_files(paths: list[str | Path] | None = None) -> list[Path]:
@@ -66,7 +62,7 @@ def _cache_dir() -> Path:
 def _compiler_digest() -> str:
   h = hashlib.sha256()
   for name in _COMPILER_FILES: h.update((_HERE / name).read_bytes())
-  for mod in ("ops.py", "dtypes.py"): h.update((_HERE.parent / mod).read_bytes())
+  for mod in ("ops.py", "dtypes.py"): h.update((_HERE.parent / "ir" / mod).read_bytes())
   return h.hexdigest()
 
 
@@ -215,7 +211,7 @@ def check_sources(sources: dict[str, str | bytes | OSError], examples: bool = Fa
     if rf is not None: files.append(rf)
   lib = check_library(files, diags, layers)
   if examples and not lib.errors:
-    from engine.lang.examples import run_examples
+    from rulec.engine.lang.examples import run_examples
     lib.diagnostics += run_examples(lib)
     lib.diagnostics.sort(key=lambda d: (d.span.file, d.span.line, d.span.col, d.code))
   return lib

@@ -12,10 +12,10 @@ import math
 import os
 from typing import Any, Callable
 
-from engine.dtypes import dtypes
-from engine.lang.capability import is_rule_helper
-from engine.ops import GROUPS, OPS_BY_NAME, Ops
-from engine.uop import UOp, prod
+from rulec.engine.ir.dtypes import dtypes
+from rulec.engine.lang.capability import is_rule_helper
+from rulec.engine.ir.ops import GROUPS, OPS_BY_NAME, Ops
+from rulec.engine.ir.uop import UOp, prod
 
 BUILTINS: dict[str, Any] = {
   "len": len, "range": range, "tuple": tuple, "list": list, "dict": dict, "set": set, "frozenset": frozenset,
@@ -63,7 +63,7 @@ def resolve_helper_module(module: str) -> tuple[Any | None, str | None]:
 
 
 def resolve_helper(mod: Any, name: str) -> tuple[Callable | None, str | None]:
-  """The function `mod.name` if the project marked it with @rule_helper (engine.lang.capability); else (None, why)."""
+  """The function `mod.name` if the project marked it with @rule_helper (rulec.engine.lang.capability); else (None, why)."""
   if name.startswith("_"): return None, f"'{name}' is private; helpers are public functions marked @rule_helper"
   fn = getattr(mod, name, None)
   if fn is None: return None, f"module '{mod.__name__}' has no helper '{name}'"

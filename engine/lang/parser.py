@@ -1,4 +1,4 @@
-"""Lark parser for .rules files: source text -> RuleFile AST (engine.lang.ast).
+"""Lark parser for .rules files: source text -> RuleFile AST (rulec.engine.lang.ast).
 
 Syntax errors come back as Diagnostics (R001/R002/R404/R405) with the
 location of the offending token, never as a Lark traceback.
@@ -15,9 +15,9 @@ import attrs
 from lark import Lark, Token, Transformer, Tree, v_args
 from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput, UnexpectedToken, VisitError
 
-from engine.lang import ast as A
-from engine.lang.diagnostics import Diagnostic
-from engine.lang.limits import (MAX_BRACKETS, MAX_FILE_BYTES, MAX_NUMBER_CHARS, MAX_PARSE_DEPTH, MAX_STRING_CHARS,
+from rulec.engine.lang import ast as A
+from rulec.engine.lang.diagnostics import Diagnostic
+from rulec.engine.lang.limits import (MAX_BRACKETS, MAX_FILE_BYTES, MAX_NUMBER_CHARS, MAX_PARSE_DEPTH, MAX_STRING_CHARS,
                                 MAX_TOKENS)
 
 GRAMMAR_PATH = os.path.join(os.path.dirname(__file__), "rules.lark")

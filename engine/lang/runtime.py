@@ -1,7 +1,7 @@
 """What generated matchers call at run time: helper imports and rule errors."""
 from __future__ import annotations
 
-from engine.lang.names import resolve_helper, resolve_helper_module
+from rulec.engine.lang.names import resolve_helper, resolve_helper_module
 
 
 class RuleAbort(Exception):
@@ -28,7 +28,7 @@ def not_a_node(rule: tuple[str, str, str], value) -> None:
 
 def check_gradients(rule: tuple[str, str, str], node, grads):
   """A gradient rule's result: a tuple with one UOp or None per source of the node it matched."""
-  from engine.uop import UOp
+  from rulec.engine.ir.uop import UOp
   if not isinstance(grads, tuple) or len(grads) != len(node.src):
     what = f"a tuple of {len(grads)}" if isinstance(grads, tuple) else f"a {type(grads).__name__}"
     raise RuleRuntimeError(rule, TypeError(f"the gradient rule gave {what} for {node.op.name} with "

@@ -2,7 +2,7 @@
 
 One run per log; its tool driver lists a rule for every diagnostic code (CODES, and the codes of `rulec
 verify`), so a result's ruleId always resolves. Locations are 1-based lines and columns counted in code
-points, end column exclusive, as in engine.lang.ast.Span; file URIs are relative to the directory the
+points, end column exclusive, as in rulec.engine.lang.ast.Span; file URIs are relative to the directory the
 command ran in (uriBaseId %SRCROOT%, GitHub code scanning's checkout root) when the file lies under it.
 docs/editors.md has the CI recipe.
 """
@@ -12,7 +12,7 @@ import os
 from pathlib import Path
 from urllib.parse import quote
 
-from engine.lang.diagnostics import CODES, Diagnostic
+from rulec.engine.lang.diagnostics import CODES, Diagnostic
 
 SCHEMA_URI = "https://docs.oasis-open.org/sarif/sarif/v2.1.0/errata01/os/schemas/sarif-schema-2.1.0.json"
 SRCROOT = "%SRCROOT%"

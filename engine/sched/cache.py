@@ -17,17 +17,17 @@ import os
 from collections import OrderedDict
 from typing import Sequence
 
-from engine.sched import driver as _scheduler
-from engine import trace as _trace
-from engine.lang.loader import load_library
-from engine.ops import Ops
-from engine.rewrite import substitute
-from engine.sched import multi_helpers as _multi
-from engine.sched import tensor_helpers as _helpers
-from engine.uop import UOp
-from runtime.buffer import new_buffer
-from runtime.devices import one_pass_groups, rows_shared, split_parts
-from runtime.kernel import Kernel
+from rulec.engine.sched import driver as _scheduler
+from rulec.engine import trace as _trace
+from rulec.engine.lang.loader import load_library
+from rulec.engine.ir.ops import Ops
+from rulec.engine.ir.rewrite import substitute
+from rulec.engine.sched import multi as _multi
+from rulec.engine.sched import early as _helpers
+from rulec.engine.ir.uop import UOp
+from rulec.runtime.buffer import new_buffer
+from rulec.runtime.devices import one_pass_groups, rows_shared, split_parts
+from rulec.engine.ir.kernel import Kernel
 
 __all__ = ["STATS", "MAX_ENTRIES", "enabled", "graph_key", "schedule", "clear"]
 

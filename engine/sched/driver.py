@@ -23,17 +23,17 @@ from __future__ import annotations
 import os
 import time
 
-from engine import trace as _trace
-from engine.lang.loader import load_library
-from engine.ops import Ops
-from engine.rewrite import graph_rewrite
-from engine.sched.fusion import HOISTING_DEVICES, MAX_RECOMPUTE_READS, choose_stages  # noqa: F401 (re-exported)
-from engine.sched.kernels import KernelSplit, order_kernels
-from engine.sched.multi import split_by_device
-from engine.sched.stages import CopyReuse, Placement, StagePlan, snapshot_overwritten_reads
-from engine.uop import UOp
-from runtime.devices import device_kind, rows_shared
-from runtime.kernel import Kernel
+from rulec.engine import trace as _trace
+from rulec.engine.lang.loader import load_library
+from rulec.engine.ir.ops import Ops
+from rulec.engine.ir.rewrite import graph_rewrite
+from rulec.engine.sched.fusion import HOISTING_DEVICES, MAX_RECOMPUTE_READS, choose_stages  # noqa: F401 (re-exported)
+from rulec.engine.sched.kernels import KernelSplit, order_kernels
+from rulec.engine.sched.multi import split_by_device
+from rulec.engine.sched.stages import CopyReuse, Placement, StagePlan, snapshot_overwritten_reads
+from rulec.engine.ir.uop import UOp
+from rulec.runtime.devices import device_kind, rows_shared
+from rulec.engine.ir.kernel import Kernel
 
 DEBUG = int(os.environ.get("RULEC_DEBUG", "0") or 0)
 
@@ -75,7 +75,7 @@ def _run_pass(name: str, sink: UOp, matcher, quiet: bool, **kw) -> UOp:
 
 
 def _traced_pass(name: str, sink: UOp, matcher, quiet: bool, **kw) -> UOp:
-  """RULEC_TRACE / engine.trace.tracing(): the pass with every rewrite recorded (see engine/trace.py)."""
+  """RULEC_TRACE / rulec.engine.trace.tracing(): the pass with every rewrite recorded (see engine/trace.py)."""
   rec = _trace.Recorder(name, sink, matcher, kw.get("ctx"))
   try: out = _run_pass(name, sink, rec, quiet, **kw)
   except BaseException as e:

@@ -8,9 +8,9 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from engine.sched.tensor_helpers import is_buffer_view
-from engine.ops import ALU, MOVEMENT, Ops
-from engine.uop import UOp, prod
+from rulec.engine.sched.early import is_buffer_view
+from rulec.engine.ir.ops import ALU, MOVEMENT, Ops
+from rulec.engine.ir.uop import UOp, prod
 
 # The buffers a recomputed value may read before it is stored instead (ctx.max_reads in rules/fusion.rules).
 # The seeds' remove-bufferize cost model says two; with five, a residual add feeding a normalisation

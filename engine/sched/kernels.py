@@ -2,9 +2,9 @@
 (rules/kernel.rules, with a KernelBuilder as ctx), and kernels are ordered by their reads and writes."""
 from __future__ import annotations
 
-from engine.ops import Ops
-from engine.uop import UOp
-from runtime.kernel import Kernel
+from rulec.engine.ir.ops import Ops
+from rulec.engine.ir.uop import UOp
+from rulec.engine.ir.kernel import Kernel
 
 
 class KernelBuilder:

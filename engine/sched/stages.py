@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import itertools
 
-from engine.ops import ALU, MOVEMENT, Ops
-from engine.uop import UOp
+from rulec.engine.ir.ops import ALU, MOVEMENT, Ops
+from rulec.engine.ir.uop import UOp
 
 
 class Rebuilt:

@@ -7,7 +7,7 @@
 
 A Tensor holds `.uop` (a tensor-level UOp, see docs/architecture.md) and its
 device string. Operations only build graphs; `realize()` (or `numpy()`,
-`tolist()`, `item()`) computes them through `engine.sched.realize`, and replaces the
+`tolist()`, `item()`) computes them through `rulec.engine.realize`, and replaces the
 tensor's uop with the realized view (`BUFFER.reshape(shape)`), so later graphs
 start from the buffer.
 
@@ -70,10 +70,10 @@ TypeError) and a message naming the shapes, axes or values involved: the checks 
 engine/tensor/args.py, the UOp builders the methods share in
 engine/tensor/uops.py.
 """
-from engine.tensor.args import (AxisError, DTypeError, DTypeNameError, DuplicateAxisError, ShapeError,
+from rulec.engine.tensor.args import (AxisError, DTypeError, DTypeNameError, DuplicateAxisError, ShapeError,
                                 broadcast_shapes, promote_types, to_dtype)
-from engine.tensor.tensor import Tensor
-from runtime.devices import DEVICES
+from rulec.engine.tensor.tensor import Tensor
+from rulec.runtime.devices import DEVICES
 
 __all__ = ["Tensor", "DEVICES", "AxisError", "DTypeError", "DTypeNameError", "DuplicateAxisError", "ShapeError",
            "broadcast_shapes", "promote_types", "to_dtype"]

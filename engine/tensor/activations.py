@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any
 
-if TYPE_CHECKING: from engine.tensor.tensor import Tensor
+if TYPE_CHECKING: from rulec.engine.tensor.tensor import Tensor
 
 
 class ActivationsMixin:

@@ -13,9 +13,9 @@ from typing import Any
 
 import numpy as np
 
-from engine.dtypes import DTYPE_ALIASES, DType, dtypes
-from runtime.buffer import np_dtype
-from runtime.devices import DEVICES, canonical_device, default_device
+from rulec.engine.ir.dtypes import DTYPE_ALIASES, DType, dtypes
+from rulec.runtime.buffer import np_dtype
+from rulec.runtime.devices import DEVICES, canonical_device, default_device
 
 TENSOR_DTYPES: dict[str, DType] = {d.name: d for d in (
   dtypes.bool, dtypes.int8, dtypes.uint8, dtypes.int16, dtypes.uint16, dtypes.int32, dtypes.uint32, dtypes.int64,

@@ -10,15 +10,15 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from engine.autograd import gradients as _gradients
-from engine.ops import Ops
-from engine.rewrite import substitute
-from engine.tensor.base import _LIVE, TensorBase
-from engine.tensor.history import history, reads, record, recorded
-from engine.tensor.uops import bcast, const
-from engine.uop import UOp
+from rulec.engine.autograd import gradients as _gradients
+from rulec.engine.ir.ops import Ops
+from rulec.engine.ir.rewrite import substitute
+from rulec.engine.tensor.base import _LIVE, TensorBase
+from rulec.engine.tensor.history import history, reads, record, recorded
+from rulec.engine.tensor.uops import bcast, const
+from rulec.engine.ir.uop import UOp
 
-if TYPE_CHECKING: from engine.tensor.tensor import Tensor
+if TYPE_CHECKING: from rulec.engine.tensor.tensor import Tensor
 
 
 def _nodes(t: TensorBase) -> tuple[UOp, ...]:
@@ -198,7 +198,7 @@ class no_grad:
   def __init__(self, cls: type | None = None): self.cls = cls
 
   def __enter__(self):
-    from engine.tensor.tensor import Tensor
+    from rulec.engine.tensor.tensor import Tensor
     self.cls = self.cls or Tensor
     self.prev, self.cls.no_grad = self.cls.no_grad, True
     return self

@@ -10,22 +10,22 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from engine.sched import realize as _engine
-from engine.dtypes import DType
-from engine.ops import Ops
-from engine.rewrite import substitute
-from engine.sched.tensor_helpers import is_buffer_view
-from engine.sched.multi_helpers import copy_to
-from engine.tensor import history as _history
-from engine.tensor import multi as _multi
-from engine.tensor import writes as _writes
-from engine.tensor.args import DeviceError, broadcast_shapes, canon_device, cast_scalar, is_py_scalar, to_dtype, to_numpy
-from engine.tensor.uops import bcast, const
-from engine.uop import UOp, prod
-from runtime.buffer import buffer_of, new_buffer
-from runtime.devices import separate_memory
+from rulec.engine import realize as _engine
+from rulec.engine.ir.dtypes import DType
+from rulec.engine.ir.ops import Ops
+from rulec.engine.ir.rewrite import substitute
+from rulec.engine.sched.early import is_buffer_view
+from rulec.engine.sched.multi import copy_to
+from rulec.engine.tensor import history as _history
+from rulec.engine.tensor import multi as _multi
+from rulec.engine.tensor import writes as _writes
+from rulec.engine.tensor.args import DeviceError, broadcast_shapes, canon_device, cast_scalar, is_py_scalar, to_dtype, to_numpy
+from rulec.engine.tensor.uops import bcast, const
+from rulec.engine.ir.uop import UOp, prod
+from rulec.runtime.buffer import buffer_of, new_buffer
+from rulec.runtime.devices import separate_memory
 
-if TYPE_CHECKING: from engine.tensor.tensor import Tensor
+if TYPE_CHECKING: from rulec.engine.tensor.tensor import Tensor
 
 
 def _became(done: dict[UOp, UOp]) -> None:

@@ -11,15 +11,15 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from engine.dtypes import dtypes
-from engine.tensor.args import (canon_device, cast_scalar, from_numpy_dtype, int_arg,
+from rulec.engine.ir.dtypes import dtypes
+from rulec.engine.tensor.args import (canon_device, cast_scalar, from_numpy_dtype, int_arg,
                                 shape_arg, to_dtype)
-from engine.tensor.uops import alu, const
-from engine.ops import Ops
-from engine.uop import UOp, prod
-from runtime.buffer import new_buffer, np_dtype
+from rulec.engine.tensor.uops import alu, const
+from rulec.engine.ir.ops import Ops
+from rulec.engine.ir.uop import UOp, prod
+from rulec.runtime.buffer import new_buffer, np_dtype
 
-if TYPE_CHECKING: from engine.tensor.tensor import Tensor
+if TYPE_CHECKING: from rulec.engine.tensor.tensor import Tensor
 
 
 class DTypeArgError(TypeError, ValueError):
@@ -103,7 +103,7 @@ class CreationMixin:
     s, dt = _shape(shape), dtypes.default_float if dtype is None else to_dtype(dtype)
     dev = canon_device(device)
     if isinstance(dev, tuple):   # a device set: a buffer on each
-      from engine.tensor.multi import fresh_buffers
+      from rulec.engine.tensor.multi import fresh_buffers
       return cls._from_uop(fresh_buffers(s, dt, dev), dev)
     return cls._from_uop(new_buffer(dev, prod(s), dt).reshape(s), dev)
 

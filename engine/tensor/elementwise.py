@@ -6,16 +6,16 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from engine.dtypes import dtypes
-from engine.ops import ALU, BINARY, UNARY, Ops
-from engine.tensor.args import (DTypeError, broadcast_shapes, is_py_scalar, promote_types,
+from rulec.engine.ir.dtypes import dtypes
+from rulec.engine.ir.ops import ALU, BINARY, UNARY, Ops
+from rulec.engine.tensor.args import (DTypeError, broadcast_shapes, is_py_scalar, promote_types,
                                 scalar_of, to_dtype, weak_dtype)
-from engine.tensor.uops import (alu, bcast, cmp, const, u_abs, u_ceil, u_cos, u_exp, u_floor, u_log,
+from rulec.engine.tensor.uops import (alu, bcast, cmp, const, u_abs, u_ceil, u_cos, u_exp, u_floor, u_log,
                                 u_maximum, u_neg, u_sigmoid, u_sin, u_tanh)
-from engine.tensor.base import TensorBase
-from engine.uop import UOp
+from rulec.engine.tensor.base import TensorBase
+from rulec.engine.ir.uop import UOp
 
-if TYPE_CHECKING: from engine.tensor.tensor import Tensor
+if TYPE_CHECKING: from rulec.engine.tensor.tensor import Tensor
 
 
 class ElementwiseMixin:

@@ -17,9 +17,9 @@ from __future__ import annotations
 
 import weakref
 
-from engine.ops import Ops
-from engine.rewrite import substitute
-from engine.uop import UOp
+from rulec.engine.ir.ops import Ops
+from rulec.engine.ir.rewrite import substitute
+from rulec.engine.ir.uop import UOp
 
 # realized node -> (graph, placeholder standing for the node inside the graph, or None)
 _HISTORY: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()

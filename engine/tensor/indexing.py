@@ -14,12 +14,12 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from engine.dtypes import dtypes
-from engine.tensor.args import ShapeError, broadcast_shapes, int_arg, lowest, norm_axis
-from engine.tensor.base import TensorBase
-from engine.uop import prod
+from rulec.engine.ir.dtypes import dtypes
+from rulec.engine.tensor.args import ShapeError, broadcast_shapes, int_arg, lowest, norm_axis
+from rulec.engine.tensor.base import TensorBase
+from rulec.engine.ir.uop import prod
 
-if TYPE_CHECKING: from engine.tensor.tensor import Tensor
+if TYPE_CHECKING: from rulec.engine.tensor.tensor import Tensor
 
 
 class IndexShapeError(ShapeError, IndexError):

@@ -13,12 +13,12 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
-from engine.dtypes import dtypes
-from engine.ops import Ops
-from engine.tensor.base import TensorBase
-from engine.uop import UOp
+from rulec.engine.ir.dtypes import dtypes
+from rulec.engine.ir.ops import Ops
+from rulec.engine.tensor.base import TensorBase
+from rulec.engine.ir.uop import UOp
 
-if TYPE_CHECKING: from engine.tensor.tensor import Tensor
+if TYPE_CHECKING: from rulec.engine.tensor.tensor import Tensor
 
 # struct formats of data()'s memoryview (tinygrad's DType.fmt)
 FMT = {"bool": "?", "int8": "b", "uint8": "B", "int16": "h", "uint16": "H", "int32": "i", "uint32": "I", "int64": "q",

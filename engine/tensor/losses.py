@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from engine.tensor.args import ShapeError
+from rulec.engine.tensor.args import ShapeError
 
-if TYPE_CHECKING: from engine.tensor.tensor import Tensor
+if TYPE_CHECKING: from rulec.engine.tensor.tensor import Tensor
 
 REDUCTIONS = ("mean", "sum", "none")
 

@@ -9,11 +9,11 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any
 
-from engine.dtypes import dtypes
-from engine.tensor.args import DTypeError, cast_scalar, norm_axes, to_dtype
-from engine.tensor.uops import const
+from rulec.engine.ir.dtypes import dtypes
+from rulec.engine.tensor.args import DTypeError, cast_scalar, norm_axes, to_dtype
+from rulec.engine.tensor.uops import const
 
-if TYPE_CHECKING: from engine.tensor.tensor import Tensor
+if TYPE_CHECKING: from rulec.engine.tensor.tensor import Tensor
 
 # erf: the Maclaurin series below ERF_SPLIT, 1 - erfc by its continued fraction above; term counts per dtype
 # (chosen so both halves are within a few ulps: float64 ~1e-15, float32 ~2e-7 relative to math.erf)

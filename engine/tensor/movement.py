@@ -9,15 +9,15 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from engine.dtypes import dtypes
-from engine.ops import Ops
-from engine.tensor.args import (DefaultInt, DuplicateAxisError, ShapeError, alias_arg, cast_scalar, int_arg, is_py_scalar, norm_axes,
+from rulec.engine.ir.dtypes import dtypes
+from rulec.engine.ir.ops import Ops
+from rulec.engine.tensor.args import (DefaultInt, DuplicateAxisError, ShapeError, alias_arg, cast_scalar, int_arg, is_py_scalar, norm_axes,
                                 norm_axis, norm_new_axis, pair_arg, promote_types, shape_arg, weak_dtype)
-from engine.tensor.uops import (alu, bcast, const, take_every)
-from engine.tensor.base import TensorBase, is_advanced_index
-from engine.uop import UOp, prod
+from rulec.engine.tensor.uops import (alu, bcast, const, take_every)
+from rulec.engine.tensor.base import TensorBase, is_advanced_index
+from rulec.engine.ir.uop import UOp, prod
 
-if TYPE_CHECKING: from engine.tensor.tensor import Tensor
+if TYPE_CHECKING: from rulec.engine.tensor.tensor import Tensor
 
 _ZERO = DefaultInt(0)   # cat's and stack's dim default: passing dim= and axis= together is a TypeError
 

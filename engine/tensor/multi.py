@@ -12,14 +12,14 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from engine.ops import Ops
-from engine.sched import realize as _engine
-from engine.sched.multi_helpers import copy_to, select, shard_bounds, stack
-from engine.tensor.args import DeviceError, ShapeError, canon_device, norm_axis
-from engine.uop import UOp
-from runtime.buffer import buffer_of, new_buffer
+from rulec.engine.ir.ops import Ops
+from rulec.engine import realize as _engine
+from rulec.engine.sched.multi import copy_to, select, shard_bounds, stack
+from rulec.engine.tensor.args import DeviceError, ShapeError, canon_device, norm_axis
+from rulec.engine.ir.uop import UOp
+from rulec.runtime.buffer import buffer_of, new_buffer
 
-if TYPE_CHECKING: from engine.tensor.tensor import Tensor
+if TYPE_CHECKING: from rulec.engine.tensor.tensor import Tensor
 
 
 def parts(u: UOp) -> tuple[UOp, ...]:

@@ -10,15 +10,15 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from engine.dtypes import dtypes
-from engine.ops import Ops
-from engine.tensor.args import (ShapeError, broadcast_shapes, int_arg, lowest, norm_axes, norm_axis, promote_types,
+from rulec.engine.ir.dtypes import dtypes
+from rulec.engine.ir.ops import Ops
+from rulec.engine.tensor.args import (ShapeError, broadcast_shapes, int_arg, lowest, norm_axes, norm_axis, promote_types,
                                 to_dtype)
-from engine.tensor.uops import (alu, bcast, window)
-from engine.tensor.base import TensorBase
-from engine.uop import UOp, prod
+from rulec.engine.tensor.uops import (alu, bcast, window)
+from rulec.engine.tensor.base import TensorBase
+from rulec.engine.ir.uop import UOp, prod
 
-if TYPE_CHECKING: from engine.tensor.tensor import Tensor
+if TYPE_CHECKING: from rulec.engine.tensor.tensor import Tensor
 
 
 def _tuple(v: Any, n: int, what: str) -> tuple[int, ...]:

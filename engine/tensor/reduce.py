@@ -7,13 +7,13 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 
-from engine.dtypes import DType, dtypes
-from engine.ops import Ops
-from engine.tensor.args import (DefaultInt, alias_arg, norm_axes, norm_axis, sum_dtype, to_dtype)
-from engine.tensor.uops import (alu, u_max_reduce, u_neg)
-from engine.uop import UOp, prod
+from rulec.engine.ir.dtypes import DType, dtypes
+from rulec.engine.ir.ops import Ops
+from rulec.engine.tensor.args import (DefaultInt, alias_arg, norm_axes, norm_axis, sum_dtype, to_dtype)
+from rulec.engine.tensor.uops import (alu, u_max_reduce, u_neg)
+from rulec.engine.ir.uop import UOp, prod
 
-if TYPE_CHECKING: from engine.tensor.tensor import Tensor
+if TYPE_CHECKING: from rulec.engine.tensor.tensor import Tensor
 
 
 _ONE = DefaultInt(1)   # correction's default: passing correction= and ddof= together is a TypeError

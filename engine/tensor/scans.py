@@ -12,10 +12,10 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
-from engine.dtypes import dtypes
-from engine.tensor.args import lowest, norm_axis
+from rulec.engine.ir.dtypes import dtypes
+from rulec.engine.tensor.args import lowest, norm_axis
 
-if TYPE_CHECKING: from engine.tensor.tensor import Tensor
+if TYPE_CHECKING: from rulec.engine.tensor.tensor import Tensor
 
 BLOCK = 256
 

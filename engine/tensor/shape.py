@@ -7,12 +7,12 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING, Any
 
-from engine.ops import Ops
-from engine.tensor.args import ShapeError, int_arg, norm_axes, norm_axis, shape_arg
-from engine.tensor.uops import bcast, window
-from engine.uop import UOp, prod
+from rulec.engine.ir.ops import Ops
+from rulec.engine.tensor.args import ShapeError, int_arg, norm_axes, norm_axis, shape_arg
+from rulec.engine.tensor.uops import bcast, window
+from rulec.engine.ir.uop import UOp, prod
 
-if TYPE_CHECKING: from engine.tensor.tensor import Tensor
+if TYPE_CHECKING: from rulec.engine.tensor.tensor import Tensor
 
 
 def _ints(first: Any, rest: tuple, what: str) -> tuple[int, ...]:

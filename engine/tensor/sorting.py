@@ -12,10 +12,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from engine.dtypes import dtypes
-from engine.tensor.args import int_arg, norm_axis
+from rulec.engine.ir.dtypes import dtypes
+from rulec.engine.tensor.args import int_arg, norm_axis
 
-if TYPE_CHECKING: from engine.tensor.tensor import Tensor
+if TYPE_CHECKING: from rulec.engine.tensor.tensor import Tensor
 
 
 def _before(a: Tensor, ia: Tensor, b: Tensor, ib: Tensor, n: int, descending: bool) -> Tensor:

@@ -5,22 +5,22 @@ reductions, movement and indexing, neural-network functions. Inside those module
 `type(self)` / `cls` (never imported), so the modules do not depend on this one."""
 from __future__ import annotations
 
-from engine.tensor.activations import ActivationsMixin
-from engine.tensor.autograd import AutogradMixin
-from engine.tensor.base import TensorBase
-from engine.tensor.creation import CreationMixin
-from engine.tensor.elementwise import ElementwiseMixin
-from engine.tensor.indexing import IndexingMixin
-from engine.tensor.linalg import LinalgMixin
-from engine.tensor.losses import LossesMixin
-from engine.tensor.math import MathMixin
-from engine.tensor.movement import MovementMixin
-from engine.tensor.multi import MultiMixin
-from engine.tensor.nn import NNMixin
-from engine.tensor.reduce import ReduceMixin
-from engine.tensor.scans import ScansMixin
-from engine.tensor.shape import ShapeMixin
-from engine.tensor.sorting import SortingMixin
+from rulec.engine.tensor.activations import ActivationsMixin
+from rulec.engine.tensor.autograd import AutogradMixin
+from rulec.engine.tensor.base import TensorBase
+from rulec.engine.tensor.creation import CreationMixin
+from rulec.engine.tensor.elementwise import ElementwiseMixin
+from rulec.engine.tensor.indexing import IndexingMixin
+from rulec.engine.tensor.linalg import LinalgMixin
+from rulec.engine.tensor.losses import LossesMixin
+from rulec.engine.tensor.math import MathMixin
+from rulec.engine.tensor.movement import MovementMixin
+from rulec.engine.tensor.multi import MultiMixin
+from rulec.engine.tensor.nn import NNMixin
+from rulec.engine.tensor.reduce import ReduceMixin
+from rulec.engine.tensor.scans import ScansMixin
+from rulec.engine.tensor.shape import ShapeMixin
+from rulec.engine.tensor.sorting import SortingMixin
 
 
 class Tensor(TensorBase, CreationMixin, ElementwiseMixin, MathMixin, ReduceMixin, ScansMixin, MovementMixin, ShapeMixin,

@@ -6,9 +6,9 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from engine.dtypes import DType, dtypes
-from engine.ops import Ops
-from engine.uop import UOp
+from rulec.engine.ir.dtypes import DType, dtypes
+from rulec.engine.ir.ops import Ops
+from rulec.engine.ir.uop import UOp
 
 LOG2E = math.log2(math.e)
 LN2 = math.log(2.0)

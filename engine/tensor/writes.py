@@ -12,10 +12,10 @@ that buffer shows it when realized, and other lazy readers see the old contents 
 This module only keeps the record and works out the order; engine/tensor/base.py runs the writes."""
 from __future__ import annotations
 
-from engine.ops import Ops
-from engine.rewrite import substitute
-from engine.sched.tensor_helpers import is_buffer_view
-from engine.uop import UOp
+from rulec.engine.ir.ops import Ops
+from rulec.engine.ir.rewrite import substitute
+from rulec.engine.sched.early import is_buffer_view
+from rulec.engine.ir.uop import UOp
 
 # BUFFER -> the writes through its views not yet carried out, oldest first
 _PENDING: dict[UOp, list[UOp]] = {}

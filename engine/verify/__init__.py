@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import attrs
 
-from engine.lang.loader import RuleLibrary
-from engine.verify.core import RuleResult, _location, verify_rule
+from rulec.engine.lang.loader import RuleLibrary
+from rulec.engine.verify.core import RuleResult, _location, verify_rule
 
 __all__ = ["RuleResult", "RulesetResult", "verify_rule", "verify_library", "format_human", "format_json"]
 

@@ -17,15 +17,15 @@ from hypothesis import HealthCheck, Phase, given, reject, settings
 from hypothesis import strategies as st
 from hypothesis.errors import Unsatisfiable
 
-from engine.lang import ast as A
-from engine.lang.compiler import pattern_ops, per_rule_functions
-from engine.lang.interp import InterpretedMatcher
-from engine.lang.runtime import RuleAbort, RuleRuntimeError
-from engine.ops import Ops
-from engine.uop import UOp, render
-from engine.verify.evaluate import (NotModelled, NoValue, TensorEval, arrays_equal, eval_scalar, first_difference,
+from rulec.engine.lang import ast as A
+from rulec.engine.lang.compiler import pattern_ops, per_rule_functions
+from rulec.engine.lang.interp import InterpretedMatcher
+from rulec.engine.lang.runtime import RuleAbort, RuleRuntimeError
+from rulec.engine.ir.ops import Ops
+from rulec.engine.ir.uop import UOp, render
+from rulec.engine.verify.evaluate import (NotModelled, NoValue, TensorEval, arrays_equal, eval_scalar, first_difference,
                                     free_leaves, points, scalars_equal)
-from engine.verify.generate import MODE_OPS, Gen, Reject
+from rulec.engine.verify.generate import MODE_OPS, Gen, Reject
 
 SHAPE_ATTRS = {"shape", "_shape", "size", "base", "device", "ndim"}
 
@@ -196,7 +196,7 @@ SPLIT_THRESHOLD = 16   # split_reduceop's size threshold while verifying, so tha
 
 
 def verify_rule(rule: A.Rule, helpers_of, examples: int = 100) -> RuleResult:
-  from engine.sched import tensor_helpers
+  from rulec.engine.sched import early as tensor_helpers
   saved = tensor_helpers.REDUCE_SPLIT_THRESHOLD
   tensor_helpers.REDUCE_SPLIT_THRESHOLD = SPLIT_THRESHOLD
   try: return _verify_rule(rule, helpers_of, examples)
@@ -206,7 +206,7 @@ def verify_rule(rule: A.Rule, helpers_of, examples: int = 100) -> RuleResult:
 def _verify_rule(rule: A.Rule, helpers_of, examples: int) -> RuleResult:
   res = RuleResult(rule.name, _location(rule.span), rule.ruleset, "not checkable")
   if rule.grad is not None:
-    from engine.verify.gradient import verify_gradient_rule
+    from rulec.engine.verify.gradient import verify_gradient_rule
     return verify_gradient_rule(rule, helpers_of, examples, res)
   if (why := static_reason(rule)) is not None:
     res.reason = why

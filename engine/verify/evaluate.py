@@ -15,11 +15,11 @@ import warnings
 
 import numpy as np
 
-from engine.alu import PYTHON_ALU, exec_alu, wrap
-from engine.dtypes import DType
-from engine.ops import ALU, MOVEMENT, Ops
-from engine.uop import UOp
-from engine.verify.generate import FLOAT_VALUES
+from rulec.engine.ir.alu import PYTHON_ALU, exec_alu, wrap
+from rulec.engine.ir.dtypes import DType
+from rulec.engine.ir.ops import ALU, MOVEMENT, Ops
+from rulec.engine.ir.uop import UOp
+from rulec.engine.verify.generate import FLOAT_VALUES
 
 
 class NotModelled(Exception):
@@ -98,12 +98,12 @@ class TensorEval:
 
   def buf(self, b: UOp) -> np.ndarray:
     if b not in self.mem:
-      from runtime.buffer import buffer_of
+      from rulec.runtime.buffer import buffer_of
       self.mem[b] = buffer_of(b).numpy_view().copy()
     return self.mem[b]
 
   def value(self, root: UOp) -> np.ndarray:
-    from engine import tensor_eval
+    from rulec.engine import tensor_eval
     vals: dict[UOp, object] = {}
     with np.errstate(all="ignore"), warnings.catch_warnings():
       warnings.simplefilter("ignore")
@@ -128,7 +128,7 @@ class TensorEval:
 
   def _store(self, target: UOp, value: np.ndarray) -> None:
     """STORE(view of a buffer, value): value written through the view."""
-    from engine.tensor_eval import apply_movement
+    from rulec.engine.tensor_eval import apply_movement
     chain, x = [], target
     while x.op in MOVEMENT:
       if x.op is Ops.PAD: raise NotModelled("a STORE through a PAD")

@@ -23,11 +23,11 @@ import math
 import numpy as np
 from hypothesis import strategies as st
 
-from engine.dtypes import DType, dtype_set, dtypes
-from engine.lang import ast as A
-from engine.lang.compiler import pattern_ops
-from engine.ops import ALU, COMMUTATIVE, MOVEMENT, UNARY, Ops
-from engine.uop import UOp, prod
+from rulec.engine.ir.dtypes import DType, dtype_set, dtypes
+from rulec.engine.lang import ast as A
+from rulec.engine.lang.compiler import pattern_ops
+from rulec.engine.ir.ops import ALU, COMMUTATIVE, MOVEMENT, UNARY, Ops
+from rulec.engine.ir.uop import UOp, prod
 
 INTS = (dtypes.index, dtypes.int32, dtypes.int8, dtypes.uint8, dtypes.int64, dtypes.uint32, dtypes.int16,
         dtypes.uint16, dtypes.uint64)
@@ -134,7 +134,7 @@ class Gen:
     if (want is not None and u.dtype is not want) or (dts is not None and u.dtype not in dts): raise Reject("dtype")
     if shape is not None and u._shape != shape: raise Reject("shape")
     if p is not None:
-      from engine.lang.interp import match
+      from rulec.engine.lang.interp import match
       if not any(True for _ in match(p, u, {})): raise Reject("a name bound twice to different shapes")
     return u
 
@@ -299,13 +299,13 @@ class Gen:
     return u
 
   def buffer(self, dt: DType, size: int) -> UOp:
-    from runtime.buffer import new_buffer
+    from rulec.runtime.buffer import new_buffer
     b = new_buffer(self.pick(DEVICES), size, dt)
     rng = np.random.default_rng(self.draw(st.integers(0, 2 ** 16)))
     if dt.kind == "f": data = rng.choice(np.array([0.0, 1.0, -2.5, 3.0, 0.5, -1.0, 7.25, -0.0]), size)
     elif dt.kind == "b": data = rng.integers(0, 2, size).astype(bool)
     else: data = rng.integers(0 if dt.kind == "u" else -5, 10, size)
-    from runtime.buffer import buffer_of
+    from rulec.runtime.buffer import buffer_of
     buffer_of(b).copyin(np.asarray(data))
     self.buffers.append(b)
     return b

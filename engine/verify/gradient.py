@@ -21,15 +21,15 @@ from hypothesis import HealthCheck, Phase, given, reject, settings
 from hypothesis import strategies as st
 from hypothesis.errors import Unsatisfiable
 
-from engine.dtypes import DType, dtypes
-from engine.lang import ast as A
-from engine.lang.compiler import pattern_ops
-from engine.lang.runtime import RuleAbort, RuleRuntimeError
-from engine.ops import BINARY, MOVEMENT, UNARY, Ops
-from engine.uop import UOp, prod, render
-from engine.verify.evaluate import NotModelled, NoValue, TensorEval
-from engine.verify.generate import Gen, Reject
-from runtime.buffer import new_buffer
+from rulec.engine.ir.dtypes import DType, dtypes
+from rulec.engine.lang import ast as A
+from rulec.engine.lang.compiler import pattern_ops
+from rulec.engine.lang.runtime import RuleAbort, RuleRuntimeError
+from rulec.engine.ir.ops import BINARY, MOVEMENT, UNARY, Ops
+from rulec.engine.ir.uop import UOp, prod, render
+from rulec.engine.verify.evaluate import NotModelled, NoValue, TensorEval
+from rulec.engine.verify.generate import Gen, Reject
+from rulec.runtime.buffer import new_buffer
 
 INT_OPS = frozenset({Ops.AND, Ops.OR, Ops.XOR, Ops.SHL, Ops.SHR, Ops.CDIV, Ops.CMOD, Ops.THREEFRY})
 REDUCE_OPS = (Ops.ADD, Ops.MUL, Ops.MAX)
@@ -61,7 +61,7 @@ class _Leaves:
 
 
 def _np(dt: DType):
-  from runtime.buffer import np_dtype
+  from rulec.runtime.buffer import np_dtype
   return np_dtype(dt)
 
 
@@ -136,7 +136,7 @@ def _objective(node: UOp, g: np.ndarray, values: dict) -> float:
 
 class GradChecker:
   def __init__(self, rule: A.Rule, helpers_of, examples: int):
-    from engine.verify.core import compiled_rule
+    from rulec.engine.verify.core import compiled_rule
     self.rule, self.examples = rule, examples
     self.fn, self.interp = compiled_rule(rule, helpers_of)
     self.compared, self.tries = 0, 0

@@ -9,8 +9,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from engine.tensor import Tensor
-from engine.uop import prod
+from rulec.engine.tensor import Tensor
+from rulec.engine.ir.uop import prod
 
 
 def _ksize(kernel_size: Any, n: int = 2) -> tuple[int, ...]:

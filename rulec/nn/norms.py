@@ -4,8 +4,8 @@ Statistics are biased (divide by n) as in tinygrad and torch; BatchNorm's runnin
 the unbiased batch variance."""
 from __future__ import annotations
 
-from engine.dtypes import dtypes
-from engine.tensor import Tensor
+from rulec.engine.ir.dtypes import dtypes
+from rulec.engine.tensor import Tensor
 
 
 def _frozen(t: Tensor) -> Tensor:

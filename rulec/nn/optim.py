@@ -9,8 +9,8 @@ from __future__ import annotations
 import itertools
 from typing import Iterable
 
-from engine.dtypes import dtypes
-from engine.tensor import Tensor
+from rulec.engine.ir.dtypes import dtypes
+from rulec.engine.tensor import Tensor
 
 
 def _dedup(ts: Iterable[Tensor]) -> list[Tensor]:

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from engine.tensor import Tensor
+from rulec.engine.tensor import Tensor
 
 
 class StateDictError(KeyError, ValueError):

@@ -6,10 +6,10 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from engine.alu import exec_alu
-from engine.dtypes import dtypes
-from engine.ops import Ops
-from engine.uop import UOp
+from rulec.engine.ir.alu import exec_alu
+from rulec.engine.ir.dtypes import dtypes
+from rulec.engine.ir.ops import Ops
+from rulec.engine.ir.uop import UOp
 
 # a recipe is ("var", name, lo, hi) | ("range", axis, size) | ("const", v) | (op_name, recipe, recipe)
 Recipe = tuple

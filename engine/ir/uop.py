@@ -11,9 +11,9 @@ import math
 import weakref
 from typing import Any, Callable, Iterable
 
-from engine.alu import round_float, wrap
-from engine.dtypes import DType, dtypes
-from engine.ops import ALU, BINARY, MOVEMENT, Ops
+from rulec.engine.ir.alu import round_float, wrap
+from rulec.engine.ir.dtypes import DType, dtypes
+from rulec.engine.ir.ops import ALU, BINARY, MOVEMENT, Ops
 
 _ucache: dict[tuple, weakref.ref] = {}
 _buffer_uids = itertools.count()   # one counter for every BUFFER, so two buffers never hash-cons into one
@@ -88,7 +88,7 @@ class UOp:
 
   @staticmethod
   def new_buffer(device: str, size: int, dtype: DType) -> UOp:
-    """A BUFFER node naming fresh storage (runtime.buffer allocates it on first use)."""
+    """A BUFFER node naming fresh storage (rulec.runtime.buffer allocates it on first use)."""
     return UOp(Ops.BUFFER, dtype, (), (next(_buffer_uids), device, size))
 
   @staticmethod

@@ -9,8 +9,8 @@ from typing import Any, Callable
 
 import numpy as np
 
-from engine.dtypes import DType
-from engine.ops import Ops
+from rulec.engine.ir.dtypes import DType
+from rulec.engine.ir.ops import Ops
 
 
 def _idiv(a, b):

@@ -26,9 +26,9 @@ def _facts(cls: type, where: str, *names: str) -> RuleContext:
 
 def rule_contexts() -> dict[str, RuleContext | None]:
   """Rule set name -> what it receives as ctx; None: the pass passes no ctx (`ctx` is None in its rules)."""
-  from engine.sched.fusion import FusionFacts
-  from engine.sched.kernels import KernelBuilder, KernelSplit
-  from engine.sched.stages import CopyReuse, Placement, StagePlan
+  from rulec.engine.sched.fusion import FusionFacts
+  from rulec.engine.sched.kernels import KernelBuilder, KernelSplit
+  from rulec.engine.sched.stages import CopyReuse, Placement, StagePlan
   fusion = _facts(FusionFacts, "engine/sched/fusion.py", "uses", "contexts", "reads", "reduces_inside", "epilogue",
                   "needed_below", "hoists", "hoists_rows", "max_reads", "row_value", "shrunk_view", "permuted_view",
                   "store", "hoist", "keep")

@@ -3,14 +3,14 @@ rules (rules/indexing.rules) call. Each function answers one question that is
 arithmetic, not pattern shape."""
 from __future__ import annotations
 
-from engine.lang.capability import rule_helper
+from rulec.engine.lang.capability import rule_helper
 
 import itertools
 from typing import Any
 
-from engine.dtypes import dtypes
-from engine.ops import Ops
-from engine.uop import UOp, prod
+from rulec.engine.ir.dtypes import dtypes
+from rulec.engine.ir.ops import Ops
+from rulec.engine.ir.uop import UOp, prod
 
 
 def _c(v: int) -> UOp: return UOp.const(dtypes.index, v)

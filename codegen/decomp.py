@@ -2,14 +2,14 @@
 device asks for). Floor division, modulo and clamped loads are rules of their own there."""
 from __future__ import annotations
 
-from engine.lang.capability import rule_helper
+from rulec.engine.lang.capability import rule_helper
 
-from engine.dtypes import dtypes
-from engine.ops import MAY_FUSE, Ops
-from engine.uop import UOp
+from rulec.engine.ir.dtypes import dtypes
+from rulec.engine.ir.ops import MAY_FUSE, Ops
+from rulec.engine.ir.uop import UOp
 
 
-# *** exp2 and log2 of float32 (optional: the devices that ask, runtime.kernel.decomposed) ***
+# *** exp2 and log2 of float32 (optional: the devices that ask, rulec.engine.ir.kernel.decomposed) ***
 #
 # libm's exp2f / log2f are calls, one element at a time; these are adds, multiplies, a divide, compares, selects,
 # integer adds and shifts and bitcasts, which LLVM's vectorisers pack eight or sixteen to an instruction. exp2 computes

@@ -15,11 +15,11 @@ from typing import Iterable
 
 import attrs
 
-from engine.dtypes import dtypes
-from engine.lang.loader import load_library
-from engine.ops import ALU, COMPARISON, FIXED_ARITY, Ops
-from engine.rewrite import graph_rewrite
-from engine.uop import UOp, render as render_expr
+from rulec.engine.ir.dtypes import dtypes
+from rulec.engine.lang.loader import load_library
+from rulec.engine.ir.ops import ALU, COMPARISON, FIXED_ARITY, Ops
+from rulec.engine.ir.rewrite import graph_rewrite
+from rulec.engine.ir.uop import UOp, render as render_expr
 
 REDUCE_OPS = (Ops.ADD, Ops.MAX, Ops.MUL)
 # the ops a kernel's values may be built from (besides the SINK / END / STORE skeleton)

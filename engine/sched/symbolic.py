@@ -7,13 +7,13 @@ import weakref
 
 import numpy as np
 
-from engine.lang.capability import rule_helper
+from rulec.engine.lang.capability import rule_helper
 
-from engine.alu import exec_alu, wrap
-from engine.dtypes import DType, dtypes
-from engine.ops import ALU, Ops
-from engine.rewrite import substitute
-from engine.uop import UOp
+from rulec.engine.ir.alu import exec_alu, wrap
+from rulec.engine.ir.dtypes import DType, dtypes
+from rulec.engine.ir.ops import ALU, Ops
+from rulec.engine.ir.rewrite import substitute
+from rulec.engine.ir.uop import UOp
 
 
 @rule_helper
@@ -229,8 +229,8 @@ def given_valid(w: UOp) -> UOp | None:
     stand[x] = UOp.variable(f"given_{len(stand)}_{id(x)}", lo, c.src[1].arg - 1, x.dtype)
   out = None
   if stand:
-    from engine.lang.loader import load_library
-    from engine.rewrite import graph_rewrite, substitute
+    from rulec.engine.lang.loader import load_library
+    from rulec.engine.ir.rewrite import graph_rewrite, substitute
     # the maximal integer subexpressions of the branch's values (an index, a guard) that hold a guarded X
     values = _values_of(t)
     inside = set(values)

@@ -1,9 +1,9 @@
 """Helpers for rules/gradient.rules: the two gradients that are not one-line algebra."""
 from __future__ import annotations
 
-from engine.lang.capability import rule_helper
-from engine.ops import Ops
-from engine.uop import UOp
+from rulec.engine.lang.capability import rule_helper
+from rulec.engine.ir.ops import Ops
+from rulec.engine.ir.uop import UOp
 
 
 @rule_helper

@@ -1,16 +1,16 @@
-"""Helpers for the tensor-level scheduler rules (rules/early.rules,
-rules/realize.rules): the parts that are arithmetic or create new storage."""
+"""Helpers of rules/early.rules, the cleanups of the tensor graph before any decision: the parts that are
+arithmetic (split reduces, bitcasts, broadcasts) rather than pattern-shaped."""
 from __future__ import annotations
 
-from engine.lang.capability import rule_helper
+from rulec.engine.lang.capability import rule_helper
 
 import math
 import os
 
-from engine.dtypes import dtypes
-from engine.ops import MOVEMENT, Ops
-from engine.uop import UOp, prod
-from runtime.devices import one_pass_groups, split_parts
+from rulec.engine.ir.dtypes import dtypes
+from rulec.engine.ir.ops import MOVEMENT, Ops
+from rulec.engine.ir.uop import UOp, prod
+from rulec.runtime.devices import one_pass_groups, split_parts
 
 REDUCE_SPLIT_THRESHOLD = int(os.environ.get("RULEC_REDUCE_SPLIT_THRESHOLD", 32768))
 
@@ -109,15 +109,6 @@ def reduces_in_one_pass(red: UOp) -> bool:
 
 
 @rule_helper
-def stage_to_buffer(stage: UOp) -> UOp:
-  """STAGE(x): x stored into a new buffer; the value read back in x's shape."""
-  x = stage.src[0]
-  buf = UOp.new_buffer(stage.arg, x.size, x.dtype)
-  view = buf.reshape(x.shape)
-  return buf.after(view.store(x)).reshape(x.shape)
-
-
-@rule_helper
 def same_view(view: UOp, x: UOp) -> UOp:
   """x (a value of view's base shape) seen through the movement ops that make `view` from its base."""
   chain = []
@@ -167,13 +158,3 @@ def broadcast_sources(x: UOp) -> UOp:
     out.append(sizes.pop() if sizes else 1)
   out = tuple(out)
   return x.replace(src=tuple(s.reshape(p).expand(out) for s, p in zip(x.src, padded)))
-
-
-@rule_helper
-def kernel_inputs(x: UOp) -> int:
-  """How many buffers the kernel computing x would read (realized values count as buffers)."""
-  bufs = {u for u in x.toposort(gate=lambda u: u.op not in (Ops.BUFFER, Ops.STAGE, Ops.CONTIGUOUS))
-          if u.op in (Ops.BUFFER, Ops.STAGE, Ops.CONTIGUOUS)}
-  return len(bufs)
-
-

@@ -18,7 +18,7 @@ import collections
 import os
 from typing import Any
 
-from engine.uop import UOp
+from rulec.engine.ir.uop import UOp
 
 
 class RewriteLoopError(RuntimeError):
@@ -50,7 +50,7 @@ def graph_rewrite(sink: UOp, matcher: Any, ctx: Any = None, bottom_up: bool = Fa
 
 
 def _not_a_graph(matcher, ctx, recent, e: AttributeError):
-  from engine.lang.runtime import RuleRuntimeError
+  from rulec.engine.lang.runtime import RuleRuntimeError
   which, hit = getattr(matcher, "which_rule", None), None
   for u in reversed(recent or ()):
     try: hit = which(u, ctx) if which is not None else None

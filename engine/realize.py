@@ -2,7 +2,7 @@
 
 `realize` schedules the graphs into kernels (engine/sched/driver.py, every
 rewrite a rule in rules/) and runs the kernels on their device. The numpy
-interpreter of tensor graphs (`engine.tensor_eval`) is the oracle tests
+interpreter of tensor graphs (`rulec.engine.tensor_eval`) is the oracle tests
 compare against; `RULEC_REALIZE=eval` makes realize use it instead. A graph of a shape scheduled before gets
 its kernels from engine/sched/cache.py; engine/jit.py (TinyJit) records the kernels `_run` runs.
 """
@@ -13,12 +13,12 @@ from typing import Sequence
 
 import numpy as np
 
-from engine.sched import cache as schedule_cache
-from engine import tensor_eval
-from runtime.devices import default_device, run_kernel
-from engine.ops import MOVEMENT, Ops
-from engine.uop import UOp
-from runtime.buffer import buffer_of, new_buffer
+from rulec.engine.sched import cache as schedule_cache
+from rulec.engine import tensor_eval
+from rulec.runtime.devices import default_device, run_kernel
+from rulec.engine.ir.ops import MOVEMENT, Ops
+from rulec.engine.ir.uop import UOp
+from rulec.runtime.buffer import buffer_of, new_buffer
 
 __all__ = ["COUNTERS", "schedule", "realize", "realize_map", "is_realized", "host_value", "device_of", "view_indices",
            "DEFAULT_DEVICE"]
@@ -73,7 +73,7 @@ def _through_view(view: UOp, what: str, of_buffer) -> tuple[UOp, np.ndarray]:
 def host_value(view: UOp) -> np.ndarray:
   """The value of a realized view (movement ops over a BUFFER, or over a CONST) as a numpy array of its shape."""
   if CAPTURING:   # (as tinygrad: a value read on the host while capturing would be baked into the replay)
-    from engine.jit import JitError
+    from rulec.engine.jit import JitError
     raise JitError("cannot access tensor data during JIT capture, the value will be baked in")
   if view.base.op is Ops.CONST: return tensor_eval.evaluate([view])[0]
   return _through_view(view, "a realized value", lambda b: buffer_of(b).host_view())[1]
