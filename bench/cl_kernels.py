@@ -45,7 +45,6 @@ The last line is
 """
 from __future__ import annotations
 
-import dataclasses
 import os
 import platform
 import statistics
@@ -62,24 +61,13 @@ from rulec.engine.tensor import Tensor as RT  # noqa: E402
 from rulec.runtime import cl_device  # noqa: E402
 from rulec.runtime.buffer import buffer_of  # noqa: E402
 import compile_times  # noqa: E402
-from workloads import WORKLOADS, Inputs, Workload, check, fmt, print_table  # noqa: E402
+from workloads import WORKLOADS, Inputs, Workload, check, fmt, print_table, scaled  # noqa: E402
 
 try:
   import torch
   TORCH = torch if torch.cuda.is_available() else None
 except ImportError:
   TORCH = None
-
-
-def scaled(w: Workload, k: int) -> Workload:
-  """w with every dimension's size divided by about k**(1/rank) (at least 1), for quick runs."""
-  if k == 1: return w
-  shapes = [tuple(max(1, int(d / k ** (1 / len(s)))) for d in s) for s in w.shapes]
-  if w.name.startswith("conv2d"): shapes = [(2, 8, 14, 14), (16, 8, 3, 3)]
-  if w.name.startswith("matmul"): shapes = [(shapes[0][0], shapes[0][1]), (shapes[0][1], shapes[0][0])]
-  f = shapes[0][0] / w.shapes[0][0]
-  return dataclasses.replace(w, name=w.name + f" /{k}", shapes=shapes, nbytes=int(w.nbytes * f * (1 if len(w.shapes[0]) == 1 else f)),
-                             flops=int(w.flops / k), results={})
 
 
 # *** rulec ***

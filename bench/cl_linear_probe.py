@@ -13,7 +13,7 @@ from workloads import Inputs, Workload, print_table
 
 from rulec.codegen.opt import choose, format_actions
 from rulec.runtime import cl_device
-from rulec.engine.ir.kernel import decomposed
+from rulec.codegen.decomp import decomposed
 
 
 def main():

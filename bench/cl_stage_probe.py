@@ -15,7 +15,7 @@ from workloads import Inputs, Workload, print_table
 from rulec.codegen.opt import kernel_key
 from rulec.engine.tensor import Tensor
 from rulec.runtime import cl_device
-from rulec.engine.ir.kernel import decomposed
+from rulec.codegen.decomp import decomposed
 
 # (m, k, n, x @ W.T?, [action lists]); axes: 0 rows, 1 columns, 2 the sum
 CASES = [

@@ -35,7 +35,7 @@ def _workloads(device: str, only, scale: int):
   from workloads import WORKLOADS
   ws = [w for w in WORKLOADS if not only or any(s.lower() in w.name.lower() for s in only)]
   if device == "CL" and scale != 1:
-    from cl_kernels import scaled
+    from workloads import scaled
     ws = [scaled(w, scale) for w in ws]
   return ws
 

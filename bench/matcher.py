@@ -60,7 +60,7 @@ REPEATS = 7
 #   alternative of the same rule; tinygrad skips to the next pattern. The only
 #   rules that can rebuild the node itself are add/mul_const_right, and only
 #   in their last permutation, so the two behave the same.
-# - Helpers (fold, bounds_const) follow engine/sched/symbolic_helpers.py:
+# - Helpers (fold, bounds_const) follow engine/sched/symbolic.py:
 #   floor // and %, x // 0 == x % 0 == 0, and index results wrapped to int64
 #   (rulec's `index` is 8 bytes; tinygrad's weakint would not wrap).
 # - The no-wrap guards (no_wrap, div_div's c1*c2) use int64's range for weakint.
@@ -146,7 +146,7 @@ def tg_divmod_parts(x: UOp, c: int, div: bool):
   return sum(((v if q == 1 else v * q) for q, r, v in parts if q), x.const_like(qk))
 
 
-# helpers of the rules added for symbolic parity (engine/sched/symbolic_helpers.py: lossless, fold_cast, lt_gcd)
+# helpers of the rules added for symbolic parity (engine/sched/symbolic.py: lossless, fold_cast, lt_gcd)
 SINTS = tuple(tdtypes.sints) + (tdtypes.weakint,)   # rulec's {sints}
 _T_MANTISSA = {tdtypes.float16: 11, tdtypes.bfloat16: 8, tdtypes.float32: 24, tdtypes.float64: 53}
 

@@ -10,7 +10,7 @@ Measured, after WARMUP steps (jit capture, compilation):
 - steps/s: STEPS steps timed together, the device synchronised once at the end;
 - host overhead per step: the same jitted step on a batch of 1, timed the same way. Its kernels do almost
   no work, so what is left is the time outside kernels: building input tensors, the jit's replay (checking
-  inputs, launching each kernel), and the fixed cost of each kernel launch. rulec's engine/sched/realize.py exposes
+  inputs, launching each kernel), and the fixed cost of each kernel launch. rulec's engine/realize.py exposes
   no timer around kernel execution, so this is the method for all three (an upper bound on the overhead).
 Ratios are rulec's steps/s over the other's (above 1: rulec is faster) and the other's overhead over rulec's.
 

@@ -9,6 +9,7 @@ reductions may reassociate, so sums get a tolerance relative to sum(|x|)).
 from __future__ import annotations
 
 import math
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -143,3 +144,14 @@ def print_table(head: list[str], body: list[list[str]]) -> None:
   widths = [max(len(str(x)) for x in col) for col in zip(head, *body)]
   for row in [head] + body:
     print("  ".join(c.ljust(wd) if i in (0, len(row) - 1) else c.rjust(wd) for i, (c, wd) in enumerate(zip(row, widths))).rstrip())
+
+
+def scaled(w: Workload, k: int) -> Workload:
+  """w with every dimension's size divided by about k**(1/rank) (at least 1), for quick runs."""
+  if k == 1: return w
+  shapes = [tuple(max(1, int(d / k ** (1 / len(s)))) for d in s) for s in w.shapes]
+  if w.name.startswith("conv2d"): shapes = [(2, 8, 14, 14), (16, 8, 3, 3)]
+  if w.name.startswith("matmul"): shapes = [(shapes[0][0], shapes[0][1]), (shapes[0][1], shapes[0][0])]
+  f = shapes[0][0] / w.shapes[0][0]
+  return dataclasses.replace(w, name=w.name + f" /{k}", shapes=shapes, nbytes=int(w.nbytes * f * (1 if len(w.shapes[0]) == 1 else f)),
+                             flops=int(w.flops / k), results={})

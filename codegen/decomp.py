@@ -1,15 +1,25 @@
-"""Helpers for rules/decomp.rules: float32 exp2 / log2 from arithmetic and exponent bits (optional rules a
-device asks for). Floor division, modulo and clamped loads are rules of their own there."""
+"""Decompositions (rules/decomp.rules): `decomposed(kernel)` runs them on a kernel before a backend renders it,
+and the rule helpers here build float32 exp2 / log2 from arithmetic and exponent bits (optional rules a device
+asks for). Floor division, modulo and clamped loads are rules of their own there."""
 from __future__ import annotations
 
 from rulec.engine.lang.capability import rule_helper
 
 from rulec.engine.ir.dtypes import dtypes
+from rulec.engine.ir.kernel import Kernel
 from rulec.engine.ir.ops import MAY_FUSE, Ops
+from rulec.engine.ir.rewrite import graph_rewrite
 from rulec.engine.ir.uop import UOp
+from rulec.engine.lang.loader import load_library
 
 
-# *** exp2 and log2 of float32 (optional: the devices that ask, rulec.engine.ir.kernel.decomposed) ***
+def decomposed(kernel: Kernel, optional: frozenset = frozenset()) -> Kernel:
+  """The kernel with the ops a backend lacks decomposed (rules/decomp.rules): what the renderers receive.
+  `optional`: the ops whose optional decompositions the backend wants (the CPU's: EXP2 and LOG2)."""
+  return Kernel(graph_rewrite(kernel.ast, load_library().matcher("decomp"), ctx=optional), kernel.bufs)
+
+
+# *** exp2 and log2 of float32 (optional: the devices that ask, through `decomposed`) ***
 #
 # libm's exp2f / log2f are calls, one element at a time; these are adds, multiplies, a divide, compares, selects,
 # integer adds and shifts and bitcasts, which LLVM's vectorisers pack eight or sixteen to an instruction. exp2 computes

@@ -44,7 +44,7 @@ from rulec.codegen.scoped import ScopedEmitter
 from rulec.engine.ir.dtypes import DType, dtypes
 from rulec.engine.ir.ops import MAY_FUSE, Ops
 from rulec.engine.ir.rewrite import substitute
-from rulec.engine.sched.rangeify import identity_element
+from rulec.engine.ir.alu import identity_element
 from rulec.engine.ir.uop import UOp
 from rulec.engine.ir.kernel import Kernel
 
@@ -327,7 +327,7 @@ class LLVMRenderer(ScopedEmitter):
     if op is Ops.MUL: return b.fmul(*s) if fl else b.mul(*s)
     if op is Ops.FDIV: return b.fdiv(*s)
     if op is Ops.NEG: return b.fneg(s[0]) if fl else b.sub(ir.Constant(s[0].type, 0), s[0])
-    if op is Ops.MAX:  # b if b > a else a: the first operand survives a NaN second, as in engine/alu.py
+    if op is Ops.MAX:  # b if b > a else a: the first operand survives a NaN second, as in engine/ir/alu.py
       gt = b.fcmp_ordered(">", s[1], s[0]) if fl else (b.icmp_unsigned if uns else b.icmp_signed)(">", s[1], s[0])
       return b.select(gt, s[1], s[0])
     if op is Ops.CMPLT:
@@ -355,7 +355,7 @@ class LLVMRenderer(ScopedEmitter):
 
   def _floor_div(self, x, y, round_quotient=lambda q: q):
     """floor(x / y) of floats; a non-finite quotient passes through; x // 0 is +-inf by x's sign (numpy); never
-    -0.0 (engine/alu.py floors to an int). round_quotient: float16 rounds the quotient before the floor, as numpy does."""
+    -0.0 (engine/ir/alu.py floors to an int). round_quotient: float16 rounds the quotient before the floor, as numpy does."""
     b, ty = self.b, x.type
     q = b.fadd(self._intrinsic("llvm.floor", [round_quotient(b.fdiv(x, y))]), ir.Constant(ty, 0.0))   # -0.0 + 0.0 is 0.0
     by0 = b.fcmp_ordered("==", y, ir.Constant(ty, 0.0))
@@ -384,7 +384,7 @@ class LLVMRenderer(ScopedEmitter):
     return b.select(is0, zero, r)
 
   def _int_pow(self, a, e, unsigned: bool):
-    # square and multiply (wrapping, as numpy); a negative exponent gives 1/a**|e| truncated, as engine/alu.py
+    # square and multiply (wrapping, as numpy); a negative exponent gives 1/a**|e| truncated, as engine/ir/alu.py
     b, ty = self.b, a.type
     res, base, exp = self._alloca(ty, "pow_res"), self._alloca(ty, "pow_base"), self._alloca(ty, "pow_exp")
     b.store(ir.Constant(ty, 1), res)
@@ -414,7 +414,7 @@ class LLVMRenderer(ScopedEmitter):
     return b.select(neg, neg_val, out)
 
   def _shift(self, op: Ops, x, n, unsigned: bool):
-    # engine/alu.py: a negative amount leaves x alone; an amount past the width shifts everything out
+    # engine/ir/alu.py: a negative amount leaves x alone; an amount past the width shifts everything out
     b, ty = self.b, x.type
     width = ir.Constant(ty, ty.width)
     neg = b.icmp_signed("<", n, ir.Constant(ty, 0)) if not unsigned else ir.Constant(_I1, 0)
@@ -463,7 +463,7 @@ class LLVMRenderer(ScopedEmitter):
     return b.select(b.icmp_signed("<", v, ir.Constant(v.type, 0)), big, small)
 
   def _float_to_int(self, v, to: ir.IntType, wraps: bool):
-    # engine/alu.py: non-finite -> 0, else truncate toward zero and wrap to the width
+    # engine/ir/alu.py: non-finite -> 0, else truncate toward zero and wrap to the width
     b, ty = self.b, v.type
     finite = b.fcmp_ordered("<", self._intrinsic("llvm.fabs", [v]), ir.Constant(ty, math.inf))
     if wraps:
@@ -550,7 +550,7 @@ class LLVMRenderer(ScopedEmitter):
     """A float MAX over one range in MAX_LANES interleaved accumulators (element i into i % MAX_LANES), combined in
     order at the end. LLVM's loop vectoriser takes a compare-and-select reduction only if it may assume no NaN
     (llvm.maxnum would do, but LLVM 22 as built in llvmlite 0.50 aborts on some maxnum reductions); the lanes are
-    independent, so the SLP vectoriser packs them into vector compares and selects that keep engine/alu.py's MAX
+    independent, so the SLP vectoriser packs them into vector compares and selects that keep engine/ir/alu.py's MAX
     exactly. Each lane sees its elements in order, so the result is the same value; only a tie of 0.0 and -0.0 may
     keep the other zero (as a reassociated sum may round differently)."""
     b, n, w = self.b, r.src[0].arg, MAX_LANES

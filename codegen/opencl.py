@@ -3,15 +3,15 @@
 The kernel's decompositions (rules/decomp.rules) have run first, so floor
 division and modulo arrive as the truncating CDIV / CMOD and loads that may
 leave their buffer are already clamped. Every op gets the meaning
-engine/alu.py gives it (and the NUMPY reference device computes), as
+engine/ir/alu.py gives it (and the NUMPY reference device computes), as
 codegen/llvmir.py does: integers wrap (signed arithmetic is done in unsigned C
 types, where C defines the wrap; `index` arithmetic, which cannot overflow,
 stays signed so the compiler sees affine addresses), division by zero and
 INT_MIN / -1 are guarded, shifts past the width or by a negative amount are
 guarded, float to int casts map non-finite values to 0 and wrap modulo 2**64,
 MAX is `b > a ? b : a` (a NaN second operand loses), bools live as uchar in
-memory. Where codegen/llvmir.py departs from engine/alu.py this file follows
-engine/alu.py: TRUNC and float // never give -0.0, NaN // 0 is an infinity
+memory. Where codegen/llvmir.py departs from engine/ir/alu.py this file follows
+engine/ir/alu.py: TRUNC and float // never give -0.0, NaN // 0 is an infinity
 (`copysign(inf, a) if a else nan`), and an unsigned integer power with an
 exponent whose top bit is set still multiplies.
 
@@ -65,8 +65,8 @@ from rulec.codegen.opt.transform import (VECTOR_DTYPES, VECTOR_WIDTHS, contiguou
 from rulec.codegen.scoped import ScopedEmitter
 from rulec.engine.ir.dtypes import DType, dtypes
 from rulec.engine.ir.ops import Ops
-from rulec.engine.sched.rangeify import identity_element
-from rulec.engine.sched.symbolic import multiple_of, offset_of, range_steps
+from rulec.engine.ir.alu import identity_element
+from rulec.engine.ir.facts import multiple_of, offset_of, range_steps
 from rulec.engine.ir.rewrite import substitute
 from rulec.engine.ir.uop import UOp
 from rulec.engine.ir.kernel import Kernel
@@ -185,7 +185,7 @@ _HELPER_DEPS = {"rhd": ("h2f", "d2h")}
 
 
 def _f2i_helper(c: str) -> str:
-  # engine/alu.py: non-finite -> 0; else truncate toward zero, wrapping modulo 2**64 into [-2**63, 2**63) (exact)
+  # engine/ir/alu.py: non-finite -> 0; else truncate toward zero, wrapping modulo 2**64 into [-2**63, 2**63) (exact)
   s = "" if c == "double" else "f"
   return (f"long rulec_f2i_{c}({c} v) {{\n"
           f"  {c} a = fabs(v);\n"
@@ -197,7 +197,7 @@ def _f2i_helper(c: str) -> str:
 
 
 def _pow_helper(d: DType) -> str:
-  # square and multiply, wrapping; a negative exponent gives 1/a**|e| truncated (engine/alu.py)
+  # square and multiply, wrapping; a negative exponent gives 1/a**|e| truncated (engine/ir/alu.py)
   t, u = ctype(d), _wide(d)
   lines = [f"{t} rulec_pow_{t}({t} a, {t} e) {{",
            f"  {u} r = 1, b = ({u})a; {t} x = e;",
@@ -483,12 +483,12 @@ class CLRenderer(ScopedEmitter):
     if op is Ops.NEG: return f"-{s[0]}"
     if op is Ops.RECIPROCAL: return rh(f"({c})1 / {s[0]}")
     if op is Ops.SQRT: return rh(f"sqrt({s[0]})")
-    if op is Ops.TRUNC: return f"trunc({s[0]}) + ({c})0"   # + 0: engine/alu.py's trunc never gives -0.0
+    if op is Ops.TRUNC: return f"trunc({s[0]}) + ({c})0"   # + 0: engine/ir/alu.py's trunc never gives -0.0
     if op is Ops.CMOD: return f"fmod({s[0]}, {s[1]})"       # exact; NaN for a zero divisor
     if op is Ops.MULACC: return rh(f"{rh(f'{s[0]} * {s[1]}')} + {s[2]}")
     if op is Ops.IDIV:
       # floor(a / b) (+ 0: never -0.0); a non-finite quotient passes through; x // 0 is +-inf by x's sign, 0 // 0 NaN
-      # (engine/alu.py: `copysign(inf, a) if a else nan`, so a NaN dividend gives an infinity too)
+      # (engine/ir/alu.py: `copysign(inf, a) if a else nan`, so a NaN dividend gives an infinity too)
       q = self.let(sd, rh(f"{s[0]} / {s[1]}"))
       return f"{s[1]} == 0 ? ({s[0]} != 0 ? copysign(({c})INFINITY, {s[0]}) : ({c})NAN) : floor({q}) + ({c})0"
     fns = {Ops.EXP2: "exp2", Ops.LOG2: "log2", Ops.SIN: "sin", Ops.POW: "pow"}
@@ -536,7 +536,7 @@ class CLRenderer(ScopedEmitter):
     return f"({t})({x} {'/' if op is Ops.CDIV else '%'} {_ilit(y, sd)})"
 
   def _shift(self, op: Ops, sd: DType, x: str, n: str) -> str:
-    # engine/alu.py: a negative amount leaves x alone; an amount past the width shifts everything out
+    # engine/ir/alu.py: a negative amount leaves x alone; an amount past the width shifts everything out
     t, u, w = self.ct(sd), _wide(sd), sd.bits
     neg = f"{n} < 0" if sd.kind != "u" else "0"
     big = self.let(dtypes.bool, f"({u}){n} >= {w}")

@@ -1,7 +1,7 @@
 """TinyJit: run a function of Tensors once, capture the kernels it runs, then replay them.
 
 tinygrad 0.14's semantics. Call 1 runs the function as it is. Call 2 runs it again while every kernel that
-runs is recorded (engine/sched/realize.py appends to `CAPTURING`), with the buffers it reads and writes. From call
+runs is recorded (engine/realize.py appends to `CAPTURING`), with the buffers it reads and writes. From call
 3 on the function is not run at all: the recorded kernels run again, in order, with each input buffer (the
 Tensor arguments, also inside a list, tuple or dict argument) replaced by this call's. Everything else a
 kernel touches is the same buffer as at capture: parameters and optimizer state reached through the
@@ -29,6 +29,7 @@ from typing import Any, Callable
 import numpy as np
 
 from rulec.engine import realize as _realize
+from rulec.engine.realize import JitError
 from rulec.engine.ir.ops import MOVEMENT, Ops
 from rulec.engine.ir.rewrite import substitute
 from rulec.engine.tensor.base import TensorBase
@@ -37,10 +38,6 @@ from rulec.runtime.buffer import buffer_of, new_buffer
 from rulec.engine.ir.kernel import Kernel
 
 __all__ = ["TinyJit", "JitError", "jit"]
-
-
-class JitError(Exception):
-  """A TinyJit call that cannot be captured or replayed (tinygrad's name)."""
 
 
 def _jit_enabled() -> bool: return os.environ.get("RULEC_JIT", "1") != "0"

@@ -38,6 +38,10 @@ def schedule(uops: Sequence[UOp], devices: Sequence[str] | None = None):
   return kernels
 
 
+class JitError(Exception):
+  """A TinyJit call that cannot be captured or replayed (tinygrad's name; engine/jit.py re-exports it)."""
+
+
 # TinyJit's capture (engine/jit.py): while a list is here, every kernel run is appended to the innermost one
 CAPTURING: list[list] = []
 
@@ -73,7 +77,6 @@ def _through_view(view: UOp, what: str, of_buffer) -> tuple[UOp, np.ndarray]:
 def host_value(view: UOp) -> np.ndarray:
   """The value of a realized view (movement ops over a BUFFER, or over a CONST) as a numpy array of its shape."""
   if CAPTURING:   # (as tinygrad: a value read on the host while capturing would be baked into the replay)
-    from rulec.engine.jit import JitError
     raise JitError("cannot access tensor data during JIT capture, the value will be baked in")
   if view.base.op is Ops.CONST: return tensor_eval.evaluate([view])[0]
   return _through_view(view, "a realized value", lambda b: buffer_of(b).host_view())[1]

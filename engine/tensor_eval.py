@@ -5,7 +5,7 @@ It is the oracle the scheduler and the backends are tested against, so every
 op is written out plainly, one numpy call (or a few) per op, in the node's own
 dtype (float16 arithmetic happens in float16, int8 wraps like int8, ...).
 
-Semantics (they follow `engine/alu.py` and numpy):
+Semantics (they follow `engine/ir/alu.py` and numpy):
 
 - Integer results wrap like numpy's. IDIV and MOD are floor division and floor
   modulo (numpy's `//` and `%` on integers); integer division or modulo by

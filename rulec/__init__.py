@@ -19,7 +19,7 @@ from rulec.engine.lang.capability import rule_helper  # noqa: E402
 from rulec.engine.lang.diagnostics import RuleError  # noqa: E402
 from rulec.engine.lang.loader import load_library, matcher  # noqa: E402
 from rulec.engine.tensor import Tensor  # noqa: E402
-from rulec.engine.tensor.autograd import no_grad  # noqa: E402
+from rulec.engine.tensor.tensor import no_grad  # noqa: E402
 from rulec.engine.jit import JitError, TinyJit, jit  # noqa: E402
 from rulec.engine import trace as _trace  # noqa: E402
 from rulec import nn  # noqa: E402

@@ -24,12 +24,12 @@ from pygls.lsp.server import LanguageServer
 
 from rulec.engine.ir.dtypes import ALL_DTYPES, DTYPE_CLASSES
 from rulec.engine.lang import ast as A
-from rulec.engine.lang.capability import RULE_HELPERS
 from rulec.engine.lang.checker import CheckedLibrary
 from rulec.engine.lang.diagnostics import Diagnostic
 from rulec.engine.lang.fmt import FormatError, format_source
 from rulec.engine.lang.loader import check_sources, default_rules_dir, read_rule_file, rule_files
-from rulec.engine.lang.names import BUILTINS, resolve_helper_module
+from rulec.engine.lang.libraries import library_helpers
+from rulec.engine.lang.names import BUILTINS
 from rulec.engine.ir.ops import COMMUTATIVE, FIXED_ARITY, GROUPS, Ops
 
 DEBOUNCE_S = 0.3
@@ -407,7 +407,7 @@ def _hover(ls: RulesServer, params: T.HoverParams) -> T.Hover | None:
 
 def hover_text(ls: RulesServer, a: Analysis | None, fresh: bool, lines: list[str], k: int, start: int, word: str) -> str | None:
   module = use_module(lines, k, start)
-  if module is not None and (fn := RULE_HELPERS.get(f"{module}.{word}")) is not None: return helper_doc(word, fn)
+  if module is not None and (fn := library_helpers(module).get(word)) is not None: return helper_doc(word, fn)
   if a is not None:
     rule = a.rule_at(k + 1, start + 1) if fresh else None
     if rule is not None and not _names_rule(lines[k], start, word):
@@ -455,7 +455,7 @@ def _definition(ls: RulesServer, params: T.DefinitionParams) -> list[T.Location]
       return [ls.location(a, rs.span) for _, rs in sets]
     # a helper: its Python source
     module = use_module(lines, k, start)
-    fn = RULE_HELPERS.get(f"{module}.{word}") if module else a.helpers().get(word)
+    fn = library_helpers(module).get(word) if module else a.helpers().get(word)
     if fn is not None:
       try:
         file, (_, first) = inspect.getsourcefile(fn), inspect.getsourcelines(fn)
@@ -487,8 +487,7 @@ def completions(a: Analysis | None, fresh: bool, lines: list[str], k: int, i: in
   before = lines[k][:i] if lines else ""
   item = lambda label, kind, detail=None: T.CompletionItem(label, kind=kind, detail=detail)  # noqa: E731
   if (module := use_module(lines, k, i)) is not None:
-    resolve_helper_module(module)   # imports the module if it is allowed: its helpers register themselves
-    return [item(name.rsplit(".", 1)[1], K.Function, "rule helper") for name in RULE_HELPERS if name.rsplit(".", 1)[0] == module]
+    return [item(name, K.Function, "rule helper") for name in library_helpers(module)]
   if before.count("{") > before.count("}"):
     return [item(n, K.Constant, "dtype") for n in ALL_DTYPES] + [item(n, K.Class, "dtype class") for n in DTYPE_CLASSES]
   if re.search(r"\b(includes|extends)\b[\w\s,]*$", before):

@@ -12,7 +12,7 @@ NDRange of one work-item per element its store writes (see codegen/opencl.py),
 with the local size taken from the device's and the kernel's work-group limits.
 
 Programs built from source have their binaries written to the disk cache
-(runtime/kernel_cache.py), keyed by the source, the device, platform and
+(engine/diskcache.py), keyed by the source, the device, platform and
 driver, the build options and pyopencl's version; a later process creates the
 program from that binary instead of compiling it. A driver that is slow to hand
 out binaries (PoCL) has them fetched when the process exits, for at most
@@ -44,9 +44,12 @@ import attrs
 import numpy as np
 
 from rulec.engine.ir.ops import Ops
-from rulec.runtime import kernel_cache
+from rulec.engine import diskcache
 from rulec.runtime.buffer import Buffer, Mirror, buffer_of, np_dtype
-from rulec.engine.ir.kernel import Kernel, decomposed, validate
+from rulec.codegen import pipeline
+from rulec.codegen.opencl import Target
+from rulec.codegen.opt.search import repetitions
+from rulec.engine.ir.kernel import Kernel
 
 DEVICE = "CL"
 COUNTERS = {"compiled": 0, "loaded": 0, "run": 0, "uploads": 0, "downloads": 0}
@@ -96,7 +99,6 @@ def all_devices() -> list:
 class CLDevice:
   """One OpenCL device with its context, in-order queue and compile target."""
   def __init__(self, index: int = 0):
-    from rulec.codegen.opencl import Target
     cl = self.cl = _cl()
     devs = all_devices()
     if not 0 <= index < len(devs):
@@ -109,7 +111,7 @@ class CLDevice:
     props = cl.command_queue_properties.PROFILING_ENABLE if self.profile else 0
     self.queue = cl.CommandQueue(self.ctx, properties=props)
     ext = self.dev.extensions.split()
-    # big reductions split into more parts on a GPU than on a CPU (engine/sched/tensor_helpers.py split_reduceop)
+    # big reductions split into more parts on a GPU than on a CPU (engine/sched/early.py split_reduceop)
     self.split_parts = int(os.environ.get("RULEC_CL_SPLIT_PARTS", 0) or 0) or (4096 if self.dev.type & cl.device_type.GPU else 256)
     # vector loads and stores in contiguous elementwise kernels: on GPUs (RULEC_CL_VECTOR=0 turns them off)
     vector = int(os.environ.get("RULEC_CL_VECTOR", "") or (4 if self.dev.type & cl.device_type.GPU else 0))
@@ -147,9 +149,9 @@ class CLDevice:
       self.options.append("-cl-fp32-correctly-rounded-divide-sqrt")
 
   def cache_key(self, source: str) -> str:
-    """The disk cache key of a program built from `source` for this device (runtime/kernel_cache.py)."""
+    """The disk cache key of a program built from `source` for this device (engine/diskcache.py)."""
     d, p = self.dev, self.dev.platform
-    return kernel_cache.key("cl", source, d.name, d.vendor, d.version, d.driver_version, p.name, p.vendor, p.version,
+    return diskcache.key("cl", source, d.name, d.vendor, d.version, d.driver_version, p.name, p.vendor, p.version,
                             " ".join(self.options), ".".join(map(str, self.cl.VERSION)))
 
   def __repr__(self): return f"<CLDevice {self.index}: {self.dev.name.strip()} ({self.dev.platform.name}) {self.dev.version}>"
@@ -231,7 +233,7 @@ class Program:
         raise CLBuildError(f"OpenCL could not build a kernel for {dev!r}: {str(e).splitlines()[0] if str(e) else type(e).__name__}\n"
                            f"--- source ---\n{_numbered(self.source)}\n--- build log ---\n{log.strip() or str(e)}") from None
       self.kernel = cl.Kernel(prg, rendered.name)
-      if kernel_cache.enabled(): _store_binary(dev, prg, digest)
+      if diskcache.enabled(): _store_binary(dev, prg, digest)
     self.program = prg
     self.scratch = [cl.Buffer(dev.ctx, cl.mem_flags.READ_WRITE, n) for n in rendered.scratch]
     for buf, n in zip(self.scratch, rendered.scratch): cl.enqueue_fill_buffer(dev.queue, buf, np.uint8(0), 0, n)
@@ -255,7 +257,7 @@ class Program:
   def _from_binary(self, dev: CLDevice, digest: str):
     """The program made from a cached binary (its kernel in self.kernel), or None: no entry, or one the driver
     refuses (that one is rebuilt from source and written again)."""
-    binary = kernel_cache.load("cl", digest)
+    binary = diskcache.load("cl", digest)
     if binary is None: return None
     cl = dev.cl
     try:
@@ -265,7 +267,7 @@ class Program:
       self.kernel = cl.Kernel(prg, self.rendered.name)
       return prg
     except (cl.Error, RuntimeError, ValueError):
-      kernel_cache.reject("cl", digest)
+      diskcache.reject("cl", digest)
       return None
 
 
@@ -298,7 +300,7 @@ def _write_binary(dev: CLDevice, prg, digest: str) -> bool:
   try: (binary,) = prg.get_info(dev.cl.program_info.BINARIES)
   except (dev.cl.Error, ValueError): return False   # a driver that gives no binary: nothing to keep
   if not binary: return False
-  kernel_cache.store("cl", digest, bytes(binary))
+  diskcache.store("cl", digest, bytes(binary))
   return True
 
 
@@ -315,27 +317,23 @@ def save_binaries(budget_s: float | None = None) -> int:
 
 def _at_exit() -> None:
   synchronize()
-  if kernel_cache.enabled(): save_binaries(_exit_budget())
+  if diskcache.enabled(): save_binaries(_exit_budget())
   _unsaved.clear()
 
 
 def render(kernel: Kernel, target=None, dev: "CLDevice | None" = None):
-  """The kernel as the OpenCL device runs it (a rulec.codegen.opencl.Rendered): decomposed, optimized (codegen/opt),
-  rendered."""
-  from rulec.codegen.opencl import render as render_cl
-  from rulec.codegen.opt import optimize
+  """The kernel as the OpenCL device runs it (a rulec.codegen.opencl.Rendered): validated, decomposed, optimized
+  (codegen/opt) and rendered by codegen's pipeline."""
   dev = dev if dev is not None else get_device()
   target = target if target is not None else dev.target
-  opt, _ = optimize(decomposed(kernel, dev.optional), "CL", target, timer=lambda k: _time_candidate(kernel, k, target, dev))
-  return render_cl(opt, target)
+  lowered = pipeline.lower(kernel, "CL", target, dev.optional, timer=lambda k: _time_candidate(kernel, k, target, dev))
+  return pipeline.render(lowered.kernel, "CL", target)
 
 
 def _time_candidate(kernel: Kernel, opt: Kernel, target, dev: CLDevice) -> float:
   """Seconds (median of RULEC_SEARCH launches, each waited for) of an optimized form of `kernel`, writing scratch
   device buffers in place of its outputs (the kernel runs for real afterwards)."""
-  from rulec.codegen.opencl import render as render_cl
-  from rulec.codegen.opt.search import repetitions
-  prog = Program(dev, render_cl(opt, target))
+  prog = Program(dev, pipeline.render(opt, "CL", target))
   if prog.rendered.global_size == 0: return 0.0
   outs, scratch, mems = kernel.outputs, {}, []
   for i, b in enumerate(kernel.bufs):
@@ -368,7 +366,6 @@ def compile_kernel(kernel: Kernel, dev: CLDevice | None = None) -> Program:
   key = (kernel.ast, tuple(ids.index(i) for i in ids) if len(set(ids)) < len(ids) else None, dev.index)
   hit = _by_ast.get(key)
   if hit is not None: return hit
-  validate(kernel)
   target = dev.target
   tried: set[str] = set()
   limit = 0   # the work-group size the device last allowed (set when a build was too large)

@@ -7,7 +7,7 @@ with no optional features: what the code must also run correctly on), and
 called through ctypes, which releases the GIL, so the outermost loop can be
 split across threads (RULEC_THREADS, default: the machine's cores). A program
 is compiled once per process per distinct IR text and kept on disk
-(runtime/kernel_cache.py): its object code keyed by the IR, the target and LLVM,
+(engine/diskcache.py): its object code keyed by the IR, the target and LLVM,
 and a record keyed by the kernel itself naming that object, so a later process
 neither renders nor compiles a kernel it has seen. COUNTERS["compiled"] counts
 programs built from IR, COUNTERS["loaded"] those loaded from disk, TIMES the
@@ -32,9 +32,13 @@ import llvmlite.binding as llvm
 
 from rulec.engine.ir.ops import Ops
 from rulec.engine.ir.uop import prod
-from rulec.runtime import kernel_cache
+from rulec.engine import diskcache
 from rulec.runtime.buffer import buffer_of
-from rulec.engine.ir.kernel import Kernel, decomposed, validate
+from rulec.codegen import llvmir, pipeline
+from rulec.codegen.opt import choose, format_actions, kernel_key, range_kind, transform
+from rulec.codegen.opt.search import repetitions
+from rulec.codegen.version import code_digest
+from rulec.engine.ir.kernel import Kernel, structure
 
 _lock = threading.Lock()
 _target_machine = None
@@ -55,11 +59,11 @@ def _native_functions(text: str, names: tuple[str, ...]) -> dict[str, int]:
   """Addresses of the functions `names` of an IR module of the runtime's own (not a kernel), built by this JIT or
   loaded from the disk cache (beside the kernels', under a kind of its own: not a kernel's program)."""
   digest = _cache_key(text)
-  obj = kernel_cache.load("cpu-runtime", digest)
+  obj = diskcache.load("cpu-runtime", digest)
   _, ee = _jit()
   if obj is None:
     obj = _build(text)
-    kernel_cache.store("cpu-runtime", digest, obj)
+    diskcache.store("cpu-runtime", digest, obj)
   ee.add_object_file(llvm.ObjectFileRef.from_data(obj))
   ee.finalize_object()
   return {n: ee.get_function_address(n) for n in names}
@@ -142,8 +146,7 @@ def _wide_vectors() -> bool:
 
 def opt_target():
   """What the kernel optimizer's cost model knows of this CPU (rulec.codegen.opt.choose.CPUTarget)."""
-  from rulec.codegen.opt.choose import CPUTarget
-  return CPUTarget(lanes=16 if _wide_vectors() else 8)
+  return choose.CPUTarget(lanes=16 if _wide_vectors() else 8)
 
 
 def _vector_width_attribute(ir_text: str) -> str:
@@ -156,7 +159,7 @@ def _vector_width_attribute(ir_text: str) -> str:
   return text + '\nattributes #0 = { "prefer-vector-width"="512" }\n'
 
 
-def _cache_key(ir_text: str) -> str: return kernel_cache.key("cpu", ir_text, *_target_key())
+def _cache_key(ir_text: str) -> str: return diskcache.key("cpu", ir_text, *_target_key())
 
 
 def _build(ir_text: str) -> bytes:
@@ -194,14 +197,14 @@ def _from_disk(digest: str, name: str, nbufs: int) -> Program | None:
   """The program stored under `digest`, loaded into the JIT, or None (no sound entry; one LLVM refuses is dropped).
   A loaded program is the very code a build would run: both go through MCJIT's add_object_file."""
   t0 = time.perf_counter()
-  obj = kernel_cache.load("cpu", digest)
+  obj = diskcache.load("cpu", digest)
   if obj is None or name in _refused: return None
   _, ee = _jit()
   try:
     ee.add_object_file(llvm.ObjectFileRef.from_data(obj))
     ee.finalize_object()
   except Exception:   # checked bytes of ours that LLVM still refuses
-    kernel_cache.reject("cpu", digest)
+    diskcache.reject("cpu", digest)
     _refused.add(name)
     return None
   return Program(name, nbufs, True, time.perf_counter() - t0)
@@ -218,7 +221,7 @@ def _from_ir(text: str, name: str, nbufs: int, digest: str, tried: bool = False)
   _, ee = _jit()
   ee.add_object_file(llvm.ObjectFileRef.from_data(obj))
   ee.finalize_object()
-  kernel_cache.store("cpu", digest, obj)
+  diskcache.store("cpu", digest, obj)
   return Program(name, nbufs, False, time.perf_counter() - t0)
 
 
@@ -243,19 +246,17 @@ def _aliasing(bufs) -> tuple | None:
 
 def _kernel_key(kernel: Kernel, alias) -> str:
   """The disk key of a kernel before rendering: its AST's structure, its buffers' dtypes, sizes and aliasing, the
-  optional decompositions, the code that renders it (kernel_cache.code_digest) and the target. Found, it names
+  optional decompositions, the code that renders it (codegen/version.py's code_digest) and the target. Found, it names
   the program without validating, decomposing or rendering the kernel again (for a matmul that is 100-300 ms of
   Python)."""
-  from rulec.codegen import llvmir
-  from rulec.codegen.opt import choose, transform
   # the optimizer's and renderer's tunables as they are now (a benchmark or test may set them), besides the code
   # that reads them, and the actions RULEC_OPT forces
   knobs = sorted((m.__name__, k, v) for m in (llvmir, choose, transform) for k, v in vars(m).items()
                  if k.isupper() and isinstance(v, (int, float, str, tuple)))
-  return kernel_cache.key("cpu-kernel", kernel_cache.structure(kernel.ast), repr(alias), os.environ.get("RULEC_OPT", ""),
+  return diskcache.key("cpu-kernel", structure(kernel.ast), repr(alias), os.environ.get("RULEC_OPT", ""),
                           os.environ.get("RULEC_SEARCH", ""),
                           repr([(b.dtype.name, b.arg[-1]) for b in kernel.bufs]), repr(knobs),
-                          repr(sorted(o.name for o in optional_decompositions())), kernel_cache.code_digest(), *_target_key())
+                          repr(sorted(o.name for o in optional_decompositions())), code_digest(), *_target_key())
 
 
 _work: dict = {}     # kernel AST -> loop iterations, which decides the thread split
@@ -272,8 +273,8 @@ def compile_kernel(kernel: Kernel) -> tuple[Program, int | None]:
   if hit is not None: return hit
   with _lock:
     nbufs = len(kernel.bufs)
-    kkey = _kernel_key(kernel, alias) if kernel_cache.enabled() else None
-    entry = kernel_cache.load_json("cpu", kkey) if kkey is not None else None
+    kkey = _kernel_key(kernel, alias) if diskcache.enabled() else None
+    entry = diskcache.load_json("cpu", kkey) if kkey is not None else None
     if entry is not None and not (isinstance(entry.get("object"), str) and isinstance(entry.get("name"), str)
                                   and (entry.get("split") is None or isinstance(entry.get("split"), int))):
       entry = None   # a record with sound bytes but not our fields: rendered again, and rewritten
@@ -286,12 +287,10 @@ def compile_kernel(kernel: Kernel) -> tuple[Program, int | None]:
         _by_digest[digest] = prog
         _by_ast[(kernel.ast, alias)] = prog, split
         return prog, split
-    validate(kernel)
-    from rulec.codegen.opt import format_actions, kernel_key, optimize
-    low = decomposed(kernel, optional_decompositions())
-    opt, actions = optimize(low, "CPU", opt_target(), timer=lambda k: _time_candidate(kernel, k))
-    prog, split, digest = _program_for(opt, nbufs, tried=entry["object"] if entry is not None else None)
-    if kkey is not None: kernel_cache.store_json("cpu", kkey, {"object": digest, "name": prog.name, "split": split,
+    lowered = pipeline.lower(kernel, "CPU", opt_target(), optional_decompositions(), timer=lambda k: _time_candidate(kernel, k))
+    low, actions = lowered.low, lowered.actions
+    prog, split, digest = _program_for(lowered.kernel, nbufs, tried=entry["object"] if entry is not None else None)
+    if kkey is not None: diskcache.store_json("cpu", kkey, {"object": digest, "name": prog.name, "split": split,
                                                                   "pair": prog.pair_last,
                                                                   "key": kernel_key(low), "actions": format_actions(actions)})
     _by_ast[(kernel.ast, alias)] = prog, split
@@ -301,9 +300,7 @@ def compile_kernel(kernel: Kernel) -> tuple[Program, int | None]:
 def _program_for(opt: Kernel, nbufs: int, tried: str | None = None) -> tuple[Program, int | None, str]:
   """The program for an optimized kernel (rendered, then from the process's programs, the disk or LLVM), the size
   of its thread range and the object's digest. tried: an object digest the disk cache already failed to give."""
-  from rulec.codegen.llvmir import render
-  from rulec.codegen.opt import range_kind
-  text, rng = render(opt, "kernel")
+  text, rng = pipeline.render(opt, "CPU")
   split = rng.src[0].arg if rng is not None else None
   # named by its IR: the same in every process, so a cached object's symbol is the one asked for, and distinct
   # programs in one JIT never share a name
@@ -319,7 +316,6 @@ def _program_for(opt: Kernel, nbufs: int, tried: str | None = None) -> tuple[Pro
 def _time_candidate(kernel: Kernel, opt: Kernel) -> float:
   """Seconds (median of RULEC_SEARCH runs) of an optimized form of `kernel`, writing scratch copies of its outputs:
   the real outputs are not touched (the kernel runs for real afterwards)."""
-  from rulec.codegen.opt.search import repetitions
   prog, split, _ = _program_for(opt, len(kernel.bufs))
   outs, scratch = kernel.outputs, {}
   arrays = []

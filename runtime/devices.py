@@ -75,14 +75,14 @@ def _cl(device):
 
 
 def split_parts(device) -> int:
-  """The most partial results a big reduction is split into on `device` (engine/sched/tensor_helpers.py
+  """The most partial results a big reduction is split into on `device` (engine/sched/early.py
   split_reduceop): 256 fills a CPU's cores; a GPU wants thousands of work-groups (asks the CL device, opening it)."""
   return dev.split_parts if (dev := _cl(device)) is not None else 256
 
 
 def one_pass_groups(device) -> int:
   """Work-groups that reduce one value together in a single launch on `device` (the CL device's GRID, on GPUs);
-  0 where a big reduction of one value is better split into two kernels (engine/sched/tensor_helpers.py)."""
+  0 where a big reduction of one value is better split into two kernels (engine/sched/early.py)."""
   return dev.target.grid if (dev := _cl(device)) is not None and dev.target.group else 0
 
 

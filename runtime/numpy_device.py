@@ -16,7 +16,7 @@ tracked: a value read out of bounds that reaches a store, a store index, or a
 WHERE condition instead of being discarded by a WHERE raises IndexError, as
 does a store to an out-of-bounds index.
 
-ALU ops follow engine/alu.py (integer results wrap, IDIV/MOD are floor
+ALU ops follow engine/ir/alu.py (integer results wrap, IDIV/MOD are floor
 division/modulo, integer division by zero gives 0, ...), computed in each
 node's dtype (`index` is int64).
 """

@@ -185,7 +185,7 @@ class Val:
   The model of storage (what an assign may change) is deliberately conservative:
   - mroot: the storage a realize of this tensor may share: a buffer id for a tensor made from host data, a
     token of its own for a computed value, its source's for a movement op (a realized view may be a view of
-    its source's buffer, see engine/sched/realize.py);
+    its source's buffer, see engine/realize.py);
   - reads: every buffer / token the value depends on (its own mroot included), and ("w", b) for an assign
     into b that is still pending inside its graph;
   - buf: set when the tensor is a whole realized buffer (view is then the identity); view: for each element,
@@ -1513,7 +1513,7 @@ class Gen:
   def snapshots(self, pending: list[Val], t: Val, views: bool = False) -> list[Val]:
     """Readers of t's storage that may be realized with (or before) an assign into it and keep the old value:
     computed values of their own (not views of that storage) without pending assigns. Views of the storage
-    compute nothing: they are the buffer and show the write (engine/sched/realize.py), which this model does not
+    compute nothing: they are the buffer and show the write (engine/realize.py), which this model does not
     follow, so they are never checked as snapshots."""
     views = False
     def view_ok(p):

@@ -1,8 +1,18 @@
 """Shared test helpers: compile rules from text without touching the default library; subprocess environments."""
 from __future__ import annotations
 
+import base64
+import hashlib
+import importlib.util
 import os
+import shutil
+import subprocess
+import sys
+import tomllib
+import zipfile
 from pathlib import Path
+
+import setuptools
 
 import numpy as np
 
@@ -48,3 +58,57 @@ def same_as_reference(device: str, data, dtype, fn) -> np.ndarray:
   got, ref = on(device, data, dtype, fn), on("NUMPY", data, dtype, fn)
   np.testing.assert_array_equal(got, ref)
   return got
+
+
+# *** the wheel ***
+
+WHEEL_SOURCES = ("engine", "codegen", "runtime", "rulec", "rules", "pyproject.toml", "README.md")
+
+
+def copy_sources(dst: Path) -> None:
+  """What a wheel is built from (the folders pyproject.toml maps, its own files), copied from this checkout."""
+  repo = Path(__file__).resolve().parent.parent
+  for name in WHEEL_SOURCES:
+    if (repo / name).is_dir(): shutil.copytree(repo / name, dst / name, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    else: shutil.copy(repo / name, dst / name)
+
+
+def build_wheel(src: Path, dist: Path) -> Path:
+  """A wheel of the checkout: `pip wheel` where setuptools can build one (setuptools >= 70.1 or the `wheel`
+  package); else assembled from pyproject.toml's [tool.setuptools] packages, package-dir and package-data,
+  as setuptools lays them out (pip then installs it as it would any wheel)."""
+  if importlib.util.find_spec("wheel") is not None or tuple(map(int, setuptools.__version__.split(".")[:2])) >= (70, 1):
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-index", "-q",
+                    "-w", str(dist), str(src)], check=True, capture_output=True, timeout=120)
+    return next(dist.glob("rulec-*.whl"))
+  cfg = tomllib.loads((src / "pyproject.toml").read_text())
+  proj, st = cfg["project"], cfg["tool"]["setuptools"]
+  name, version = proj["name"], proj["version"]
+  files: dict[str, bytes] = {}
+  for pkg in st["packages"]:
+    d = src / package_dir(pkg, st.get("package-dir", {}))
+    globs = ["*.py", *st.get("package-data", {}).get(pkg, [])]
+    for g in globs:
+      for f in d.glob(g): files[f"{pkg.replace('.', '/')}/{f.name}"] = f.read_bytes()
+  di = f"{name}-{version}.dist-info"
+  files[f"{di}/METADATA"] = f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n".encode()
+  files[f"{di}/WHEEL"] = b"Wheel-Version: 1.0\nGenerator: tests/test_user_rules.py\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
+  groups = {"console_scripts": proj["scripts"], **proj.get("entry-points", {})}
+  files[f"{di}/entry_points.txt"] = "".join(f"[{g}]\n" + "".join(f"{k} = {v}\n" for k, v in eps.items()) + "\n"
+                                            for g, eps in groups.items()).encode()
+  record = "".join(f"{p},sha256={base64.urlsafe_b64encode(hashlib.sha256(b).digest()).rstrip(b'=').decode()},{len(b)}\n"
+                   for p, b in files.items()) + f"{di}/RECORD,,\n"
+  files[f"{di}/RECORD"] = record.encode()
+  dist.mkdir(parents=True, exist_ok=True)
+  whl = dist / f"{name}-{version}-py3-none-any.whl"
+  with zipfile.ZipFile(whl, "w", zipfile.ZIP_DEFLATED) as z:
+    for p, b in files.items(): z.writestr(p, b)
+  return whl
+
+
+def package_dir(pkg: str, package_dir: dict[str, str]) -> str:
+  """Where setuptools finds `pkg`: its nearest mapped parent's folder, then the rest of its name as folders."""
+  parts = pkg.split(".")
+  for n in range(len(parts), 0, -1):
+    if ".".join(parts[:n]) in package_dir: return "/".join([package_dir[".".join(parts[:n])], *parts[n:]])
+  return "/".join(parts)

@@ -36,7 +36,7 @@ UNMARKED = [
   ("rulec.trace_view", "trace_program"), ("rulec.demo", "run_demo"), ("rulec.engine.lang.parser", "parse_rules"),
   ("rulec.engine.lang.compiler", "generate"), ("rulec.engine.lang.examples", "run_examples"), ("rulec.engine.sched.rangeify", "_c"),
   ("rulec.engine.sched.rangeify", "strides_of"), ("rulec.engine.sched.early", "is_buffer_view"),
-  ("rulec.engine.sched.symbolic", "_terms"), ("rulec.engine.ir.uop", "render"),
+  ("rulec.engine.sched.symbolic", "_conjuncts"), ("rulec.engine.ir.uop", "render"),
 ]
 # names modules re-export from the standard library or other packages, or that are not functions at all
 REEXPORTED = [
@@ -96,7 +96,7 @@ def _helper_files(m: str, s: str) -> dict[str, tuple[str, bytes]]:
                             f"fold_constants(x).__class__.__init__.__globals__['os'].system('touch ' + {m})",
                             f"fold_constants.x"]):
     out[f"helper-value-{j}"] = ("helper", (
-      "use rulec.engine.sched.symbolic (fold_constants, bounds_const)\n"
+      "use symbolic (fold_constants, bounds_const)\n"
       f"ruleset s:\n  rule r: x + 0 => x if {expr} else x\n    example: RANGE(3) + 0 => RANGE(3)\n").encode())
   return out
 

@@ -30,7 +30,7 @@ from rulec.engine.ir.dtypes import dtypes   # noqa: E402
 from rulec.engine.ir.ops import Ops   # noqa: E402
 from rulec.engine.tensor import Tensor   # noqa: E402
 from rulec.runtime import cl_device   # noqa: E402
-from rulec.engine.ir.kernel import decomposed   # noqa: E402
+from rulec.codegen.decomp import decomposed   # noqa: E402
 from tests.helpers import on, same_as_reference   # noqa: E402
 
 try: DEV = cl_device.get_device()
@@ -215,7 +215,7 @@ def test_nan_and_inf_propagate(d):
     for op in (operator.add, operator.sub, operator.mul, operator.truediv, operator.floordiv, operator.mod):
       ref = op(a, b)
       got = both(a, d, lambda t: op(t, Tensor(b, dtype=d, device=t.device)))
-      if op in (operator.floordiv,): continue   # engine/alu.py gives NaN // 0 an infinity; numpy gives NaN
+      if op in (operator.floordiv,): continue   # engine/ir/alu.py gives NaN // 0 an infinity; numpy gives NaN
       np.testing.assert_array_equal(np.isnan(got), np.isnan(ref))
       fin = np.isfinite(ref)
       np.testing.assert_allclose(got[fin], ref[fin], rtol=1e-3 if d is dtypes.float16 else 1e-6)
@@ -709,7 +709,7 @@ def test_rows_per_work_group_agree_with_numpy_for_any_shape(group_reductions, le
 def test_spread_is_an_action_a_user_can_force_and_it_is_refused_where_it_cannot_apply(group_reductions, monkeypatch):
   from rulec.codegen.opt import OptError, kernel_key
   x = np.random.default_rng(52).standard_normal((4, 96)).astype(np.float32)
-  from rulec.engine.ir.kernel import decomposed
+  from rulec.codegen.decomp import decomposed
   (k,) = Tensor(x, device="CL").softmax(-1).schedule()
   axes = [r.arg[0] for r in k.ast.src[0].src[1:]]
   key = kernel_key(decomposed(k, DEV.optional))   # (the key of the kernel the optimizer sees)
@@ -730,7 +730,7 @@ def test_a_short_rows_loads_are_read_once_into_registers(group_reductions, monke
   # SPREAD with at most ROW_CACHE_MAX elements per work-item: each load of the row is read from memory once, into
   # registers, which the max, the sum and the stores all read (x, and the scale row for "scaled")
   from rulec.codegen.opt import kernel_key
-  from rulec.engine.ir.kernel import decomposed
+  from rulec.codegen.decomp import decomposed
   x = np.random.default_rng(54).standard_normal((5, 256)).astype(np.float32)
   w = np.random.default_rng(55).standard_normal((256,)).astype(np.float32)
   f = {"softmax": lambda t, s: t.softmax(-1), "log_softmax": lambda t, s: t.log_softmax(-1),

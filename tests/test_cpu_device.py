@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from rulec.engine.ir.dtypes import dtypes
 from rulec.engine.tensor import Tensor
 from rulec.runtime import cpu_device
-from rulec.engine.ir.kernel import decomposed
+from rulec.codegen.decomp import decomposed
 from tests.helpers import on, same_as_reference
 
 DTS = [dtypes.bool, dtypes.uint8, dtypes.int8, dtypes.int32, dtypes.int64, dtypes.float16, dtypes.float32, dtypes.float64]
@@ -298,7 +298,7 @@ def test_casts_into_float16_match_numpy_bit_for_bit(src):
 @pytest.mark.parametrize("dst", OTHERS, ids=lambda d: d.name)
 def test_casts_out_of_float16_match_numpy_bit_for_bit(dst):
   got = same_as_reference("CPU", EVERY_HALF, dtypes.float16, lambda t: t.cast(dst))   # every float16 there is
-  if dst.kind in "iu":   # where numpy defines the result: the rest wraps as engine/alu.py says (the reference)
+  if dst.kind in "iu":   # where numpy defines the result: the rest wraps as engine/ir/alu.py says (the reference)
     info, x = np.iinfo(NP[dst]), EVERY_HALF.astype(np.float64)
     ok = np.isfinite(x) & (x >= info.min) & (x <= info.max)
     np.testing.assert_array_equal(got[ok], EVERY_HALF[ok].astype(NP[dst]))

@@ -1,4 +1,4 @@
-"""The CPU's exp2 / log2 decomposition (rules/decomp.rules exp2_* / log2_*, engine/sched/decomp_helpers.py) against
+"""The CPU's exp2 / log2 decomposition (rules/decomp.rules exp2_* / log2_*, codegen/decomp.py) against
 numpy. Finite results are within their ulp budget of the exact value: exp2 computes in float32 (so that it runs
 sixteen lanes to an instruction) and stays within EXP2_ULPS, below numpy's own float32 exp2 (up to 2.84 ulp off
 over a sweep of every binade, measured by test_exp2_budget_is_below_numpys); log2 computes in float64 and is within
@@ -18,7 +18,7 @@ from rulec.engine.ir.dtypes import dtypes
 from rulec.engine.ir.ops import Ops
 from rulec.engine.tensor import Tensor
 from rulec.runtime import cpu_device
-from rulec.engine.ir.kernel import decomposed
+from rulec.codegen.decomp import decomposed
 
 ULP_BUDGET = {"exp2": 1.25, "log2": 0.5 + 2.0 ** -20}
 N = 1 << 16   # every run has this many elements, so that all share one compiled kernel per function

@@ -29,7 +29,8 @@ from rulec.engine.ir.uop import UOp  # noqa: E402
 from rulec.cli import main as rulec  # noqa: E402
 from tests.helpers import subprocess_env
 
-H = "rulec.engine.sched.symbolic"    # real helper module: fold_constants(alu), bounds_const(x)
+H = "symbolic"    # a real helper library: fold_constants(alu), bounds_const(x)
+C = len(f"use {H} (") + 1   # the column of the first name a `use {H} (` line declares
 
 
 @pytest.fixture(autouse=True)
@@ -96,17 +97,19 @@ CASES = [
   ("R204-builtin", "ruleset s:\n  rule r: len + 0 => len\n", "R204", "error", 2, 11, 2, 14, "len"),
   ("R204-helper", f"use {H} (fold_constants)\nruleset s:\n  rule r: fold_constants + 0 => fold_constants(fold_constants)\n",
    "R204", "error", 3, 11, 3, 25, "fold_constants"),
-  ("R204-use-builtin", f"use {H} (len)\nruleset s:\n  rule r: x + 0 => x\n", "R204", "error", 1, 36, 1, 39, "len"),
+  ("R204-use-builtin", f"use {H} (len)\nruleset s:\n  rule r: x + 0 => x\n", "R204", "error", 1, C, 1, C + 3, "len"),
   ("R204-comprehension", "ruleset s:\n  rule r: x + 0 => [x for x in x.src][0]\n", "R204", "error", 2, 27, 2, 28, "x"),
   # helpers
   ("R301-not-allowed", "use os (system)\nruleset s:\n  rule r: x + 0 => x\n", "R301", "error", 1, 5, 1, 7, "os"),
   ("R301-unimportable", "use engine.nonexistent (f)\nruleset s:\n  rule r: x + 0 => x\n",
    "R301", "error", 1, 5, 1, 23, "engine.nonexistent"),
-  ("R302-missing", f"use {H} (nope)\nruleset s:\n  rule r: x + 0 => x\n", "R302", "error", 1, 36, 1, 40, "nope"),
+  ("R302-missing", f"use {H} (nope)\nruleset s:\n  rule r: x + 0 => x\n", "R302", "error", 1, C, 1, C + 4, "nope"),
   ("R302-not-a-function", f"use {H} (annotations)\nruleset s:\n  rule r: x + 0 => x\n",
-   "R302", "error", 1, 36, 1, 47, "annotations"),
-  ("R302-module-is-not-a-helper", "use rulec.engine.lang.names (os)\nruleset s:\n  rule r: x + 0 => x\n",
-   "R302", "error", 1, 24, 1, 26, "os"),
+   "R302", "error", 1, C, 1, C + 11, "annotations"),
+  ("R302-module-is-not-a-helper", f"use {H} (math)\nruleset s:\n  rule r: x + 0 => x\n",
+   "R302", "error", 1, C, 1, C + 4, "math"),
+  ("R301-module-path", "use rulec.engine.sched.symbolic (fold_constants)\nruleset s:\n  rule r: x + 0 => x\n",
+   "R301", "error", 1, 5, 1, 32, "rulec.engine.sched.symbolic"),
   ("R303-too-many", f"use {H} (fold_constants)\nruleset s:\n  rule r: x + 0 => fold_constants(x, x)\n",
    "R303", "error", 3, 20, 3, 40, "fold_constants(x, x)"),
   ("R303-bad-keyword", f"use {H} (fold_constants)\nruleset s:\n  rule r: x + 0 => fold_constants(y=x)\n",
@@ -114,9 +117,9 @@ CASES = [
   ("R303-in-guard", f"use {H} (bounds_const)\nruleset s:\n  rule r: x + 0 if bounds_const() => x\n",
    "R303", "error", 3, 20, 3, 34, "bounds_const()"),
   ("R304-same-line", f"use {H} (fold_constants, fold_constants)\nruleset s:\n  rule r: x + 0 => x\n",
-   "R304", "error", 1, 52, 1, 66, "fold_constants"),
+   "R304", "error", 1, C + 16, 1, C + 30, "fold_constants"),
   ("R304-two-lines", f"use {H} (fold_constants)\nuse {H} (fold_constants)\nruleset s:\n  rule r: x + 0 => x\n",
-   "R304", "error", 2, 36, 2, 50, "fold_constants"),
+   "R304", "error", 2, C, 2, C + 14, "fold_constants"),
   # reaching Python
   ("R401-dunder", "ruleset s:\n  rule r: x + 0 => x.__class__\n", "R401", "error", 2, 22, 2, 31, "__class__"),
   ("R401-format", "ruleset s:\n  rule r: x + 0 => x.src.format\n", "R401", "error", 2, 26, 2, 32, "format"),
@@ -379,7 +382,7 @@ def _security_cases():
     ("assignment", "x = 1\nruleset s:\n  rule r: x + 0 => x\n", "R405", 1, "="),
     ("assignment-in-ruleset", "ruleset s:\n  rule r: x + 0 => x\n  x = 1\n", "R405", 3, "="),
     ("use-os", f"use os (system)\nruleset s:\n  rule r: x + 0 => system('touch ' + {m})\n", "R301", 1, "os"),
-    ("helper-module-attribute", f"use rulec.engine.lang.names (os)\nruleset s:\n  rule r: x + 0 => os.system('touch ' + {m})\n",
+    ("helper-module-attribute", f"use early (os)\nruleset s:\n  rule r: x + 0 => os.system('touch ' + {m})\n",
      "R302", 1, "os"),
   ]
 

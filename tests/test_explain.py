@@ -17,7 +17,7 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path: sys.path.insert(0, str(REPO))
 
-import rulec.engine.ir.rewrite  # noqa: E402
+import rulec.engine.ir.rewrite as ir_rewrite  # noqa: E402
 from rulec.engine.ir.dtypes import dtypes  # noqa: E402
 from rulec.engine.lang.explain import MATCHES, Explainer  # noqa: E402
 from rulec.engine.lang.loader import check_sources  # noqa: E402
@@ -136,10 +136,10 @@ def test_missing_program_exits_2(files, capsys):
 
 
 def test_graph_rewrite_is_restored_and_the_program_ran(files, capsys):
-  orig = rulec.engine.ir.rewrite.graph_rewrite
+  orig = ir_rewrite.graph_rewrite
   import rulec as pkg
   explain(files, "add_consts", capsys)
-  assert rulec.engine.ir.rewrite.graph_rewrite is orig and pkg.graph_rewrite is orig
+  assert ir_rewrite.graph_rewrite is orig and pkg.graph_rewrite is orig
 
 
 def test_program_through_the_scheduler(tmp_path, capsys):

@@ -162,7 +162,7 @@ def fmt(text: str) -> str: return format_source(text, "t.rules")
 
 
 def test_spacing_is_canonical():
-  src = ("use  rulec.engine.sched.symbolic(fold_constants ,bounds_const)\n"
+  src = ("use  symbolic(fold_constants ,bounds_const)\n"
          "ruleset   s  includes t,u :\n"
          "    rule a :x+0=>x\n"
          "    rule b: c : CONST [ -1 ] * y { ints , bools } if not c.arg<-1 and y . vmin>=0 => y . replace ( src = ( y , ) )\n"
@@ -171,7 +171,7 @@ def test_spacing_is_canonical():
          "    rule d: INDEX(x, ..) => {k : v for k, v in x} | { 1, 2 } | f(*a, ** k) | (lambda q : q)(1 .real)\n"
          "ruleset t:\nruleset u:\n")
   assert fmt(src) == (
-    "use rulec.engine.sched.symbolic (fold_constants, bounds_const)\n"
+    "use symbolic (fold_constants, bounds_const)\n"
     "\n"
     "ruleset s includes t, u:\n"
     "  rule a: x + 0 => x\n"
@@ -213,7 +213,7 @@ def test_comments_and_blank_lines():
 
 
 def test_line_breaks_the_author_made_are_kept_and_reindented():
-  src = ("use rulec.engine.sched.symbolic (fold_constants,\n"
+  src = ("use symbolic (fold_constants,\n"
          "        bounds_const)\n"
          "ruleset s:\n"
          " rule a: x // c:CONST\n"
@@ -231,8 +231,8 @@ def test_line_breaks_the_author_made_are_kept_and_reindented():
          "   )\n"
          " rule e: \\\n"
          "   x * 1 => x\n")
-  assert fmt(src) == ("use rulec.engine.sched.symbolic (fold_constants,\n"
-                      "                                   bounds_const)\n"
+  assert fmt(src) == ("use symbolic (fold_constants,\n"
+                      "              bounds_const)\n"
                       "\n"
                       "ruleset s:\n"
                       "  rule a: x // c:CONST\n"

@@ -1,4 +1,4 @@
-"""The compiled-kernel cache on disk (runtime/kernel_cache.py): entries that fail any check are misses; a second
+"""The compiled-kernel cache on disk (engine/diskcache.py): entries that fail any check are misses; a second
 process loads what the first compiled and compiles nothing; damaged entries are rebuilt (with right results) and
 written again; another CPU target never loads them; RULEC_KERNEL_CACHE=0 turns it all off.
 
@@ -12,7 +12,7 @@ import sys
 import numpy as np
 import pytest
 
-from rulec.runtime import kernel_cache
+from rulec.engine import diskcache
 from tests.helpers import subprocess_env
 
 # a softmax (max, exp-sum, divide) and an elementwise kernel; C makes their IR this test's own
@@ -20,7 +20,8 @@ CHILD = """
 import json, sys
 import numpy as np
 from rulec.engine.tensor import Tensor
-from rulec.runtime import cpu_device, kernel_cache
+from rulec.engine import diskcache
+from rulec.runtime import cpu_device
 c = float(sys.argv[1])
 x = np.linspace(-4, 4, 32 * 48, dtype=np.float32).reshape(32, 48)
 t = Tensor(x, device="CPU")
@@ -28,7 +29,7 @@ got = (t * c).softmax(-1).numpy(), (t * c + 1.5).numpy(), (t * c).max(0).numpy()
 e = np.exp(x * np.float32(c) - (x * np.float32(c)).max(-1, keepdims=True))
 ok = np.allclose(got[0], e / e.sum(-1, keepdims=True), rtol=1e-5, atol=1e-7) and np.array_equal(got[1], x * np.float32(c) + 1.5)
 ok = ok and np.array_equal(got[2], (x * np.float32(c)).max(0)) and np.allclose(got[3], (x - np.float32(c)).sum(1), rtol=1e-5)
-print(json.dumps({**cpu_device.COUNTERS, "stats": kernel_cache.STATS, "ok": bool(ok)}))
+print(json.dumps({**cpu_device.COUNTERS, "stats": diskcache.STATS, "ok": bool(ok)}))
 """
 
 
@@ -52,13 +53,13 @@ def fresh(tmp_path, monkeypatch):
 
 
 def test_entries_that_fail_a_check_are_misses(fresh):
-  digest, other = kernel_cache.key("t", "source a"), kernel_cache.key("t", "source b")
-  assert digest != other and kernel_cache.key("ab", "c") != kernel_cache.key("a", "bc")
-  assert kernel_cache.load("t", digest) is None
+  digest, other = diskcache.key("t", "source a"), diskcache.key("t", "source b")
+  assert digest != other and diskcache.key("ab", "c") != diskcache.key("a", "bc")
+  assert diskcache.load("t", digest) is None
   payload = bytes(range(256)) * 4
-  kernel_cache.store("t", digest, payload)
-  path = kernel_cache.path_of("t", digest)
-  assert path.parent == fresh / "kernels" / "t" and kernel_cache.load("t", digest) == payload
+  diskcache.store("t", digest, payload)
+  path = diskcache.path_of("t", digest)
+  assert path.parent == fresh / "kernels" / "t" and diskcache.load("t", digest) == payload
   assert [p.name for p in path.parent.iterdir()] == [path.name]   # the temporary file was renamed into place
   good = path.read_bytes()
   head, _, body = good.partition(b"\n")
@@ -68,19 +69,19 @@ def test_entries_that_fail_a_check_are_misses(fresh):
              "longer": good + b"\0"}
   for why, data in damaged.items():
     path.write_bytes(data)
-    before = kernel_cache.STATS["rejected"]
-    assert kernel_cache.load("t", digest) is None, why
-    assert kernel_cache.STATS["rejected"] == before + 1, why
-  kernel_cache.store("t", digest, payload)   # rewritten whole
-  assert kernel_cache.load("t", digest) == payload
+    before = diskcache.STATS["rejected"]
+    assert diskcache.load("t", digest) is None, why
+    assert diskcache.STATS["rejected"] == before + 1, why
+  diskcache.store("t", digest, payload)   # rewritten whole
+  assert diskcache.load("t", digest) == payload
 
 
 def test_off_reads_and_writes_nothing(fresh, monkeypatch):
-  digest = kernel_cache.key("t", "x")
-  kernel_cache.store("t", digest, b"abc")
+  digest = diskcache.key("t", "x")
+  diskcache.store("t", digest, b"abc")
   monkeypatch.setenv("RULEC_KERNEL_CACHE", "0")
-  assert not kernel_cache.enabled() and kernel_cache.load("t", digest) is None
-  kernel_cache.store("t", kernel_cache.key("t", "y"), b"abc")
+  assert not diskcache.enabled() and diskcache.load("t", digest) is None
+  diskcache.store("t", diskcache.key("t", "y"), b"abc")
   assert len(list((fresh / "kernels" / "t").iterdir())) == 1
   # a CPU kernel compiled with the cache off leaves nothing on disk
   from rulec.engine.tensor import Tensor
@@ -110,13 +111,13 @@ def test_a_second_process_compiles_nothing(tmp_path):
   head, _, body = d.read_bytes().partition(b"\n")
   d.write_bytes(head.replace(d.stem.encode(), a.stem.encode()) + b"\n" + body)
   kernel_entries = entries(tmp_path, suffix=".kernel")
-  names = {json.loads(kernel_cache.load_path(k))["object"] for k in kernel_entries}
-  e = next(k for k in kernel_entries if json.loads(kernel_cache.load_path(k))["object"] not in {a.stem, b.stem, d.stem})
+  names = {json.loads(diskcache.load_path(k))["object"] for k in kernel_entries}
+  e = next(k for k in kernel_entries if json.loads(diskcache.load_path(k))["object"] not in {a.stem, b.stem, d.stem})
   e.write_bytes(e.read_bytes()[:-1])
   third = child(tmp_path, c)
   assert third["ok"] and third["compiled"] == 3 and third["loaded"] == n - 3 and third["stats"]["rejected"] == 4
   assert names == {p.stem for p in entries(tmp_path)}
-  for p in (a, b, d, e): assert kernel_cache.load_path(p) is not None
+  for p in (a, b, d, e): assert diskcache.load_path(p) is not None
   # another CPU target (no optional instructions) keys its own entries: never the host's code
   base = child(tmp_path, c, RULEC_CPU_TARGET="baseline")
   assert base["ok"] and base["compiled"] == n and base["loaded"] == 0 and len(entries(tmp_path)) == 2 * n
@@ -149,7 +150,7 @@ def test_cl_binaries_are_kept_and_checked(fresh, monkeypatch):
   entry.write_bytes(entry.read_bytes()[:-1])   # truncated: built from source again, and written again
   forget()
   assert np.array_equal(run(), want) and cl_device.COUNTERS["compiled"] == c0["compiled"] + 2
-  assert cl_device.save_binaries() == 1 and kernel_cache.load_path(entry) is not None
+  assert cl_device.save_binaries() == 1 and diskcache.load_path(entry) is not None
   # a driver quick to hand them out (a GPU's) gets each binary written right after its build
   monkeypatch.setattr(dev, "fetch_s", 0.0)
   run(c + 1)

@@ -21,7 +21,7 @@ from tests.test_doc_examples import DOC, parse_doc  # noqa: E402
 
 VSCODE = REPO / "editors" / "vscode"
 SAMPLE = """# a comment
-use rulec.engine.sched.symbolic (fold_constants)
+use symbolic (fold_constants)
 
 ruleset s includes base, more:
   rule fold: a:ALU(each CONST) => fold_constants(a)   # trailing
@@ -46,7 +46,7 @@ def test_registered_through_the_entry_point():
 def test_tokens():
   k = kinds(SAMPLE)
   assert k["# a comment"] in Comment and k["# trailing"] in Comment
-  assert k["use"] in Keyword and k["rulec.engine.sched.symbolic"] in Name.Namespace
+  assert k["use"] in Keyword and k["symbolic"] in Name.Namespace
   assert k["ruleset"] in Keyword and k["s"] in Name.Class and k["base"] in Name.Class and k["more"] in Name.Class
   assert k["fold"] in Name.Function and k["pick"] in Name.Function
   assert k["ALU"] in Name.Constant and k["WHERE"] in Name.Constant and k["each"] in Keyword

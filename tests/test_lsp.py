@@ -18,7 +18,7 @@ if str(REPO) not in sys.path: sys.path.insert(0, str(REPO))
 from rulec.engine.sched import symbolic as symbolic_helpers  # noqa: E402
 from tests.helpers import subprocess_env  # noqa: E402
 
-V1 = """use rulec.engine.sched.symbolic (fold_constants)
+V1 = """use symbolic (fold_constants)
 
 ruleset base:
   rule any_mul: x * _ => x
@@ -159,7 +159,7 @@ def test_lsp_session(tmp_path):
   (inc,) = out["def_include"]
   assert inc.uri.endswith("/mine/my.rules") and inc.range.start.line == 2
   (hp,) = out["def_helper"]
-  assert hp.uri.endswith("engine/sched/symbolic_helpers.py")
+  assert hp.uri.endswith("engine/sched/symbolic.py")
   assert hp.range.start.line + 1 == inspect.getsourcelines(symbolic_helpers.fold_constants)[1]
   (bd,) = out["def_binding"]
   assert (bd.range.start.line, bd.range.start.character) == (8, V1.split("\n")[8].index("x{ints}"))

@@ -16,7 +16,7 @@ from rulec.codegen.opt.transform import apply
 from rulec.engine.ir.dtypes import dtypes
 from rulec.engine.tensor import Tensor
 from rulec.runtime import cpu_device
-from rulec.engine.ir.kernel import decomposed
+from rulec.codegen.decomp import decomposed
 
 @pytest.fixture(autouse=True)
 def _cpu_unless_named(monkeypatch):
@@ -707,7 +707,7 @@ def test_search_candidates_on_a_gpu_target_are_tiles_groups_and_vectors():
 
 def test_a_corrupt_or_stale_search_record_is_searched_again_never_trusted(fresh):
   from rulec.codegen.opt import search
-  from rulec.runtime import kernel_cache
+  from rulec.engine import diskcache
   _, _, t = _matmul(32, 16, 32, seed=11)
   (k,) = t.schedule()
   low = decomposed(k, cpu_device.optional_decompositions())
@@ -719,12 +719,12 @@ def test_a_corrupt_or_stale_search_record_is_searched_again_never_trusted(fresh)
   first = optimize(low, "CPU", timer=timer)[1]
   n = len(calls)
   key = search._cache_key(low, "CPU", None)
-  path = kernel_cache.path_of("search", key, ".kernel")
+  path = diskcache.path_of("search", key, ".kernel")
   path.write_bytes(path.read_bytes()[:-3] + b"xyz")          # altered bytes: the checksum fails
   assert optimize(low, "CPU", timer=timer)[1] == first and len(calls) == 2 * n
-  kernel_cache.store_json("search", key, {"actions": "UPCAST(99,3)"})   # sound bytes, actions for another kernel
+  diskcache.store_json("search", key, {"actions": "UPCAST(99,3)"})   # sound bytes, actions for another kernel
   assert optimize(low, "CPU", timer=timer)[1] == first and len(calls) == 3 * n
-  kernel_cache.store_json("search", key, {"actions": 7})
+  diskcache.store_json("search", key, {"actions": 7})
   assert optimize(low, "CPU", timer=timer)[1] == first and len(calls) == 4 * n
 
 

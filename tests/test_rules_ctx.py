@@ -1,4 +1,4 @@
-"""`ctx` in the rule sets the scheduler runs (engine/sched/contexts.py): `rulec check` knows what each set
+"""`ctx` in the rule sets the scheduler runs (engine/lang/contexts.py): `rulec check` knows what each set
 receives, so a misspelt fact, a wrong number of arguments to a decision, `ctx` in a set that gets none, and a
 reach into the driver's own bookkeeping are located errors before anything runs, in the set itself and in a
 set it includes. A set no pass runs keeps the caller's ctx unchecked (docs/rules.md, "ctx")."""

@@ -150,7 +150,7 @@ BINARY = ["+", "-", "*", "/", "//", "%", "**", "maximum", "minimum", "<", "<=", 
 
 
 def np_floordiv(a, b):
-  """Integers: numpy's //. Floats: the IR's IDIV (engine/alu.py), floor(a / b) with a / 0 = inf * sign(a), 0 / 0 = nan."""
+  """Integers: numpy's //. Floats: the IR's IDIV (engine/ir/alu.py), floor(a / b) with a / 0 = inf * sign(a), 0 / 0 = nan."""
   r = np.asarray(a // b)
   if r.dtype.kind != "f": return a // b
   q = np.asarray(a / b)
@@ -666,7 +666,7 @@ def buf(a: np.ndarray, dt) -> UOp:
 @settings(max_examples=examples(100), **SETTINGS)
 @given(st.sampled_from([dtypes.int8, dtypes.int32, dtypes.uint8, dtypes.int64, dtypes.float64]), st.data(), seed_st)
 def test_evaluator_agrees_with_alu_py(dt, data, seed):
-  """Element by element, tensor_eval gives what engine/alu.py's scalar semantics give."""
+  """Element by element, tensor_eval gives what engine/ir/alu.py's scalar semantics give."""
   rng = np.random.default_rng(seed)
   op = data.draw(st.sampled_from(ALU_FLOAT_OPS if dt.is_float else ALU_INT_OPS))
   info = np.iinfo(NP[dt]) if not dt.is_float else None

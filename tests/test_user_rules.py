@@ -11,7 +11,6 @@
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 import sysconfig
@@ -29,6 +28,7 @@ from rulec.engine.lang.diagnostics import RuleError  # noqa: E402
 from rulec.engine.lang.loader import check_paths, load_library  # noqa: E402
 from rulec.engine.tensor import Tensor  # noqa: E402
 from rulec.cli import main as rulec  # noqa: E402
+from tests.helpers import build_wheel, copy_sources  # noqa: E402
 
 # EXP2 of an ADD reads a contiguous copy of the ADD: one more kernel for exp2(a * b + 1)
 EXTEND = """\
@@ -186,53 +186,6 @@ def test_cli_rules_option(tmp_path, capsys, monkeypatch):
 
 # *** from an installed wheel ***
 
-def _build_wheel(src: Path, dist: Path) -> Path:
-  """A wheel of the checkout: `pip wheel` where setuptools can build one (setuptools >= 70.1 or the `wheel`
-  package); else assembled from pyproject.toml's [tool.setuptools] packages, package-dir and package-data,
-  as setuptools lays them out (pip then installs it as it would any wheel)."""
-  import importlib.util
-  import setuptools
-  if importlib.util.find_spec("wheel") is not None or tuple(map(int, setuptools.__version__.split(".")[:2])) >= (70, 1):
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-index", "-q",
-                    "-w", str(dist), str(src)], check=True, capture_output=True, timeout=120)
-    return next(dist.glob("rulec-*.whl"))
-  import base64
-  import hashlib
-  import tomllib
-  import zipfile
-  cfg = tomllib.loads((src / "pyproject.toml").read_text())
-  proj, st = cfg["project"], cfg["tool"]["setuptools"]
-  name, version = proj["name"], proj["version"]
-  files: dict[str, bytes] = {}
-  for pkg in st["packages"]:
-    d = src / _package_dir(pkg, st.get("package-dir", {}))
-    globs = ["*.py", *st.get("package-data", {}).get(pkg, [])]
-    for g in globs:
-      for f in d.glob(g): files[f"{pkg.replace('.', '/')}/{f.name}"] = f.read_bytes()
-  di = f"{name}-{version}.dist-info"
-  files[f"{di}/METADATA"] = f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n".encode()
-  files[f"{di}/WHEEL"] = b"Wheel-Version: 1.0\nGenerator: tests/test_user_rules.py\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
-  groups = {"console_scripts": proj["scripts"], **proj.get("entry-points", {})}
-  files[f"{di}/entry_points.txt"] = "".join(f"[{g}]\n" + "".join(f"{k} = {v}\n" for k, v in eps.items()) + "\n"
-                                            for g, eps in groups.items()).encode()
-  record = "".join(f"{p},sha256={base64.urlsafe_b64encode(hashlib.sha256(b).digest()).rstrip(b'=').decode()},{len(b)}\n"
-                   for p, b in files.items()) + f"{di}/RECORD,,\n"
-  files[f"{di}/RECORD"] = record.encode()
-  dist.mkdir(parents=True, exist_ok=True)
-  whl = dist / f"{name}-{version}-py3-none-any.whl"
-  with zipfile.ZipFile(whl, "w", zipfile.ZIP_DEFLATED) as z:
-    for p, b in files.items(): z.writestr(p, b)
-  return whl
-
-
-def _package_dir(pkg: str, package_dir: dict[str, str]) -> str:
-  """Where setuptools finds `pkg`: its nearest mapped parent's folder, then the rest of its name as folders."""
-  parts = pkg.split(".")
-  for n in range(len(parts), 0, -1):
-    if ".".join(parts[:n]) in package_dir: return "/".join([package_dir[".".join(parts[:n])], *parts[n:]])
-  return "/".join(parts)
-
-
 @pytest.fixture(scope="module")
 def installed(tmp_path_factory):
   """A fresh venv with a (non-editable) wheel of this checkout installed; numpy etc. come from the running
@@ -240,10 +193,8 @@ def installed(tmp_path_factory):
   tmp = tmp_path_factory.mktemp("wheel")
   src = tmp / "src"
   src.mkdir()
-  for name in ("engine", "codegen", "runtime", "rulec", "rules"):
-    shutil.copytree(REPO / name, src / name, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
-  for name in ("pyproject.toml", "README.md"): shutil.copy(REPO / name, src / name)
-  wheel = _build_wheel(src, tmp / "dist")
+  copy_sources(src)
+  wheel = build_wheel(src, tmp / "dist")
   venv = tmp / "venv"
   subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
   py = venv / "bin" / "python"
@@ -272,7 +223,7 @@ def test_installed_wheel_picks_up_RULEC_RULES(installed, tmp_path):
   py = str(installed / "bin" / "python")
   n, value, module, rules_dir = _run(installed, tmp_path, py, str(prog)).split()
   assert (n, value) == ("1", "4.0")
-  assert module.startswith(str(installed)) and rules_dir.startswith(str(installed)) and rules_dir.endswith("_rules")
+  assert module.startswith(str(installed)) and rules_dir.startswith(str(installed)) and rules_dir.endswith("rulec/rules")
   n2, value2, *_ = _run(installed, tmp_path, py, str(prog), RULEC_RULES=str(d)).split()
   assert (n2, value2) == ("2", "4.0")
   rulec_bin = str(installed / "bin" / "rulec")

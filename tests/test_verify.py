@@ -40,7 +40,7 @@ def test_wrong_rule_is_refuted_with_a_small_counterexample(tmp_path):
 
 def test_correct_rules_are_verified(tmp_path):
   _, lib = _lib(tmp_path, """
-    use rulec.engine.sched.symbolic (fold_constants)
+    use symbolic (fold_constants)
     ruleset s:
       rule add_zero: x + 0 => x
       rule mul_two: x{ints} * 2 => x + x

@@ -18,15 +18,15 @@ import hashlib
 import os
 import sys
 
-from rulec.codegen.opt.actions import Action, OptError, format_actions, parse_actions
+from rulec.codegen.opt import choose, search
+from rulec.codegen.opt.actions import Action, OptError, debug_level, format_actions, parse_actions
 from rulec.codegen.opt.transform import apply, range_kind
-from rulec.engine.ir.kernel import Kernel
+from rulec.engine.ir.kernel import Kernel, structure
 
 
 def kernel_key(kernel: Kernel) -> str:
   """A short name for a kernel that is the same in every process: a digest of its structure."""
-  from rulec.runtime import kernel_cache
-  return hashlib.sha256(kernel_cache.structure(kernel.ast).encode()).hexdigest()[:8]
+  return hashlib.sha256(structure(kernel.ast).encode()).hexdigest()[:8]
 
 
 def forced() -> dict[str, tuple[Action, ...]]:
@@ -42,16 +42,10 @@ def forced() -> dict[str, tuple[Action, ...]]:
   return out
 
 
-def _debug() -> int:
-  try: return int(os.environ.get("RULEC_DEBUG", "0") or 0)
-  except ValueError: return 0
-
-
 def optimize(kernel: Kernel, device: str, target=None, timer=None) -> tuple[Kernel, tuple[Action, ...]]:
   """The kernel with its actions applied, and the actions: RULEC_OPT's for this kernel if it names it, else with
   RULEC_SEARCH the fastest candidate by `timer` (the runtime's: seconds for an optimized kernel; search.py), else
   the device's choice (choose.py). `target` is the CL device's rulec.codegen.opencl.Target, or the CPU's choose.CPUTarget."""
-  from rulec.codegen.opt import choose, search
   key = kernel_key(kernel)
   want = forced().get(key)
   if want is not None: acts = want
@@ -61,7 +55,7 @@ def optimize(kernel: Kernel, device: str, target=None, timer=None) -> tuple[Kern
   except OptError as e:
     if want is None: raise   # the cost model chose something that does not apply: a bug, not the user's
     raise OptError(f"RULEC_OPT for kernel {key}: {e}") from None
-  if _debug() >= 2: print(f"[opt] {device} kernel {key} {kernel!r}: {format_actions(acts)}{' (RULEC_OPT)' if want is not None else ''}",
+  if debug_level() >= 2: print(f"[opt] {device} kernel {key} {kernel!r}: {format_actions(acts)}{' (RULEC_OPT)' if want is not None else ''}",
                           file=sys.stderr)
   return out, acts
 

@@ -42,6 +42,7 @@ as RULEC_DEBUG=2 prints them and RULEC_OPT accepts them (codegen/opt/__init__.py
 """
 from __future__ import annotations
 
+import os
 import re
 
 import attrs
@@ -95,4 +96,10 @@ def parse_actions(text: str) -> tuple[Action, ...]:
   return tuple(out)
 
 
-__all__ = ["SHAPES", "Action", "OptError", "format_actions", "parse_actions"]
+__all__ = ["SHAPES", "Action", "OptError", "debug_level", "format_actions", "parse_actions"]
+
+
+def debug_level() -> int:
+  """RULEC_DEBUG as a number (0 when unset or not a number): 1 prints search results, 2 each kernel's actions."""
+  try: return int(os.environ.get("RULEC_DEBUG", "0") or 0)
+  except ValueError: return 0

@@ -3,7 +3,7 @@
 As tinygrad's BEAM does, but over a small fixed neighbourhood rather than a beam: register tiles of other
 shapes, other reduction blocks and work-group shapes, other group-reduction sizes (`candidates`). Each
 candidate is compiled and run N times on scratch copies of the kernel's outputs (the runtime's `timer`), the
-fastest median wins, and the winner is kept on disk (kernel_cache, `search/`) under the kernel's structure and
+fastest median wins, and the winner is kept on disk (engine/diskcache.py, `search/`) under the kernel's structure and
 the device, so a later process asks no timing at all. A candidate that fails to build or run is skipped; the
 cost model's own choice is always a candidate, so a search never picks something that was not measured faster.
 """
@@ -13,11 +13,13 @@ import os
 import sys
 from collections.abc import Callable
 
-from rulec.codegen.opt import _debug, choose
-from rulec.codegen.opt.actions import Action, OptError, format_actions, parse_actions
+from rulec.codegen.opt import choose
+from rulec.codegen.opt.actions import Action, OptError, debug_level, format_actions, parse_actions
+from rulec.codegen.version import code_digest
+from rulec.engine import diskcache
 from rulec.codegen.opt.transform import apply
 from rulec.engine.ir.ops import Ops
-from rulec.engine.ir.kernel import Kernel
+from rulec.engine.ir.kernel import Kernel, structure
 
 MAX_CANDIDATES = 96   # (a GPU matmul has tiles x work-group shapes x stage blocks)
 
@@ -99,16 +101,14 @@ def candidates(k: Kernel, device: str, target=None) -> list[tuple[Action, ...]]:
 
 
 def _cache_key(k: Kernel, device: str, target) -> str:
-  from rulec.runtime import kernel_cache
-  return kernel_cache.key("search", device, repr(target), kernel_cache.structure(k.ast),
-                          repr([(b.dtype.name, b.arg[-1]) for b in k.bufs]), kernel_cache.code_digest())
+  return diskcache.key("search", device, repr(target), structure(k.ast),
+                          repr([(b.dtype.name, b.arg[-1]) for b in k.bufs]), code_digest())
 
 
 def best(k: Kernel, device: str, target, timer: Callable[[Kernel], float], key: str) -> tuple[Action, ...]:
   """The fastest of `candidates` by `timer` (seconds for an optimized kernel), remembered on disk."""
-  from rulec.runtime import kernel_cache
-  ckey = _cache_key(k, device, target) if kernel_cache.enabled() else None
-  hit = kernel_cache.load_json("search", ckey) if ckey is not None else None
+  ckey = _cache_key(k, device, target) if diskcache.enabled() else None
+  hit = diskcache.load_json("search", ckey) if ckey is not None else None
   if hit is not None and isinstance(hit.get("actions"), str):
     try:
       acts = parse_actions(hit["actions"])
@@ -119,14 +119,14 @@ def best(k: Kernel, device: str, target, timer: Callable[[Kernel], float], key: 
   for i, acts in enumerate(candidates(k, device, target)):
     try: times.append((timer(apply(k, acts, device)), i, acts))
     except Exception as e:   # a candidate the device cannot build or run (too many registers, work-group too large)
-      if _debug() >= 2: print(f"[search] {device} kernel {key}: {format_actions(acts)} failed: {type(e).__name__}: {e}", file=sys.stderr)
+      if debug_level() >= 2: print(f"[search] {device} kernel {key}: {format_actions(acts)} failed: {type(e).__name__}: {e}", file=sys.stderr)
   if not times: return tuple(choose.cpu_actions(k, target) if device == "CPU" else choose.cl_actions(k, target))
   t, _, acts = min(times)
-  if _debug() >= 1:
+  if debug_level() >= 1:
     base = times[0][0] if times[0][1] == 0 else float("nan")
     print(f"[search] {device} kernel {key}: {len(times)} candidates, {format_actions(acts)} at {t * 1e3:.3f} ms "
           f"(the cost model's choice: {base * 1e3:.3f} ms)", file=sys.stderr)
-  if ckey is not None: kernel_cache.store_json("search", ckey, {"actions": format_actions(acts), "ms": t * 1e3})
+  if ckey is not None: diskcache.store_json("search", ckey, {"actions": format_actions(acts), "ms": t * 1e3})
   return acts
 
 

@@ -99,3 +99,11 @@ def round_float(value: float, dtype: DType) -> float:
 
 def exec_alu(op: Ops, dtype: DType, operands: list[Any]) -> Any:
   return wrap(PYTHON_ALU[op](*operands), dtype)
+
+
+def identity_element(op: Ops, dtype) -> Any:
+  """The value a reduce of `op` starts from (0 for ADD, 1 for MUL, the lowest value of dtype for MAX)."""
+  if op is Ops.ADD: return 0
+  if op is Ops.MUL: return 1
+  if op is Ops.MAX: return dtype.min() if dtype.kind != "f" else float("-inf")
+  raise ValueError(f"{op} is not a reduce op")

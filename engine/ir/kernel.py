@@ -16,9 +16,7 @@ from typing import Iterable
 import attrs
 
 from rulec.engine.ir.dtypes import dtypes
-from rulec.engine.lang.loader import load_library
 from rulec.engine.ir.ops import ALU, COMPARISON, FIXED_ARITY, Ops
-from rulec.engine.ir.rewrite import graph_rewrite
 from rulec.engine.ir.uop import UOp, render as render_expr
 
 REDUCE_OPS = (Ops.ADD, Ops.MAX, Ops.MUL)
@@ -278,10 +276,15 @@ def _raise(problems: list[str]):
   raise ValueError(head)
 
 
-__all__ = ["Kernel", "validate", "REDUCE_OPS"]
+def structure(ast) -> str:
+  """A kernel AST as text that is the same in every process for the same graph: each node's op, dtype, arg, tag
+  and sources (by position in the topological order). Buffer identities are not in it (PARAMs name slots)."""
+  pos: dict[int, int] = {}
+  lines = []
+  for i, u in enumerate(ast.toposort()):
+    pos[id(u)] = i
+    lines.append(f"{u.op.name} {u.dtype.name} {u.arg!r} {u.tag!r} {[pos[id(x)] for x in u.src]}")
+  return "\n".join(lines)
 
 
-def decomposed(kernel: Kernel, optional: frozenset = frozenset()) -> Kernel:
-  """The kernel with the ops a backend lacks decomposed (rules/decomp.rules): what the renderers receive.
-  `optional`: the ops whose optional decompositions the backend wants (the CPU's: EXP2 and LOG2)."""
-  return Kernel(graph_rewrite(kernel.ast, load_library().matcher("decomp"), ctx=optional), kernel.bufs)
+__all__ = ["Kernel", "validate", "structure", "REDUCE_OPS"]

@@ -50,7 +50,6 @@ def graph_rewrite(sink: UOp, matcher: Any, ctx: Any = None, bottom_up: bool = Fa
 
 
 def _not_a_graph(matcher, ctx, recent, e: AttributeError):
-  from rulec.engine.lang.runtime import RuleRuntimeError
   which, hit = getattr(matcher, "which_rule", None), None
   for u in reversed(recent or ()):
     try: hit = which(u, ctx) if which is not None else None
@@ -60,6 +59,16 @@ def _not_a_graph(matcher, ctx, recent, e: AttributeError):
   rule = (hit[0], hit[1], lines.get(hit, "")) if hit is not None else ("unknown", "?", "")
   return RuleRuntimeError(rule, TypeError(f"the replacement's graph has a {type(getattr(e, 'obj', None)).__name__} "
                                           "where a source node belongs"))
+
+
+class RuleRuntimeError(RuntimeError):
+  """A guard or replacement raised: names the rule and where it is. (Raised by the rule language's matchers;
+  defined here because graph_rewrite raises it too, for a replacement that is not a graph.)"""
+  def __init__(self, rule: tuple[str, str, str], cause: BaseException):
+    self.rule_name, self.location, self.source = rule
+    self.cause = cause
+    super().__init__(f"rule '{self.rule_name}' at {self.location} failed: {type(cause).__name__}: {cause}\n"
+                     f"    {self.source}")
 
 
 class _Budget:

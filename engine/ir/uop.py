@@ -344,7 +344,7 @@ def _infer_device(u: UOp) -> str | tuple[str, ...] | None:
 
 
 def _infer_bounds(u: UOp):
-  """Bounds of u's value. Integers wrap around (engine/alu.py), so for an integer dtype (index included: it
+  """Bounds of u's value. Integers wrap around (engine/ir/alu.py), so for an integer dtype (index included: it
   wraps at 64 bits) bounds computed from the sources' bounds that leave the dtype's range give way to that
   whole range: the op may have wrapped, and its value can be anything the dtype holds."""
   lo, hi = _op_bounds(u)

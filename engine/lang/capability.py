@@ -15,13 +15,16 @@ from typing import Any, Callable
 from rulec.engine.ir.dtypes import DType, dtypes
 from rulec.engine.ir.ops import Ops
 from rulec.engine.ir.uop import UOp
+from rulec.engine.lang import ast as A
+from rulec.engine.lang.names import BUILTINS, CONSTANT_NAMES
 
 # "module.name" -> the function, for every function marked with @rule_helper
 RULE_HELPERS: dict[str, Callable] = {}
 
 
 def rule_helper(fn: Callable) -> Callable:
-  """Mark a plain, public, module-level function as callable from `.rules` files (via `use MODULE (NAME)`)."""
+  """Mark a plain, public, module-level function as callable from `.rules` files (via `use LIBRARY (NAME)`:
+  engine/lang/libraries.py)."""
   if not inspect.isfunction(fn): raise TypeError(f"@rule_helper marks plain functions, not {type(fn).__name__}")
   if fn.__name__.startswith("_") or "<" in fn.__qualname__ or "." in fn.__qualname__:
     raise ValueError(f"@rule_helper: {fn.__qualname__} is private or not at module level")
@@ -143,7 +146,6 @@ __all__ = ["rule_helper", "is_rule_helper", "RULE_HELPERS", "rule_attr", "RuleCa
 
 def pattern_tails(p) -> set[str]:
   """Names bound by `*rest` in a pattern (tuples of nodes, not nodes)."""
-  from rulec.engine.lang import ast as A
   out: set[str] = set()
   stack = [p]
   while stack:
@@ -161,8 +163,6 @@ def static_type(e, nodes, tails, helpers, scope):
   the comprehension variables in scope, a dict name -> static type (or a set: all unknown)."""
   import types
 
-  from rulec.engine.lang import ast as A
-  from rulec.engine.lang.names import BUILTINS, CONSTANT_NAMES
   if isinstance(e, A.EName):
     n = e.id
     if n in scope: return scope.get(n) if isinstance(scope, dict) else None

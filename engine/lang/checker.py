@@ -13,10 +13,11 @@ from rulec.engine.ir.dtypes import dtype_set
 from rulec.engine.lang import ast as A
 from rulec.engine.lang.capability import CTX, allowed_attrs, comprehension_scope, describe_type, static_type
 from rulec.engine.lang.compiler import child_orders
+from rulec.engine.lang.contexts import rule_contexts
 from rulec.engine.lang.diagnostics import Diagnostic
 from rulec.engine.lang.limits import MAX_EXPR_DEPTH, MAX_INCLUDE_DEPTH, MAX_VARIANTS, SHADOW_CANDIDATES
-from rulec.engine.lang.names import (BUILTINS, CONSTANT_NAMES, FORBIDDEN_NAMES, check_call_arity, forbidden_attr, resolve_helper,
-                               resolve_helper_module)
+from rulec.engine.lang.libraries import resolve_helper, resolve_library
+from rulec.engine.lang.names import BUILTINS, CONSTANT_NAMES, FORBIDDEN_NAMES, check_call_arity, forbidden_attr
 from rulec.engine.ir.ops import COMMUTATIVE, FIXED_ARITY, GROUPS, op_set
 
 
@@ -150,7 +151,7 @@ def _kind(rs: A.RuleSet) -> str: return "a gradients set" if rs.grad is not None
 def _check_uses(f: A.RuleFile, diags: list[Diagnostic]) -> dict[str, Callable]:
   helpers: dict[str, Callable] = {}
   for use in f.uses:
-    mod, why = resolve_helper_module(use.module)
+    mod, why = resolve_library(use.module)
     if mod is None:
       diags.append(Diagnostic("R301", "error", use.module_span, why))
       for name, _ in use.names: helpers.setdefault(name, None)   # declared: no second error at each use
@@ -421,8 +422,7 @@ def pattern_arity(p) -> int | None:
 
 def _check_ctx_uses(lib: CheckedLibrary, diags: list[Diagnostic]):
   """In the sets the scheduler runs (and the sets they include), `ctx.NAME` must be a name that set's ctx
-  offers rules (engine/sched/contexts.py), and a call of a ctx method must fit its signature."""
-  from rulec.engine.lang.contexts import rule_contexts
+  offers rules (engine/lang/contexts.py), and a call of a ctx method must fit its signature."""
   contexts, seen = rule_contexts(), set()
   for name, rs in lib.rulesets.items():
     if name not in contexts or rs.grad is not None: continue
@@ -441,7 +441,7 @@ def _check_ctx_use(ruleset: str, ctx, attr: A.EAttr, call: A.ECall | None, diags
   import difflib
   if ctx is None:
     diags.append(Diagnostic("R406", "error", attr.attr_span, f"ruleset '{ruleset}' runs with no ctx (ctx is None), "
-                            f"so ctx.{attr.attr} fails", note="engine/sched/contexts.py lists what each set the "
+                            f"so ctx.{attr.attr} fails", note="engine/lang/contexts.py lists what each set the "
                             "scheduler runs receives as ctx"))
     return
   if attr.attr not in ctx.names:

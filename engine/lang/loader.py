@@ -12,13 +12,12 @@ from __future__ import annotations
 
 import atexit
 import hashlib
-import importlib.util
 import os
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
+from rulec.engine import diskcache
 from rulec.engine.lang import ast as A
 from rulec.engine.lang.checker import CheckedLibrary, check_library
 from rulec.engine.lang.compiler import generate, per_rule_functions
@@ -52,11 +51,6 @@ def user_rules_paths() -> list[Path]:
 
 
 def stats_enabled() -> bool: return os.environ.get("RULEC_STATS", "") not in ("", "0")
-
-
-def _cache_dir() -> Path:
-  d = os.environ.get("RULEC_CACHE_DIR")
-  return Path(d) if d else Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "rulec"
 
 
 def _compiler_digest() -> str:
@@ -167,14 +161,14 @@ class RuleLibrary:
 
   def _compiled(self, names: tuple[str, ...], stats: bool) -> tuple[str, dict]:
     key = hashlib.sha256(f"{self.digest}|{'+'.join(names)}|{int(stats)}".encode()).hexdigest()[:32]
-    path = _cache_dir() / f"{key}.py"
-    src = _read_cache(path, key)
+    path = diskcache.cache_dir() / f"{key}.py"
+    src = diskcache.load_text(path, key)
     if src is not None:
       try: return src, _exec(src, names)
       except (Exception, SystemExit): pass  # a stale or broken entry is rebuilt below
     src = self.emit(*names, stats=stats)
     ns = _exec(src, names)
-    _write_cache(path, key, src)
+    diskcache.store_text(path, key, src)
     return src, ns
 
 
@@ -231,24 +225,6 @@ def _exec(src: str, names) -> dict:
   exec(compile(src, f"<rulec {'+'.join(names)}>", "exec"), ns)
   if not isinstance(ns.get("DISPATCH"), dict): raise RuntimeError("generated matcher has no DISPATCH table")
   return ns
-
-
-def _read_cache(path: Path, key: str) -> str | None:
-  try: text = path.read_text()
-  except OSError: return None
-  head, _, body = text.partition("\n")
-  want = f"# rulec-cache key={key} body={hashlib.sha256(body.encode()).hexdigest()}"
-  return body if head == want else None
-
-
-def _write_cache(path: Path, key: str, src: str):
-  try:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    head = f"# rulec-cache key={key} body={hashlib.sha256(src.encode()).hexdigest()}"
-    fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
-    with os.fdopen(fd, "w") as f: f.write(head + "\n" + src)
-    os.replace(tmp, path)
-  except OSError: pass  # a read-only cache only costs speed
 
 
 _LIBRARIES: dict[tuple[tuple[str, ...], tuple[str, ...]], RuleLibrary] = {}

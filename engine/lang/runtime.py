@@ -1,20 +1,12 @@
 """What generated matchers call at run time: helper imports and rule errors."""
 from __future__ import annotations
 
-from rulec.engine.lang.names import resolve_helper, resolve_helper_module
+from rulec.engine.ir.rewrite import RuleRuntimeError  # noqa: F401 (matchers raise it; graph_rewrite too, so it is IR)
+from rulec.engine.lang.libraries import resolve_helper, resolve_library
 
 
 class RuleAbort(Exception):
   """Raised on purpose by a helper to stop a rewrite; passes through matchers untouched."""
-
-
-class RuleRuntimeError(RuntimeError):
-  """A guard or replacement raised: names the rule and where it is."""
-  def __init__(self, rule: tuple[str, str, str], cause: BaseException):
-    self.rule_name, self.location, self.source = rule
-    self.cause = cause
-    super().__init__(f"rule '{self.rule_name}' at {self.location} failed: {type(cause).__name__}: {cause}\n"
-                     f"    {self.source}")
 
 
 def rule_failed(rule: tuple[str, str, str], cause: BaseException):
@@ -43,7 +35,7 @@ def check_gradients(rule: tuple[str, str, str], node, grads):
 
 
 def import_helper(module: str, name: str):
-  mod, why = resolve_helper_module(module)
+  mod, why = resolve_library(module)
   if mod is None: raise ImportError(why)
   fn, why = resolve_helper(mod, name)
   if fn is None: raise ImportError(why)

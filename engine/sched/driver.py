@@ -10,10 +10,10 @@ still in Python) and orders the kernels.
      reuse_copies  rules/early.rules      reads of a value that has a contiguous copy read the copy
      prepare       rules/early.rules      explicit broadcasts
   2. fusion        rules/fusion.rules     what to realize (decisions over engine/sched/fusion.py's facts)
-     stage, place  rules/realize.rules    the decisions and the outputs wrapped in STAGE; constants placed
+     stage, place  rules/bufferize.rules  the decisions and the outputs wrapped in STAGE; constants placed
      (snapshots)   Python (stages.py)     a kernel reading a buffer before and after an assign reads a copy
-  3. realize       rules/realize.rules    STAGE / CONTIGUOUS -> store into a new buffer
-  4. rangeify      rules/indexing.rules   ranges at stores and reduces; INDEX pushed down
+  3. realize       rules/bufferize.rules  STAGE / CONTIGUOUS -> store into a new buffer
+  4. rangeify      rules/rangeify.rules   ranges at stores and reduces; INDEX pushed down
   5. symbolic      rules/symbolic.rules   index arithmetic simplified, constants folded
   6. split         rules/kernel.rules     each store becomes a Kernel over PARAMs (to_params, per kernel)
      views         rules/kernel.rules     each target a view of its buffer

@@ -1,5 +1,5 @@
 """Index arithmetic for movement ops and range creation: what the indexing
-rules (rules/indexing.rules) call. Each function answers one question that is
+rules (rules/rangeify.rules) call. Each function answers one question that is
 arithmetic, not pattern shape."""
 from __future__ import annotations
 
@@ -107,13 +107,6 @@ def reduce_with_ranges(idx: UOp) -> UOp:
   loops = [r for r in rr if r.op is Ops.RANGE]
   value = x.index(*inner)
   return UOp(Ops.REDUCE, red.dtype, (value, *loops), op) if loops else value
-
-
-def identity_element(op: Ops, dtype) -> Any:
-  if op is Ops.ADD: return 0
-  if op is Ops.MUL: return 1
-  if op is Ops.MAX: return dtype.min() if dtype.kind != "f" else float("-inf")
-  raise ValueError(f"{op} is not a reduce op")
 
 
 def size_of(shape: tuple[int, ...]) -> int: return prod(shape)

@@ -1,4 +1,4 @@
-"""Between choosing and realizing. The ctx objects of rules/realize.rules' `stage` and `place` (the chosen
+"""Between choosing and realizing. The ctx objects of rules/bufferize.rules' `stage` and `place` (the chosen
 nodes and the outputs wrapped in STAGE; constants placed on a device), and one graph pass still written
 in Python: reads of overwritten buffers redirected to snapshots. Also the ctx of `reuse_copies` (early.rules)."""
 from __future__ import annotations
@@ -57,7 +57,7 @@ class Rebuilt:
 
 
 class StagePlan(Rebuilt):
-  """ctx of rules/realize.rules' `stage`: the fusion decisions and the outputs, for wrapping them in STAGE.
+  """ctx of rules/bufferize.rules' `stage`: the fusion decisions and the outputs, for wrapping them in STAGE.
 
   An output that is a whole or partial view of a buffer (realized before, or written by an assign in this
   schedule), of a stored value, or of a constant needs no kernel: it stays that view. Any other output is
@@ -129,7 +129,7 @@ class CopyReuse(Rebuilt):
 
 
 class Placement(Rebuilt):
-  """ctx of rules/realize.rules' `place`: a buffer for a value that lives on no device (a CONTIGUOUS of
+  """ctx of rules/bufferize.rules' `place`: a buffer for a value that lives on no device (a CONTIGUOUS of
   constants, a split reduce of ones) goes where its nearest consumer lives: that consumer's device, or the
   output's."""
   def __init__(self, sink: UOp, devices: list[str]):

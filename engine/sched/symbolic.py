@@ -1,5 +1,5 @@
-"""Helpers for rules/symbolic.rules: the parts of simplification that are
-arithmetic, not pattern shape."""
+"""Helpers of rules/symbolic.rules: the parts of simplification that are arithmetic, not pattern shape. The
+facts of an index expression they share with the renderers (its terms, steps, bounds) are IR: engine/ir/facts.py."""
 from __future__ import annotations
 
 import math
@@ -11,9 +11,11 @@ from rulec.engine.lang.capability import rule_helper
 
 from rulec.engine.ir.alu import exec_alu, wrap
 from rulec.engine.ir.dtypes import DType, dtypes
+from rulec.engine.ir.facts import linear_bounds, terms_of
 from rulec.engine.ir.ops import ALU, Ops
-from rulec.engine.ir.rewrite import substitute
+from rulec.engine.ir.rewrite import graph_rewrite, substitute
 from rulec.engine.ir.uop import UOp
+from rulec.engine.lang.loader import load_library
 
 
 @rule_helper
@@ -33,56 +35,6 @@ def bounds_const(x: UOp) -> UOp | None:
   return UOp.const(x.dtype, lo) if isinstance(lo, int) and lo == hi else None
 
 
-def _terms(x: UOp) -> tuple[list[tuple[int, UOp]], int]:
-  """x as sum(coef * node) + const, looking through ADD and multiplication by constants."""
-  terms: list[tuple[int, UOp]] = []
-  const = 0
-  stack = [(1, x)]
-  while stack:
-    k, u = stack.pop()
-    if u.op is Ops.ADD: stack += [(k, u.src[0]), (k, u.src[1])]
-    elif u.op is Ops.CONST: const += k * u.arg
-    elif u.op is Ops.MUL and u.src[1].op is Ops.CONST: stack.append((k * u.src[1].arg, u.src[0]))
-    elif u.op is Ops.MUL and u.src[0].op is Ops.CONST: stack.append((k * u.src[0].arg, u.src[1]))
-    else: terms.append((k, u))
-  return terms, const
-
-
-def range_steps(x: UOp) -> dict[UOp, int]:
-  """The step of each range that is a term of x on its own (coefficient * range, looking through ADD)."""
-  out: dict[UOp, int] = {}
-  for k, t in _terms(x)[0]:
-    if t.op is Ops.RANGE: out[t] = out.get(t, 0) + k
-  return out
-
-
-def multiple_of(x: UOp, n: int) -> bool:
-  """x (an integer expression) is a multiple of n for every value of its ranges: every term's coefficient and the
-  constant are (a term that is no multiplication by a constant counts as coefficient 1)."""
-  terms, const = _terms(x)
-  return const % n == 0 and all(k % n == 0 for k, _ in terms)
-
-
-def offset_of(x: UOp, r: UOp) -> UOp | None:
-  """x as offset + r, where r is a term of coefficient 1 and no other term depends on r: the offset (x with r = 0);
-  None for any other x. n neighbouring values of r then index n neighbouring elements, from the offset on."""
-  terms, _ = _terms(x)
-  if sum(t is r for _, t in terms) != 1 or (1, r) not in terms or any(t is not r and r in t.toposort() for _, t in terms):
-    return None
-  return substitute(x, {r: UOp.const(r.dtype, 0)})
-
-
-def _linear_bounds(x: UOp) -> tuple[int, int] | None:
-  """Bounds of sum(coef * node) + const (x's terms) computed without wrap-around; None when a term is not an integer."""
-  terms, k = _terms(x)
-  lo = hi = k
-  for coef, v in terms:
-    a, b = coef * v.vmin, coef * v.vmax
-    if not (isinstance(a, int) and isinstance(b, int)): return None
-    lo, hi = lo + min(a, b), hi + max(a, b)
-  return lo, hi
-
-
 @rule_helper
 def no_wrap(*xs: UOp) -> bool:
   """Each x (an integer expression) has its exact value: x is built from its terms with ADD and MUL, which
@@ -90,7 +42,7 @@ def no_wrap(*xs: UOp) -> bool:
   whatever intermediate results wrapped. Rules that rely on integer identities (x*c // c == x) check this."""
   for x in xs:
     if not x.dtype.is_int: return False
-    b = _linear_bounds(x)
+    b = linear_bounds(x)
     if b is None or b[0] < x.dtype.min() or b[1] > x.dtype.max(): return False
   return True
 
@@ -104,7 +56,7 @@ def divmod_parts(x: UOp, c: int, div: bool) -> UOp | None:
   the quotient part and x % c is R. Only when x holds the exact sum of its
   terms (no_wrap): then the parts, built with wrapping ADD and MUL, are
   exact too (both lie in x's dtype's range: 0 <= R < c and Q = x // c)."""
-  terms, k = _terms(x)
+  terms, k = terms_of(x)
   if not terms: return None
   qk, rk = divmod(k, c)
   lo = hi = rk          # bounds of R
@@ -166,7 +118,7 @@ def fold_cast(cast: UOp) -> UOp | None:
 def lt_gcd(x: UOp, c: int) -> UOp | None:
   """x < c as Q < c // d: d is the gcd of c and x's coefficients other than 1 and -1, and x = d*Q + R with R
   provably in [0, d) (divmod_parts), so x < c exactly when Q < c / d."""
-  terms, _ = _terms(x)
+  terms, _ = terms_of(x)
   scaled = [k for k, _ in terms if abs(k) != 1]
   if not scaled or (d := math.gcd(c, *scaled)) <= 1: return None
   q = divmod_parts(x, d, True)
@@ -229,8 +181,6 @@ def given_valid(w: UOp) -> UOp | None:
     stand[x] = UOp.variable(f"given_{len(stand)}_{id(x)}", lo, c.src[1].arg - 1, x.dtype)
   out = None
   if stand:
-    from rulec.engine.lang.loader import load_library
-    from rulec.engine.ir.rewrite import graph_rewrite, substitute
     # the maximal integer subexpressions of the branch's values (an index, a guard) that hold a guarded X
     values = _values_of(t)
     inside = set(values)
@@ -356,7 +306,7 @@ class _Fitter:
 
   def index(self, idx: UOp, guards: tuple) -> UOp:
     if not idx.dtype.is_int or not self.has_divmod(idx): return idx
-    terms, k = _terms(idx)
+    terms, k = terms_of(idx)
     conds = self.usable(guards)
     out, changed = [], False
     for coef, v in terms:

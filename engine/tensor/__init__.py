@@ -55,7 +55,7 @@ Types follow tinygrad 0.14 (default float float32, default int int32). Concretel
   `axis=` (for dim) and `ddof=` (for correction) stay as aliases. A 0-d
   tensor takes axis 0 and -1 in reductions.
 - `//` on floats is the IR's IDIV, floor(a / b) of the rounded quotient
-  (engine/alu.py); numpy (and Python) compute it from the remainder, so the
+  (engine/ir/alu.py); numpy (and Python) compute it from the remainder, so the
   two can differ by one where the rounding of a / b crosses an integer
   (1.0 // 0.1 is 10.0 here, 9.0 in numpy). `%` on floats is numpy's.
 - NaNs propagate through maximum, minimum, clip, max and min as in numpy (the

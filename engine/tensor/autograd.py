@@ -191,16 +191,3 @@ class AutogradMixin:
     dev = g.device
     if dev is not None and dev != self.device: g = UOp(Ops.COPY, g.dtype, (g,), self.device)
     return self._new(g)
-
-
-class no_grad:
-  """`with no_grad():` (torch's spelling): tensors made inside get requires_grad=False, and backward() refuses."""
-  def __init__(self, cls: type | None = None): self.cls = cls
-
-  def __enter__(self):
-    from rulec.engine.tensor.tensor import Tensor
-    self.cls = self.cls or Tensor
-    self.prev, self.cls.no_grad = self.cls.no_grad, True
-    return self
-
-  def __exit__(self, *exc): self.cls.no_grad = self.prev

@@ -28,3 +28,15 @@ class Tensor(TensorBase, CreationMixin, ElementwiseMixin, MathMixin, ReduceMixin
   """A lazy tensor: a tensor-level UOp graph and the device its value lives on."""
   __slots__ = ()
   __hash__ = TensorBase.__hash__   # ElementwiseMixin defines __eq__ (elementwise ==), which would clear it
+
+
+class no_grad:
+  """`with no_grad():` (torch's spelling): tensors made inside get requires_grad=False, and backward() refuses."""
+  def __init__(self, cls: type | None = None): self.cls = cls
+
+  def __enter__(self):
+    self.cls = self.cls or Tensor
+    self.prev, self.cls.no_grad = self.cls.no_grad, True
+    return self
+
+  def __exit__(self, *exc): self.cls.no_grad = self.prev

@@ -18,14 +18,14 @@ from hypothesis import strategies as st
 from hypothesis.errors import Unsatisfiable
 
 from rulec.engine.lang import ast as A
-from rulec.engine.lang.compiler import pattern_ops, per_rule_functions
-from rulec.engine.lang.interp import InterpretedMatcher
+from rulec.engine.lang.compiler import pattern_ops
 from rulec.engine.lang.runtime import RuleAbort, RuleRuntimeError
 from rulec.engine.ir.ops import Ops
 from rulec.engine.ir.uop import UOp, render
-from rulec.engine.verify.evaluate import (NotModelled, NoValue, TensorEval, arrays_equal, eval_scalar, first_difference,
-                                    free_leaves, points, scalars_equal)
+from rulec.engine.verify.evaluate import (NoValue, NotModelled, TensorEval, arrays_equal, compiled_rule, eval_scalar,
+                                         first_difference, free_leaves, points, scalars_equal)
 from rulec.engine.verify.generate import MODE_OPS, Gen, Reject
+from rulec.engine.verify.gradient import verify_gradient_rule
 
 SHAPE_ATTRS = {"shape", "_shape", "size", "base", "device", "ndim"}
 
@@ -89,13 +89,6 @@ def _graph_text(u: UOp) -> str:
   text = render(u, depth=12)
   notes = ([] if u.dtype.name in ("index", "void") else [u.dtype.name]) + ([f"shape {u._shape}"] if u._shape else [])
   return f"{text}  # {', '.join(notes)}" if notes else text
-
-
-def compiled_rule(rule: A.Rule, helpers_of) -> tuple[Any, InterpretedMatcher]:
-  """The rule alone as a compiled matcher function fn(node, ctx), and the reference interpreter of it."""
-  ns: dict[str, Any] = {"__name__": f"rulec_verify_{rule.name}"}
-  exec(compile(per_rule_functions([rule], helpers_of), f"<rulec verify {rule.name}>", "exec"), ns)
-  return ns["RULE_FNS"][0], InterpretedMatcher([rule], helpers_of)
 
 
 class _Checker:
@@ -206,7 +199,6 @@ def verify_rule(rule: A.Rule, helpers_of, examples: int = 100) -> RuleResult:
 def _verify_rule(rule: A.Rule, helpers_of, examples: int) -> RuleResult:
   res = RuleResult(rule.name, _location(rule.span), rule.ruleset, "not checkable")
   if rule.grad is not None:
-    from rulec.engine.verify.gradient import verify_gradient_rule
     return verify_gradient_rule(rule, helpers_of, examples, res)
   if (why := static_reason(rule)) is not None:
     res.reason = why

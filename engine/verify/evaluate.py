@@ -1,7 +1,7 @@
 """Values of generated graphs, before and after a rewrite.
 
 Scalar (index-level) expressions are evaluated at every point of their free
-leaves (RANGE and DEFINE_VAR) with engine/alu.py's meaning of each op; results
+leaves (RANGE and DEFINE_VAR) with engine/ir/alu.py's meaning of each op; results
 are held in their dtype (integers wrap, float16/float32 round). Tensor-level
 graphs are evaluated with engine/tensor_eval.py, extended by a small memory
 model for what the scheduler adds on top of it: STAGE (a copy), STORE into a
@@ -12,6 +12,7 @@ from __future__ import annotations
 import itertools
 import math
 import warnings
+from typing import Any
 
 import numpy as np
 
@@ -19,6 +20,9 @@ from rulec.engine.ir.alu import PYTHON_ALU, exec_alu, wrap
 from rulec.engine.ir.dtypes import DType
 from rulec.engine.ir.ops import ALU, MOVEMENT, Ops
 from rulec.engine.ir.uop import UOp
+from rulec.engine.lang import ast as A
+from rulec.engine.lang.compiler import per_rule_functions
+from rulec.engine.lang.interp import InterpretedMatcher
 from rulec.engine.verify.generate import FLOAT_VALUES
 
 
@@ -158,3 +162,10 @@ def first_difference(a: np.ndarray, b: np.ndarray) -> str:
   diff = ~((a == b) | ((a != a) & (b != b))) if a.dtype.kind == "f" else a != b
   at = tuple(int(i) for i in np.argwhere(diff)[0])
   return f"at {at}: before = {a[at]!r}, after = {b[at]!r}"
+
+
+def compiled_rule(rule: A.Rule, helpers_of) -> tuple[Any, InterpretedMatcher]:
+  """The rule alone as a compiled matcher function fn(node, ctx), and the reference interpreter of it."""
+  ns: dict[str, Any] = {"__name__": f"rulec_verify_{rule.name}"}
+  exec(compile(per_rule_functions([rule], helpers_of), f"<rulec verify {rule.name}>", "exec"), ns)
+  return ns["RULE_FNS"][0], InterpretedMatcher([rule], helpers_of)

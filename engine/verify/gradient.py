@@ -27,7 +27,7 @@ from rulec.engine.lang.compiler import pattern_ops
 from rulec.engine.lang.runtime import RuleAbort, RuleRuntimeError
 from rulec.engine.ir.ops import BINARY, MOVEMENT, UNARY, Ops
 from rulec.engine.ir.uop import UOp, prod, render
-from rulec.engine.verify.evaluate import NotModelled, NoValue, TensorEval
+from rulec.engine.verify.evaluate import NotModelled, NoValue, TensorEval, compiled_rule
 from rulec.engine.verify.generate import Gen, Reject
 from rulec.runtime.buffer import new_buffer
 
@@ -136,7 +136,6 @@ def _objective(node: UOp, g: np.ndarray, values: dict) -> float:
 
 class GradChecker:
   def __init__(self, rule: A.Rule, helpers_of, examples: int):
-    from rulec.engine.verify.core import compiled_rule
     self.rule, self.examples = rule, examples
     self.fn, self.interp = compiled_rule(rule, helpers_of)
     self.compared, self.tries = 0, 0

@@ -1,12 +1,18 @@
-"""Compiled kernels kept on disk, so that a later process loads them instead of compiling them again.
+"""rulec's one disk cache: generated rule matchers, compiled kernels and search results, kept so that a later
+process loads them instead of making them again. It sits beneath every layer that caches (the rule language's
+matchers, codegen's search results, the devices' compiled kernels), so each of them reads and writes entries
+the same way, through this module.
+
+Matchers (the rule language's loader) are `<key>.py` files in the root, one comment line naming their key and
+their body's sha256, then the body (`load_text`, `store_text`). Kernels and search results are described below.
 
 The CPU device stores object code (what LLVM emitted for a kernel's IR), the CL
 device program binaries. An entry's name is the digest of its key: every input
 that decides the compiled bytes (the kernel's source text, the target, the
 compiler and its version, the options), so an entry is only ever found by a
-process that would have compiled the same bytes. Entries live in the directory
-the rule matchers are cached in (engine/lang/loader.py: RULEC_CACHE_DIR, else
-$XDG_CACHE_HOME/rulec or ~/.cache/rulec), under `kernels/<device>/`.
+process that would have compiled the same bytes. Entries live under `kernels/<device>/`
+in the cache's root (`cache_dir()`: RULEC_CACHE_DIR, else $XDG_CACHE_HOME/rulec
+or ~/.cache/rulec).
 
 An entry is one header line, `rulec-kernel 1 <key digest> <payload sha256> <payload bytes>`,
 then the payload. A reader hands the payload on only when all of that matches:
@@ -35,10 +41,16 @@ import os
 import tempfile
 from pathlib import Path
 
-from rulec.engine.lang.loader import _cache_dir
 
 FORMAT = 1
 STATS = {"hits": 0, "misses": 0, "rejected": 0, "writes": 0}
+
+
+def cache_dir() -> Path:
+  """The cache's root: RULEC_CACHE_DIR, else $XDG_CACHE_HOME/rulec or ~/.cache/rulec (read at every call, as tests
+  change it)."""
+  d = os.environ.get("RULEC_CACHE_DIR")
+  return Path(d) if d else Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "rulec"
 
 
 def enabled() -> bool:
@@ -47,7 +59,7 @@ def enabled() -> bool:
 
 def directory(device: str) -> Path:
   """Where `device`'s entries live (follows RULEC_CACHE_DIR at every call, as tests change it)."""
-  return _cache_dir() / "kernels" / device
+  return cache_dir() / "kernels" / device
 
 
 def key(*parts: str | bytes) -> str:
@@ -132,33 +144,23 @@ def store_json(device: str, digest: str, value: dict) -> None:
   store(device, digest, json.dumps(value, sort_keys=True).encode(), ".kernel")
 
 
-def structure(ast) -> str:
-  """A kernel AST as text that is the same in every process for the same graph: each node's op, dtype, arg, tag
-  and sources (by position in the topological order). Buffer identities are not in it (PARAMs name slots)."""
-  pos: dict[int, int] = {}
-  lines = []
-  for i, u in enumerate(ast.toposort()):
-    pos[id(u)] = i
-    lines.append(f"{u.op.name} {u.dtype.name} {u.arg!r} {u.tag!r} {[pos[id(x)] for x in u.src]}")
-  return "\n".join(lines)
+# *** matcher entries: generated Python, one file per rule set combination ***
+
+def load_text(path: Path, key: str) -> str | None:
+  """A matcher entry's body, if its first line names `key` and the body's sha256."""
+  try: text = path.read_text()
+  except OSError: return None
+  head, _, body = text.partition("\n")
+  want = f"# rulec-cache key={key} body={hashlib.sha256(body.encode()).hexdigest()}"
+  return body if head == want else None
 
 
-_CODE: list[str] = []
-_CODE_DIRS = ("engine", "codegen", "runtime")
-
-
-def code_digest() -> str:
-  """A digest of everything that turns a kernel into source text: the Python of the engine, codegen and runtime
-  packages (read once per process) and the rule library as it is now (its files, the user's layered rules
-  included, and its compiler). Any edit there retires the kernel entries; the object code entries, keyed by the
-  text itself, stay valid."""
-  from rulec.engine.lang.loader import load_library
-  if not _CODE:
-    root = Path(__file__).resolve().parent.parent
-    h = hashlib.sha256()
-    for d in _CODE_DIRS:
-      for f in sorted((root / d).rglob("*.py")):
-        h.update(str(f.relative_to(root)).encode())
-        h.update(f.read_bytes())
-    _CODE.append(h.hexdigest())
-  return key(_CODE[0], load_library().digest)
+def store_text(path: Path, key: str, src: str) -> None:
+  """Write a matcher entry atomically (a temporary file renamed into place)."""
+  try:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    head = f"# rulec-cache key={key} body={hashlib.sha256(src.encode()).hexdigest()}"
+    fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
+    with os.fdopen(fd, "w") as f: f.write(head + "\n" + src)
+    os.replace(tmp, path)
+  except OSError: pass  # a read-only cache only costs speed
