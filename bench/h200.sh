@@ -49,18 +49,18 @@ if [[ $what == probe ]]; then
 fi
 if [[ $what == train ]]; then
   python3 bench/train.py --device CL 2>&1 | tee "$out/train.log"
-  RULEC_DEVICE=CL timeout "${TEST_TIMEOUT:-300}" python3 -m pytest -q -p no:cacheprovider tests/test_autograd.py \
-    tests/test_nn_optim.py tests/test_jit.py 2>&1 | tail -5 | tee "$out/tests_training_on_cl.log"
+  RULEC_DEVICE=CL timeout "${TEST_TIMEOUT:-300}" python3 -m pytest -q -p no:cacheprovider tests/frontend/test_autograd.py \
+    tests/tools/test_nn_optim.py tests/frontend/test_jit.py 2>&1 | tail -5 | tee "$out/tests_training_on_cl.log"
 fi
 if [[ $what == tests || $what == all ]]; then
-  timeout "${TEST_TIMEOUT:-420}" python3 -m pytest -q -p no:cacheprovider tests/test_cl_device.py tests/test_opt.py 2>&1 | tee "$out/tests_cl_device.log"
-  RULEC_DEVICE=CL timeout "${TEST_TIMEOUT:-420}" python3 -m pytest -q -p no:cacheprovider tests/test_tensor.py tests/test_schedule.py \
+  timeout "${TEST_TIMEOUT:-420}" python3 -m pytest -q -p no:cacheprovider tests/runtime/test_cl_device.py tests/codegen/test_opt.py 2>&1 | tee "$out/tests_cl_device.log"
+  RULEC_DEVICE=CL timeout "${TEST_TIMEOUT:-420}" python3 -m pytest -q -p no:cacheprovider tests/frontend/test_tensor.py tests/sched/test_schedule.py \
     2>&1 | tee "$out/tests_tensor_on_cl.log"
 fi
 if [[ $what == multi ]]; then
   gpus=$(nvidia-smi --query-gpu=name --format=csv,noheader | wc -l)
   counts=1; for ((i = 2; i <= gpus; i *= 2)); do counts+=",$i"; done
-  RULEC_DEVICE=CL timeout "${TEST_TIMEOUT:-300}" python3 -m pytest -q -p no:cacheprovider tests/test_multi.py 2>&1 | tail -5 |
+  RULEC_DEVICE=CL timeout "${TEST_TIMEOUT:-300}" python3 -m pytest -q -p no:cacheprovider tests/sched/test_multi.py 2>&1 | tail -5 |
     tee "$out/tests_multi_on_cl.log"
   RULEC_DEVICE=CL python3 bench/multi.py --kind CL --devices "$counts" --size "${MULTI_SIZE:-8192}" 2>&1 | tee "$out/multi.log"
   for n in ${counts//,/ }; do

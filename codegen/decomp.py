@@ -29,7 +29,7 @@ def decomposed(kernel: Kernel, optional: frozenset = frozenset()) -> Kernel:
 # (relative) of a halfway point: never more than 0.5 + 2**-25 ulp off (log2 runs once per row of a log_softmax, not
 # per element, so its cost matters less than exactness). Every step is one op, evaluated in the order written, except
 # exp2's Horner steps: MULACCs marked MAY_FUSE, one fma each on a CPU that has FMA (a softmax's time is mostly these
-# polynomials: 3.7 -> 3.2 ms here), two roundings elsewhere; the budget holds both ways (tests/test_decomp_exp.py).
+# polynomials: 3.7 -> 3.2 ms here), two roundings elsewhere; the budget holds both ways (tests/codegen/test_decomp_exp.py).
 # The polynomials were fitted for this code (least squares weighted toward minimax relative error, Lawson's
 # iteration) and checked against 50-digit decimal arithmetic.
 
@@ -37,7 +37,7 @@ _F32, _U32, _F64, _U64 = dtypes.float32, dtypes.uint32, dtypes.float64, dtypes.u
 # 2**r = 1 + r * q(r) for |r| <= 1/2: q's coefficients, constant term first. Fitted for this code (Lawson's
 # iteration toward the minimax relative error of 1 + r*q): 2.0e-9 relative, 0.03 of a float32 ulp, so the float32
 # rounding of Horner's steps is nearly all of the error (1.19 ulp at most over a dense sweep of every binade, where
-# numpy's own float32 exp2 is up to 2.84 ulp off; tests/test_decomp_exp.py)
+# numpy's own float32 exp2 is up to 2.84 ulp off; tests/codegen/test_decomp_exp.py)
 _EXP2_Q = (0.6931472028551726, 0.24022647913615794, 0.055503324709260164, 0.00961843735846597, 0.0013398874487543608,
            0.00015353361859462734)
 # log(1+f) = 2s + s * z * r(z), s = f / (2 + f), z = s*s <= 0.0295: r's coefficients (relative error 6.9e-16)

@@ -337,12 +337,12 @@ class LLVMRenderer(ScopedEmitter):
     if op is Ops.AND: return b.and_(*s)
     if op is Ops.OR: return b.or_(*s)
     if op is Ops.XOR: return b.xor(*s)
-    if op is Ops.CDIV: return self._int_div(s[0], s[1], uns, rem=False)
-    if op is Ops.CMOD:
-      if fl: return b.frem(*s)
-      return self._int_div(s[0], s[1], uns, rem=True)
+    # integer division and shifts arrive guarded (rules/decomp.rules): their operands are ones LLVM defines
+    if op is Ops.CDIV: return (b.udiv if uns else b.sdiv)(*s)
+    if op is Ops.CMOD: return b.frem(*s) if fl else (b.urem if uns else b.srem)(*s)
     if op is Ops.IDIV and fl: return self._floor_div(s[0], s[1])
-    if op in (Ops.SHL, Ops.SHR): return self._shift(op, s[0], s[1], uns)
+    if op is Ops.SHL: return b.shl(*s)
+    if op is Ops.SHR: return (b.lshr if uns else b.ashr)(*s)
     if op is Ops.SQRT: return self._intrinsic("llvm.sqrt", s)
     if op is Ops.EXP2: return self._intrinsic("llvm.exp2", s)
     if op is Ops.LOG2: return self._intrinsic("llvm.log2", s)
@@ -367,21 +367,6 @@ class LLVMRenderer(ScopedEmitter):
     ty = args[0].type
     fn = self.module.declare_intrinsic(name, [ty], ir.FunctionType(ty, [ty] * len(args)))
     return self.b.call(fn, args)
-
-  def _int_div(self, x, y, unsigned: bool, rem: bool):
-    # division by zero is 0 (numpy's answer); INT_MIN / -1 wraps: guard both, LLVM would trap
-    b, ty = self.b, x.type
-    zero, one = ir.Constant(ty, 0), ir.Constant(ty, 1)
-    is0 = b.icmp_unsigned("==", y, zero)
-    if unsigned:
-      safe = b.select(is0, one, y)
-      r = b.urem(x, safe) if rem else b.udiv(x, safe)
-      return b.select(is0, zero, r)
-    neg1 = b.icmp_signed("==", y, ir.Constant(ty, -1))
-    safe = b.select(b.or_(is0, neg1), one, y)
-    r = b.srem(x, safe) if rem else b.sdiv(x, safe)
-    r = b.select(neg1, zero if rem else b.sub(zero, x), r)
-    return b.select(is0, zero, r)
 
   def _int_pow(self, a, e, unsigned: bool):
     # square and multiply (wrapping, as numpy); a negative exponent gives 1/a**|e| truncated, as engine/ir/alu.py
@@ -412,18 +397,6 @@ class LLVMRenderer(ScopedEmitter):
     neg_val = b.select(b.icmp_unsigned("==", a, one), one,
                        b.select(b.icmp_unsigned("==", a, m1), b.select(odd_e, m1, one), ir.Constant(ty, 0)))
     return b.select(neg, neg_val, out)
-
-  def _shift(self, op: Ops, x, n, unsigned: bool):
-    # engine/ir/alu.py: a negative amount leaves x alone; an amount past the width shifts everything out
-    b, ty = self.b, x.type
-    width = ir.Constant(ty, ty.width)
-    neg = b.icmp_signed("<", n, ir.Constant(ty, 0)) if not unsigned else ir.Constant(_I1, 0)
-    big = b.icmp_unsigned(">=", n, width)
-    safe = b.select(b.or_(neg, big), ir.Constant(ty, 0), n)
-    if op is Ops.SHL: shifted, out = b.shl(x, safe), ir.Constant(ty, 0)
-    elif unsigned: shifted, out = b.lshr(x, safe), ir.Constant(ty, 0)
-    else: shifted, out = b.ashr(x, safe), b.ashr(x, ir.Constant(ty, ty.width - 1))
-    return b.select(neg, x, b.select(big, out, shifted))
 
   def cast(self, v, sd: DType, d: DType):
     b, to = self.b, lltype(d)

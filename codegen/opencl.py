@@ -1,14 +1,14 @@
 """A kernel as OpenCL C source.
 
 The kernel's decompositions (rules/decomp.rules) have run first, so floor
-division and modulo arrive as the truncating CDIV / CMOD and loads that may
-leave their buffer are already clamped. Every op gets the meaning
+division and modulo arrive as the truncating CDIV / CMOD, guarded (with
+shifts) against the operands C leaves undefined, and loads that may leave
+their buffer are already clamped. Every op gets the meaning
 engine/ir/alu.py gives it (and the NUMPY reference device computes), as
 codegen/llvmir.py does: integers wrap (signed arithmetic is done in unsigned C
 types, where C defines the wrap; `index` arithmetic, which cannot overflow,
-stays signed so the compiler sees affine addresses), division by zero and
-INT_MIN / -1 are guarded, shifts past the width or by a negative amount are
-guarded, float to int casts map non-finite values to 0 and wrap modulo 2**64,
+stays signed so the compiler sees affine addresses), float to int casts map
+non-finite values to 0 and wrap modulo 2**64,
 MAX is `b > a ? b : a` (a NaN second operand loses), bools live as uchar in
 memory. Where codegen/llvmir.py departs from engine/ir/alu.py this file follows
 engine/ir/alu.py: TRUNC and float // never give -0.0, NaN // 0 is an infinity
@@ -444,8 +444,6 @@ class CLRenderer(ScopedEmitter):
     if op is Ops.CAST: return self.let(d, self.cast(s[0], u.src[0].dtype, d))
     if op is Ops.BITCAST: return self.let(d, self.bitcast(s[0], u.src[0].dtype, d))
     if op is Ops.WHERE: return self.let(d, f"{s[0]} ? {s[1]} : {s[2]}")
-    if op in (Ops.CDIV, Ops.CMOD) and d.kind in "iux" and u.src[1].op is Ops.CONST:   # a constant divisor needs no guard
-      return self.let(d, self._int_div_const(op, d, s[0], wrap(u.src[1].arg, d)))
     return self.let(d, self.alu(op, u.src[0].dtype, d, s))
 
   def const(self, v, d: DType) -> str:
@@ -514,37 +512,14 @@ class CLRenderer(ScopedEmitter):
     if op is Ops.OR: return f"({t})({s[0]} | {s[1]})"
     if op is Ops.XOR: return f"({t})({s[0]} ^ {s[1]})"
     if op is Ops.TRUNC: return s[0]
-    if op in (Ops.CDIV, Ops.CMOD): return self._int_div(sd, s[0], s[1], rem=op is Ops.CMOD)
-    if op in (Ops.SHL, Ops.SHR): return self._shift(op, sd, s[0], s[1])
+    # division, remainder and shifts arrive guarded (rules/decomp.rules): their operands are ones C defines; a
+    # left shift is made in unsigned arithmetic (a negative value shifted left is undefined in C)
+    if op is Ops.CDIV: return f"({t})({s[0]} / {s[1]})"
+    if op is Ops.CMOD: return f"({t})({s[0]} % {s[1]})"
+    if op is Ops.SHL: return f"({t})(({u}){s[0]} << {s[1]})"
+    if op is Ops.SHR: return f"({t})({s[0]} >> {s[1]})"
     if op is Ops.POW: return f"{self.helper(f'pow_{t}', _pow_helper(sd))}({s[0]}, {s[1]})"
     raise NotImplementedError(f"the OpenCL backend cannot render {op} on {sd} (no decomposition rule for it)")
-
-  def _int_div(self, sd: DType, x: str, y: str, rem: bool) -> str:
-    # division by zero is 0 (numpy's answer); INT_MIN / -1 wraps: both guarded (C leaves them undefined)
-    t, u = self.ct(sd), _wide(sd)
-    if sd.kind == "u":
-      safe = self.let(sd, f"{y} == 0 ? ({t})1 : {y}")
-      return f"{y} == 0 ? ({t})0 : ({t})({x} {'%' if rem else '/'} {safe})"
-    safe = self.let(sd, f"({y} == 0 || {y} == -1) ? ({t})1 : {y}")
-    if rem: return f"({y} == 0 || {y} == -1) ? ({t})0 : ({t})({x} % {safe})"
-    return f"{y} == 0 ? ({t})0 : ({y} == -1 ? ({t})(({u})0 - ({u}){x}) : ({t})({x} / {safe}))"
-
-  def _int_div_const(self, op: Ops, sd: DType, x: str, y: int) -> str:
-    t, u = self.ct(sd), _wide(sd)
-    if y == 0 or (y == -1 and op is Ops.CMOD): return f"({t})0"
-    if y == -1: return f"({t})(({u})0 - ({u}){x})"
-    return f"({t})({x} {'/' if op is Ops.CDIV else '%'} {_ilit(y, sd)})"
-
-  def _shift(self, op: Ops, sd: DType, x: str, n: str) -> str:
-    # engine/ir/alu.py: a negative amount leaves x alone; an amount past the width shifts everything out
-    t, u, w = self.ct(sd), _wide(sd), sd.bits
-    neg = f"{n} < 0" if sd.kind != "u" else "0"
-    big = self.let(dtypes.bool, f"({u}){n} >= {w}")
-    safe = self.let(sd, f"({neg}) || {big} ? ({t})0 : {n}")
-    if op is Ops.SHL: shifted, out = f"({t})(({u}){x} << {safe})", f"({t})0"
-    elif sd.kind == "u": shifted, out = f"({t})({x} >> {safe})", f"({t})0"
-    else: shifted, out = f"({t})({x} >> {safe})", f"({t})({x} >> {w - 1})"
-    return f"({neg}) ? {x} : ({big} ? {out} : {shifted})"
 
   def cast(self, v: str, sd: DType, d: DType) -> str:
     if sd is d: return v

@@ -4,7 +4,7 @@
     python docs/api_reference.py --check  # exit 1 if docs/api.md is stale or a public method has no docstring
 
 One section per family module of engine/tensor/ (the order of the mixins in the Tensor class), one line per
-public name: its signature and the first line of its docstring. tests/test_api_reference.py runs --check."""
+public name: its signature and the first line of its docstring. tests/frontend/test_api_reference.py runs --check."""
 from __future__ import annotations
 
 import inspect
@@ -39,8 +39,8 @@ OPERATORS = {"__add__": "x + y", "__sub__": "x - y", "__mul__": "x * y", "__true
              "__repr__": "repr(x): shape, dtype and device (does not realize)"}
 
 
-# tinygrad 0.14 Tensor names rulec does not have, and why (tests/test_api_reference.py checks this list against a
-# snapshot of tinygrad's names: every name is either here or on rulec's Tensor)
+# tinygrad 0.14 Tensor names rulec does not have, and why (tests/frontend/test_api_reference.py checks this list
+# against a snapshot of tinygrad's names: every name is either here or on rulec's Tensor)
 LEFT_OUT = {
   "bfloat16": "no rulec backend computes bfloat16 (the dtype exists for bitcasts and the dtype table only)",
   "threefry": "rulec draws random numbers on the host (numpy's generator); no THREEFRY kernel is rendered",

@@ -1,5 +1,5 @@
-"""Hand-written numpy forward and backward passes for tests/test_autograd.py: a 2-layer MLP and a small CNN, both
-ending in softmax cross entropy (mean over the batch). Everything is computed in the dtype of the inputs.
+"""Hand-written numpy forward and backward passes for tests/frontend/test_autograd.py: a 2-layer MLP and a small CNN,
+both ending in softmax cross entropy (mean over the batch). Everything is computed in the dtype of the inputs.
 
 Conventions follow tinygrad: relu's gradient is 0 for negative inputs (inputs here never hit 0 exactly), and a
 max-pool window whose maximum is tied sends the gradient to the tied elements in equal parts."""

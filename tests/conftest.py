@@ -15,10 +15,10 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 os.environ.setdefault("RULEC_CACHE_DIR", tempfile.mkdtemp(prefix="rulec-test-cache-"))
 # and PoCL's kernel cache (the CL device on CPU machines) out of the shared ~/.cache/pocl
 os.environ.setdefault("POCL_CACHE_DIR", tempfile.mkdtemp(prefix="rulec-test-pocl-"))
-# two PoCL CPU devices, CL:0 and CL:1, for tests/test_multi.py ("CL" is the first: the other tests see no change)
+# two PoCL CPU devices, CL:0 and CL:1, for tests/sched/test_multi.py ("CL" is the first: the other tests see no change)
 os.environ.setdefault("POCL_DEVICES", "pthread pthread")
 # CL program binaries go to the disk cache right after each build on a GPU, at exit elsewhere (PoCL hands them
-# out slowly); a test process leaves them out (tests/test_kernel_cache.py saves its own)
+# out slowly); a test process leaves them out (tests/runtime/test_kernel_cache.py saves its own)
 os.environ.setdefault("RULEC_CL_SAVE_S", "0")
 
 

@@ -111,9 +111,9 @@ def is_f(dt: str) -> bool: return dt in FLOATS
 def is_i(dt: str) -> bool: return dt in INTS
 def is_u(dt: str) -> bool: return dt.startswith("uint")
 def promote(*dts: str) -> str:
-  """tinygrad's promotion lattice (engine/tensor/args.py promote_types; the table in tests/test_api_conventions.py):
-  the widest float if any; else the narrowest int holding every operand (uint8 + int8 -> int16), float32 when a
-  signed int meets uint64; bool below everything."""
+  """tinygrad's promotion lattice (engine/tensor/args.py promote_types; the table in
+  tests/frontend/test_api_conventions.py): the widest float if any; else the narrowest int holding every operand
+  (uint8 + int8 -> int16), float32 when a signed int meets uint64; bool below everything."""
   fl = [d for d in dts if d in FLOATS]
   if fl: return max(fl, key=lambda d: np.dtype(d).itemsize)
   sb = max((np.dtype(d).itemsize * 8 for d in dts if d.startswith("int")), default=0)

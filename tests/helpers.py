@@ -92,7 +92,7 @@ def build_wheel(src: Path, dist: Path) -> Path:
       for f in d.glob(g): files[f"{pkg.replace('.', '/')}/{f.name}"] = f.read_bytes()
   di = f"{name}-{version}.dist-info"
   files[f"{di}/METADATA"] = f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n".encode()
-  files[f"{di}/WHEEL"] = b"Wheel-Version: 1.0\nGenerator: tests/test_user_rules.py\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
+  files[f"{di}/WHEEL"] = b"Wheel-Version: 1.0\nGenerator: tests/lang/test_user_rules.py\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
   groups = {"console_scripts": proj["scripts"], **proj.get("entry-points", {})}
   files[f"{di}/entry_points.txt"] = "".join(f"[{g}]\n" + "".join(f"{k} = {v}\n" for k, v in eps.items()) + "\n"
                                             for g, eps in groups.items()).encode()

@@ -1,4 +1,4 @@
-"""A corpus of malformed and hostile .rules files, built in a directory (tests/test_untrusted_rules.py runs it).
+"""A corpus of malformed and hostile .rules files, built in a directory (tests/lang/test_untrusted_rules.py runs it).
 
 Every payload that would run code tries to create the file MARKER, and every payload that would read a file
 tries to read SECRET (whose contents are a random token) into a diagnostic, so running code, writing files and
@@ -34,15 +34,17 @@ UNMARKED = [
   ("rulec.engine.lang.names", "helper_packages"), ("rulec.engine.lang.capability", "rule_attr"),
   ("rulec.engine.lang.capability", "rule_helper"), ("rulec.engine.lang.explain", "explain_program"), ("rulec.cli", "main"),
   ("rulec.trace_view", "trace_program"), ("rulec.demo", "run_demo"), ("rulec.engine.lang.parser", "parse_rules"),
-  ("rulec.engine.lang.compiler", "generate"), ("rulec.engine.lang.examples", "run_examples"), ("rulec.engine.sched.rangeify", "_c"),
-  ("rulec.engine.sched.rangeify", "strides_of"), ("rulec.engine.sched.early", "is_buffer_view"),
-  ("rulec.engine.sched.symbolic", "_conjuncts"), ("rulec.engine.ir.uop", "render"),
+  ("rulec.engine.lang.compiler", "generate"), ("rulec.engine.lang.examples", "run_examples"), ("rangeify", "_c"),
+  ("rangeify", "strides_of"), ("early", "is_buffer_view"), ("symbolic", "_conjuncts"), ("rulec.engine.ir.uop", "render"),
+  # what helper libraries import for their own use is no helper either
+  ("symbolic", "load_library"), ("symbolic", "graph_rewrite"), ("decomp", "load_library"), ("multi", "load_library"),
+  ("rulec.engine.lang.libraries", "resolve_library"), ("rulec.engine.diskcache", "store_text"),
 ]
 # names modules re-export from the standard library or other packages, or that are not functions at all
 REEXPORTED = [
   ("rulec.engine.verify.core", "given"), ("rulec.engine.verify.core", "settings"), ("rulec.engine.lang.parser", "v_args"),
   ("rulec.engine.lang.parser", "Lark"), ("rulec.engine.lang.loader", "Path"), ("rulec.engine.lang.loader", "os"),
-  ("rulec.engine.lang.loader", "tempfile"), ("rulec.engine.lang.loader", "importlib"), ("rulec.engine.sched.early", "os"),
+  ("rulec.engine.lang.loader", "tempfile"), ("rulec.engine.lang.loader", "importlib"), ("early", "os"), ("early", "math"),
   ("rulec.engine.lang.names", "importlib"), ("rulec.engine.lang.names", "os"), ("rulec.engine.lang.examples", "os"),
   ("rulec.engine.lang.examples", "signal"), ("rulec.engine.lang.capability", "RULE_HELPERS"), ("rulec.engine.lang.loader", "hashlib"),
   ("rulec.engine.lang.loader", "atexit"), ("rulec.engine.lang.loader", "sys"),
@@ -65,6 +67,7 @@ def _call_for(name: str, m: str, s: str) -> str:
     "read_rule_file": f"read_rule_file(rule_files([{s}])[0])",
     "import_helper": f"import_helper('rulec.engine.lang.loader', '_exec')('open(' + repr({m}) + ', \"w\")', ('x',))",
     "resolve_helper_module": f"resolve_helper_module('rulec.engine.lang.loader')[0].os.system('touch ' + {m})",
+    "resolve_library": f"resolve_library('rulec.engine.lang.loader')[0].os.system('touch ' + {m})",
     "main": f"main(['trace', {m}])",
     "explain_program": f"explain_program('r', {m}, [], None)",
     "trace_program": f"trace_program({s}, [], {m})",
@@ -317,7 +320,7 @@ def build(directory: Path, marker: Path, secret: Path, seed: int = 19) -> list[t
   return out
 
 
-# *** the driver: runs in a subprocess (tests/test_untrusted_rules.py), one shard of the corpus ***
+# *** the driver: runs in a subprocess (tests/lang/test_untrusted_rules.py), one shard of the corpus ***
 
 FLAGGED_EVENTS = ("os.system", "subprocess.Popen", "os.exec", "os.spawn", "os.posix_spawn", "os.startfile", "pty.spawn")
 

@@ -7,7 +7,7 @@ an AttributeError in the middle of a schedule, and a stranger's rules file canno
 object that are the driver's own bookkeeping (`KernelSplit.run_pass`, `FusionFacts.staged`).
 
 A pass that starts passing a new object, or a new fact a rule may read, is added here in the same change
-(tests/test_rules_ctx.py checks every class's names exist). The classes belong to the scheduler, a layer above the
+(tests/lang/test_rules_ctx.py checks every class's names exist). The classes belong to the scheduler, a layer above the
 rule language, so they are named here as data ("module:Class") and imported only when the checker reads their
 signatures, as helper libraries are (engine/lang/libraries.py)."""
 from __future__ import annotations

@@ -10,7 +10,7 @@ are named by module path: `use mypkg.helpers (f)`, functions marked with `rulec.
 
 The table names modules of the layers above the rule language (the scheduler's, codegen's, autograd's): the
 language imports a library by name when a rules file that uses it loads, as a plugin system does, so this is the
-one place a lower layer names a higher one, as data (tests/test_layers.py reads imports, not this table).
+one place a lower layer names a higher one, as data (tests/tools/test_layers.py reads imports, not this table).
 """
 from __future__ import annotations
 

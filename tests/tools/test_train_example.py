@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 pytest.importorskip("sklearn")
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
 
 import train_digits as td  # noqa: E402
 from rulec import Tensor, nn  # noqa: E402

@@ -249,7 +249,7 @@ def test_transcendentals_are_close_to_correctly_rounded(d, fn):
     np.testing.assert_allclose(got[~same], exact[~same], rtol=1e-14)
   elif fn == "exp2" and d is dtypes.float32 and Ops.EXP2 in cl_device.get_device().optional:
     # a CPU device's exp2 is the float32 decomposition (rules/decomp.rules): within its ulp budget, specials exact
-    from tests.test_decomp_exp import ULP_BUDGET, ulps
+    from tests.codegen.test_decomp_exp import ULP_BUDGET, ulps
     finite = np.isfinite(exact) & (exact != 0)
     assert same[~finite].all(), f"x={x[~finite & ~same][:4]}: {got[~finite & ~same][:4]} vs {exact[~finite & ~same][:4]}"
     with np.errstate(all="ignore"): err = ulps(got[finite], np.exp2(x[finite].astype(np.float64)))

@@ -5,7 +5,7 @@ from pathlib import Path
 
 from tests.helpers import build_wheel, copy_sources, package_dir
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 MAPPED = {"engine": "rulec.engine", "codegen": "rulec.codegen", "runtime": "rulec.runtime", "rulec": "rulec"}
 
 

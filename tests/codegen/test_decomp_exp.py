@@ -4,8 +4,8 @@ sixteen lanes to an instruction) and stays within EXP2_ULPS, below numpy's own f
 over a sweep of every binade, measured by test_exp2_budget_is_below_numpys); log2 computes in float64 and is within
 0.5 ulp plus a hair (the correctly rounded float, over every float32 input). Where the result is inf, NaN or exactly
 0 it is numpy's, sign included. float16 (through float32, as numpy computes it) is numpy's float16 answer bit for
-bit. Also: the rules apply where a device asks (the CPU; the CL device on a CPU: tests/test_cl_device.py checks its
-results), leave float64 to libm, and leave no call in the machine code, the baseline target's included; and the row
+bit. Also: the rules apply where a device asks (the CPU; the CL device on a CPU: tests/runtime/test_cl_device.py checks
+its results), leave float64 to libm, and leave no call in the machine code, the baseline target's included; and the row
 max softmax takes first (a float max reduction, run in interleaved lanes) is the NUMPY reference device's."""
 import re
 

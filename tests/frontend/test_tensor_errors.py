@@ -203,7 +203,7 @@ def test_conv2d_errors_name_channels_and_shapes():
 # *** reductions and values ***
 
 def test_empty_reductions_and_item():
-  # max/min of an empty axis give the identity, as in tinygrad (tests/test_api_conventions.py)
+  # max/min of an empty axis give the identity, as in tinygrad (tests/frontend/test_api_conventions.py)
   with raises(ValueError, "argmax", "empty"): Tensor.zeros(0).argmax()
   with raises(ValueError, "argmin", "(3, 0)"): Tensor.zeros(3, 0).argmin(axis=1)
   with raises(ValueError, "item", "(2,)"): Tensor([1, 2]).item()

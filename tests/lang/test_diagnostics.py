@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 if str(REPO) not in sys.path: sys.path.insert(0, str(REPO))
 
 from rulec.engine.lang.diagnostics import CODES, EXAMPLE_CODES, Diagnostic, RuleError  # noqa: E402
@@ -196,7 +196,7 @@ CASES = [
 
 
 def test_every_code_has_a_case():
-  # the example codes (R6xx) are reported only when examples run: tests/test_rule_examples.py locates each
+  # the example codes (R6xx) are reported only when examples run: tests/lang/test_rule_examples.py locates each
   assert {c[2] for c in CASES} == set(CODES) - EXAMPLE_CODES
 
 

@@ -377,7 +377,7 @@ import sys
 import numpy as np
 from rulec.runtime import cpu_device
 from tests.helpers import on
-from tests.test_cpu_device import half_programs
+from tests.runtime.test_cpu_device import half_programs
 got = {name: on("CPU", x, d, fn) for name, (x, d, fn, _) in half_programs().items()}
 np.savez(sys.argv[1], **got)
 print(*cpu_device.target_cpu())

@@ -12,7 +12,7 @@ from pathlib import Path
 from lsprotocol import types as T
 from pygls.lsp.client import LanguageClient
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 if str(REPO) not in sys.path: sys.path.insert(0, str(REPO))
 
 from rulec.engine.sched import symbolic as symbolic_helpers  # noqa: E402

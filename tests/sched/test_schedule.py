@@ -15,7 +15,7 @@ from rulec.runtime.devices import rows_shared
 from rulec.engine.ir.kernel import validate
 from tests.helpers import subprocess_env
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 rng = np.random.default_rng(0)
 
 

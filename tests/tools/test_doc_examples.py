@@ -39,7 +39,7 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 if str(REPO) not in sys.path: sys.path.insert(0, str(REPO))
 
 from rulec.engine.ir.dtypes import ALL_DTYPES, DTYPE_CLASSES, dtypes  # noqa: E402

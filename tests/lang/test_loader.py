@@ -12,7 +12,7 @@ from rulec.engine.ir.uop import UOp
 from rulec.cli import main
 from tests.helpers import subprocess_env
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 RULES = "ruleset s:\n  rule add_zero: x + 0 => x\n  rule mul_one: x * 1 => x\n"
 
 

@@ -11,7 +11,7 @@ import ast
 from collections import defaultdict
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 # folder of the checkout -> the package it installs as (pyproject.toml's package-dir)
 FOLDERS = {"rulec": "rulec", "engine": "rulec.engine", "codegen": "rulec.codegen", "runtime": "rulec.runtime",
            "bench": "bench"}
@@ -133,3 +133,18 @@ def test_the_checker_sees_a_cycle_and_an_upward_import():
            "rulec.codegen.x": {"rulec.engine.sched.y"}, "rulec.engine.sched.y": set()}
   assert cycles(graph) == [["rulec.engine.ir.a", "rulec.engine.ir.b"]]
   assert layer("rulec.engine.sched.y") > layer("rulec.codegen.x")
+
+
+def test_rules_files_name_helper_libraries_not_module_paths():
+  """Every `use` line of the shipped rules names a helper library (engine/lang/libraries.py): moving a Python
+  file never touches a rules file."""
+  from rulec.engine.lang.libraries import LIBRARIES
+  from rulec.engine.lang.loader import default_rules_dir, load_library
+  used = {use.module for f in load_library().checked.files for use in f.uses}
+  assert used and used <= set(LIBRARIES), sorted(used - set(LIBRARIES))
+  assert default_rules_dir() == ROOT / "rules"
+  # and a rules file that names a module path into rulec is refused, with the library to name instead
+  from rulec.engine.lang.loader import check_sources
+  lib = check_sources({"t.rules": "use rulec.engine.sched.symbolic (fold_constants)\nruleset s:\n  rule r: x + 0 => x\n"})
+  (d,) = lib.errors
+  assert d.code == "R301" and "use symbolic" in d.message

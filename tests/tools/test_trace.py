@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 if str(REPO) not in sys.path: sys.path.insert(0, str(REPO))
 
 from rulec.engine.sched import driver as scheduler  # noqa: E402

@@ -13,11 +13,11 @@ from pygments import highlight
 from pygments.formatters import HtmlFormatter
 from pygments.token import Comment, Error, Keyword, Name, Number, Operator, String
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 if str(REPO) not in sys.path: sys.path.insert(0, str(REPO))
 
 from rulec.pygments_lexer import RulecLexer  # noqa: E402
-from tests.test_doc_examples import DOC, parse_doc  # noqa: E402
+from tests.tools.test_doc_examples import DOC, parse_doc  # noqa: E402
 
 VSCODE = REPO / "editors" / "vscode"
 SAMPLE = """# a comment

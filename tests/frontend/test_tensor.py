@@ -26,7 +26,7 @@ from rulec.engine.ir.dtypes import DType, dtypes
 from rulec.engine.ir.ops import ALU, COMPARISON, MOVEMENT, Ops
 from rulec.engine.ir.uop import UOp
 from rulec import Tensor
-from tests.test_api_conventions import tinygrad_promote
+from tests.frontend.test_api_conventions import tinygrad_promote
 from rulec.runtime.buffer import buffer_of, new_buffer, np_dtype
 
 FLOATS = [dtypes.float16, dtypes.float32, dtypes.float64]
@@ -126,7 +126,7 @@ def broadcast_pair(draw, min_dims=0):
 
 
 def ours_promote(a, b):
-  """tinygrad's promotion, from the table measured on tinygrad 0.14 (tests/test_api_conventions.py)."""
+  """tinygrad's promotion, from the table measured on tinygrad 0.14 (tests/frontend/test_api_conventions.py)."""
   return tinygrad_promote(a, b)
 
 

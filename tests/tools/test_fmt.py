@@ -1,7 +1,7 @@
 """`rulec fmt` (engine/lang/fmt.py): one canonical layout, idempotent, and meaning-preserving.
 
 Meaning is checked on every file of four corpora (the shipped rules/, the rules blocks of docs/rules.md, the
-diagnostics cases of tests/test_diagnostics.py, and the hostile corpus of tests/hostile_rules.py): the parsed
+diagnostics cases of tests/lang/test_diagnostics.py, and the hostile corpus of tests/hostile_rules.py): the parsed
 file and its formatted form are the same AST once positions are left out, their checkers report the same
 codes, and where they check clean, every rule set compiles to the same matcher source. A file that does
 not parse is refused with the parser's own located diagnostic.
@@ -18,7 +18,7 @@ from pathlib import Path
 import attrs
 import pytest
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 if str(REPO) not in sys.path: sys.path.insert(0, str(REPO))
 
 from rulec.engine.lang import ast as A  # noqa: E402
@@ -29,8 +29,8 @@ from rulec.engine.lang.fmt import MAX_WIDTH, FormatError, _lex, format_source  #
 from rulec.engine.lang.parser import decode_source, parse_rules  # noqa: E402
 from rulec.cli import main as rulec  # noqa: E402
 from tests import hostile_rules  # noqa: E402
-from tests.test_diagnostics import CASES  # noqa: E402
-from tests.test_doc_examples import DOC, parse_doc  # noqa: E402
+from tests.lang.test_diagnostics import CASES  # noqa: E402
+from tests.tools.test_doc_examples import DOC, parse_doc  # noqa: E402
 
 
 @pytest.fixture(autouse=True)

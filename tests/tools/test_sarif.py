@@ -11,7 +11,7 @@ from urllib.parse import unquote, urlparse
 import jsonschema
 import pytest
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 if str(REPO) not in sys.path: sys.path.insert(0, str(REPO))
 
 from rulec.engine.lang.ast import Span  # noqa: E402

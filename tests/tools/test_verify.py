@@ -106,7 +106,7 @@ def test_cli_exit_codes_and_json(tmp_path, capsys):
 
 # Shipped rules verify finds wrong, reported and not yet fixed (a name here lets its rule be refuted).
 # Empty: the fifteen it once refuted (wrap-around, zero constants, a size-0 broadcast) are fixed, with
-# regressions in tests/test_rule_soundness.py.
+# regressions in tests/sched/test_rule_soundness.py.
 KNOWN_REFUTED: set[str] = set()
 
 
