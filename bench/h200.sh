@@ -28,7 +28,7 @@ export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 RULEC_CACHE_DIR=/tmp/rulec-c
 # NVIDIA's OpenCL driver is in the driver folder, but no ICD file names it
 mkdir -p /etc/OpenCL/vendors && echo /usr/local/nvidia/lib64/libnvidia-opencl.so.1 > /etc/OpenCL/vendors/nvidia.icd
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
-python3 -c "from runtime import cl_device; print(cl_device.get_device(), cl_device.get_device().target)" || exit 1
+python3 -c "from rulec.runtime import cl_device; print(cl_device.get_device(), cl_device.get_device().target)" || exit 1
 if [[ $what == bench || $what == all ]]; then
   python3 bench/kernels.py --device CL "$@" 2>&1 | tee "$out/bench.log"
 fi

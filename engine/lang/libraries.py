@@ -52,7 +52,8 @@ def resolve_library(name: str) -> tuple[Any | None, str | None]:
   """The module a `use` line names, if it may be used; returns (module, None) or (None, why not)."""
   module = LIBRARIES.get(name)
   if module is None:
-    if name.split(".")[0] not in helper_packages() or name.split(".")[0] in ("rulec",): return None, _refusal(name)
+    top = name.split(".")[0]
+    if top == "rulec" or top not in helper_packages(): return None, _refusal(name)   # rulec's own: by library
     if any(part.startswith("_") for part in name.split(".")):
       return None, f"'{name}' is a private module; helpers come from public modules"
     module = name
