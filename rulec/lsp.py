@@ -28,7 +28,7 @@ from rulec.engine.lang.checker import CheckedLibrary
 from rulec.engine.lang.diagnostics import Diagnostic
 from rulec.engine.lang.fmt import FormatError, format_source
 from rulec.engine.lang.loader import check_sources, default_rules_dir, read_rule_file, rule_files
-from rulec.engine.lang.libraries import library_helpers
+from rulec.engine.lang.libraries import LIBRARIES, library_helpers
 from rulec.engine.lang.names import BUILTINS
 from rulec.engine.ir.ops import COMMUTATIVE, FIXED_ARITY, GROUPS, Ops
 
@@ -486,6 +486,8 @@ def completions(a: Analysis | None, fresh: bool, lines: list[str], k: int, i: in
   K = T.CompletionItemKind
   before = lines[k][:i] if lines else ""
   item = lambda label, kind, detail=None: T.CompletionItem(label, kind=kind, detail=detail)  # noqa: E731
+  if re.match(r"[ \t]*use\s+[\w.]*\Z", before):   # the library a `use` line names
+    return [item(name, K.Module, f"helper library ({module})") for name, module in sorted(LIBRARIES.items())]
   if (module := use_module(lines, k, i)) is not None:
     return [item(name, K.Function, "rule helper") for name in library_helpers(module)]
   if before.count("{") > before.count("}"):

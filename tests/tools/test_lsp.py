@@ -182,3 +182,13 @@ def test_lsp_session(tmp_path):
   assert set(sets) == {"base", "s"} and [c.name for c in sets["s"].children] == ["fold_alu", "add_zero", "mul_one"]
   (edit,) = out["format"]
   assert "  rule mul_one: x * 1 => x\n" in edit.new_text and edit.range.start == T.Position(0, 0)
+
+
+def test_use_completes_the_helper_libraries():
+  """After `use`, the names a rules file may use: rulec's helper libraries (engine/lang/libraries.py)."""
+  from rulec.engine.lang.libraries import LIBRARIES
+  from rulec.lsp import completions
+  for line in ("use ", "use sym", "  use  dec"):
+    assert {c.label for c in completions(None, False, [line], 0, len(line))} == set(LIBRARIES)
+  # inside the parentheses: the library's helpers, not the libraries
+  assert "fold_constants" in {c.label for c in completions(None, False, ["use symbolic (f"], 0, 16)}
