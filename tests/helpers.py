@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import base64
 import hashlib
-import importlib.util
 import os
 import shutil
 import subprocess
@@ -12,7 +11,6 @@ import tomllib
 import zipfile
 from pathlib import Path
 
-import setuptools
 
 import numpy as np
 
@@ -77,6 +75,8 @@ def build_wheel(src: Path, dist: Path) -> Path:
   """A wheel of the checkout: `pip wheel` where setuptools can build one (setuptools >= 70.1 or the `wheel`
   package); else assembled from pyproject.toml's [tool.setuptools] packages, package-dir and package-data,
   as setuptools lays them out (pip then installs it as it would any wheel)."""
+  import importlib.util   # (only the wheel tests need setuptools: not every test that imports this module)
+  import setuptools
   if importlib.util.find_spec("wheel") is not None or tuple(map(int, setuptools.__version__.split(".")[:2])) >= (70, 1):
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-index", "-q",
                     "-w", str(dist), str(src)], check=True, capture_output=True, timeout=120)

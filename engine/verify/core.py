@@ -22,6 +22,7 @@ from rulec.engine.lang.compiler import pattern_ops
 from rulec.engine.lang.runtime import RuleAbort, RuleRuntimeError
 from rulec.engine.ir.ops import Ops
 from rulec.engine.ir.uop import UOp, render
+from rulec.engine.sched import early
 from rulec.engine.verify.evaluate import (NoValue, NotModelled, TensorEval, arrays_equal, compiled_rule, eval_scalar,
                                          first_difference, free_leaves, points, scalars_equal)
 from rulec.engine.verify.generate import MODE_OPS, Gen, Reject
@@ -189,11 +190,10 @@ SPLIT_THRESHOLD = 16   # split_reduceop's size threshold while verifying, so tha
 
 
 def verify_rule(rule: A.Rule, helpers_of, examples: int = 100) -> RuleResult:
-  from rulec.engine.sched import early as tensor_helpers
-  saved = tensor_helpers.REDUCE_SPLIT_THRESHOLD
-  tensor_helpers.REDUCE_SPLIT_THRESHOLD = SPLIT_THRESHOLD
+  saved = early.REDUCE_SPLIT_THRESHOLD
+  early.REDUCE_SPLIT_THRESHOLD = SPLIT_THRESHOLD
   try: return _verify_rule(rule, helpers_of, examples)
-  finally: tensor_helpers.REDUCE_SPLIT_THRESHOLD = saved
+  finally: early.REDUCE_SPLIT_THRESHOLD = saved
 
 
 def _verify_rule(rule: A.Rule, helpers_of, examples: int) -> RuleResult:
