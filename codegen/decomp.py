@@ -6,9 +6,9 @@ from __future__ import annotations
 from rulec.engine.lang.capability import rule_helper
 
 from rulec.engine.ir.dtypes import dtypes
-from rulec.engine.ir.kernel import Kernel
+from rulec.engine.ir.kernel import Kernel, arg_problem, validate
 from rulec.engine.ir.ops import MAY_FUSE, Ops
-from rulec.engine.ir.rewrite import graph_rewrite
+from rulec.engine.ir.rewrite import RuleRuntimeError, graph_rewrite, rule_of
 from rulec.engine.ir.uop import UOp
 from rulec.engine.lang.loader import load_library
 
@@ -16,7 +16,28 @@ from rulec.engine.lang.loader import load_library
 def decomposed(kernel: Kernel, optional: frozenset = frozenset()) -> Kernel:
   """The kernel with the ops a backend lacks decomposed (rules/decomp.rules): what the renderers receive.
   `optional`: the ops whose optional decompositions the backend wants (the CPU's: EXP2 and LOG2)."""
-  return Kernel(graph_rewrite(kernel.ast, load_library().matcher("decomp"), ctx=optional), kernel.bufs)
+  matcher = load_library().matcher("decomp")
+  out = Kernel(graph_rewrite(kernel.ast, matcher, ctx=optional), kernel.bufs)
+  # a user's rules directory may extend decomp, and this is the last rewrite before the renderers print the kernel:
+  # what comes out is validated here, and a node no kernel may hold is blamed on the rule that built it
+  try: validate(out)
+  except ValueError as e: raise _blame(matcher, optional, kernel.ast, e) from None
+  return out
+
+
+def _blame(matcher, ctx, ast: UOp, error: ValueError) -> Exception:
+  """The RuleRuntimeError naming the rule whose one rewrite of a node of `ast` builds a node with an arg the IR
+  does not allow (`error` as it is when no single rule can be named)."""
+  rule_info = {(n, loc): text for n, loc, text in getattr(matcher, "rule_info", ())}
+  for u in ast.toposort():
+    try: new = matcher.rewrite(u, ctx)
+    except Exception: continue
+    if new is None or not isinstance(new, UOp): continue
+    seen = set(ast.toposort())
+    bad = next((p for x in new.toposort() if x not in seen and (p := arg_problem(x)) is not None), None)
+    if bad is not None and (hit := rule_of(matcher, ctx, u)) is not None:
+      return RuleRuntimeError((hit[0], hit[1], rule_info.get(hit, "")), ValueError(bad))
+  return ValueError(f"{error} (after the decomp rules: a rules directory layered over them may have built it)")
 
 
 # *** exp2 and log2 of float32 (optional: the devices that ask, through `decomposed`) ***

@@ -138,6 +138,17 @@ def _wide(d: DType) -> str:
   return "ulong" if d.itemsize == 8 else "uint"
 
 
+def _int_arg(u: UOp) -> int:
+  """A RANGE's axis or a PARAM's slot, which the renderer prints into names: only an int is printed (validate
+  refuses anything else before a kernel gets here; this keeps a renderer called on its own as strict)."""
+  a = u.arg[0] if isinstance(u.arg, tuple) and u.arg else None
+  if type(a) is not int: raise ValueError(f"{u.op} has arg {u.arg!r}: its first field must be an int to be printed")
+  return a
+
+
+def _rname(r: UOp) -> str: return f"r{_int_arg(r)}"
+
+
 def _flit(v: float, d: DType) -> str:
   """A float constant, exact: hex literals of the value rounded to d."""
   c = "double" if d is dtypes.float64 else "float"
@@ -268,7 +279,7 @@ class CLRenderer(ScopedEmitter):
 
   # *** loops ***
   def open_loop(self, r: UOp, start: str = "0", step: int = 1):
-    v = f"r{r.arg[0]}"
+    v = _rname(r)
     self.line(f"for ({self.ct(r.dtype)} {v} = {start}; {v} < {r.src[0].arg}; {v}{'++' if step == 1 else f' += {step}'}) {{")
     self.depth += 1
     self.ranges[r] = v
@@ -283,7 +294,7 @@ class CLRenderer(ScopedEmitter):
   # *** the kernel ***
   def render(self) -> Rendered:
     k = self.k
-    for p in k.params: self.ptrs[p] = f"p{p.arg[0]}"
+    for p in k.params: self.ptrs[p] = f"p{_int_arg(p)}"
     stores = list(k.ast.src)
     ends: tuple[UOp, ...] = ()
     if len(stores) == 1 and stores[0].op is Ops.END: ends = tuple(stores[0].src[1:])
@@ -370,7 +381,7 @@ class CLRenderer(ScopedEmitter):
       stride //= n
       e = flat if stride == 1 else f"({flat} / {stride}L)"
       if i > 0: e = f"({e} % {n}L)"
-      v = f"r{r.arg[0]}"
+      v = _rname(r)
       self.line(f"{self.ct(r.dtype)} {v} = ({self.ct(r.dtype)}){e};")
       self.ranges[r] = v
 
@@ -578,7 +589,7 @@ class CLRenderer(ScopedEmitter):
     accs = [self.tmp("acc") for _ in range(LANES)]
     self.line(f"{self.ct(d)} {', '.join(f'{a} = {ident}' for a in accs)};")
     for r in rngs[:-1]: self.open_loop(r)
-    n, k, rt = inner.src[0].arg, f"r{inner.arg[0]}", self.ct(inner.dtype)
+    n, k, rt = inner.src[0].arg, _rname(inner), self.ct(inner.dtype)
     main = n - n % LANES
     self.line(f"for ({rt} {k} = 0; {k} < {main}; {k} += {LANES}) {{")
     self.depth += 1

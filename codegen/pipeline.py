@@ -22,12 +22,15 @@ class Lowered:
 
 def lower(kernel: Kernel, device: str, target, optional: frozenset = frozenset(),
           timer: Callable[[Kernel], float] | None = None) -> Lowered:
-  """Validate (a ValueError naming every problem), decompose (`optional`: the optional decompositions the device
+  """Validate (a ValueError naming every problem; after each step), decompose (`optional`: the optional decompositions the device
   asks for) and optimize for `device` ("CPU" or "CL") and its `target`; `timer` times candidates for
   RULEC_SEARCH."""
+  # validated again after each rewrite that can touch it: a user's rules directory may layer rules over decomp
+  # (and the optimizer is large); what reaches a renderer has only the node kinds and arg types the IR allows
   validate(kernel)
-  low = decomposed(kernel, optional)
+  low = decomposed(kernel, optional)          # validates what the decomp rules made
   opt, actions = optimize(low, device, target, timer=timer)
+  validate(opt)
   return Lowered(low, opt, actions)
 
 

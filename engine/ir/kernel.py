@@ -10,10 +10,12 @@ ValueError naming every problem it finds.
 """
 from __future__ import annotations
 
+import re
 import weakref
 from typing import Iterable
 
 import attrs
+import numpy as np
 
 from rulec.engine.ir.dtypes import dtypes
 from rulec.engine.ir.ops import ALU, COMPARISON, FIXED_ARITY, Ops
@@ -133,8 +135,33 @@ class Kernel:
 def _desc(u: UOp) -> str: return render_expr(u, depth=3)
 
 
+# a RANGE's kind: a word, then colon-separated words or numbers (e.g. "loop", "group:4:2"; codegen/opt reads them)
+_RANGE_KIND = re.compile(r"[a-z_]{1,32}(:[A-Za-z0-9_]{1,32}){0,6}")
+# the args other value ops may carry: none, an op (REDUCE, a reduction's op), or a marker a rule set leaves
+_MARKERS = frozenset({"guarded", "store", "clamped", "fma"})
+
+
+def arg_problem(u: UOp) -> str | None:
+  """Why `u`'s arg is not of a type the IR allows for its op, or None. Renderers print RANGE axes, CONST values and
+  PARAM slots into source text: only these checked types may reach them (a rule could put any Python value in an
+  arg, and a string there would be printed into the kernel's source)."""
+  a = u.arg
+  if u.op is Ops.RANGE:
+    if not (isinstance(a, tuple) and len(a) == 2): return f"RANGE has arg {a!r}; a RANGE's arg is (axis, kind)"
+    if type(a[0]) is not int or a[0] < 0: return f"RANGE has axis {a[0]!r}; an axis is a non-negative int"
+    if not (isinstance(a[1], str) and _RANGE_KIND.fullmatch(a[1])): return f"RANGE r{a[0]} has kind {a[1]!r}, not a range kind"
+    return None
+  if u.op is Ops.CONST:
+    if u.dtype.is_float: ok = isinstance(a, (bool, int, float, np.integer, np.floating, np.bool_))
+    else: ok = isinstance(a, (bool, int, np.integer, np.bool_))
+    return None if ok else f"CONST of {u.dtype.name} has arg {a!r} of type {type(a).__name__}"
+  if u.op is Ops.PARAM or a is None or isinstance(a, Ops) or (isinstance(a, str) and a in _MARKERS): return None
+  return f"{u.op} has arg {a!r}; only RANGE, CONST and PARAM carry values in a kernel"
+
+
 def validate(kernel: Kernel) -> None:
-  """Check the structural rules of a kernel; raise ValueError listing the problems."""
+  """Check the structural rules of a kernel and the types of its nodes' args; raise ValueError listing the
+  problems. (Index bounds are not checked: loads outside a buffer sit under the WHERE that guards them.)"""
   problems: list[str] = []
   err = problems.append
   ast, bufs = kernel.ast, kernel.bufs
@@ -197,6 +224,7 @@ def validate(kernel: Kernel) -> None:
     if u.op not in VALUE_OPS:
       err(f"{u.op} is not allowed in a kernel: {_desc(u)}"); continue
     if u.dtype is dtypes.void: err(f"{u.op} has dtype void: {_desc(u)}")
+    if (bad := arg_problem(u)) is not None: err(bad); continue
     if u.op in FIXED_ARITY and len(u.src) != FIXED_ARITY[u.op]:
       err(f"{u.op} has {len(u.src)} sources, expected {FIXED_ARITY[u.op]}: {_desc(u)}"); continue
     if u.op is Ops.CONST:
@@ -262,7 +290,7 @@ def validate(kernel: Kernel) -> None:
       if (twice := bound[id(part)] & closed):
         err(f"store {n}: {_names(twice, names)} is closed by its END and also by a REDUCE inside its {what}")
 
-  if problems: _raise(problems)
+  if problems: _raise(list(dict.fromkeys(problems)))
 
 
 def _names(ids: Iterable[int], names: dict[int, UOp]) -> str:
@@ -287,4 +315,4 @@ def structure(ast) -> str:
   return "\n".join(lines)
 
 
-__all__ = ["Kernel", "validate", "structure", "REDUCE_OPS"]
+__all__ = ["Kernel", "validate", "arg_problem", "structure", "REDUCE_OPS"]

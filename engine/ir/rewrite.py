@@ -49,7 +49,7 @@ def graph_rewrite(sink: UOp, matcher: Any, ctx: Any = None, bottom_up: bool = Fa
     raise _not_a_graph(matcher, ctx, budget.recent, e) from e
 
 
-def _rule_of(matcher, ctx, u: UOp) -> tuple[str, str] | None:
+def rule_of(matcher, ctx, u: UOp) -> tuple[str, str] | None:
   """(name, location) of the rule that fires on u, for error messages; None when the matcher cannot say."""
   which = getattr(matcher, "which_rule", None)
   try: return which(u, ctx) if which is not None else None
@@ -57,7 +57,7 @@ def _rule_of(matcher, ctx, u: UOp) -> tuple[str, str] | None:
 
 
 def _not_a_graph(matcher, ctx, recent, e: AttributeError):
-  hit = next((h for u in reversed(recent or ()) if (h := _rule_of(matcher, ctx, u)) is not None), None)
+  hit = next((h for u in reversed(recent or ()) if (h := rule_of(matcher, ctx, u)) is not None), None)
   lines = {(n, loc): text for n, loc, text in getattr(matcher, "rule_info", ())}
   rule = (hit[0], hit[1], lines.get(hit, "")) if hit is not None else ("unknown", "?", "")
   return RuleRuntimeError(rule, TypeError(f"the replacement's graph has a {type(getattr(e, 'obj', None)).__name__} "
@@ -88,7 +88,7 @@ class _Budget:
 
 
 def _loop_error(matcher, ctx, recent, why: str) -> RewriteLoopError:
-  counts = collections.Counter(h for u in recent if (h := _rule_of(matcher, ctx, u)) is not None)
+  counts = collections.Counter(h for u in recent if (h := rule_of(matcher, ctx, u)) is not None)
   named = ", ".join(f"'{n}' ({loc}) x{c}" for (n, loc), c in counts.most_common(5)) or "unknown rules"
   return RewriteLoopError(f"graph_rewrite did not reach a fixed point: {why}; rules that keep firing: {named}")
 
