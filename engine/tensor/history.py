@@ -24,6 +24,14 @@ from rulec.engine.ir.uop import UOp
 # realized node -> (graph, placeholder standing for the node inside the graph, or None)
 _HISTORY: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
+# Histories chain: the graph of x2 = (x1 * 0.5 + 1).realize() holds x1's node, which is the key of x1's own history,
+# and so on back to the first, so a loop that realizes over and over would keep every buffer it ever made alive.
+# A history is only worth keeping while it can lead a gradient to a live tensor: `prune` drops the others. It runs
+# when the table has doubled since the last pruning (amortized: each entry is looked at O(1) times on average).
+# `live_values` is set by the Tensor class: the nodes of every live tensor.
+live_values = None
+_PRUNE_AT = [16]
+
 
 def _read_buffers(u: UOp) -> frozenset:
   """The ids of the buffers u's graph reads (ints, so the memo keeps no node alive)."""
@@ -46,11 +54,45 @@ def record(node: UOp, graph: UOp | None, rewritten: bool = False) -> None:
   # only storage has a history: a value that folded to a constant is hash-consed, shared by every graph that
   # holds that constant (and a constant's gradient is zero anyway)
   if not all(p.base.op is Ops.BUFFER for p in (node.src if node.op is Ops.MSTACK else (node,))): return
+  # no gradient flows through an integer or bool value: its history would only keep what it read alive
+  if not node.dtype.is_float: _HISTORY.pop(node, None); return
   if node.base.op is Ops.BUFFER and node.base.arg[0] in reads(graph):
     if not rewritten: return
     stand = UOp.new_buffer(node.base.arg[1], node.base.arg[2], node.dtype).reshape(node.shape)
     _HISTORY[node] = (substitute(graph, {node: stand}), stand)
   else: _HISTORY[node] = (graph, None)
+  if len(_HISTORY) >= _PRUNE_AT[0] and live_values is not None:
+    prune(live_values())
+    _PRUNE_AT[0] = max(16, 2 * len(_HISTORY))
+
+
+def prune(live) -> None:
+  """Drop every history that cannot lead a gradient to one of the nodes `live` (the live tensors' values): one
+  whose graph holds none of them and no node whose own history can. Those graphs are all that kept the realized
+  nodes they read (and so their buffers) alive."""
+  # a live tensor's gradient is found at its node, or at the graph its node was realized from (autograd's _nodes):
+  # both count, except a node's own graph for its own history
+  owners: dict[UOp, set] = {}
+  for n in live:
+    owners.setdefault(n, set()).add(None)
+    if (h := history(n)) is not None: owners.setdefault(h, set()).add(n)
+  reaches: dict[UOp, bool] = {}
+  users: dict[UOp, list[UOp]] = {}       # realized node -> the nodes whose history graph holds it
+  todo: list[UOp] = []
+  for node, (graph, _) in list(_HISTORY.items()):
+    hit = False
+    for u in graph.toposort():
+      if u is node: continue
+      if (who := owners.get(u)) is not None and who - {node}: hit = True; break
+      if u in _HISTORY: users.setdefault(u, []).append(node)
+    reaches[node] = hit
+    if hit: todo.append(node)
+  while todo:                            # a history that holds a node whose history reaches a live one reaches it too
+    for user in users.get(todo.pop(), ()):
+      if not reaches[user]: reaches[user] = True; todo.append(user)
+  for node, ok in reaches.items():
+    if not ok: _HISTORY.pop(node, None)
+
 
 
 def history(node: UOp) -> UOp | None:
