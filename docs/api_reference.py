@@ -29,7 +29,9 @@ TITLES = {"TensorBase": "Core: construction, realizing, data, assign", "Creation
 # attributes held in slots (no docstring of their own) and operators, described here
 ATTRIBUTES = {"uop": "the tensor-level UOp graph of the value", "device": "the device the value lives on (a tuple of devices for a sharded tensor)",
               "grad": "the accumulated gradient (a Tensor, or None); see backward()",
-              "requires_grad": "None (any float tensor gets a gradient), True, or False (excluded from autograd)"}
+              "requires_grad": "None (any float tensor gets a gradient), True, or False (excluded from autograd)",
+              "is_param": "tinygrad 0.14's optimizer flag: True (every tensor starts so) means an optimizer given the "
+                          "tensor updates it, False that it only realizes it (a buffer); set with is_param_()"}
 OPERATORS = {"__add__": "x + y", "__sub__": "x - y", "__mul__": "x * y", "__truediv__": "x / y (true division)",
              "__floordiv__": "x // y (floor division)", "__mod__": "x % y (floor modulo)", "__pow__": "x ** y",
              "__and__": "x & y (bitwise and, logical for bool)", "__or__": "x | y", "__xor__": "x ^ y",
@@ -52,9 +54,7 @@ LEFT_OUT = {
   "custom_kernel": "kernels written in tinygrad's UOps: rulec's kernels come from its rules, not user UOp code",
   "call": "tinygrad's function-call UOps (graph functions); rulec has no call boundary in its IR",
   "callify": "as call",
-  "as_param": "a parameter slot of tinygrad's function calls (as call)",
-  "is_param": "as as_param",
-  "is_param_": "as as_param",
+  "as_param": "a parameter slot of tinygrad's function calls (as call); rulec's `@function` inlines its body instead",
   "linear_with_vars": "tinygrad's LINEAR schedule UOp with symbolic variables; rulec's schedule is Tensor.schedule()",
   "schedule_linear": "as linear_with_vars",
   "from_blob": "wraps a raw memory pointer: unsafe, and rulec owns its buffers; copy from numpy instead",
@@ -63,6 +63,76 @@ LEFT_OUT = {
   "image_conv2d": "tinygrad's image (texture) dtype path for Qualcomm GPUs: image dtypes are out of scope",
   "image_dot": "as image_conv2d",
 }
+
+
+# what tinygrad code imports besides Tensor (written here, not generated: these are modules, not Tensor methods)
+BEYOND_TENSOR = """
+## Beyond Tensor: what tinygrad model code imports besides
+
+`from rulec import getenv, Context, GlobalCounters, Device, TinyJit, dtypes, function, Variable, fetch` gives what
+`from tinygrad import ...` gives; the rest of `tinygrad.helpers` (Timing, Profiling, colored, tqdm, trange, prod,
+flatten, dedup, argfix, round_up, partition, get_child, the flags) is `rulec.helpers`. To run a tinygrad model file
+unchanged, `import rulec.tinygrad_alias; rulec.tinygrad_alias.install()` first: `tinygrad`, `tinygrad.tensor`,
+`tinygrad.helpers`, `tinygrad.dtype`, `tinygrad.device`, `tinygrad.engine.jit`, `tinygrad.function`, `tinygrad.nn`
+(with `.state`, `.optim`), `tinygrad.llm.gguf` and `tinygrad.uop.ops` then import rulec (`uninstall()` undoes it; it
+refuses to shadow a real tinygrad already imported). A name rulec lacks is an ImportError at the import.
+
+- `getenv(key, default=0)`: the environment variable in the default's type, cached per (key, default) as
+  tinygrad's (`getenv.cache_clear()` rereads).
+- `Context(**flags)` (a context manager and decorator) sets flags for its block and restores them, an unset
+  environment variable included. tinygrad's flags are of three kinds in rulec:
+
+  | flags | in rulec |
+  |---|---|
+  | `DEBUG` | `RULEC_DEBUG` (rulec's own debug lines at that level, not tinygrad's) |
+  | `BEAM` | `RULEC_SEARCH` (BEAM=n searches kernel optimisations timing each candidate n times; not a beam width) |
+  | `JIT` | `RULEC_JIT` (JIT=0 runs TinyJit functions plainly) |
+  | `TRAINING` | `Tensor.training` (dropout, BatchNorm, optimizer steps) |
+  | `DEV` | `RULEC_DEVICE`, the default device (`Context(DEV="CL")`) |
+  | `RING`, `NUM_CPU_THREADS` | `RULEC_RING`, `RULEC_THREADS` |
+  | `NOOPT`, `TC`, `TC_OPT`, `TC_SELECT`, `WINO`, `NOLOCALS`, `SPLIT_REDUCEOP`, `NO_MEMORY_PLANNER`, `LRU`, `CACHELEVEL`, `IGNORE_BEAM_CACHE`, `CCACHE`, `SCACHE`, `VIZ`, `PROFILE`, `TRACEMETA`, `CAPTURING`, `NO_COLOR`, `JIT_BATCH_SIZE`, `FUSE_OPTIM`, `TRANSCENDENTAL`, `ALLOW_TF32`, `DISABLE_FAST_IDIV`, `USE_ATOMICS`, `TUPLE_ORDER`, `VALIDATE_WITH_CPU`, `CAPTURE_PROCESS_REPLAY`, `SPEC`, `CHECK_OOB`, `PCONTIG`, `DEBUG_RANGEIFY`, `ALLOW_DEVICE_USAGE`, `MAX_BUFFER_SIZE`, `MAX_KERNEL_BUFFERS`, `ALL2ALL`, `ALLREDUCE_CAST`, `PARALLEL` | accepted and held, no effect: tuning and diagnostics switches rulec has no counterpart of (no value depends on them) |
+  | `IMAGE`, `FLOAT16`, `OPENPILOT_HACKS`, `DEFAULT_FLOAT`, `DEFAULT_INT`, `EMULATED_DTYPES`, `DISALLOW_BROADCAST`, `NULL_ALLOW_COPYOUT` | only their default may be set: another value raises NotImplementedError (they would change values in ways rulec does not) |
+
+  A name that is no flag raises ContextError (a KeyError, as tinygrad's). `ContextVar(key, default)` makes a flag of
+  the program's own; `DEBUG >= 2`, `if BEAM:` compare a flag's value.
+- `GlobalCounters`: counted from every kernel rulec runs (TinyJit replays included), since `reset()`:
+  `kernel_count` (copies between devices count one each, as tinygrad's), `global_ops` (an estimate: each value op
+  once per iteration of the loops its value depends on, a reduce once per iteration; a matmul is 2*M*N*K),
+  `global_mem` (bytes of the buffers each kernel reads and writes, once per buffer), `time_sum_s` (host seconds
+  running them; on CL, enqueueing them). `mem_used` / `mem_used_per_device`: bytes of allocated buffers now.
+- `Device`: `Device.DEFAULT` (RULEC_DEVICE, else CPU; assigning it raises, as in tinygrad 0.14: use
+  `Context(DEV=...)`), `Device[name]` with `.device`, `.renderer.supported_dtypes()` (every Tensor dtype; float64
+  only on an OpenCL device with cl_khr_fp64; never bfloat16) and `.synchronize()`, `Device.canonicalize(name)`,
+  `Device.get_available_devices()`. `Device["CL"]` without OpenCL raises RuntimeError.
+- `@function` / `@function(precompile=True)`: rulec has no call boundary in its IR, so the body is inlined (the
+  same values, gradients and kernels as a plain call); the result must be a Tensor or a tuple of them, as tinygrad
+  checks. `grad_fxn=` raises NotImplementedError.
+- `Variable(name, min, max)`: symbolic shapes are not in rulec yet; importing works, calling raises
+  NotImplementedError.
+- `fetch(url)`: rulec reads nothing from the network; it raises NotImplementedError (pass the loaders a path).
+
+## Loading weights (`rulec.nn.state`)
+
+- `safe_load(fn)` / `safe_save(tensors, fn, metadata=None)`: .safetensors files (through the safetensors package);
+  safe_load also takes a Tensor of the file's bytes.
+- `torch_load(fn)`: a PyTorch `.pt` / `.pth` checkpoint (a path or a Tensor of its bytes) without torch: the zip
+  format (PyTorch >= 1.6: `data.pkl` and `data/<key>` storages, either byte order) and the legacy single-file format
+  before it; returns what the checkpoint holds (usually an OrderedDict of name -> Tensor). Views keep their shape
+  and strides (copied out contiguous), bfloat16 storages become float32. The pickle is read by a restricted
+  unpickler: it may name only `torch._utils._rebuild_tensor_v2` (and `_rebuild_tensor`, `_rebuild_parameter`), the
+  torch storage classes and `collections.OrderedDict`, each mapped to rulec's own function; any other name
+  (`os.system`, `builtins.eval`, a model class) raises UnsafeCheckpointError before anything is made, so a
+  malicious checkpoint runs nothing. A whole pickled `nn.Module` is refused the same way: save its `state_dict()`.
+  Truncated, corrupt or compressed archives raise CheckpointError (a ValueError); sizes are checked against the file
+  before anything is allocated. The tar format of PyTorch < 0.4 is not read.
+- `gguf_load(fn)`: a GGUF file (v2 or v3; a path, or a Tensor of its bytes; split files by path) as tinygrad 0.14's
+  `tinygrad.llm.gguf.gguf_load` returns it: `(metadata dict, {name: Tensor})`, the tensors shaped with the file's
+  dims reversed. Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K and Q6_K are dequantised on load (on the host) to float32;
+  F32, F16, F64 and I8..I64 keep their dtype; BF16 becomes float32 (tinygrad keeps bfloat16, which rulec does not
+  compute). Other quant types (Q2_K, Q3_K, the IQ types, MXFP4) raise CheckpointError naming the type. A metadata
+  value of type UINT8 is an int (tinygrad's reader returns a one-byte bytes). `ggml_data_to_tensor(t, n, type)`
+  dequantises raw bytes as tinygrad's does.
+"""
 
 
 def public_names(cls: type) -> list[str]:
@@ -123,6 +193,7 @@ def render() -> tuple[str, list[str]]:
             "Every public name of tinygrad 0.14's Tensor is above except these:", ""]
   lines += [f"- `{name}`: {why}" for name, why in LEFT_OUT.items()]
   lines.append("")
+  lines += BEYOND_TENSOR.strip("\n").split("\n") + [""]
   return "\n".join(lines), missing
 
 

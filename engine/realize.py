@@ -9,6 +9,7 @@ its kernels from engine/sched/cache.py; engine/jit.py (TinyJit) records the kern
 from __future__ import annotations
 
 import os
+import time
 from typing import Sequence
 
 import numpy as np
@@ -44,13 +45,18 @@ class JitError(Exception):
 
 # TinyJit's capture (engine/jit.py): while a list is here, every kernel run is appended to the innermost one
 CAPTURING: list[list] = []
+# called after every kernel run (a JIT replay's too) with the kernel and the host seconds its run took (on CL the
+# time to enqueue it): rulec.helpers' GlobalCounters counts through this
+RUN_HOOKS: list = []
 
 
 def _run(kernel) -> None:
+  start = time.perf_counter() if RUN_HOOKS else 0.0
   # a kernel runs on the device of the buffer it writes (slot 0: the store target is numbered first)
   run_kernel(kernel, kernel.bufs[0].arg[1] if kernel.bufs else default_device())
   COUNTERS["run"] += 1
   if CAPTURING: CAPTURING[-1].append(kernel)
+  for hook in RUN_HOOKS: hook(kernel, time.perf_counter() - start)
 
 
 def is_realized(u: UOp) -> bool:

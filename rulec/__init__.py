@@ -1,7 +1,8 @@
 """rulec: a tensor compiler whose rewrites are .rules files.
 
-The front door: `Tensor` (tinygrad's API), `nn` (modules, `nn.optim`, `nn.state`), `TinyJit`, and the rule
-library and graph rewriting."""
+The front door: `Tensor` (tinygrad's API), `nn` (modules, `nn.optim`, `nn.state`), `TinyJit`, what tinygrad code
+imports beside them (`Context`, `GlobalCounters`, `Device`, `getenv`, `function`: rulec/helpers.py, rulec/device.py;
+`import rulec.tinygrad_alias` to run such code unchanged), and the rule library and graph rewriting."""
 import os as _os
 
 # In a checkout the layers are the repository's top-level folders (engine/, codegen/, runtime/, rules/), beside
@@ -23,9 +24,12 @@ from rulec.engine.tensor.tensor import no_grad  # noqa: E402
 from rulec.engine.jit import JitError, TinyJit, jit  # noqa: E402
 from rulec.engine import trace as _trace  # noqa: E402
 from rulec import nn  # noqa: E402
+from rulec.helpers import Context, GlobalCounters, Variable, fetch, function, getenv  # noqa: E402
+from rulec.device import Device  # noqa: E402
 from rulec import trace_view as _trace_view  # noqa: E402
 
 _trace.exit_writer = _trace_view.write_html   # RULEC_TRACE=1 writes the HTML page at exit (engine/trace.py)
 
 __all__ = ["Tensor", "UOp", "Ops", "dtypes", "graph_rewrite", "load_library", "matcher", "RuleError", "RewriteLoopError",
-           "rule_helper", "no_grad", "TinyJit", "jit", "JitError", "nn"]
+           "rule_helper", "no_grad", "TinyJit", "jit", "JitError", "nn", "Context", "GlobalCounters", "Device", "getenv",
+           "fetch", "function", "Variable"]

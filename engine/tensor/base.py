@@ -66,8 +66,6 @@ def is_advanced_index(it: Any) -> bool:
 
 # every live Tensor: realizing one graph updates every tensor whose graph holds what was realized
 _LIVE: weakref.WeakSet = weakref.WeakSet()
-# (the histories keep only what can still lead a gradient to one of these: engine/tensor/history.py's prune)
-_history.live_values = lambda: [t.uop for t in list(_LIVE)]
 
 
 
@@ -89,8 +87,9 @@ class TensorBase:
   The operations come from the family mixins (engine/tensor/tensor.py puts them together)."""
   # grad: the accumulated gradient (autograd.py); requires_grad: None (any float tensor gets one, as tinygrad),
   # True, or False (no gradient flows into or through it). What a realized tensor was computed from is kept by
-  # engine/tensor/history.py (its `_forward`), so backward() still works after the loss was printed
-  __slots__ = ("uop", "device", "grad", "requires_grad", "__weakref__")
+  # engine/tensor/history.py (its `_forward`), so backward() still works after the loss was printed. is_param:
+  # tinygrad 0.14's optimizer flag (True unless is_param_(False)): an optimizer updates the tensors that have it
+  __slots__ = ("uop", "device", "grad", "requires_grad", "is_param", "__weakref__")
   _rng: np.random.Generator = np.random.default_rng()
   no_grad: bool = False   # older tinygrad's switch: tensors made while it is True get requires_grad=False
   training: bool = False  # training mode: dropout drops, BatchNorm uses and updates batch statistics
@@ -108,7 +107,7 @@ class TensorBase:
   def __init__(self, data: Any, device: str | None = None, dtype: Any = None, requires_grad: bool | None = None):
     """tinygrad's signature. For rulec code that passed the dtype second, a dtype there is taken as the dtype."""
     _LIVE.add(self)
-    self.grad = None
+    self.grad, self.is_param = None, True
     self.requires_grad = False if requires_grad is None and type(self).no_grad else requires_grad
     if device is not None and not isinstance(device, (str, tuple, list)): device, dtype = dtype, device
     dt = None if dtype is None else to_dtype(dtype)
@@ -133,11 +132,18 @@ class TensorBase:
   def _from_uop(cls, u: UOp, device: str) -> Tensor:
     t = object.__new__(cls)
     t.uop, t.device = u, device
-    t.grad, t.requires_grad = None, (False if cls.no_grad else None)
+    t.grad, t.requires_grad, t.is_param = None, (False if cls.no_grad else None), True
     _LIVE.add(t)
     return t
 
   def _new(self, u: UOp) -> Tensor: return type(self)._from_uop(u, self.device)
+
+  def is_param_(self, is_param: bool = True) -> Tensor:
+    """is_param_(is_param=True): set tinygrad 0.14's optimizer flag and return self. An optimizer given this tensor
+    updates it when is_param is True (every tensor starts so) and only realizes it, as a buffer, when False
+    (BatchNorm's running statistics, a rotary table). Gradients do not depend on it (requires_grad does that)."""
+    self.is_param = bool(is_param)
+    return self
 
   def _lift(self, x: Any) -> Tensor:
     """x as a Tensor on this tensor's device (Tensors are returned as they are)."""
@@ -259,8 +265,8 @@ class TensorBase:
     if d == self.device: return self
     if isinstance(d, tuple) and not isinstance(self.device, tuple): return self.shard(d)
     if isinstance(d, str) and isinstance(self.device, str) and separate_memory(self.device, d):
-      return type(self)._from_uop(copy_to(self.uop, d), d)   # computed where it is, then the buffer moves
-    return type(self)._from_uop(UOp(Ops.COPY, self.dtype, (self.uop,), d), d)
+      return type(self)._from_uop(copy_to(self.uop, d), d).is_param_(self.is_param)   # computed where it is, then the buffer moves
+    return type(self)._from_uop(UOp(Ops.COPY, self.dtype, (self.uop,), d), d).is_param_(self.is_param)
 
   def contiguous(self) -> Tensor:
     """This value laid out in order in a buffer. A realized tensor that already is (a whole buffer) is returned
@@ -271,7 +277,7 @@ class TensorBase:
     return self._new(UOp(Ops.DETACH, self.dtype, (self.uop,)))
   def clone(self) -> Tensor:
     """A copy in a buffer of its own (contiguous() of a realized tensor is that tensor's buffer; this never is)."""
-    return self._new(UOp(Ops.CONTIGUOUS, self.dtype, (self.uop,), tag="copy"))
+    return self._new(UOp(Ops.CONTIGUOUS, self.dtype, (self.uop,), tag="copy")).is_param_(self.is_param)
 
   def assign(self, x: Any) -> Tensor:
     """Write x (broadcast and cast to this tensor's shape and dtype) into this tensor's storage.

@@ -11,7 +11,7 @@ import numpy as np
 
 from rulec.engine.ir.dtypes import dtypes
 from rulec.engine.ir.ops import Ops
-from rulec.engine.tensor.args import (DefaultInt, DuplicateAxisError, ShapeError, alias_arg, cast_scalar, int_arg, is_py_scalar, norm_axes,
+from rulec.engine.tensor.args import (AxisError, DefaultInt, DuplicateAxisError, ShapeError, alias_arg, cast_scalar, int_arg, is_py_scalar, norm_axes,
                                 norm_axis, norm_new_axis, pair_arg, promote_types, shape_arg, weak_dtype)
 from rulec.engine.tensor.uops import (alu, bcast, const, take_every)
 from rulec.engine.tensor.base import TensorBase, is_advanced_index
@@ -28,8 +28,16 @@ class MovementMixin:
 
 
   def reshape(self, shape, *args) -> Tensor:
-    """reshape(shape, *args): the same elements in a new shape (a tuple or ints; one -1 is inferred)."""
-    new = shape_arg((shape,) + args, "reshape")
+    """reshape(shape, *args): the same elements in a new shape (a tuple or ints; one -1 is inferred; None keeps the
+    size of the axis at its position, as tinygrad: `x.reshape(None, None, 3, -1)`)."""
+    raw = (shape,) + args
+    if len(raw) == 1 and isinstance(raw[0], (tuple, list)): raw = tuple(raw[0])
+    if any(s is None for s in raw):
+      if (i := max(i for i, s in enumerate(raw) if s is None)) >= self.ndim:
+        raise AxisError(f"reshape: None at position {i} keeps axis {i}, but a tensor of shape {self.shape} has "
+                        f"{self.ndim} ax{'is' if self.ndim == 1 else 'es'}")
+      raw = tuple(self.shape[i] if s is None else s for i, s in enumerate(raw))
+    new = shape_arg(raw, "reshape")
     n = self.numel()
     if sum(1 for s in new if s == -1) > 1: raise ShapeError(f"reshape: only one dimension can be inferred using -1, got {new}")
     if any(s < -1 for s in new): raise ShapeError(f"reshape: negative dimension in {new}")

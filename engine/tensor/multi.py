@@ -120,13 +120,13 @@ class MultiMixin:
     if isinstance(self.device, tuple): raise DeviceError(f"can't shard a multi-device tensor (on {self.device})")
     if isinstance(devs, str): return self.to(devs)
     u = self.uop
-    if axis is None: return type(self)._from_uop(on_devices(u, devs), devs)
+    if axis is None: return type(self)._from_uop(on_devices(u, devs), devs).is_param_(self.is_param)
     ax, n = norm_axis(axis, self.ndim), len(devs)
     if self.shape[ax] % n:
       raise ShapeError(f"multi axis uneven: axis {ax} of shape {self.shape} ({self.shape[ax]}) does not split "
                        f"into {n} equal parts")
     pieces = [_own_part(u.shrink(shard_bounds(self.shape, ax, n, i)), d) for i, d in enumerate(devs)]
-    return type(self)._from_uop(stack(pieces, ax, devs), devs)
+    return type(self)._from_uop(stack(pieces, ax, devs), devs).is_param_(self.is_param)
 
   def shard_like(self, y: Tensor) -> Tensor:
     """shard_like(y): this tensor placed as y is: on y's device, or sharded over y's devices along y's axis."""

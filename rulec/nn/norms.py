@@ -11,7 +11,7 @@ from rulec.engine.tensor import Tensor
 def _frozen(t: Tensor) -> Tensor:
   """A tensor that is state, not a parameter: no gradient, and optimizers realize it without updating it
   (tinygrad 0.14's is_param_(False))."""
-  t.requires_grad = False
+  t.requires_grad, t.is_param = False, False
   return t
 
 

@@ -22,9 +22,11 @@ def _dedup(ts: Iterable[Tensor]) -> list[Tensor]:
 class Optimizer:
   """Optimizer(params, lr, device=None, fused=False): the base of every optimizer.
 
-  params: the tensors to train. Those with requires_grad None get requires_grad=True and are trained; those
-  with requires_grad=False (BatchNorm's running statistics) are buffers: step() realizes them, so their pending
-  assigns run with the step, but does not update them. lr is kept as a float32 tensor of shape (1,)
+  params: the tensors to train. As in tinygrad 0.14, those with `is_param` (every tensor unless `is_param_(False)`)
+  are trained, the others are buffers: step() realizes them, so their pending assigns run with the step (BatchNorm's
+  running statistics), but does not update them. A tensor with requires_grad=False (rulec's and torch's way to
+  keep a tensor out of autograd) is a buffer too; the trained ones with requires_grad None get True. lr is kept
+  as a float32 tensor of shape (1,)
   (`opt.lr.assign(...)` changes it without rebuilding anything). fused: update all parameters as one
   concatenated vector (fewer, larger kernels)."""
   def __init__(self, params: list[Tensor], lr: float, device: str | None = None, fused: bool = False):
@@ -32,12 +34,15 @@ class Optimizer:
     params = list(params)
     for i, t in enumerate(params):
       if not isinstance(t, Tensor): raise TypeError(f"optimizer: params[{i}] is a {type(t).__name__}, not a Tensor")
-      if t.requires_grad is None: t.requires_grad = True
-    self.params: list[Tensor] = _dedup(t for t in params if t.requires_grad)
-    if not self.params: raise ValueError("optimizer must have at least one param (a tensor without requires_grad=False)")
+    trained = [t.is_param and t.requires_grad is not False for t in params]
+    self.params: list[Tensor] = _dedup(t for t, p in zip(params, trained) if p)
+    if not self.params:
+      raise ValueError("optimizer must have at least one param (a tensor with is_param True and requires_grad not False)")
     for t in self.params:
       if not t.dtype.is_float: raise TypeError(f"optimizer: a parameter of shape {t.shape} is {t.dtype.name}, not float")
-    self.buffers: list[Tensor] = _dedup(t for t in params if not t.requires_grad)
+    for t in self.params:
+      if t.requires_grad is None: t.requires_grad = True
+    self.buffers: list[Tensor] = _dedup(t for t, p in zip(params, trained) if not p)
     self.device = device or self.params[0].device
     self.param_dtype = dtypes.float32
     self.fused = fused

@@ -1,6 +1,8 @@
 """Model state: get_state_dict / get_parameters walk a model's attributes, load_state_dict writes values into
 its tensors, safe_save / safe_load keep a state dict in a .safetensors file (through safetensors.numpy, so the
-files are the format every safetensors reader opens).
+files are the format every safetensors reader opens). Weights from elsewhere: torch_load reads PyTorch checkpoints
+without torch and without running their pickles (rulec/nn/torchfile.py), gguf_load reads GGUF files and
+dequantises them (rulec/nn/gguf.py).
 
 Keys are tinygrad's: attribute names and list/dict positions joined by '.', such as `layers.0.weight`."""
 from __future__ import annotations
@@ -13,6 +15,11 @@ from typing import Any
 import numpy as np
 
 from rulec.engine.tensor import Tensor
+from rulec.nn.gguf import ggml_data_to_tensor, gguf_load
+from rulec.nn.torchfile import CheckpointError, UnsafeCheckpointError, torch_load
+
+__all__ = ["get_state_dict", "get_parameters", "load_state_dict", "safe_save", "safe_load", "torch_load", "gguf_load",
+           "ggml_data_to_tensor", "StateDictError", "CheckpointError", "UnsafeCheckpointError"]
 
 
 class StateDictError(KeyError, ValueError):
@@ -118,11 +125,12 @@ def safe_save(tensors: dict[str, Tensor], fn: str | os.PathLike, metadata: dict[
   save_file({k: t.numpy() for k, t in tensors.items()}, os.fspath(fn), metadata=metadata)
 
 
-def safe_load(fn: str | os.PathLike) -> dict[str, Tensor]:
-  """Load a .safetensors file as a dict of name -> Tensor (on the default device). The order is
-  the file's layout, which safetensors chooses, not the order they were saved in."""
+def safe_load(fn: str | os.PathLike | Tensor) -> dict[str, Tensor]:
+  """Load a .safetensors file (a path, or a Tensor of the file's bytes) as a dict of name -> Tensor (on the default
+  device). The order is the file's layout, which safetensors chooses, not the order they were saved in."""
   from safetensors import SafetensorError
-  from safetensors.numpy import load_file
-  try: arrays = load_file(os.fspath(fn))
-  except SafetensorError as e: raise ValueError(f"safe_load: {os.fspath(fn)!r} is not a safetensors file: {e}") from None
+  from safetensors.numpy import load, load_file
+  where = "<tensor>" if isinstance(fn, Tensor) else repr(os.fspath(fn))
+  try: arrays = load(fn.numpy().tobytes()) if isinstance(fn, Tensor) else load_file(os.fspath(fn))
+  except SafetensorError as e: raise ValueError(f"safe_load: {where} is not a safetensors file: {e}") from None
   return {k: Tensor(a) for k, a in arrays.items()}
