@@ -232,14 +232,21 @@ class Context(contextlib.ContextDecorator):
 
 # *** counters ***
 
-_ESTIMATES: "weakref.WeakKeyDictionary[Any, tuple[int, int]]" = weakref.WeakKeyDictionary()
+_ESTIMATES: "weakref.WeakKeyDictionary[Any, tuple[int, int]]" = weakref.WeakKeyDictionary()   # ast -> (ops, bytes)
+
+
+def _estimate(kernel: Any) -> tuple[int, int]:
+  """(ALU operations, bytes) of one run of a kernel, kept per AST (a JIT replay runs the same ASTs on other
+  buffers; a PARAM's arg holds its buffer's size, so equal ASTs have equal sizes)."""
+  hit = _ESTIMATES.get(kernel.ast)
+  if hit is None:
+    hit = _ESTIMATES[kernel.ast] = (_ops_estimate(kernel.ast), sum(b.arg[2] * b.dtype.itemsize for b in kernel.bufs))
+  return hit
 
 
 def _ops_estimate(ast: Any) -> int:
   """ALU operations a kernel carries out: each value op (index arithmetic left out) once per iteration of the ranges
   its value depends on, and a REDUCE once per iteration of the ranges it reduces (a matmul: 2*M*N*K)."""
-  hit = _ESTIMATES.get(ast)
-  if hit is not None: return hit
   ranges: dict[Any, frozenset] = {}
   ops = 0
   for u in ast.toposort():
@@ -250,7 +257,6 @@ def _ops_estimate(ast: Any) -> int:
       rs = rs - frozenset(u.src[1:])
     elif u.op in ALU and u.dtype is not dtypes.index: ops += _iterations(rs)
     ranges[u] = rs
-  _ESTIMATES[ast] = ops
   return ops
 
 
@@ -303,10 +309,11 @@ class GlobalCounters(metaclass=_CountersMeta):
 
 
 def _count(kernel: Any, seconds: float) -> None:
+  ops, mem = _estimate(kernel)
   GlobalCounters.kernel_count += 1
   GlobalCounters.time_sum_s += seconds
-  GlobalCounters.global_mem += sum(b.arg[2] * b.dtype.itemsize for b in kernel.bufs)
-  GlobalCounters.global_ops += _ops_estimate(kernel.ast)
+  GlobalCounters.global_mem += mem
+  GlobalCounters.global_ops += ops
 
 
 if _count not in _realize.RUN_HOOKS: _realize.RUN_HOOKS.append(_count)
