@@ -17,9 +17,11 @@ from typing import Any
 from rulec.engine.ir.dtypes import dtype_set
 from rulec.engine.lang import ast as A
 from rulec.engine.lang.limits import MAX_IF_DEPTH
+from rulec.engine.lang.bounded import CHECKED_BINOPS
 from rulec.engine.lang.capability import CTX, allowed_attrs, comprehension_scope, pattern_tails, static_type
 from rulec.engine.lang.names import BUILTINS, CONSTANT_NAMES
 from rulec.engine.ir.ops import COMMUTATIVE, GROUPS, OPS_BY_NAME, Ops, op_set
+from rulec.engine.ir.uop import UOp
 
 ALL_OPS = frozenset(Ops)
 
@@ -164,6 +166,7 @@ class _Emitter:
              "from rulec.engine.ir.dtypes import dtypes",
              "from rulec.engine.lang.names import BUILTINS, CONSTANT_NAMES",
              "from rulec.engine.lang.runtime import RuleAbort, rule_failed, import_helper, not_a_node, check_gradients",
+             "from rulec.engine.lang.bounded import rule_pow, rule_lshift, rule_mul, rule_mod",
              "from rulec.engine.lang.capability import rule_attr",
              "from rulec.engine.ir.uop import UOp",
              "RULES = (" + "".join(f"({r.name!r}, {str(r.span)!r}, {r.source_line!r}), " for r in rules) + ")",
@@ -224,7 +227,10 @@ class ExprPrinter:
       if e.kind == "list": return f"[{inner}]"
       return f"{{{inner}}}"
     if isinstance(e, A.EDict): return "{" + ", ".join(f"{p(k)}: {p(v)}" for k, v in zip(e.keys, e.values)) + "}"
-    if isinstance(e, A.EBin): return f"({p(e.left)} {e.op} {p(e.right)})"
+    if isinstance(e, A.EBin):
+      if e.op in CHECKED_BINOPS and not self.plain_operands(e, scope):
+        return f"{CHECKED_BINOPS[e.op].__name__}({p(e.left)}, {p(e.right)})"
+      return f"({p(e.left)} {e.op} {p(e.right)})"
     if isinstance(e, A.EUnary): return f"({e.op} {p(e.operand)})" if e.op == "not" else f"({e.op}{p(e.operand)})"
     if isinstance(e, A.EBool): return "(" + f" {e.op} ".join(p(x) for x in e.values) + ")"
     if isinstance(e, A.ECompare):
@@ -244,6 +250,12 @@ class ExprPrinter:
       open_, close = {"list": "[]", "set": "{}", "dict": "{}", "gen": "()"}[e.kind]
       return f"{open_}{body} {' '.join(clauses)}{close}"
     raise AssertionError(f"cannot compile {type(e).__name__}")  # lambda / walrus never pass the checker
+
+  def plain_operands(self, e: A.EBin, scope) -> bool:
+    """Whether the checker knows an operand of `e` is a node or a float, whose `*`, `**`, `<<` and `%` build a node or
+    a float of bounded size (anything else calls the checked operator: engine/lang/bounded.py)."""
+    types = [static_type(x, self.bound - self.tails, self.tails, self.helpers, scope) for x in (e.left, e.right)]
+    return any(t is UOp or t is float for t in types)
 
   def arg(self, a, scope) -> str:
     if isinstance(a, A.EKeyword): return f"{a.name}={self(a.value, scope)}"

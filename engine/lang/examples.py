@@ -22,15 +22,17 @@ import os
 import select
 import signal
 import sys
+import threading
 import time
-from typing import Any
+from contextlib import contextmanager
+from typing import Any, Callable
 
 from rulec.engine.ir.dtypes import DType, dtype_set, dtypes
 from rulec.engine.lang import ast as A
 from rulec.engine.lang.checker import CheckedLibrary
 from rulec.engine.lang.compiler import generate, per_rule_functions
 from rulec.engine.lang.diagnostics import Diagnostic
-from rulec.engine.lang.limits import EXAMPLE_MEMORY_BYTES, EXAMPLE_TIME_S
+from rulec.engine.lang.limits import EXAMPLE_FILE_TIME_S, EXAMPLE_MEMORY_BYTES, EXAMPLE_TIME_S
 from rulec.engine.lang.parser import _PATTERN_OPS
 from rulec.engine.lang.runtime import RuleAbort, RuleRuntimeError
 from rulec.engine.ir.ops import ALU, COMPARISON, FIXED_ARITY, GROUPS, OPS_BY_NAME, Ops
@@ -289,6 +291,35 @@ def example_time_limit() -> float:
   return v if v > 0 and math.isfinite(v) else EXAMPLE_TIME_S
 
 
+def file_time_limit() -> float:
+  """Seconds all the examples of one file may run together: RULEC_EXAMPLE_FILE_TIMEOUT, else EXAMPLE_FILE_TIME_S."""
+  try: v = float(os.environ.get("RULEC_EXAMPLE_FILE_TIMEOUT", ""))
+  except ValueError: v = 0.0
+  return v if v > 0 and math.isfinite(v) else EXAMPLE_FILE_TIME_S
+
+
+class ExamplesCancelled(Exception):
+  """The caller no longer wants these examples' results (the language server: the document changed)."""
+
+
+_CANCEL = threading.local()
+
+
+@contextmanager
+def cancel_when(cancelled: Callable[[], bool]):
+  """Within this block, on this thread, run_examples stops (ExamplesCancelled, its child process killed) as soon
+  as cancelled() is true; it is asked a few times a second."""
+  old = getattr(_CANCEL, "fn", None)
+  _CANCEL.fn = cancelled
+  try: yield
+  finally: _CANCEL.fn = old
+
+
+def _cancelled() -> bool:
+  fn = getattr(_CANCEL, "fn", None)
+  return fn is not None and bool(fn())
+
+
 def _jobs(lib: CheckedLibrary) -> list[tuple[str, A.Rule, A.Example]]:
   return [(rs.name, rule, ex) for f in lib.files for rs in f.rulesets if lib.rulesets.get(rs.name) is rs
           for rule in rs.rules if rule.grad is None for ex in rule.examples]
@@ -328,16 +359,50 @@ def run_examples(lib: CheckedLibrary) -> list[Diagnostic]:
     matchers: dict[str, ExampleMatcher] = {}
     return [d for job in jobs for d in _one(lib, job, matchers)]
   out: list[Diagnostic] = []
+  spent: dict[str, float] = {}      # file -> seconds its examples have run
   start = 0
-  while start < len(jobs): start = _run_forked(lib, jobs, start, out)
+  while start < len(jobs): start = _run_forked(lib, jobs, start, out, spent)
   return out
 
 
-def _child(lib: CheckedLibrary, jobs, start: int, w: int):
+def _file_of(job) -> str: return job[2].span.file
+
+
+def _past_file_budget(jobs, k: int, out: list[Diagnostic]) -> int:
+  """R708 at the first example of jobs[k]'s file not run; the index of the first job of another file."""
+  f = _file_of(jobs[k])
+  _, rule, ex = jobs[k]
+  rest = sum(1 for j in jobs[k:] if _file_of(j) == f)
+  out.append(Diagnostic("R708", "error", ex.input.span,
+                        f"the examples of this file ran longer than {file_time_limit():g} s in all; this one and the "
+                        f"{rest - 1} after it were not run",
+                        note="a file's examples run under a total time limit (RULEC_EXAMPLE_FILE_TIMEOUT seconds)"))
+  while k < len(jobs) and _file_of(jobs[k]) == f: k += 1
+  return k
+
+
+def _die_with(parent: int) -> None:
+  """Make this (forked) process end when `parent` does: a killed `rulec check` or language server must not leave
+  an example running. Linux: the kernel sends SIGKILL (PR_SET_PDEATHSIG); elsewhere a thread watches the parent."""
   try:
+    import ctypes
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(1, signal.SIGKILL, 0, 0, 0) == 0:        # PR_SET_PDEATHSIG = 1
+      if os.getppid() != parent: os._exit(0)               # (the parent ended before the call)
+      return
+  except (OSError, AttributeError): pass
+  def watch():
+    while os.getppid() == parent: time.sleep(0.5)
+    os._exit(0)
+  threading.Thread(target=watch, daemon=True).start()
+
+
+def _child(lib: CheckedLibrary, jobs, start: int, w: int, parent: int, stop: int):
+  try:
+    _die_with(parent)
     _limit_memory()
     matchers: dict[str, ExampleMatcher] = {}
-    for k in range(start, len(jobs)):
+    for k in range(start, stop):
       os.write(w, f"S {k}\n".encode())
       diags = _one(lib, jobs[k], matchers)
       os.write(w, (json.dumps({"k": k, "d": [d.to_json() for d in diags]}) + "\n").encode())
@@ -364,30 +429,44 @@ def _from_json(d: dict) -> Diagnostic:
   return Diagnostic(d["code"], d["severity"], span, d["message"], d["note"])
 
 
-def _run_forked(lib: CheckedLibrary, jobs, start: int, out: list[Diagnostic]) -> int:
-  """Run jobs[start:] in a child; returns where the next child should start (len(jobs) when all ran)."""
+def _run_forked(lib: CheckedLibrary, jobs, start: int, out: list[Diagnostic], spent: dict[str, float]) -> int:
+  """Run the jobs of jobs[start]'s file from `start` in a child; returns where the next child should start
+  (len(jobs) when all ran). Each example runs under example_time_limit(), the file's under file_time_limit()."""
+  if _cancelled(): raise ExamplesCancelled()
+  f = _file_of(jobs[start])
+  stop = start
+  while stop < len(jobs) and _file_of(jobs[stop]) == f: stop += 1
+  if spent.get(f, 0.0) >= file_time_limit(): return _past_file_budget(jobs, start, out)
   r, w = os.pipe()
   sys.stdout.flush(); sys.stderr.flush()
+  parent = os.getpid()
   pid = os.fork()
   if pid == 0:
     os.close(r)
     try: os.dup2(2, 1)          # nothing the child prints can mix into the checker's stdout (JSON)
     except OSError: pass
-    _child(lib, jobs, start, w)
+    _child(lib, jobs, start, w, parent, stop)
   os.close(w)
   reaped = False
   limit = example_time_limit()
   current: int | None = None
-  deadline = time.monotonic() + limit
+  began = time.monotonic()
+  file_deadline = began + file_time_limit() - spent.get(f, 0.0)
+  deadline = min(began + limit, file_deadline)
   buf = b""
   try:
     while True:
-      ready, _, _ = select.select([r], [], [], max(0.0, deadline - time.monotonic()))
+      ready, _, _ = select.select([r], [], [], min(0.2, max(0.0, deadline - time.monotonic())))
+      if not ready and _cancelled():                  # nobody wants these results any more
+        raise ExamplesCancelled()
+      if not ready and time.monotonic() < deadline: continue
       if not ready:                                   # past the time limit: stop the child
         os.kill(pid, signal.SIGKILL)
         os.waitpid(pid, 0)
         reaped = True
+        spent[f] = spent.get(f, 0.0) + time.monotonic() - began
         k = start if current is None else current
+        if deadline >= file_deadline: return _past_file_budget(jobs, k, out)
         _, rule, ex = jobs[k]
         out.append(_budget_diag("R706", rule, ex))
         return k + 1
@@ -395,7 +474,8 @@ def _run_forked(lib: CheckedLibrary, jobs, start: int, out: list[Diagnostic]) ->
       if not chunk:                                   # the child exited
         _, status = os.waitpid(pid, 0)
         reaped = True
-        if current is None: return len(jobs)
+        spent[f] = spent.get(f, 0.0) + time.monotonic() - began
+        if current is None: return stop
         _, rule, ex = jobs[current]
         sig = os.WTERMSIG(status) if os.WIFSIGNALED(status) else None
         out.append(_budget_diag("R707", rule, ex, f" (its process ended{f' by signal {sig}' if sig else ''})"))
@@ -405,7 +485,7 @@ def _run_forked(lib: CheckedLibrary, jobs, start: int, out: list[Diagnostic]) ->
       for line in lines:
         if line.startswith(b"S "):
           current = int(line[2:])
-          deadline = time.monotonic() + limit
+          deadline = min(time.monotonic() + limit, file_deadline)
         elif line:
           msg = json.loads(line)
           out.extend(_from_json(d) for d in msg["d"])
@@ -423,4 +503,5 @@ def count_examples(lib: CheckedLibrary) -> int:
   return sum(len(r.examples) for rs in lib.rulesets.values() for r in rs.rules)
 
 
-__all__ = ["ExampleError", "GraphBuilder", "show", "run_example", "run_examples", "count_examples", "ExampleMatcher"]
+__all__ = ["ExampleError", "GraphBuilder", "show", "run_example", "run_examples", "count_examples", "ExampleMatcher",
+           "ExamplesCancelled", "cancel_when"]

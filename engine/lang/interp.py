@@ -12,6 +12,7 @@ from typing import Any, Iterator
 from rulec.engine.ir.dtypes import dtype_set
 from rulec.engine.lang import ast as A
 from rulec.engine.lang.capability import rule_attr
+from rulec.engine.lang.bounded import CHECKED_BINOPS
 from rulec.engine.lang.compiler import child_orders, pattern_ops
 from rulec.engine.lang.names import BUILTINS, CONSTANT_NAMES
 from rulec.engine.lang.runtime import RuleAbort, check_gradients, import_helper, not_a_node, rule_failed
@@ -20,6 +21,7 @@ from rulec.engine.ir.uop import UOp
 _BINOPS = {"+": operator.add, "-": operator.sub, "*": operator.mul, "/": operator.truediv, "//": operator.floordiv,
            "%": operator.mod, "@": operator.matmul, "**": operator.pow, "<<": operator.lshift, ">>": operator.rshift,
            "&": operator.and_, "|": operator.or_, "^": operator.xor}
+_BINOPS.update(CHECKED_BINOPS)     # (the checked forms: engine/lang/bounded.py)
 _CMPS = {"<": operator.lt, ">": operator.gt, "==": operator.eq, "!=": operator.ne, "<=": operator.le, ">=": operator.ge,
          "in": lambda a, b: a in b, "not in": lambda a, b: a not in b, "is": operator.is_, "is not": operator.is_not}
 

@@ -13,3 +13,8 @@ SHADOW_CANDIDATES = 64            # R505 compares a rule with at most this many 
 EXAMPLE_TIME_S = 5.0              # R706: wall-clock seconds for one example (RULEC_EXAMPLE_TIMEOUT overrides)
 EXAMPLE_MEMORY_BYTES = 1 << 30    # R707: memory one example may allocate, over what the checker already uses
 MAX_IF_DEPTH = 40                 # generated matchers nest at most this many `if`s; deeper tests are joined with `and`
+EXAMPLE_FILE_TIME_S = 60.0        # R708: wall-clock seconds for all the examples of one file (RULEC_EXAMPLE_FILE_TIMEOUT)
+# at run time, in every rule's guard and replacement (RuleRuntimeError naming the rule; engine/lang/runtime.py)
+RULE_TIME_S = 10.0                # seconds one guard or replacement may run on one node (RULEC_RULE_TIMEOUT overrides)
+MAX_INT_BITS = 1 << 16            # bits of an int that `**`, `<<` or `*` may make
+MAX_ITEMS = 1 << 20               # items of a range, or of a sequence made by `*`

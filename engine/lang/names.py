@@ -12,9 +12,10 @@ from typing import Any, Callable
 from rulec.engine.ir.dtypes import dtypes
 from rulec.engine.ir.ops import GROUPS, OPS_BY_NAME, Ops
 from rulec.engine.ir.uop import UOp, prod
+from rulec.engine.lang.bounded import rule_range
 
 BUILTINS: dict[str, Any] = {
-  "len": len, "range": range, "tuple": tuple, "list": list, "dict": dict, "set": set, "frozenset": frozenset,
+  "len": len, "range": rule_range, "tuple": tuple, "list": list, "dict": dict, "set": set, "frozenset": frozenset,
   "zip": zip, "enumerate": enumerate, "all": all, "any": any, "min": min, "max": max, "sum": sum, "abs": abs,
   "int": int, "float": float, "bool": bool, "str": str, "sorted": sorted, "reversed": reversed, "round": round,
   "divmod": divmod, "isinstance": isinstance, "prod": prod, "dtypes": dtypes, "UOp": UOp, "Ops": Ops,

@@ -1,8 +1,15 @@
-"""What generated matchers call at run time: helper imports and rule errors."""
+"""What generated matchers call at run time: helper imports, rule errors, the checked operators
+(engine/lang/bounded.py), and the time bound on each guard and replacement (engine/lang/watchdog.py)."""
 from __future__ import annotations
 
 from rulec.engine.ir.rewrite import RuleRuntimeError  # noqa: F401 (matchers raise it; graph_rewrite too, so it is IR)
+from rulec.engine.lang import watchdog
+from rulec.engine.lang.bounded import rule_lshift, rule_mod, rule_mul, rule_pow  # noqa: F401 (matchers call them)
 from rulec.engine.lang.libraries import resolve_helper, resolve_library
+
+watchdog.start()    # (matchers import this module: the time bound is on from the first rule that runs)
+
+
 
 
 class RuleAbort(Exception):

@@ -129,6 +129,7 @@ def isolated(tmp_path, monkeypatch):
 @pytest.mark.parametrize("ex", RULES_EXAMPLES, ids=lambda e: e.id)
 def test_rules_block_checks(ex: Example, monkeypatch):
   if "timeout" in ex.rules.opts: monkeypatch.setenv("RULEC_EXAMPLE_TIMEOUT", ex.rules.opts["timeout"])
+  if "file_timeout" in ex.rules.opts: monkeypatch.setenv("RULEC_EXAMPLE_FILE_TIMEOUT", ex.rules.opts["file_timeout"])
   lib = check_sources({os.path.basename(ex.rules_path()): ex.rules_text()}, examples=True)
   got = {d.code for d in lib.diagnostics}
   shown = "\n".join(d.render(ex.rules_text()) for d in lib.diagnostics)
