@@ -50,6 +50,7 @@ from rulec.engine.ir.kernel import Kernel
 
 _I1, _I8, _I16, _I32, _I64 = ir.IntType(1), ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.IntType(64)
 _F32, _F64 = ir.FloatType(), ir.DoubleType()
+_LIBM = {Ops.EXP2: "llvm.exp2", Ops.LOG2: "llvm.log2", Ops.SIN: "llvm.sin", Ops.POW: "llvm.pow"}   # calls into libm
 
 
 def lltype(d: DType) -> ir.Type:
@@ -307,7 +308,9 @@ class LLVMRenderer(ScopedEmitter):
     if op is Ops.WHERE: return b.select(srcs[0], srcs[1], srcs[2])
     sd = u.src[0].dtype
     if op is Ops.MULACC and u.arg == MAY_FUSE and sd.kind == "f" and sd is not dtypes.float16:
-      return b.fadd(b.fmul(srcs[0], srcs[1], flags=("contract",)), srcs[2], flags=("contract",))
+      # one rounding, always (rules/decomp.rules keeps the mark only for a target with FMA): LLVM folds llvm.fma of
+      # constants fused too, where `contract` would fold unfused what the CPU then runs fused
+      return self._intrinsic("llvm.fma", srcs)
     return self.alu(op, sd, d, srcs)
 
   def const(self, v, d: DType):
@@ -344,10 +347,16 @@ class LLVMRenderer(ScopedEmitter):
     if op is Ops.SHL: return b.shl(*s)
     if op is Ops.SHR: return (b.lshr if uns else b.ashr)(*s)
     if op is Ops.SQRT: return self._intrinsic("llvm.sqrt", s)
+    if op in _LIBM and s[0].type == _F32:
+      # float32 through libm's float64 function, rounded once: LLVM folds a call on constants with the host's
+      # float64 function and rounds that, so the CPU must run the same, or a constant would differ from the same
+      # value in a buffer (sinf and powf are not always the float64 result rounded)
+      return b.fptrunc(self._intrinsic(_LIBM[op], [b.fpext(v, _F64) for v in s]), _F32)
     if op is Ops.EXP2: return self._intrinsic("llvm.exp2", s)
     if op is Ops.LOG2: return self._intrinsic("llvm.log2", s)
     if op is Ops.SIN: return self._intrinsic("llvm.sin", s)
-    if op is Ops.TRUNC: return self._intrinsic("llvm.trunc", s)
+    if op is Ops.TRUNC:   # + 0.0: never -0.0, as engine/ir/alu.py (and the NUMPY and CL devices) give it
+      return b.fadd(self._intrinsic("llvm.trunc", s), ir.Constant(s[0].type, 0.0))
     if op is Ops.RECIPROCAL: return b.fdiv(ir.Constant(s[0].type, 1.0), s[0])
     if op is Ops.POW: return self._intrinsic("llvm.pow", s) if fl else self._int_pow(s[0], s[1], uns)
     if op is Ops.MULACC: return b.fadd(b.fmul(s[0], s[1]), s[2]) if fl else b.add(b.mul(s[0], s[1]), s[2])
@@ -360,7 +369,7 @@ class LLVMRenderer(ScopedEmitter):
     q = b.fadd(self._intrinsic("llvm.floor", [round_quotient(b.fdiv(x, y))]), ir.Constant(ty, 0.0))   # -0.0 + 0.0 is 0.0
     by0 = b.fcmp_ordered("==", y, ir.Constant(ty, 0.0))
     signed_inf = self._intrinsic("llvm.copysign", [ir.Constant(ty, math.inf), x])
-    x0 = b.fcmp_unordered("==", x, ir.Constant(ty, 0.0))
+    x0 = b.fcmp_ordered("==", x, ir.Constant(ty, 0.0))   # a NaN x is not 0: NaN // 0 is an infinity (engine/ir/alu.py)
     return b.select(by0, b.select(x0, ir.Constant(ty, math.nan), signed_inf), q)
 
   def _intrinsic(self, name: str, args: list):

@@ -234,8 +234,11 @@ def _debug_level() -> int:
 
 
 def optional_decompositions() -> frozenset:
-  """The optional rules of rules/decomp.rules the CPU asks for (see the module docstring)."""
-  return frozenset() if os.environ.get("RULEC_CPU_LIBM", "") not in ("", "0") else VECTOR_MATH
+  """The optional rules of rules/decomp.rules the CPU asks for (see the module docstring), and MULACC where the
+  JIT's target has FMA: exp2's polynomial steps are then fmas (one rounding each), else a multiply and an add."""
+  if os.environ.get("RULEC_CPU_LIBM", "") not in ("", "0"): return frozenset()
+  _jit()
+  return VECTOR_MATH | {Ops.MULACC} if "+fma" in _target[1].split(",") else VECTOR_MATH
 
 
 def _aliasing(bufs) -> tuple | None:

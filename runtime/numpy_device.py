@@ -29,7 +29,7 @@ from typing import Iterable
 
 import numpy as np
 
-from rulec.engine.ir.alu import wrap
+from rulec.engine.ir.alu import float_alu, wrap
 from rulec.engine.ir.dtypes import DType
 from rulec.engine.ir.ops import Ops
 from rulec.engine.ir.uop import UOp
@@ -131,27 +131,9 @@ def _alu(op: Ops, dt: DType, srcs: list[np.ndarray]) -> np.ndarray:
   return _alu_int(op, t, xs)
 
 
-def _alu_float(op: Ops, xs: list[np.ndarray]) -> np.ndarray:
-  if op is Ops.NEG: return np.negative(xs[0])
-  if op is Ops.EXP2: return np.exp2(xs[0])
-  if op is Ops.LOG2: return np.log2(xs[0])
-  if op is Ops.SIN: return np.sin(xs[0])
-  if op is Ops.SQRT: return np.sqrt(xs[0])
-  if op is Ops.RECIPROCAL: return np.true_divide(1.0, xs[0])
-  if op is Ops.TRUNC: return np.trunc(xs[0]) + 0.0   # float(math.trunc(x)) is never -0.0
-  if op is Ops.MULACC: return xs[0] * xs[1] + xs[2]
-  a, b = xs
-  if op is Ops.ADD: return a + b
-  if op is Ops.SUB: return a - b
-  if op is Ops.MUL: return a * b
-  if op is Ops.FDIV: return np.true_divide(a, b)
-  if op is Ops.IDIV:   # floor(a / b); a / 0 is inf with a's sign, 0 / 0 is nan
-    # (+ 0.0: math.floor gives an int, so never -0.0)
-    return np.where(b == 0, np.where(a != 0, np.copysign(np.inf, a), np.nan), np.floor(a / b) + 0.0)
-  if op is Ops.MOD: return np.remainder(a, b)      # Python's float %, nan for b == 0
-  if op is Ops.MAX: return np.where(b > a, b, a)   # Python's max(a, b): a unless b is larger
-  if op is Ops.POW: return np.power(a, b)
-  raise TypeError(f"{op} is not defined on floats")
+# float ops are engine/ir/alu.py's float_alu, the very function constant folding computes with: a folded
+# constant is what this device computes, bit for bit
+_alu_float = float_alu
 
 
 def _alu_int(op: Ops, t: np.dtype, xs: list[np.ndarray]) -> np.ndarray:

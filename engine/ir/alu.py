@@ -1,6 +1,16 @@
 """Scalar semantics of the ALU ops, in Python: the meaning constant folding and
 the reference device agree on. Integer results wrap to their dtype as numpy's
-do; IDIV and MOD are floor division and floor modulo (numpy's // and %)."""
+do; IDIV and MOD are floor division and floor modulo (numpy's // and %).
+
+A float op computes in its own dtype through numpy (`float_alu`, which the NUMPY
+device runs on whole arrays): every result rounded to float16 / float32 / float64
+once, overflow to an infinity of the right sign, underflow to zero or a
+subnormal, NaN in, NaN out, no Python exception (Python's `2.0 ** 1000.0` raises
+OverflowError, its `(-2.0) ** 1025.0` too). So a folded constant is what the
+device computes, bit for bit, for every op IEEE 754 defines exactly. EXP2, LOG2,
+SIN and float POW it does not: each device has its own approximation (the CPU's
+exp2 is a polynomial, numpy's is another), so constant folding leaves those to
+the device (`DEVICE_DEFINED`); exec_alu still gives numpy's value for them."""
 from __future__ import annotations
 
 import math
@@ -46,27 +56,52 @@ def _fdiv(a, b):
 
 
 def _pow(a, b):
-  if isinstance(a, int) and isinstance(b, int) and b < 0:   # integer results only: 1/a**|b| truncated
-    return 1 if a == 1 else (1 if b % 2 == 0 else -1) if a == -1 else 0
-  try: r = a ** b
-  except ZeroDivisionError: return math.inf if isinstance(a, float) or isinstance(b, float) else 0
-  except OverflowError: return math.inf
-  if isinstance(r, complex): return math.nan
-  if isinstance(a, int) and isinstance(b, int) and b < 0:   # integer results only: 1/a**|b| truncated
-    return 1 if a == 1 else (1 if b % 2 == 0 else -1) if a == -1 else 0
-  return r
+  if isinstance(a, float) or isinstance(b, float): return _f64(Ops.POW)(a, b)   # (-2.0) ** 1025.0 is -inf, not an OverflowError
+  if b < 0: return 1 if a == 1 else (1 if b % 2 == 0 else -1) if a == -1 else 0   # integer results: 1/a**|b| truncated
+  return a ** b
 
 
-def _safe(f):
-  def g(*a):
-    try: return f(*a)
-    except (OverflowError, ValueError): return math.nan
-  return g
+def float_alu(op: Ops, xs: list) -> Any:
+  """op on numpy floats of one dtype (arrays or scalars), computed in that dtype as numpy does; call it under
+  np.errstate(all="ignore"). The NUMPY device runs its float ops through this, constant folding too (exec_alu)."""
+  if op is Ops.NEG: return np.negative(xs[0])
+  if op is Ops.EXP2: return np.exp2(xs[0])
+  if op is Ops.LOG2: return np.log2(xs[0])
+  if op is Ops.SIN: return np.sin(xs[0])
+  if op is Ops.SQRT: return np.sqrt(xs[0])
+  if op is Ops.RECIPROCAL: return np.true_divide(1.0, xs[0])
+  if op is Ops.TRUNC: return np.trunc(xs[0]) + 0.0   # never -0.0 (+ 0.0 makes -0.0 +0.0)
+  if op is Ops.MULACC: return xs[0] * xs[1] + xs[2]  # two roundings
+  a, b = xs
+  if op is Ops.ADD: return a + b
+  if op is Ops.SUB: return a - b
+  if op is Ops.MUL: return a * b
+  if op is Ops.FDIV: return np.true_divide(a, b)
+  if op is Ops.IDIV:   # floor of the rounded quotient; a / 0 is inf with a's sign (NaN too: it is not 0), 0 / 0 nan; never -0.0
+    return np.where(b == 0, np.where(a != 0, np.copysign(np.inf, a), np.nan), np.floor(a / b) + 0.0)
+  if op is Ops.MOD: return np.remainder(a, b)      # Python's float %: the divisor's sign (a zero too), nan for b == 0
+  if op is Ops.MAX: return np.where(b > a, b, a)   # Python's max(a, b): a unless b is larger (a NaN a stays)
+  if op is Ops.POW: return np.power(a, b)
+  raise TypeError(f"{op} is not defined on floats")
+
+
+FLOAT_OPS = frozenset({Ops.NEG, Ops.EXP2, Ops.LOG2, Ops.SIN, Ops.SQRT, Ops.RECIPROCAL, Ops.TRUNC, Ops.MULACC, Ops.ADD,
+                       Ops.SUB, Ops.MUL, Ops.FDIV, Ops.IDIV, Ops.MOD, Ops.MAX, Ops.POW})
+# float ops whose results IEEE 754 leaves to the implementation (each device approximates them its own way):
+# constant folding does not fold them on floats, so a constant gets the value the device would compute
+DEVICE_DEFINED = frozenset({Ops.EXP2, Ops.LOG2, Ops.SIN, Ops.POW})
+_NP_FLOAT = {"float16": np.float16, "float32": np.float32, "float64": np.float64}   # (bfloat16: no numpy type)
+
+
+def _f64(op: Ops) -> Callable[..., Any]:
+  """op on Python numbers computed as float64 (for ops that make floats of integer operands too)."""
+  def f(*xs):
+    with np.errstate(all="ignore"): return float(float_alu(op, [np.float64(x) for x in xs]))
+  return f
 
 
 PYTHON_ALU: dict[Ops, Callable[..., Any]] = {
-  Ops.NEG: operator.neg, Ops.EXP2: _safe(lambda x: 2.0 ** x), Ops.LOG2: _safe(lambda x: math.log2(x) if x > 0 else (-math.inf if x == 0 else math.nan)),
-  Ops.SIN: _safe(math.sin), Ops.SQRT: _safe(lambda x: math.sqrt(x) if x >= 0 else math.nan),
+  Ops.NEG: operator.neg, Ops.EXP2: _f64(Ops.EXP2), Ops.LOG2: _f64(Ops.LOG2), Ops.SIN: _f64(Ops.SIN), Ops.SQRT: _f64(Ops.SQRT),
   Ops.RECIPROCAL: lambda x: _fdiv(1.0, x), Ops.TRUNC: lambda x: float(math.trunc(x)) if math.isfinite(x) else x,
   Ops.ADD: operator.add, Ops.SUB: operator.sub, Ops.MUL: operator.mul, Ops.FDIV: _fdiv, Ops.IDIV: _idiv, Ops.MOD: _mod, Ops.CDIV: _cdiv, Ops.CMOD: _cmod,
   Ops.MAX: max, Ops.POW: _pow, Ops.CMPLT: operator.lt, Ops.CMPNE: operator.ne, Ops.CMPEQ: operator.eq,
@@ -98,6 +133,10 @@ def round_float(value: float, dtype: DType) -> float:
 
 
 def exec_alu(op: Ops, dtype: DType, operands: list[Any]) -> Any:
+  """op on Python values of dtype, as dtype holds the result. A float op computes in the float dtype (float_alu)."""
+  if op in FLOAT_OPS and dtype.np_name in _NP_FLOAT:
+    t = _NP_FLOAT[dtype.np_name]
+    with np.errstate(all="ignore"): return float(t(float_alu(op, [t(x) for x in operands])))
   return wrap(PYTHON_ALU[op](*operands), dtype)
 
 

@@ -20,7 +20,7 @@ class Ops(enum.IntEnum):
   CDIV = enum.auto(); CMOD = enum.auto()   # truncating division and C remainder, for backends (rules/decomp.rules)
   AND = enum.auto(); OR = enum.auto(); XOR = enum.auto(); SHL = enum.auto(); SHR = enum.auto(); THREEFRY = enum.auto()
   # ternary ALU
-  WHERE = enum.auto(); MULACC = enum.auto()   # a*b+c, two roundings; arg MAY_FUSE: one is allowed (fma)
+  WHERE = enum.auto(); MULACC = enum.auto()   # a*b+c, two roundings; arg MAY_FUSE: see below
   # type changes
   CAST = enum.auto(); BITCAST = enum.auto()
   # reductions: REDUCE_AXIS on tensors (arg=(op, axes)), REDUCE over ranges in kernels (arg=op)
@@ -47,7 +47,9 @@ BINARY = frozenset({Ops.ADD, Ops.SUB, Ops.MUL, Ops.FDIV, Ops.IDIV, Ops.MOD, Ops.
 TERNARY = frozenset({Ops.WHERE, Ops.MULACC})
 ALU = UNARY | BINARY | TERNARY
 # MULACC's arg where its product and sum may round once (an fma, where the target has one): set by code whose error
-# budget was measured both ways (rules/decomp.rules' polynomials); a MULACC without it rounds twice, as numpy does
+# budget was measured both ways (rules/decomp.rules' polynomials). The decomposition settles it per device: the mark
+# stays only where the device asks for MULACC (the CPU with FMA), which then rounds once, always; elsewhere it is
+# removed. A MULACC without it rounds twice, as numpy does
 MAY_FUSE = "fma"
 MOVEMENT = frozenset({Ops.RESHAPE, Ops.PERMUTE, Ops.EXPAND, Ops.PAD, Ops.SHRINK, Ops.FLIP})
 COMMUTATIVE = frozenset({Ops.ADD, Ops.MUL, Ops.MAX, Ops.CMPNE, Ops.CMPEQ, Ops.AND, Ops.OR, Ops.XOR})

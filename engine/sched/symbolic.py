@@ -9,7 +9,7 @@ import numpy as np
 
 from rulec.engine.lang.capability import rule_helper
 
-from rulec.engine.ir.alu import exec_alu, wrap
+from rulec.engine.ir.alu import DEVICE_DEFINED, exec_alu, wrap
 from rulec.engine.ir.dtypes import DType, dtypes
 from rulec.engine.ir.facts import linear_bounds, terms_of
 from rulec.engine.ir.ops import ALU, Ops
@@ -20,8 +20,11 @@ from rulec.engine.lang.loader import load_library
 
 @rule_helper
 def fold_constants(alu: UOp) -> UOp | None:
-  """An ALU node whose sources are all CONSTs, evaluated (None when the op cannot be folded)."""
+  """An ALU node whose sources are all CONSTs, evaluated (None when the op cannot be folded). Not EXP2, LOG2, SIN or
+  POW on floats (engine/ir/alu.py DEVICE_DEFINED): each device approximates those its own way, and a constant must
+  get the value the device computes for the same op on a buffer, bit for bit."""
   if alu.op in (Ops.THREEFRY,) or alu.dtype.kind == "v": return None
+  if alu.op in DEVICE_DEFINED and alu.dtype.kind == "f": return None
   try: value = exec_alu(alu.op, alu.dtype, [s.arg for s in alu.src])
   except (ArithmeticError, TypeError): return None
   return UOp.const(alu.dtype, value)
