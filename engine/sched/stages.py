@@ -48,10 +48,14 @@ class Rebuilt:
       src = tuple(self._key[s] for s in u.src)
       if self._alts and any(s in self._alts for s in u.src):
         if self._orig is None: self._orig = set(self._sink.toposort())
-        for combo in itertools.product(*(self._alts.get(s, (k,)) for s, k in zip(u.src, src))):
-          if UOp(u.op, u.dtype, combo, u.arg, u.tag) in self._orig:
-            src = combo
-            break
+        found = [UOp(u.op, u.dtype, combo, u.arg, u.tag)
+                 for combo in itertools.product(*(self._alts.get(s, (k,)) for s, k in zip(u.src, src)))]
+        found = [x for x in found if x in self._orig]
+        if found:
+          src = found[0].src
+          # a node over an ambiguous one can be ambiguous itself (two views of x and of its copy that became one
+          # node once the copy was staged): its readers pick among all of them in turn
+          if len(found) > 1 and u not in self._alts: self._alts[u] = found
       self._key[u] = u if all(a is b for a, b in zip(src, u.src)) else UOp(u.op, u.dtype, src, u.arg, u.tag)
     return self._key[x]
 
