@@ -4,7 +4,8 @@ Off by default and free when off: engine/sched/driver.py checks `ACTIVE` (a list
 empty unless tracing) once per pass. Turn it on
 
 - for a whole process with `RULEC_TRACE=1`: the trace is written as HTML at
-  exit to `rulec-trace.html` (or `$RULEC_TRACE_OUT`);
+  exit to `rulec-trace.html` (or `$RULEC_TRACE_OUT`), as a new file renamed over
+  that path: a symbolic link there is replaced, its target never written;
 - for a block of code with `with tracing() as t: ...`: `t` collects every
   schedule call made inside the block (`rulec trace PROGRAM.py` does this).
 
@@ -32,6 +33,7 @@ import traceback
 from pathlib import Path
 from typing import Any, Iterator
 
+from rulec.engine.diskcache import write_replacing
 from rulec.engine.ir.uop import UOp, render
 
 # the traces now recording (innermost last); empty means tracing is off
@@ -262,7 +264,7 @@ exit_writer = None
 def _write_json(trace: Trace, path: Path) -> Path:
   import json
   path = path.with_suffix(".json")
-  path.write_text(json.dumps(trace.to_json()), encoding="utf-8")
+  write_replacing(path, json.dumps(trace.to_json()).encode("utf-8"))   # a link at `path` is replaced, not followed
   return path
 
 

@@ -145,15 +145,15 @@ def _cmd_verify(args) -> int:
 def _cmd_fmt(args) -> int:
   import difflib
   from rulec.engine.lang.fmt import FormatError, format_source
-  from rulec.engine.lang.loader import read_rule_file, rule_files
-  from rulec.engine.lang.parser import decode_source
+  from rulec.engine.diskcache import write_replacing
+  from rulec.engine.lang.loader import read_rule_file, rule_files, unread_diagnostic
   if args.paths == ["-"]:
     data = sys.stdin.buffer.read()
     try: out = format_source(data, "<stdin>")
     except (FormatError, RuntimeError) as e:
       print(e, file=sys.stderr)
       return 1
-    if args.check or args.diff: return 0 if out == decode_source("<stdin>", data)[0] else 1
+    if args.check or args.diff: return 0 if out.encode("utf-8") == data else 1
     sys.stdout.write(out)
     return 0
   if _missing("fmt", args.paths): return 2
@@ -161,8 +161,8 @@ def _cmd_fmt(args) -> int:
   changed = failed = 0
   for f in files:
     data = read_rule_file(f)
-    if isinstance(data, OSError):
-      print(f"{f}:1:1: error R003: cannot read the file: {data.strerror or type(data).__name__}", file=sys.stderr)
+    if isinstance(data, OSError):   # a link, a FIFO, a device, too large, unreadable: never read, never written
+      print(unread_diagnostic(str(f), data).render(None), file=sys.stderr)
       failed += 1
       continue
     try: out = format_source(data, str(f))
@@ -170,12 +170,17 @@ def _cmd_fmt(args) -> int:
       print(e, file=sys.stderr)
       failed += 1
       continue
-    text = decode_source(str(f), data)[0]
-    if out == text: continue
+    if out.encode("utf-8") == data: continue   # byte for byte: CR line breaks are rewritten too
     changed += 1
+    text = data.decode("utf-8", "replace")
     if args.diff: sys.stdout.writelines(difflib.unified_diff(text.splitlines(True), out.splitlines(True), str(f), f"{f} (formatted)"))
     elif args.check: print(f"would reformat {f}")
-    else: f.write_bytes(out.encode("utf-8"))
+    else:
+      # a new file renamed over the old one, with its permission bits: what was read was a regular file, not a link
+      try: write_replacing(f, out.encode("utf-8"), mode=os.stat(f, follow_symlinks=False).st_mode & 0o7777)
+      except OSError as e:
+        print(f"{f}:1:1: error: cannot write the formatted file: {e.strerror or type(e).__name__}", file=sys.stderr)
+        changed, failed = changed - 1, failed + 1
     sys.stdout.flush()
   dry = args.check or args.diff
   print(f"{len(files)} files: {changed} {'would be reformatted' if dry else 'reformatted'}, "

@@ -25,7 +25,7 @@ from pygls.lsp.server import LanguageServer
 from rulec.engine.ir.dtypes import ALL_DTYPES, DTYPE_CLASSES
 from rulec.engine.lang import ast as A
 from rulec.engine.lang.checker import CheckedLibrary
-from rulec.engine.lang.diagnostics import Diagnostic
+from rulec.engine.lang.diagnostics import LINE_BREAK, Diagnostic
 from rulec.engine.lang.fmt import FormatError, format_source
 from rulec.engine.lang.loader import check_sources, default_rules_dir, read_rule_file, rule_files
 from rulec.engine.lang.libraries import LIBRARIES, library_helpers
@@ -51,7 +51,7 @@ def _units(text: str, encoding: str) -> int:
   return len(text.encode("utf-16-le", "surrogatepass")) // 2
 
 
-def _lines(text: str) -> list[str]: return text.split("\n")   # as the lexer counts lines (not str.splitlines)
+def _lines(text: str) -> list[str]: return LINE_BREAK.split(text)   # \r\n, \r, \n: as the lexer and LSP count lines
 
 
 def to_position(lines: list[str], line: int, col: int, encoding: str) -> T.Position:

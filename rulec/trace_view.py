@@ -19,6 +19,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from rulec.engine.diskcache import write_replacing
+
 MAX_DRAWN = 400   # nodes drawn per graph; bigger graphs show the part nearest the sink, with a note
 
 
@@ -46,9 +48,11 @@ def render_html(trace: Any) -> str:
 
 
 def write_html(trace: Any, path: str | Path) -> Path:
+  """Write the page as a new file renamed over `path` (engine/diskcache.py's write_replacing): a symbolic link
+  at `path` is replaced by the page, and the file it pointed to is left as it was (docs/security.md)."""
   path = Path(path)
   if path.parent and not path.parent.exists(): path.parent.mkdir(parents=True, exist_ok=True)
-  path.write_text(render_html(trace), encoding="utf-8")
+  write_replacing(path, render_html(trace).encode("utf-8"))
   return path
 
 
@@ -412,7 +416,10 @@ def trace_program(program: str, argv: list[str], out: str | Path) -> int:
     finally:
       sys.argv = old_argv
       sys.path[:] = old_path
-  out = write_html(t, out)
+  try: out = write_html(t, out)
+  except OSError as e:
+    print(f"rulec trace: could not write {out}: {e.strerror or type(e).__name__}", file=sys.stderr)
+    return rc or 1
   print(f"rulec trace: {t.summary()} -> {out}")
   if not t.passes: print("rulec trace: the program scheduled nothing (realize a Tensor to record passes)", file=sys.stderr)
   return rc

@@ -396,7 +396,8 @@ def check_one(path, category: str, marker, token: str) -> dict:
       except ValueError as e: problems.append(f"--format json does not parse: {e}"); data = None
       if data is not None:
         res["errors"] = data["errors"]
-        n_lines = max(1, len(Path(path).read_bytes().split(b"\n"))) if Path(path).is_file() else 1
+        # lines end at \r\n, a lone \r or \n (engine/lang/diagnostics.py's LINE_BREAK)
+        n_lines = max(1, len(re.split(rb"\r\n?|\n", Path(path).read_bytes()))) if Path(path).is_file() else 1
         for d in data["diagnostics"]:
           if d["file"] != str(path) or d["code"] not in CODES or not (1 <= d["line"] <= n_lines) or d["col"] < 1:
             problems.append(f"not located: {d}")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import attrs
 
@@ -15,6 +16,7 @@ CODES: dict[str, str] = {
   "R003": "file cannot be read or is not UTF-8 text",
   "R004": "invalid literal (number or string)",
   "R005": "Python keyword used as a name",
+  "R006": "not a regular file (a symbolic link, FIFO or device): not read",
   "R101": "unknown op or op group",
   "R102": "unknown dtype or dtype class",
   "R103": "wrong number of sources for an op",
@@ -56,6 +58,10 @@ CODES: dict[str, str] = {
   "R707": "example ran past its memory limit",
 }
 
+# What ends a line, for every location rulec reports: \r\n, a lone \r and \n, as editors and the LSP count them
+# (the parser reads a lone \r as \n: parser.normalize_line_breaks).
+LINE_BREAK = re.compile(r"\r\n?|\n")
+
 # Reported only when examples are run (`rulec check`, check_sources(..., examples=True)), never when loading.
 EXAMPLE_CODES = frozenset({"R601", "R602", "R603", "R604", "R605", "R706", "R707"})
 
@@ -91,11 +97,11 @@ class Diagnostic:
 
   def render(self, source: str | None) -> str:
     head = escape_text(f"{self.span}: {self.severity} {self.code}: {self.message}")
-    # split on \n only, as the lexer counts lines (str.splitlines also breaks on \f, \x1c, \u2028, ...)
-    lines = source.split("\n") if source is not None else []
+    # \r\n, \r and \n, as the lexer counts lines (str.splitlines also breaks on \f, \x1c, \u2028, ...)
+    lines = LINE_BREAK.split(source) if source is not None else []
     out = [head]
     if 1 <= self.span.line <= len(lines):
-      text = visible_line(lines[self.span.line - 1].rstrip("\r").expandtabs(1))
+      text = visible_line(lines[self.span.line - 1].expandtabs(1))
       width = max(1, (self.span.end_col - self.span.col) if self.span.end_line == self.span.line else 1)
       out.append(f"  {self.span.line:>4} | {text}")
       out.append(f"       | {' ' * (self.span.col - 1)}{'^' * width}")

@@ -5,8 +5,10 @@ package), layers the user's rules directory (RULEC_RULES) over it, and
 `library.matcher("symbolic")` returns a Matcher. Generated
 matcher source is cached on disk under a key made of the rule files' content
 and the compiler's own source, so a warm process skips Lark and the checker
-entirely. A cache entry that fails its checksum or does not load is ignored
-and rebuilt.
+entirely. A cache entry that fails its HMAC (engine/diskcache.py: only what
+rulec wrote loads) or does not load is ignored and rebuilt. Rules files are
+read by read_rule_file: regular files only, never through a link, never past
+the size limit (docs/security.md).
 """
 from __future__ import annotations
 
@@ -22,6 +24,7 @@ from rulec.engine.lang import ast as A
 from rulec.engine.lang.checker import CheckedLibrary, check_library
 from rulec.engine.lang.compiler import generate, per_rule_functions
 from rulec.engine.lang.diagnostics import Diagnostic, RuleError
+from rulec.engine.lang.limits import MAX_FILE_BYTES
 from rulec.engine.lang.parser import decode_source, parse_rules
 
 _HERE = Path(__file__).resolve().parent
@@ -161,21 +164,37 @@ class RuleLibrary:
 
   def _compiled(self, names: tuple[str, ...], stats: bool) -> tuple[str, dict]:
     key = hashlib.sha256(f"{self.digest}|{'+'.join(names)}|{int(stats)}".encode()).hexdigest()[:32]
-    path = diskcache.cache_dir() / f"{key}.py"
-    src = diskcache.load_text(path, key)
+    src = diskcache.load_text(key)   # None unless rulec itself wrote it (an HMAC under the user's key)
     if src is not None:
       try: return src, _exec(src, names)
       except (Exception, SystemExit): pass  # a stale or broken entry is rebuilt below
     src = self.emit(*names, stats=stats)
     ns = _exec(src, names)
-    diskcache.store_text(path, key, src)
+    diskcache.store_text(key, src)
     return src, ns
 
 
 def read_rule_file(path: Path) -> bytes | OSError:
-  """A rules file's bytes, or the OSError reading it gave (reported as R003, never raised)."""
-  try: return path.read_bytes()
+  """A rules file's bytes, or the OSError that stopped the read (reported by unread_diagnostic, never raised).
+  Only a regular file is read, never through a symbolic link at its own name, and never past MAX_FILE_BYTES:
+  a FIFO, a device, a link (to /dev/zero, to a secret) or a larger file is refused before one byte of it is
+  read, so no text of it is ever shown (diskcache.read_regular: O_NOFOLLOW, O_NONBLOCK, fstat)."""
+  try: return diskcache.read_regular(path, MAX_FILE_BYTES)
   except OSError as e: return e
+
+
+def unread_diagnostic(path: str, err: OSError) -> Diagnostic:
+  """The located diagnostic for a rules file that was not read: R006 for a symbolic link, a FIFO, a device or a
+  socket, R705 for a file over the size limit, R003 for any other error (a directory, no permission)."""
+  span = A.Span(path, 1, 1, 1, 1)
+  if isinstance(err, diskcache.Refused) and err.what == "too large":
+    size = f"{err.size} bytes" if err.size is not None else f"more than {MAX_FILE_BYTES} bytes"
+    return Diagnostic("R705", "error", span, f"the file has {size}; rules files are limited to {MAX_FILE_BYTES} bytes")
+  if isinstance(err, diskcache.Refused):
+    return Diagnostic("R006", "error", span, f"not a regular file ({err.what}); nothing of it was read",
+                      note="rules are read only from regular files, never through a symbolic link or from a "
+                           "FIFO or device: put the file itself here")
+  return Diagnostic("R003", "error", span, f"cannot read the file: {err.strerror or type(err).__name__}")
 
 
 def source_text(path: str, data: str | bytes | OSError) -> str:
@@ -193,8 +212,7 @@ def check_sources(sources: dict[str, str | bytes | OSError], examples: bool = Fa
   files, diags = [], []
   for path, data in sources.items():
     if isinstance(data, OSError):
-      diags.append(Diagnostic("R003", "error", A.Span(path, 1, 1, 1, 1),
-                              f"cannot read the file: {data.strerror or type(data).__name__}"))
+      diags.append(unread_diagnostic(path, data))
       continue
     text, bad = decode_source(path, data)
     if bad is not None:

@@ -119,20 +119,30 @@ class _LiteralError(Exception):
     self.code, self.span, self.message = code, span, message
 
 
+_LONE_CR = re.compile(r"\r(?!\n)")
+
+
+def normalize_line_breaks(text: str) -> str:
+  """`text` with each lone CR (one not followed by LF) made an LF, so that \r\n, \r and \n each end one line, as in
+  editors and the LSP: the lexer counts lines by LF. Lengths and columns stay as they were (one character for one)."""
+  return _LONE_CR.sub("\n", text) if "\r" in text else text
+
+
 def decode_source(path: str, data: bytes | str) -> tuple[str, Diagnostic | None]:
-  """The text of a rules file, and an R003 (located at the first bad byte) or R705 when it cannot be parsed."""
+  """The text of a rules file (its lone CRs read as line breaks), and an R003 (located at the first bad byte) or
+  R705 when it cannot be parsed."""
   if isinstance(data, str):
-    text, bad = data, None
+    text, bad = normalize_line_breaks(data), None
   else:
-    try: text, bad = data.decode("utf-8"), None
+    try: text, bad = normalize_line_breaks(data.decode("utf-8")), None
     except UnicodeDecodeError as e:
-      text, bad = data.decode("utf-8", errors="replace"), e
+      text, bad = normalize_line_breaks(data.decode("utf-8", errors="replace")), e
   size = len(data) if isinstance(data, bytes) else len(data.encode("utf-8", errors="replace"))
   if size > MAX_FILE_BYTES:
     return text, Diagnostic("R705", "error", A.Span(path, 1, 1, 1, 1),
                             f"the file has {size} bytes; rules files are limited to {MAX_FILE_BYTES} bytes")
   if bad is not None:
-    head = data[:bad.start].decode("utf-8", errors="replace")
+    head = normalize_line_breaks(data[:bad.start].decode("utf-8", errors="replace"))
     line = head.count("\n") + 1
     col = len(head) - (head.rfind("\n") + 1) + 1
     return text, Diagnostic("R003", "error", A.Span(path, line, col, line, col + 1),
@@ -158,6 +168,7 @@ def _tree_too_deep(tree, path: str) -> Diagnostic | None:
 
 def parse_rules(source: str, path: str) -> tuple[A.RuleFile | None, list[Diagnostic]]:
   """Parse one file. Returns (ast, diagnostics); ast is None when there is a syntax error."""
+  source = normalize_line_breaks(source)
   try:
     tree = _lark().parse(source)
   except UnexpectedInput as e:

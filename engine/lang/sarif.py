@@ -31,6 +31,8 @@ FULL: dict[str, str] = {
   "R004": "A number or string literal that Python itself rejects: leading zeros, misplaced underscores, bad escapes, "
           "a NUL character.",
   "R005": "A Python keyword written where a name must stand, as an attribute (x.class) or a keyword argument.",
+  "R006": "A *.rules path that is a symbolic link, a FIFO, a device or a socket: rules files are read only from "
+          "regular files, so nothing of it is read or shown.",
   "R101": "An upper-case name in a pattern or an expression that is neither an op nor an op group.",
   "R102": "A name in a dtype constraint {...} that is neither a dtype nor a dtype class.",
   "R103": "A pattern gives an op more or fewer sources than that op always has.",

@@ -91,7 +91,9 @@ def test_nothing_runs_and_nothing_fails(corpus):
 
 
 def test_no_file_is_written_except_the_matcher_cache(corpus):
-  written = sorted(p for p in corpus["new"] if not (p == "cache" or (p.startswith("cache/") and p.endswith(".py"))))
+  # (and the cache's own key, cache/hmac-key: engine/diskcache.py)
+  written = sorted(p for p in corpus["new"]
+                   if not (p in ("cache", "cache/hmac-key") or (p.startswith("cache/") and p.endswith(".py"))))
   assert written == [], written
 
 
@@ -198,3 +200,88 @@ def test_a_graph_with_non_node_sources_is_a_rule_error(tmp_path, bottom_up):
   for node, name in ((x + 0, "shallow"), (x * 1, "deep")):
     with pytest.raises(RuleRuntimeError) as e: graph_rewrite(node, m, bottom_up=bottom_up)
     assert e.value.rule_name == name and e.value.location == f"{path}:{2 if name == 'shallow' else 3}:3"
+
+
+# *** rules directories hold only regular files (issue 32, item 3): a FIFO, links, a sparse giant ***
+
+PROGRAM = "from rulec import Tensor\nprint((Tensor([1.0, 2.0]) + 0).numpy().tolist())\n"
+
+
+def _run(args: list[str], tmp: Path, timeout: float = 120, limit_as: int | None = None, **env) -> subprocess.CompletedProcess:
+  """A command under a hang guard (and, with `limit_as`, an address-space limit: a whole-file read fails)."""
+  def pre():
+    import resource
+    resource.setrlimit(resource.RLIMIT_AS, (limit_as, limit_as))
+  return subprocess.run(args, cwd=tmp, env={**_env(tmp), **env}, capture_output=True, text=True, errors="backslashreplace",
+                        timeout=timeout, preexec_fn=pre if limit_as else None)
+
+
+def _rules_dir(tmp: Path) -> Path:
+  d = tmp / "myrules"
+  d.mkdir()
+  (d / "good.rules").write_text("ruleset mine:\n  rule a: x + 0 => x\n")
+  (tmp / "home").mkdir(exist_ok=True)
+  return d
+
+
+def _check(d: Path, tmp: Path, *more: str, **kw) -> subprocess.CompletedProcess:
+  return _run([sys.executable, "-m", "rulec.cli", "check", "--no-examples", *more, str(d)], tmp, **kw)
+
+
+def test_a_fifo_in_a_rules_directory_is_refused_without_waiting(tmp_path):
+  d = _rules_dir(tmp_path)
+  os.mkfifo(d / "x.rules")
+  proc = _check(d, tmp_path, timeout=60)   # the hang guard: opening a FIFO for reading waits for a writer
+  assert proc.returncode == 1 and "Traceback" not in proc.stderr
+  assert f"{d / 'x.rules'}:1:1: error R006: not a regular file (a FIFO)" in proc.stdout, proc.stdout
+  data = json.loads(_check(d, tmp_path, "--format", "json", timeout=60).stdout)
+  assert [(x["code"], x["file"], x["line"], x["col"]) for x in data["diagnostics"]] == [("R006", str(d / "x.rules"), 1, 1)]
+  prog = _run([sys.executable, "-c", PROGRAM], tmp_path, timeout=120, RULEC_RULES=str(d))
+  assert prog.returncode != 0 and "R006" in prog.stderr and "x.rules" in prog.stderr
+
+
+@pytest.mark.parametrize("target", ["secret", "/dev/zero", "/proc/self/environ"])
+def test_a_link_in_a_rules_directory_is_never_read(tmp_path, target):
+  d = _rules_dir(tmp_path)
+  token = secrets.token_hex(16)
+  secret = tmp_path / "secret.txt"
+  # a rules file whose error is on the secret's line: read through the link, its line would be printed
+  secret.write_text(f"ruleset s:\n  rule a: x + 0 => {token} $\n")
+  (d / "x.rules").symlink_to(secret if target == "secret" else target)
+  env = {"LEAKED_TOKEN": token}   # /proc/self/environ of the reader holds it
+  for fmt in ("human", "json"):
+    proc = _check(d, tmp_path, "--format", fmt, timeout=60, limit_as=1 << 30, **env)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr and "MemoryError" not in proc.stdout + proc.stderr
+    assert token not in proc.stdout + proc.stderr
+    assert "R006" in proc.stdout and "a symbolic link" in proc.stdout
+  prog = _run([sys.executable, "-c", PROGRAM], tmp_path, timeout=120, RULEC_RULES=str(d), **env)
+  assert token not in prog.stdout + prog.stderr and "R006" in prog.stderr
+  # named on the command line, the link is refused too (docs/security.md)
+  proc = _check(d / "x.rules", tmp_path, timeout=60, **env)
+  assert proc.returncode == 1 and token not in proc.stdout + proc.stderr and "R006" in proc.stdout
+  assert secret.read_text().startswith("ruleset")
+
+
+def test_a_sparse_giant_is_refused_before_it_is_read(tmp_path):
+  d = _rules_dir(tmp_path)
+  with open(d / "big.rules", "wb") as f: f.truncate(2 << 30)   # 2 GiB, no blocks on disk
+  # under a 1 GiB address-space limit: a whole-file read would end in MemoryError
+  proc = _check(d, tmp_path, "--format", "json", timeout=120, limit_as=1 << 30)
+  assert proc.returncode == 1 and "MemoryError" not in proc.stdout + proc.stderr, proc.stderr[-2000:]
+  data = json.loads(proc.stdout)
+  [diag] = data["diagnostics"]
+  assert (diag["code"], diag["file"], diag["line"], diag["col"]) == ("R705", str(d / "big.rules"), 1, 1)
+  assert diag["message"] == f"the file has {2 << 30} bytes; rules files are limited to 1048576 bytes"
+  from rulec.engine.lang.loader import read_rule_file
+  from rulec.engine.diskcache import Refused
+  assert isinstance(read_rule_file(d / "big.rules"), Refused)
+
+def test_a_file_longer_than_its_size_is_read_only_to_the_limit(monkeypatch):
+  # a /proc file's size says 0: the read stops one byte past the limit, and R705 says so
+  from rulec.engine.diskcache import Refused
+  from rulec.engine.lang import loader
+  monkeypatch.setattr(loader, "MAX_FILE_BYTES", 8)
+  err = loader.read_rule_file(Path("/proc/self/environ"))
+  assert isinstance(err, Refused) and err.size is None
+  d = loader.unread_diagnostic("/proc/self/environ", err)
+  assert (d.code, d.span.line, d.span.col, d.message) == ("R705", 1, 1, "the file has more than 8 bytes; rules files are limited to 8 bytes")
