@@ -9,12 +9,16 @@ Two parts:
   matches, the guard is evaluated (by the reference Evaluator) and reported
   when it is false.
 * `explain_program`: runs a program (runpy, with sys.argv set) while every
-  graph_rewrite call whose matcher contains the rule is recorded: the nodes
-  the matcher was asked about whose op the rule's root can match, which rule
-  rewrote each, and how often the rule itself fired. graph_rewrite is wrapped
-  for the run (in rulec.engine.ir.rewrite and in every module that imported it); the
-  compiled matchers are not touched: the recorded calls use the rule set's
-  counting (RULEC_STATS) variant, which rewrites the same way.
+  graph_rewrite call whose matcher contains the rule is recorded, and every
+  fusion pass whose decision sets (rules/fusion.rules, offered each node by
+  engine/sched/fusion.py's choose_stages, not by graph_rewrite: DECISION_PASSES)
+  contain it: the nodes the matcher was asked about whose op the rule's root can match,
+  which rule rewrote (or decided) each, and how often the rule itself fired,
+  on which nodes. graph_rewrite and choose_stages are wrapped for the run (in
+  their modules and in every module that imported them); the compiled
+  matchers are not touched: the recorded calls use the rule set's counting
+  (RULEC_STATS) variant, which rewrites the same way. Gradient rules, which
+  the gradient driver asks node by node, are not watched: explain says so.
 """
 from __future__ import annotations
 
@@ -35,6 +39,11 @@ from rulec.engine.ir.uop import UOp
 GUARD_SCORE = 1 << 20        # a false guard is deeper than any pattern test: the whole pattern matched
 MAX_EXPLAINED = 2000         # distinct nodes explained per rule; more are only counted
 SHOWN = 5
+MAX_FIRED_KEPT = 100         # nodes a rule fired on that are kept for the report
+# The scheduler's decision passes: `fn(sink, rule_sets, ...)` offers every node of a graph to each rule set (a list
+# of matchers) and graph_rewrite is not involved. The scheduler is a layer above the rule language, so they are
+# named here as data ("module:function") and imported by name, as engine/lang/contexts.py names its ctx classes.
+DECISION_PASSES = ("rulec.engine.sched.fusion:choose_stages",)
 
 
 @attrs.frozen
@@ -177,11 +186,23 @@ class _Recording:
     self.rule = rule
     self.explainer = Explainer(rule, helpers, source)
     self.fired = 0
-    self.calls = 0
+    self.calls = 0                     # graph_rewrite calls with a matcher holding the rule
     self.rulesets: list[str] = []
+    self.decisions = 0                 # fusion passes (choose_stages calls) with a decision set holding the rule
+    self.decision_sets: list[str] = []
+    self.fired_on: list[UOp] = []      # the first nodes the rule fired on (each once)
     self.nodes: dict[UOp, Seen] = {}
     self.other_calls = 0
     self.same_name: list[str] = []    # where matchers the program used have a rule of this name in another file
+
+  def where(self) -> str:
+    """The calls that held the rule: '2 graph_rewrite calls with symbolic', '3 fusion passes with fuse_reduces'."""
+    parts = []
+    if self.calls:
+      parts.append(f"{self.calls} graph_rewrite call{'s' if self.calls != 1 else ''} with {', '.join(self.rulesets)}")
+    if self.decisions:
+      parts.append(f"{self.decisions} fusion pass{'es' if self.decisions != 1 else ''} with {', '.join(self.decision_sets)}")
+    return " and ".join(parts)
 
 
 def _same_file(a: str, b: str) -> bool:
@@ -190,10 +211,11 @@ def _same_file(a: str, b: str) -> bool:
 
 
 class _RecordingMatcher:
-  """Stands in for a Matcher in one graph_rewrite call: the counting variant of its rule set, watched."""
+  """Stands in for a Matcher in one graph_rewrite call or fusion pass: the counting variant of its rule set,
+  watched. Anything else a caller asks of a Matcher (rule_info, title, ...) is the real matcher's."""
   def __init__(self, rec: _Recording, matcher, k: int, ns: dict):
     self.rec, self.matcher, self.k = rec, matcher, k
-    stats, info = ns["STATS"], ns["RULES"]
+    self.stats, self.info = stats, info = ns["STATS"], ns["RULES"]
     root = rec.explainer.root_ops
     self.dispatch = {op: (self._watch(fn, stats, info) if op in root else fn) for op, fn in ns["DISPATCH"].items()}
 
@@ -209,7 +231,9 @@ class _RecordingMatcher:
       r = fn(n, ctx)
       if r is not None:
         hit = next((j for j, st in enumerate(stats) if st[1] != before[j]), None)
-        if hit == k: rec.fired += 1
+        if hit == k:
+          rec.fired += 1
+          if len(rec.fired_on) < MAX_FIRED_KEPT and n not in rec.fired_on: rec.fired_on.append(n)
         elif hit is not None and seen.rewritten_by is None: seen.rewritten_by = f"'{info[hit][0]}' ({info[hit][1]})"
       return r
     return watched
@@ -218,15 +242,28 @@ class _RecordingMatcher:
     fn = self.dispatch.get(node.op)
     return None if fn is None else fn(node, ctx)
 
+  def rewrite_named(self, node, ctx=None):
+    """As Matcher.rewrite_named (RULEC_DEBUG's counting and the trace recorder call it): the rules run once, and
+    the counters say which one fired."""
+    before = [st[1] for st in self.stats]
+    r = self.rewrite(node, ctx)
+    if r is None or r is node: return None
+    hit = next((j for j, st in enumerate(self.stats) if st[1] != before[j]), None)
+    return r, ((self.info[hit][0], self.info[hit][1]) if hit is not None else ("?", ""))
+
   def which_rule(self, node, ctx=None): return self.matcher.which_rule(node, ctx)
+
+  def __getattr__(self, name): return getattr(self.matcher, name)
 
 
 class RewriteRecorder:
-  """While active, every graph_rewrite call with a Matcher that holds `rule` is recorded."""
+  """While active, every graph_rewrite call with a Matcher that holds `rule` is recorded, and every fusion pass
+  (choose_stages) with a decision set that holds it."""
   def __init__(self, rule: A.Rule, helpers, source: str | None):
     self.rec = _Recording(rule, helpers, source)
     self._variants: dict[int, tuple[Any, int, dict] | None] = {}
     self._orig = None
+    self._orig_passes: dict = {}
     self._patched: list = []
 
   def _variant(self, matcher):
@@ -245,30 +282,63 @@ class RewriteRecorder:
     v = self._variants[key]
     return None if v is None or v[0] is not matcher else v
 
+  def _watched(self, matcher):
+    """(what to run instead of `matcher`, its rule set's title) when it holds the rule, else None. A wrapper that
+    keeps a Matcher in `.matcher` (RULEC_DEBUG's counting, the trace recorder: made per call) gets the watched
+    variant put in its place."""
+    from rulec.engine.lang.loader import Matcher
+    inner = getattr(matcher, "matcher", None) if not isinstance(matcher, Matcher) else None
+    v = self._variant(inner if isinstance(inner, Matcher) else matcher)
+    if v is None: return None
+    watched = _RecordingMatcher(self.rec, v[0], v[1], v[2])
+    if inner is None: return watched, v[0].title
+    matcher.matcher = watched
+    return matcher, v[0].title
+
   def graph_rewrite(self, sink, matcher, ctx=None, bottom_up=False, max_steps=None):
-    v = self._variant(matcher)
-    if v is None:
+    w = self._watched(matcher)
+    if w is None:
       self.rec.other_calls += 1
       return self._orig(sink, matcher, ctx=ctx, bottom_up=bottom_up, max_steps=max_steps)
     self.rec.calls += 1
-    if matcher.title not in self.rec.rulesets: self.rec.rulesets.append(matcher.title)
-    return self._orig(sink, _RecordingMatcher(self.rec, matcher, v[1], v[2]), ctx=ctx, bottom_up=bottom_up, max_steps=max_steps)
+    if w[1] not in self.rec.rulesets: self.rec.rulesets.append(w[1])
+    return self._orig(sink, w[0], ctx=ctx, bottom_up=bottom_up, max_steps=max_steps)
+
+  def _decision_pass(self, orig):
+    """A decision pass (DECISION_PASSES) whose rule sets holding the rule are watched."""
+    def watched_pass(sink, rule_sets, *args, **kw):
+      sets, held = [], False
+      for m in rule_sets:
+        w = self._watched(m)
+        sets.append(m if w is None else w[0])
+        if w is not None:
+          held = True
+          if w[1] not in self.rec.decision_sets: self.rec.decision_sets.append(w[1])
+      if held: self.rec.decisions += 1
+      return orig(sink, sets, *args, **kw)
+    return watched_pass
 
   def __enter__(self):
+    import importlib
     import rulec.engine.ir.rewrite as R
-    self._orig = orig = R.graph_rewrite
-    wrapper = self.graph_rewrite
-    for mod in list(sys.modules.values()):
-      if getattr(mod, "graph_rewrite", None) is orig:
-        setattr(mod, "graph_rewrite", wrapper)
-        self._patched.append(mod)
+    self._orig = R.graph_rewrite
+    swaps = [("graph_rewrite", self._orig, self.graph_rewrite)]
+    for where in DECISION_PASSES:
+      module, _, name = where.partition(":")
+      orig = getattr(importlib.import_module(module), name)
+      swaps.append((name, orig, self._decision_pass(orig)))
+    for name, orig, wrapper in swaps:
+      for mod in list(sys.modules.values()):
+        if getattr(mod, name, None) is orig:
+          setattr(mod, name, wrapper)
+          self._patched.append((mod, name, orig))
     return self
 
   def __exit__(self, *exc):
-    for mod in list(sys.modules.values()):
-      try:
-        if getattr(mod, "graph_rewrite", None) == self.graph_rewrite: setattr(mod, "graph_rewrite", self._orig)
+    for mod, name, orig in self._patched:
+      try: setattr(mod, name, orig)
       except Exception: pass
+    self._patched.clear()
     return False
 
 
@@ -287,12 +357,19 @@ def report(rec: _Recording, source: str | None, shown: int = SHOWN) -> tuple[str
   from rulec.engine.lang.examples import show
   rule = rec.rule
   head = f"rule '{rule.name}' ({rule.span})"
-  calls = f"{rec.calls} graph_rewrite call{'s' if rec.calls != 1 else ''} with {', '.join(rec.rulesets)}"
+  calls = rec.where()
   if rec.fired:
-    return f"{head} fired {rec.fired} time{'s' if rec.fired != 1 else ''} in {calls}", 0
-  if rec.calls == 0:
-    text = (f"{head} never fired: no graph_rewrite call used a matcher with this rule "
-            f"({rec.other_calls} call{'s' if rec.other_calls != 1 else ''} with other matchers)")
+    text = f"{head} fired {rec.fired} time{'s' if rec.fired != 1 else ''} in {calls}"
+    if rec.decisions:
+      # a decision rule rewrites nothing: where it fired is the nodes it decided
+      n = len(rec.fired_on)
+      text += f", on {n}{'+' if n >= MAX_FIRED_KEPT else ''} distinct node{'s' if n != 1 else ''}:"
+      text += "".join(f"\nnode {show(u, limit=160)}" for u in rec.fired_on[:shown])
+      if n > shown: text += f"\n... and {n - shown}{'+' if n >= MAX_FIRED_KEPT else ''} more node{'s' if n - shown != 1 else ''}"
+    return text, 0
+  if rec.calls == 0 and rec.decisions == 0:
+    text = (f"{head} never fired: no graph_rewrite call or fusion pass used a matcher with this rule "
+            f"({rec.other_calls} graph_rewrite call{'s' if rec.other_calls != 1 else ''} with other matchers)")
     if rec.same_name: text += f"\n  the program's matchers have a rule '{rule.name}' at {', '.join(rec.same_name)}: pass --rules"
     return text, 1
   nodes = list(rec.nodes.values())
@@ -307,7 +384,8 @@ def report(rec: _Recording, source: str | None, shown: int = SHOWN) -> tuple[str
     out.append(f"node {show(s.node, limit=160)}")
     if s.outcome is None: out.append("  (not explained: too many nodes)")
     elif s.outcome == MATCHES:
-      if s.rewritten_by: out.append(f"  pattern and guard match, but rule {s.rewritten_by} rewrote the node first")
+      if s.rewritten_by:
+        out.append(f"  pattern and guard match, but rule {s.rewritten_by} {'decided' if rec.decisions else 'rewrote'} the node first")
       else: out.append("  pattern and guard match, but the replacement gave None or the node itself")
       out += _caret(rule.replacement.span, source)
     else:
@@ -350,11 +428,19 @@ def explain_program(rule_name: str, program: str, argv: list[str], rules: list[s
     hint = f"; did you mean {', '.join(close)}?" if close else "; `rulec compile NAME --emit` lists a rule set's rules"
     print(f"rulec explain: unknown rule '{rule_name}'{hint}", file=err)
     return 2
+  if rule.grad is not None:
+    print(f"rulec explain: rule '{rule.name}' ({rule.span}) is a gradient rule: the gradient driver "
+          "(engine/autograd/driver.py) asks it node by node, outside graph_rewrite and the fusion passes, and explain "
+          "cannot watch it; `rulec verify` checks gradient rules against finite differences", file=err)
+    return 2
   source = lib.sources.get(rule.span.file)
   recorder = RewriteRecorder(rule, lib.checked.helpers_of(rule), source)
   old_argv, old_path = sys.argv, list(sys.path)
+  old_cache = os.environ.get("RULEC_SCHEDULE_CACHE")
   sys.argv = [program, *argv]
   sys.path.insert(0, str(Path(program).resolve().parent))
+  # every realize runs its passes while watched: a schedule-cache hit would run none (engine/sched/cache.py)
+  os.environ["RULEC_SCHEDULE_CACHE"] = "0"
   try:
     with recorder:
       try: runpy.run_path(program, run_name="__main__")
@@ -366,6 +452,8 @@ def explain_program(rule_name: str, program: str, argv: list[str], rules: list[s
   finally:
     sys.argv = old_argv
     sys.path[:] = old_path
+    if old_cache is None: os.environ.pop("RULEC_SCHEDULE_CACHE", None)
+    else: os.environ["RULEC_SCHEDULE_CACHE"] = old_cache
   text, status = report(recorder.rec, source, shown)
   print(text, file=out)
   return status

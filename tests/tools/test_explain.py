@@ -115,7 +115,8 @@ def test_a_rule_that_fires_is_counted(files, capsys):
 def test_a_rule_in_no_matcher_used(files, capsys):
   status, out, _ = explain(files, "neg_neg", capsys)
   assert status == 1
-  assert "rule 'neg_neg' (s.rules:9:3) never fired: no graph_rewrite call used a matcher with this rule (1 call with other matchers)" in out
+  assert ("rule 'neg_neg' (s.rules:9:3) never fired: no graph_rewrite call or fusion pass used a matcher with this rule "
+          "(1 graph_rewrite call with other matchers)") in out
 
 
 def test_a_rule_of_that_name_in_another_file_is_pointed_out(files, capsys):
@@ -152,6 +153,68 @@ def test_program_through_the_scheduler(tmp_path, capsys):
   assert out[1].startswith("rule 'reshape_reshape' (") and "in 1 graph_rewrite call with earliest" in out[1]
   assert out[2].startswith("node RESHAPE(BUFFER[(") and out[2].endswith("{float32})[(4, 6)]")   # the buffer's number varies
   assert out[3].endswith("early.rules:11:35: source 0: expected RESHAPE, got BUFFER")
+
+
+# *** fusion (decision) rules: offered every node by the scheduler's fusion pass, not by graph_rewrite ***
+
+# x's column sums, read by every row of x + s: a reduce used in three index contexts, so store_reused_reduce stores it
+REUSED_REDUCE = ("import numpy as np\nfrom rulec import Tensor\n"
+                 "x = Tensor(np.arange(12, dtype=np.float32).reshape(3, 4))\n"
+                 "s = x.sum(axis=0)\n"
+                 "print((x + s).numpy().sum())\n")
+
+
+def _fusion_rule_line(name: str) -> int:
+  lines = (REPO / "rules" / "fusion.rules").read_text().splitlines()
+  return next(i for i, line in enumerate(lines, 1) if f"rule {name}:" in line)
+
+
+def test_a_fusion_rule_that_fires_is_counted_with_its_nodes(tmp_path, capsys):
+  import rulec.engine.sched.driver as driver
+  import rulec.engine.sched.fusion as fusion
+  orig = fusion.choose_stages
+  (tmp_path / "prog.py").write_text(REUSED_REDUCE)
+  assert rulec(["explain", "store_reused_reduce", str(tmp_path / "prog.py")]) == 0
+  out = capsys.readouterr().out.splitlines()
+  assert out[0] == "264.0"
+  line = _fusion_rule_line("store_reused_reduce")
+  assert out[1].startswith("rule 'store_reused_reduce' (") and f"fusion.rules:{line}:3)" in out[1]
+  assert out[1].endswith(" fired 1 time in 1 fusion pass with fuse_reduces, on 1 distinct node:")
+  assert out[2].startswith("node REDUCE_AXIS(") and len(out) == 3
+  # the scheduler's own names are back
+  assert fusion.choose_stages is orig and driver.choose_stages is orig
+
+
+def test_a_fusion_rule_that_never_fired_is_explained(tmp_path, capsys):
+  (tmp_path / "prog.py").write_text(REUSED_REDUCE)
+  assert rulec(["explain", "store_expensive", str(tmp_path / "prog.py")]) == 1
+  out = capsys.readouterr().out.splitlines()
+  assert out[1].startswith("rule 'store_expensive' (") and " never fired: tried on " in out[1]
+  assert out[1].endswith(" in 1 fusion pass with fuse_values")
+  # the guard it failed, located in rules/fusion.rules (the ADD is read once: ctx.uses(x) is 1)
+  guard = _fusion_rule_line("store_expensive") + 1
+  assert any(f"fusion.rules:{guard}:" in line and "was False" in line for line in out), out
+
+
+def test_a_fusion_rule_is_counted_under_rulec_debug(tmp_path, capsys, monkeypatch):
+  # RULEC_DEBUG wraps each fusion set in a counting matcher (engine/sched/driver.py _Counting): still watched
+  import rulec.engine.sched.driver as driver
+  monkeypatch.setattr(driver, "DEBUG", 1)
+  (tmp_path / "prog.py").write_text(REUSED_REDUCE)
+  assert rulec(["explain", "store_reused_reduce", str(tmp_path / "prog.py")]) == 0
+  out = capsys.readouterr().out
+  assert "store_reused_reduce x1" in out   # the debug line of the fusion pass
+  assert " fired 1 time in 1 fusion pass with fuse_reduces, on 1 distinct node:" in out
+
+
+def test_a_gradient_rule_is_refused_plainly(tmp_path, capsys):
+  (tmp_path / "prog.py").write_text(REUSED_REDUCE)
+  assert rulec(["explain", "grad_add", str(tmp_path / "prog.py")]) == 2
+  out = capsys.readouterr()
+  assert out.out == ""   # the program did not run
+  err = out.err.strip()
+  assert err.startswith("rulec explain: rule 'grad_add' (") and "is a gradient rule" in err
+  assert "explain cannot watch it" in err and len(err.splitlines()) == 1
 
 
 # *** the walk ***
@@ -216,3 +279,22 @@ def test_docs_example_runs_as_shown(tmp_path, capsys, monkeypatch):
     rulec(argv[1:])
     out = capsys.readouterr()
     assert (out.out + out.err).rstrip("\n") == expected.rstrip("\n"), f"docs/explain.md: `{cmd}` is out of date"
+
+
+def test_docs_fusion_example_runs_as_shown(tmp_path):
+  """docs/explain.md, "Fusion (decision) rules": its program, explained in a fresh process on the CPU device."""
+  import re
+  import shlex
+  import subprocess
+  from tests.helpers import subprocess_env
+  doc = (REPO / "docs" / "explain.md").read_text()
+  section = doc.split("## Fusion (decision) rules", 1)[1].split("\n## ", 1)[0]
+  blocks = dict(re.findall(r"^```(\w+)\n(.*?)^```$", section, re.M | re.S))
+  (tmp_path / "prog.py").write_text(blocks["python"])
+  cmd, _, expected = blocks["console"].removeprefix("$ ").partition("\n")
+  argv = shlex.split(cmd)
+  assert argv[0] == "rulec"
+  proc = subprocess.run([sys.executable, "-m", "rulec.cli", *argv[1:]], cwd=tmp_path, capture_output=True, text=True,
+                        env=subprocess_env(RULEC_DEVICE="CPU", RULEC_CACHE_DIR=str(tmp_path / "cache")), timeout=300)
+  assert proc.returncode == 0, proc.stderr
+  assert proc.stdout.replace(str(REPO) + "/", "").rstrip("\n") == expected.rstrip("\n"), "docs/explain.md is out of date"
