@@ -26,6 +26,7 @@ from rulec.engine.ir.dtypes import ALL_DTYPES, DTYPE_CLASSES
 from rulec.engine.lang import ast as A
 from rulec.engine.lang.checker import CheckedLibrary
 from rulec.engine.lang.diagnostics import LINE_BREAK, Diagnostic
+from rulec.engine.lang.examples import ExamplesCancelled, cancel_when
 from rulec.engine.lang.fmt import FormatError, format_source
 from rulec.engine.lang.loader import check_sources, default_rules_dir, read_rule_file, rule_files
 from rulec.engine.lang.libraries import LIBRARIES, library_helpers
@@ -156,9 +157,13 @@ def library_sources(key: str, path: Path | None, open_docs: dict[str, str]) -> t
   return {**base, **sources}, {k: 1 for k in own}
 
 
-def analyse(uri: str, key: str, path: Path | None, text: str, version: int | None, open_docs: dict[str, str]) -> Analysis:
+def analyse(uri: str, key: str, path: Path | None, text: str, version: int | None, open_docs: dict[str, str],
+            cancelled=None) -> Analysis:
+  """Check a document with its library, examples included; `cancelled()` true stops the examples early
+  (ExamplesCancelled: the document changed, a newer check is on its way)."""
   sources, layers = library_sources(key, path, {**open_docs, key: text})
-  lib = check_sources(sources, examples=True, layers=layers)
+  with cancel_when(cancelled or (lambda: False)):
+    lib = check_sources(sources, examples=True, layers=layers)
   shown = {k: (v if isinstance(v, str) else v.decode("utf-8", "replace") if isinstance(v, bytes) else "") for k, v in sources.items()}
   rf = next((f for f in lib.files if f.path == key), None)
   return Analysis(uri, key, text, version, lib, shown, rf)
@@ -275,6 +280,7 @@ class RulesServer(LanguageServer):
     self.analyses: dict[str, Analysis] = {}
     self.parsed: dict[str, Analysis] = {}    # the last check in which the document parsed: names while typing
     self.timers: dict[str, asyncio.TimerHandle] = {}
+    self.edits: dict[str, int] = {}          # uri -> edits seen: a check started before the last one is stale
     self.worker = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="rulec-check")
     self.stats_path: Path | None = None
 
@@ -289,6 +295,7 @@ class RulesServer(LanguageServer):
     return {self.doc_key(u)[0]: d.source for u, d in self.workspace.text_documents.items()}
 
   def schedule(self, uri: str, delay: float):
+    self.edits[uri] = self.edits.get(uri, 0) + 1     # (the check in flight, if any, is stale: its examples stop)
     if (old := self.timers.pop(uri, None)) is not None: old.cancel()
     loop = asyncio.get_running_loop()
     self.timers[uri] = loop.call_later(delay, lambda: asyncio.ensure_future(self.check(uri)))
@@ -300,7 +307,10 @@ class RulesServer(LanguageServer):
     key, path = self.doc_key(uri)
     text, version = doc.source, doc.version
     loop = asyncio.get_running_loop()
-    try: result = await loop.run_in_executor(self.worker, analyse, uri, key, path, text, version, self.open_texts())
+    mine = self.edits.get(uri, 0)
+    stale = lambda: self.edits.get(uri, 0) != mine  # noqa: E731 (read from the worker thread: an int compare)
+    try: result = await loop.run_in_executor(self.worker, analyse, uri, key, path, text, version, self.open_texts(), stale)
+    except ExamplesCancelled: return                   # a newer check is on its way
     except Exception as e:  # noqa: BLE001 - a bug of rulec's own must not take the editor's server down
       self.window_log_message(T.LogMessageParams(T.MessageType.Error, f"rulec: checking {key} failed: {type(e).__name__}: {e}"))
       return
@@ -388,6 +398,7 @@ def _did_save(ls: RulesServer, params: T.DidSaveTextDocumentParams):
 @server.feature(T.TEXT_DOCUMENT_DID_CLOSE)
 def _did_close(ls: RulesServer, params: T.DidCloseTextDocumentParams):
   uri = params.text_document.uri
+  ls.edits[uri] = ls.edits.get(uri, 0) + 1
   if (t := ls.timers.pop(uri, None)) is not None: t.cancel()
   ls.analyses.pop(uri, None)
   ls.parsed.pop(uri, None)

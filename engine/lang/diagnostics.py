@@ -56,6 +56,7 @@ CODES: dict[str, str] = {
   "R705": "file too large",
   "R706": "example ran past its time limit",
   "R707": "example ran past its memory limit",
+  "R708": "a file's examples ran past their total time limit",
 }
 
 # What ends a line, for every location rulec reports: \r\n, a lone \r and \n, as editors and the LSP count them
@@ -63,7 +64,7 @@ CODES: dict[str, str] = {
 LINE_BREAK = re.compile(r"\r\n?|\n")
 
 # Reported only when examples are run (`rulec check`, check_sources(..., examples=True)), never when loading.
-EXAMPLE_CODES = frozenset({"R601", "R602", "R603", "R604", "R605", "R706", "R707"})
+EXAMPLE_CODES = frozenset({"R601", "R602", "R603", "R604", "R605", "R706", "R707", "R708"})
 
 
 def _unsafe(c: str) -> bool:

@@ -74,6 +74,7 @@ FULL: dict[str, str] = {
   "R705": "A file of more than 1 MiB or more than 50,000 tokens.",
   "R706": "An example ran past its time limit (5 s, RULEC_EXAMPLE_TIMEOUT).",
   "R707": "An example ran past its memory limit (1 GiB over the checker's own).",
+  "R708": "The examples of one file ran past their total time limit (60 s, RULEC_EXAMPLE_FILE_TIMEOUT).",
   "V001": "rulec verify found a graph that matches the rule on which the rewrite changes the value: the rule is "
           "unsound. The message gives the shrunk counterexample.",
 }

@@ -119,3 +119,14 @@ def _children_state(pid: int) -> str:
   try:
     with open(f"/proc/{pid}/stat") as f: return f.read().rsplit(")", 1)[1].split()[0]
   except OSError: return "Z"
+
+
+def test_the_language_server_stops_a_stale_check(tmp_path, monkeypatch):
+  pytest.importorskip("pygls")
+  from rulec.lsp import analyse
+  monkeypatch.setenv("RULEC_EXAMPLE_TIMEOUT", "100")
+  f = tmp_path / "slow.rules"
+  f.write_text(_slow_file("s", 2))
+  with pytest.raises(ExamplesCancelled):
+    analyse(f.as_uri(), str(f), f, f.read_text(), 1, {}, cancelled=lambda: True)
+  assert _children(os.getpid()) == []
