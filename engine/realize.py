@@ -16,6 +16,7 @@ import numpy as np
 
 from rulec.engine.sched import cache as schedule_cache
 from rulec.engine import tensor_eval
+from rulec.runtime import progress
 from rulec.runtime.devices import default_device, run_kernel
 from rulec.engine.ir.ops import MOVEMENT, Ops
 from rulec.engine.ir.uop import UOp
@@ -27,7 +28,8 @@ __all__ = ["COUNTERS", "schedule", "realize", "realize_map", "is_realized", "hos
 # kernels scheduled / compiled / run (the evaluator path runs no kernels, so it counts nothing)
 COUNTERS = {"scheduled": 0, "compiled": 0, "run": 0}
 
-DEFAULT_DEVICE = default_device()
+try: DEFAULT_DEVICE = default_device()
+except ValueError: DEFAULT_DEVICE = None   # a bad RULEC_DEVICE is reported where a device is needed, not on import
 
 
 def schedule(uops: Sequence[UOp], devices: Sequence[str] | None = None):
@@ -88,9 +90,9 @@ def host_value(view: UOp) -> np.ndarray:
   return _through_view(view, "a realized value", lambda b: buffer_of(b).host_view())[1]
 
 
-def device_of(u: UOp, default: str = DEFAULT_DEVICE) -> str:
+def device_of(u: UOp, default: str | None = DEFAULT_DEVICE) -> str:
   """Where u's value lives (UOp.device), or `default` for a constant."""
-  return u.device or default
+  return u.device or default or default_device()
 
 
 def view_indices(target: UOp) -> tuple[UOp, np.ndarray]:
@@ -141,9 +143,14 @@ def realize_map(uops: Sequence[UOp], devices: Sequence[str] | None = None) -> di
   if os.environ.get("RULEC_REALIZE", "") == "eval":
     done.update(_realize_by_evaluation([u for u, _ in todo], [d for _, d in todo], assigns))
     return done
-  kernels, views = schedule_cache.schedule([u for u, _ in todo], default_device(), [d for _, d in todo])
-  COUNTERS["scheduled"] += len(kernels)
-  for k in kernels: _run(k)
+  # a progress line on stderr when this takes over a second and stderr is a terminal (runtime/progress.py)
+  with progress.job("realize", "scheduling") as job:
+    kernels, views = schedule_cache.schedule([u for u, _ in todo], default_device(), [d for _, d in todo])
+    COUNTERS["scheduled"] += len(kernels)
+    job.phase, job.total = "compiling and running kernels", len(kernels)
+    for k in kernels:
+      _run(k)
+      job.advance()
   done.update((u, v) for (u, _), v in zip(todo, views))
   return done
 

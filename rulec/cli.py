@@ -1,7 +1,12 @@
-"""The `rulec` command: check, compile --emit, explain, demo, trace, verify, fmt, lsp.
+"""The `rulec` command: check, compile --emit, explain, demo, trace, verify, fmt, lsp; `rulec --version`.
 
 Every command takes `--rules PATH` (repeatable): a directory (or file) of .rules layered over the shipped
-rules, as RULEC_RULES=PATH does (docs/rules.md, "Your own rules directory")."""
+rules, as RULEC_RULES=PATH does (docs/rules.md, "Your own rules directory").
+
+`check` and `verify` with no path work on rules/ of the current directory when it has .rules files (a checkout,
+a project's own copy), else on the installed package's rules, and say which on stderr. A device that cannot be
+used (a bad RULEC_DEVICE, the CL device without pyopencl) is one line on stderr and exit status 2. On a terminal,
+`verify`, `trace` and `explain` show a progress line on stderr (runtime/progress.py; RULEC_PROGRESS=0: off)."""
 from __future__ import annotations
 
 import argparse
@@ -32,6 +37,51 @@ def _user_rules(rules: list[str] | None):
     else: os.environ["RULEC_RULES"] = old
 
 
+def _version() -> str:
+  """The installed distribution's version, else rulec.__version__ (a checkout that is not installed)."""
+  try:
+    from importlib.metadata import version
+    return version("rulec")
+  except Exception:  # noqa: BLE001 - not installed: fall back to what the package says, if anything
+    import rulec
+    return str(getattr(rulec, "__version__", None) or "(version unknown: not installed)")
+
+
+class _VersionAction(argparse.Action):
+  """`rulec --version`: looked up only when asked for."""
+  def __init__(self, option_strings, dest, **kw):
+    super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, help="print rulec's version and exit")
+
+  def __call__(self, parser, namespace, values, option_string=None):
+    print(f"rulec {_version()}")
+    parser.exit()
+
+
+def _default_rules() -> tuple[Path, str]:
+  """The rules `check` and `verify` work on when given no path, and how to name them: rules/ of the current
+  directory when it holds .rules files (a checkout, a project's own copy of the rules), else the installed
+  package's."""
+  from rulec.engine.lang.loader import default_rules_dir
+  here = Path("rules")
+  try: found = here.is_dir() and next(here.rglob("*.rules"), None) is not None
+  except OSError: found = False
+  if found: return here, f"rules/ of the current directory ({here.resolve()})"
+  shipped = default_rules_dir()
+  return shipped, f"the installed rules ({shipped}; the current directory has no rules/)"
+
+
+def _device_ready(cmd: str, device: str | None = None) -> int | None:
+  """None when kernels can run on `device` (default: RULEC_DEVICE's); else 2, after one line saying why."""
+  from rulec.runtime.devices import default_device, device_problem, require_device
+  try: require_device(device if device is not None else default_device())
+  except Exception as e:  # noqa: BLE001 - only a device's own errors are answered here
+    msg = device_problem(e)
+    if msg is None: raise
+    print(f"rulec {cmd}: {msg}", file=sys.stderr)
+    return 2
+  return None
+
+
 def _cmd_check(args) -> int:
   from rulec.engine.lang.diagnostics import render_all
   from rulec.engine.lang.loader import check_paths, user_rules_paths
@@ -39,8 +89,13 @@ def _cmd_check(args) -> int:
   # explicit PATHS are a library of their own (RULEC_RULES is not layered over them; --rules is)
   user = args.rules or (None if args.paths else [str(p) for p in user_rules_paths()] or None)
   if _missing("check", user): return 2
+  paths, where = args.paths, None
+  if not paths:
+    base, where = _default_rules()
+    paths = [base]
+  if where is not None and args.format != "human": print(f"rulec check: {where}", file=sys.stderr)
   try:
-    lib, sources = check_paths(args.paths or None, examples=not args.no_examples, user=user)
+    lib, sources = check_paths(paths, examples=not args.no_examples, user=user)
   except Exception as e:  # noqa: BLE001 - a bug of rulec's own; say so without a traceback
     print(f"rulec check: internal error: {type(e).__name__}: {e}", file=sys.stderr)
     return 3
@@ -56,19 +111,20 @@ def _cmd_check(args) -> int:
   else:
     if diags: print(render_all(diags, sources))
     n_rules = sum(len(rs.rules) for rs in lib.rulesets.values())
-    print(f"{len(sources)} files, {len(lib.rulesets)} rulesets, {n_rules} rules: "
+    print(f"{where + ': ' if where else ''}{len(sources)} files, {len(lib.rulesets)} rulesets, {n_rules} rules: "
           f"{len(lib.errors)} errors, {len(diags) - len(lib.errors)} warnings", file=sys.stderr)
   return 1 if diags else 0
 
 
-def _library_with(cmd: str, rules: list[str] | None, rulesets: list[str]):
-  """The rule library (the shipped rules, with --rules paths or else RULEC_RULES layered over them) when it is
-  clean and has every named rule set, else the exit status after saying why: 2 for a missing path or an
-  unknown rule set, 1 for rule errors (each located in its file)."""
+def _library_with(cmd: str, rules: list[str] | None, rulesets: list[str], base: list[Path] | None = None):
+  """The rule library (`base`, default the shipped rules, with --rules paths or else RULEC_RULES layered over
+  them) when it is clean and has every named rule set, else the exit status after saying why: 2 for a missing
+  path or an unknown rule set, 1 for rule errors (each located in its file)."""
   from rulec.engine.lang.diagnostics import RuleError
   from rulec.engine.lang.loader import load_library, user_rules_paths
   if _missing(cmd, rules or user_rules_paths()): return 2
-  lib = load_library(user=rules) if rules else load_library()
+  if base is not None: lib = load_library(base, user=rules or user_rules_paths() or None)
+  else: lib = load_library(user=rules) if rules else load_library()
   try:
     known = lib.ruleset_names()
     lib.require_clean()
@@ -95,24 +151,39 @@ def _cmd_compile(args) -> int:
 
 def _cmd_explain(args) -> int:
   from rulec.engine.lang.explain import explain_program
+  from rulec.runtime import progress
   if _missing("explain", args.rules): return 2
+  if (bad := _device_ready("explain")) is not None: return bad
   argv = args.args[1:] if args.args[:1] == ["--"] else args.args
-  with _user_rules(args.rules):   # the program's scheduler sees the same layered library
+  # (the program's scheduler sees the same layered library)
+  with _user_rules(args.rules), progress.job("explain", f"running {args.program}"), progress.erasing_stdout():
     return explain_program(args.rule, args.program, argv, None, shown=args.show)
 
 
 def _cmd_demo(args) -> int:
   from rulec.demo import run_demo
+  if (bad := _device_ready("demo", args.device)) is not None: return bad
   lib = _library_with("demo", args.rules, [])
   if isinstance(lib, int): return lib
   with _user_rules(args.rules): return run_demo(args)
 
 
+def _trace_text() -> str:
+  """What `rulec trace` has recorded so far, for the progress line."""
+  from rulec.engine import trace as _trace
+  t = _trace.ACTIVE[-1] if _trace.ACTIVE else None
+  if t is None: return "starting"
+  return f"{len(t.schedules)} schedule calls, {len(t.passes)} passes, {t.n_rewrites} rewrites"
+
+
 def _cmd_trace(args) -> int:
+  from rulec.runtime import progress
   from rulec.trace_view import trace_program
+  if (bad := _device_ready("trace")) is not None: return bad
   lib = _library_with("trace", args.rules, [])
   if isinstance(lib, int): return lib
-  with _user_rules(args.rules): return trace_program(args.program, args.args, args.output)
+  with _user_rules(args.rules), progress.job("trace", text=_trace_text), progress.erasing_stdout():
+    return trace_program(args.program, args.args, args.output)
 
 
 def _cmd_verify(args) -> int:
@@ -121,25 +192,50 @@ def _cmd_verify(args) -> int:
   except ImportError as e:
     print(f"rulec verify needs hypothesis ({e}): pip install hypothesis", file=sys.stderr)
     return 2
+  from rulec.engine.lang.loader import load_library, user_rules_paths
+  base, where = _default_rules()
+  print(f"rulec verify: {where}", file=sys.stderr)
   if args.format == "sarif":
-    from rulec.engine.lang.loader import load_library, user_rules_paths
     from rulec.engine.lang.sarif import sarif_log, tool_version, verify_findings
     if _missing("verify", args.rules or user_rules_paths()): return 2
-    errors = (load_library(user=args.rules) if args.rules else load_library()).checked.errors
+    errors = load_library([base], user=args.rules or user_rules_paths() or None).checked.errors
     # a library that does not load is reported in the log too, so CI shows where
     if errors:
       print(json.dumps(sarif_log(errors, verify=True, tool_version=tool_version()), indent=2))
       return 1
-  lib = _library_with("verify", args.rules, args.ruleset)
+  lib = _library_with("verify", args.rules, args.ruleset, [base])
   if isinstance(lib, int): return lib
   # with a user's rules and no set named: the sets the user's layer defines, replaces or extends
   names = args.ruleset or lib.user_ruleset_names()
-  results = verify_library(lib, names, examples=args.examples)
+  results = _verify_with_progress(lib, names, args.examples, verify_library)
   if args.format == "sarif":
     print(json.dumps(sarif_log([], verify_findings(lib, results), verify=True, tool_version=tool_version()), indent=2))
   elif args.format == "json": print(json.dumps(format_json(results), indent=2))
   else: print(format_human(results))
   return 1 if any(r.status == "refuted" for rs in results for r in rs.rules) else 0
+
+
+def _verify_with_progress(lib, names: list[str], examples: int, verify_library):
+  """verify_library, with a progress line on stderr on a terminal: the rule set being verified and the rules done."""
+  from rulec.engine.verify import expand_rulesets
+  from rulec.runtime import progress
+  sets = expand_rulesets(lib, list(names))
+  counts = [len(lib.checked.rulesets[n].rules) for n in sets]
+  total, done = sum(counts), [0]
+  starts = {sum(counts[:i]) for i in range(1, len(counts))}   # rules done when each later set begins
+
+  def text() -> str:
+    upto = 0
+    for i, (n, c) in enumerate(zip(sets, counts)):
+      upto += c
+      if done[0] < upto or i == len(sets) - 1: return f"ruleset {n} ({i + 1}/{len(sets)}), {done[0]}/{total} rules"
+    return f"{done[0]}/{total} rules"
+
+  with progress.job("verify", text=text) as job:
+    def step(_result) -> None:
+      done[0] += 1
+      job.advance(redraw=done[0] in starts)   # each rule set shows as it begins
+    return verify_library(lib, names, examples=examples, progress=step)
 
 
 def _cmd_fmt(args) -> int:
@@ -209,9 +305,11 @@ def main(argv: list[str] | None = None) -> int:
     try: stream.reconfigure(errors="backslashreplace")
     except (AttributeError, ValueError): pass
   ap = argparse.ArgumentParser(prog="rulec", description="rulec: a tensor compiler whose rewrites are .rules files")
+  ap.add_argument("--version", action=_VersionAction)
   sub = ap.add_subparsers(dest="cmd", required=True)
-  c = sub.add_parser("check", help="check .rules files (default: the rules/ library)")
-  c.add_argument("paths", nargs="*", help="files or directories (default: rules/)")
+  c = sub.add_parser("check", help="check .rules files (default: ./rules/, else the installed rules)")
+  c.add_argument("paths", nargs="*", help="files or directories (default: rules/ of the current directory when there "
+                                          "is one, else the installed rules; the summary line says which)")
   c.add_argument("--format", choices=("human", "json", "sarif"), default="human",
                  help="sarif: a SARIF 2.1.0 log on stdout, for code scanning (docs/editors.md)")
   c.add_argument("--no-examples", action="store_true", help="do not run the rules' examples")
@@ -242,7 +340,8 @@ def main(argv: list[str] | None = None) -> int:
   _rules_option(t)
   t.set_defaults(fn=_cmd_trace)
   v = sub.add_parser("verify", help="check every rule's soundness on random graphs that match it (needs hypothesis)")
-  v.add_argument("ruleset", nargs="*", help="rule sets to verify, with the sets they include (default: all; with --rules or RULEC_RULES: the sets they define)")
+  v.add_argument("ruleset", nargs="*", help="rule sets to verify, with the sets they include (default: all; with --rules or RULEC_RULES: the sets they define); "
+                                            "the rules are ./rules/ when the current directory has one, else the installed rules")
   v.add_argument("--examples", type=int, default=100, help="examples per rule (default: 100)")
   _rules_option(v)
   v.add_argument("--format", choices=("human", "json", "sarif"), default="human")
@@ -258,7 +357,14 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
   except SystemExit as e:
     return 2 if e.code not in (0, None) else 0
-  return args.fn(args)
+  try: return args.fn(args)
+  except Exception as e:
+    # a device that cannot be used, found while working (CL:3 with two OpenCL devices): one line, not a traceback
+    from rulec.runtime.devices import device_problem
+    msg = device_problem(e)
+    if msg is None: raise
+    print(f"rulec {args.cmd}: {msg}", file=sys.stderr)
+    return 2
 
 
 if __name__ == "__main__":

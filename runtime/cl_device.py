@@ -76,7 +76,7 @@ def _cl():
     import pyopencl as cl
   except ImportError as e:
     raise CLUnavailable(f"the CL device needs pyopencl ({e}); install it with "
-                        "`pip install pyopencl pocl-binary-distribution` (the `opencl` extra; PoCL is a CPU OpenCL device)") from e
+                        "`pip install pyopencl pocl-binary-distribution` (the `opencl` extra; PoCL is a CPU OpenCL device)") from None
   return cl
 
 

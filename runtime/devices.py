@@ -8,11 +8,20 @@ its own, with its own buffers; `X:0` is `X`. CPU and NUMPY devices of any index 
 memory; `CL:n` is the n-th OpenCL device after the one `CL` names (runtime/cl_device.py). A kernel runs on the
 device of the buffer it writes. A kernel that only copies a whole buffer from one device to another is a
 transfer (`copy_buffers`): the data moves through host memory, and a CL buffer stays on its own device.
+
+A device that cannot be used is a DeviceError with a one-line message (an unknown name, from RULEC_DEVICE or a
+`device=` argument); the CL device's own CLUnavailable (pyopencl missing, no OpenCL device) is one line too.
+`device_problem(e)` tells both apart from other errors, so the `rulec` command prints them as one line.
 """
 from __future__ import annotations
 
 import os
+import sys
 from typing import Callable
+
+
+class DeviceError(ValueError):
+  """A device name that names no device (RULEC_DEVICE, a `device=` argument). The message is one line."""
 
 
 def _cpu_run(kernel, index: int) -> None:
@@ -47,7 +56,7 @@ def parse_device(name: str) -> tuple[str, int]:
   if hit is not None: return hit
   kind, sep, idx = name.upper().partition(":")
   if kind not in RUNNERS or (sep and not (idx.isdigit() and idx.isascii())):
-    raise ValueError(f"unknown device {name!r}; known devices: {', '.join(DEVICES)}, each also with an index (CPU:1)")
+    raise DeviceError(f"unknown device {name!r}; known devices: {', '.join(DEVICES)}, each also with an index (CPU:1)")
   out = _PARSED[name] = (kind, int(idx) if sep else 0)
   return out
 
@@ -94,9 +103,31 @@ def rows_shared(device) -> bool:
 
 
 def default_device() -> str:
-  d = os.environ.get("RULEC_DEVICE", "CPU").upper()
-  try: return canonical_device(d)
-  except ValueError: raise ValueError(f"RULEC_DEVICE={d!r} is not a device; known devices: {', '.join(DEVICES)}") from None
+  """The default device: RULEC_DEVICE (CPU when unset or empty); DeviceError when it names no device."""
+  raw = os.environ.get("RULEC_DEVICE", "").strip() or "CPU"
+  try: return canonical_device(raw)
+  except ValueError:
+    raise DeviceError(f"RULEC_DEVICE={raw!r} is not a device; known devices: {', '.join(DEVICES)}, "
+                      "each also with an index (CPU:1)") from None
+
+
+def require_device(name: str) -> str:
+  """`name` in its one spelling, once it is known that kernels can run there: DeviceError for an unknown name;
+  for a CL device, the CL device's CLUnavailable when pyopencl cannot be imported (no device is opened)."""
+  canon = canonical_device(name)
+  if device_kind(canon) == "CL":
+    from rulec.runtime import cl_device
+    cl_device._cl()
+  return canon
+
+
+def device_problem(e: BaseException) -> str | None:
+  """The one-line message of an error that says a device cannot be used (DeviceError, the CL device's
+  CLUnavailable); None for any other error."""
+  if isinstance(e, DeviceError): return str(e)
+  cl = sys.modules.get("rulec.runtime.cl_device")
+  if cl is not None and isinstance(e, cl.CLUnavailable): return str(e)
+  return None
 
 
 def copy_buffers(kernel):
@@ -124,7 +155,7 @@ def separate_memory(a: str, b: str) -> bool:
 
 def run_kernel(kernel, device: str) -> None:
   try: kind, index = parse_device(device)
-  except ValueError: raise ValueError(f"no runtime for device {device!r}; known devices: {', '.join(DEVICES)}") from None
+  except ValueError: raise DeviceError(f"no runtime for device {device!r}; known devices: {', '.join(DEVICES)}") from None
   pair = copy_buffers(kernel)
   if pair is not None and separate_memory(pair[0].arg[1], pair[1].arg[1]):
     from rulec.runtime.buffer import buffer_of

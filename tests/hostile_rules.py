@@ -396,6 +396,7 @@ def check_one(path, category: str, marker, token: str) -> dict:
       except ValueError as e: problems.append(f"--format json does not parse: {e}"); data = None
       if data is not None:
         res["errors"] = data["errors"]
+        res["codes"] = sorted({d["code"] for d in data["diagnostics"]})
         # lines end at \r\n, a lone \r or \n (engine/lang/diagnostics.py's LINE_BREAK)
         n_lines = max(1, len(re.split(rb"\r\n?|\n", Path(path).read_bytes()))) if Path(path).is_file() else 1
         for d in data["diagnostics"]:

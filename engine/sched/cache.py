@@ -8,8 +8,8 @@ constant's leaf tag, an identity too, to its first-visit number). Constants, arg
 intermediate and output buffers (never one a live tensor holds) and running no rule pass.
 
 `RULEC_SCHEDULE_CACHE=0` turns the cache off; `STATS` counts hits and misses; at most `MAX_ENTRIES` shapes
-are kept (least recently used go first). Tracing (engine/trace.py) and RULEC_DEBUG bypass it: they exist to
-show the passes run.
+are kept (least recently used go first). Tracing (engine/trace.py) bypasses it: it exists to record the passes.
+With RULEC_DEBUG a miss prints the passes as the driver runs them, and a hit prints one line saying so.
 """
 from __future__ import annotations
 
@@ -37,7 +37,7 @@ MAX_ENTRIES = 256
 
 def enabled() -> bool:
   """The cache is on unless RULEC_SCHEDULE_CACHE=0 (read on every call, so tests can switch it)."""
-  return os.environ.get("RULEC_SCHEDULE_CACHE", "1") != "0" and not _trace.ACTIVE and not _scheduler.DEBUG
+  return os.environ.get("RULEC_SCHEDULE_CACHE", "1") != "0" and not _trace.ACTIVE
 
 
 def _arg_key(u: UOp):
@@ -140,6 +140,10 @@ def schedule(targets: list[UOp], default_device: str, devices: Sequence[str] | N
   if entry is not None:
     _entries.move_to_end(key)
     STATS["hits"] += 1
+    if _scheduler.DEBUG:
+      n = len(entry.kernels)
+      print(f"[schedule] cache hit: {n} kernel{'s' if n != 1 else ''} of a graph of this shape scheduled before, "
+            "no pass run (RULEC_SCHEDULE_CACHE=0 runs them)")
     return entry.bind(inputs)
   STATS["misses"] += 1
   kernels, views = _scheduler.schedule(targets, default_device, devices)

@@ -102,9 +102,31 @@ def test_every_attack_is_rejected(corpus):
   assert not accepted, accepted
 
 
-def test_the_corpus_runs_in_bounded_time(corpus):
-  slow = [(r["path"], r["seconds"]) for r in corpus["results"] if r["seconds"] > 20]
-  assert not slow, slow
+# The files of the `dos` category whose work has no bound of its own (nested includes, commutative expansions, huge
+# files, examples that would run for hours or loop) and the limit that must stop each: its diagnostic code. The
+# rest of the category (many rules, many sets, a wide fan-out of includes) is large but finite, and must be accepted.
+# Counted, not timed: each file is stopped by the limit meant for it, whatever the machine's load; the per-file
+# alarm in check_one (tests/hostile_rules.py, 60 s) is only a hang guard, reported as a problem above.
+DOS_LIMITS = {"dos-commutative": {"R701"}, "dos-include-diamond-40": {"R702"}, "dos-include-diamond-200": {"R702"},
+              "dos-include-chain": {"R702"}, "dos-include-cycle-long": {"R504", "R702"}, "dos-huge": {"R705"},
+              "dos-example": {"R706", "R707", "R605"}, "dos-rewrite-loop": {"R605", "R706"},
+              "dos-growing-graph": {"R605", "R706", "R707"}}   # (the step limit, or on a loaded machine the time limit first)
+DOS_ACCEPTED = ("dos-include-diamond-10", "dos-include-fanout", "dos-many-rules", "dos-many-rulesets", "dos-many-shadowed")
+
+
+def test_every_unbounded_file_is_stopped_by_its_limit(corpus):
+  dos = [r for r in corpus["results"] if r["category"] == "dos"]
+  assert len(dos) >= 30
+  hung = [r["path"] for r in corpus["results"] if any(p.startswith("hang") for p in r["problems"])]
+  assert not hung, hung
+  for r in dos:
+    name = Path(r["path"]).stem
+    if name.startswith(DOS_ACCEPTED):
+      # (dos-many-shadowed: 1500 copies of one rule, each shadowed by the first: R505 warnings, no error)
+      assert r["errors"] == 0 and set(r["codes"]) <= {"R505"}, (name, r["codes"])
+      continue
+    want = next(codes for prefix, codes in DOS_LIMITS.items() if name.startswith(prefix))
+    assert r["errors"] >= 1 and set(r["codes"]) & want, (name, r["codes"], sorted(want))
 
 
 def test_the_cli_on_the_whole_corpus(corpus):

@@ -4,8 +4,6 @@ Values are checked against numpy and against the same program with the cache off
 are counted; two calls never share an output buffer. Runs on the default device (RULEC_DEVICE)."""
 from __future__ import annotations
 
-import time
-
 import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
@@ -232,7 +230,28 @@ def test_fuzz_programs_run_right_from_the_cache(start):
   assert sc.STATS["hits"] > 0
 
 
-def test_a_hit_is_much_cheaper_than_scheduling():
+def test_a_hit_runs_no_scheduling_work(monkeypatch):
+  # counted, not timed: a miss runs the scheduler's rule passes (graph_rewrite calls, the fusion pass); a hit
+  # runs none of them and gives the same kernels over this call's buffers
+  from rulec.engine.sched import driver
+  work = {"schedule": 0, "graph_rewrite": 0, "fusion": 0, "rewrites": 0}
+  def counted(name, fn):
+    def wrapper(*a, **kw):
+      work[name] += 1
+      return fn(*a, **kw)
+    return wrapper
+  monkeypatch.setattr(sc._scheduler, "schedule", counted("schedule", sc._scheduler.schedule))
+  monkeypatch.setattr(driver, "choose_stages", counted("fusion", driver.choose_stages))
+  orig_rewrite = driver.graph_rewrite
+  def graph_rewrite(sink, matcher, *a, **kw):
+    work["graph_rewrite"] += 1
+    class Counting:   # every node the pass asks its matcher about
+      def rewrite(self, u, ctx=None):
+        work["rewrites"] += 1
+        return matcher.rewrite(u, ctx)
+      def __getattr__(self, name): return getattr(matcher, name) if name != "dispatch" else None
+    return orig_rewrite(sink, Counting(), *a, **kw)
+  monkeypatch.setattr(driver, "graph_rewrite", graph_rewrite)
   rng = np.random.default_rng(0)
   ws = [rng.standard_normal(s).astype(np.float32) for s in [(16, 32), (32,), (32, 8), (8,)]]
   def step():
@@ -241,12 +260,40 @@ def test_a_hit_is_much_cheaper_than_scheduling():
     loss = ((x @ w1 + b1).relu() @ w2 + b2).square().mean()
     loss.backward()
     return [loss, w1.grad, b1.grad, w2.grad, b2.grad]
-  ts = []
+  per_call, kernels = [], []
   for _ in range(3):
     outs = step()
     uops, devs = [t.uop for t in outs], [t.device for t in outs]
-    t0 = time.perf_counter()
-    sc.schedule(uops, R.DEFAULT_DEVICE, devs)
-    ts.append(time.perf_counter() - t0)
+    before = dict(work)
+    ks, _ = sc.schedule(uops, R.DEFAULT_DEVICE, devs)
+    per_call.append({k: work[k] - before[k] for k in work})
+    kernels.append([k.ast for k in ks])
   assert sc.STATS == {"hits": 2, "misses": 1}
-  assert max(ts[1:]) * 5 < ts[0], ts
+  first, *hits = per_call
+  assert first["schedule"] == 1 and first["fusion"] == 1 and first["graph_rewrite"] >= 8 and first["rewrites"] > 100, first
+  assert hits == [{"schedule": 0, "graph_rewrite": 0, "fusion": 0, "rewrites": 0}] * 2, hits
+  assert kernels[1] == kernels[0] and kernels[2] == kernels[0]
+
+
+def test_rulec_debug_says_a_hit_in_one_line(tmp_path):
+  # RULEC_DEBUG=2 used to bypass the cache and print every pass of every realize; a hit is one line now
+  import re
+  import subprocess
+  import sys
+  from tests.helpers import subprocess_env
+  code = ("import numpy as np\nfrom rulec import Tensor\n"
+          "for i in range(3): print('result', (Tensor(np.full((4, 4), i, np.float32)).softmax(-1) + 1).numpy().sum())\n")
+  env = subprocess_env(RULEC_DEBUG="2", RULEC_CACHE_DIR=str(tmp_path / "cache"))
+  env.pop("RULEC_SCHEDULE_CACHE", None)
+  out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300, check=True).stdout
+  lines = out.splitlines()
+  assert [line for line in lines if line.startswith("result")] == ["result 20.0"] * 3
+  assert sum(line.startswith("[schedule] earliest") for line in lines) == 1   # the passes ran once, on the miss
+  hits = [line for line in lines if line.startswith("[schedule] cache hit")]
+  counts = [line for line in lines if re.fullmatch(r"\[schedule\] \d+ kernels", line)]   # the driver's last line
+  assert len(counts) == 1 and len(hits) == 2
+  assert hits[0].startswith("[schedule] cache hit: ") and "no pass run (RULEC_SCHEDULE_CACHE=0 runs them)" in hits[0]
+  # with the cache off every realize prints its passes, as before
+  env["RULEC_SCHEDULE_CACHE"] = "0"
+  out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300, check=True).stdout
+  assert sum(line.startswith("[schedule] earliest") for line in out.splitlines()) == 3 and "cache hit" not in out
