@@ -55,5 +55,6 @@ def test_every_optimizer_and_state_function_is_on_the_page():
   text = DOC.read_text()
   for name in ("SGD", "LARS", "Muon", "Adam", "AdamW", "LAMB", "OptimizerGroup"):
     assert hasattr(optim, name) and f"`{name}`" in text, name
-  for name in ("get_state_dict", "get_parameters", "load_state_dict", "safe_save", "safe_load", "StateDictError"):
+  for name in ("get_state_dict", "get_parameters", "load_state_dict", "safe_save", "safe_load", "StateDictError",
+               "torch_load", "gguf_load", "ggml_data_to_tensor"):
     assert hasattr(state, name) and f"`{name}" in text, name
