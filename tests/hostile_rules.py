@@ -404,7 +404,11 @@ def check_one(path, category: str, marker, token: str) -> dict:
             problems.append(f"not located: {d}")
         if "human" in outputs:
           heads = [m for m in head.finditer(outputs["human"])]
-          if len(heads) != len(data["diagnostics"]):
+          # (an example's time limit, R706, can stop an example in one run and not in the other on a loaded
+          # machine, which changes what the rest of that example reports: the counts are compared where no time
+          # limit was involved)
+          timed = "R706" in outputs["human"] or any(d["code"] == "R706" for d in data["diagnostics"])
+          if not timed and len(heads) != len(data["diagnostics"]):
             problems.append(f"{len(heads)} diagnostics in human output, {len(data['diagnostics'])} in JSON")
           for m in heads:
             if m["file"] != escape_text(str(path)): problems.append(f"human output names {m['file']!r}")
