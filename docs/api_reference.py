@@ -107,9 +107,53 @@ refuses to shadow a real tinygrad already imported). A name rulec lacks is an Im
 - `@function` / `@function(precompile=True)`: rulec has no call boundary in its IR, so the body is inlined (the
   same values, gradients and kernels as a plain call); the result must be a Tensor or a tuple of them, as tinygrad
   checks. `grad_fxn=` raises NotImplementedError.
-- `Variable(name, min, max)`: symbolic shapes are not in rulec yet; importing works, calling raises
-  NotImplementedError.
+- `Variable(name, min, max)`: tinygrad's `UOp.variable`; `.bind(value)` gives a value that shapes, offsets and
+  TinyJit take, specialised to that value (next section).
 - `fetch(url)`: rulec reads nothing from the network; it raises NotImplementedError (pass the loaders a path).
+
+## Symbolic shapes (`Variable`): bound values, specialised
+
+tinygrad decodes with a KV cache by binding the position to a symbolic `Variable` (`Variable("start_pos", 1,
+1023).bind(n)`, LLaMA's and GPT-2's JIT path). rulec takes that code unchanged and gives the same values, but
+builds everything for the bound value: it is the first, specialised step of symbolic shapes.
+
+- The Variable: `Variable(name, min, max)` is `UOp.variable(name, min, max)` (both spellings, as tinygrad 0.14, and
+  `tinygrad.uop.ops.Variable` is the UOp type) and makes a DEFINE_VAR node. `.bind(v)` gives a BIND node; a value
+  outside [min, max] raises AssertionError (`bind 11 not in range [1, 10]`, tinygrad's class and text), a non-int
+  TypeError. `.unbind()` is `(var, value)`, `.unbind_all()` `(expression with the Variables, {var: value})`,
+  `.variables()`, `.expr` the name, `.vmin` / `.vmax` the Variable's range (bound or not, as tinygrad's), `.val`
+  the bound value (tinygrad 0.14 has `.val` for constants only), `.render()` tinygrad's text: `(start_pos+1)`,
+  `(start_pos+-1)`, `(start_pos*2)`, `(start_pos<3)`.
+- Expressions: `+ - * // %` with ints (either side) and other Variables; `< <= > >=` build comparisons, and
+  `bool()` of one is its truth when the bound values or the range decide it (`if start_pos > 0:` in LLaMA's
+  attention), else ValueError (tinygrad's). `int()` / `operator.index()` of a bound expression is its value
+  (tinygrad's raises ValueError for a bound Variable: its value stays symbolic there); of an unbound one ValueError
+  (`eval failed to be a single number, range is 1 to 10 in start_pos`, naming the Variable to bind). `==` and `!=`
+  compare identity (rulec's UOps are dict keys): `b != 3` is True where tinygrad builds an expression.
+- What works: a bound Variable or bound expression wherever Tensor takes a size, offset or scalar: slicing and
+  indexing (`cache[:, start_pos:start_pos+seqlen]`, `x[:, tokens]`, steps too), `shrink(((tokens, tokens+1),
+  None))`, `reshape`, `pad` (pairs or flat), `expand`, `Tensor.arange`, the shapes of `ones` / `zeros` / `empty` /
+  `full` and `full`'s value, `triu` / `tril`, writes through such views (`t[:, b] = v`, `t[:, b:b+1].assign(v)`),
+  arithmetic and comparisons with tensors (a weak int, as a Python int: `Tensor([1, 2]) + b` is int32), and
+  `Tensor(b)` (a 0-d int32). Each is specialised: the bound value is read as its int, so shapes are ints
+  (`x[:, 0:b+1].shape` is `(2, 4)`, where tinygrad's holds an expression) and the graph, its schedule and its
+  kernels are built for that value. An unbound Variable where a size is needed raises ValueError naming it.
+- TinyJit: the bound Variables among a jitted function's arguments (also inside lists, tuples and dicts, and in
+  bound expressions) key its captures, and each set of bound values counts its own calls: the first runs the
+  function, the second captures, later ones replay. So a replay never runs kernels built for another value. A
+  decode loop whose position never repeats runs the function on every call (right values; the schedule cache and
+  the compiled-kernel cache still apply); positions seen again are replayed. At most `TinyJit.max_keys` (64) sets
+  are remembered (least recently used forgotten), so the captures' memory is bounded: a 200-step jitted decode loop
+  under `Tensor.no_grad = True` (as tinygrad's LLM examples run) keeps a constant number of buffers and bytes. A
+  capture whose function read a bound value that was not among its arguments (a Variable bound in the closure) is
+  never replayed: those calls always run the function.
+- What does not work yet: one set of kernels reused across values. tinygrad keeps the Variable symbolic through
+  scheduling and codegen (a kernel argument, loop bounds bounded by its range), so a decode loop compiles its step
+  once and replays it for every position. rulec schedules the step anew for each new value (tens of ms on CPU) and
+  compiles every kernel whose code depends on the value: measured in tests/frontend/test_variables.py, 3 to 4 of the
+  7 kernels of an attention step per new position (the projections are the same code every step and come from
+  the compiled-kernel cache); a position seen before compiles nothing. Unbound Variables as sizes (shapes holding
+  expressions, `max_shape` above its value) are not supported.
 
 ## Loading weights (`rulec.nn.state`)
 

@@ -19,11 +19,22 @@ kernels, so there is nothing to capture (JitError).
 Checked on every replay: the same argument names hold Tensors, and each input has the shape, view, dtype
 and device it had at capture (else JitError, as in tinygrad). Non-Tensor arguments must equal the captured
 ones: tinygrad silently replays with the captured values; rulec raises JitError instead.
+
+Bound Variables (`Variable("start_pos", 1, 1023).bind(n)`, and expressions of them) among the arguments are not
+that kind of argument: rulec specialises a bound value (its graph, schedule and kernels are built for n), so the
+JIT keeps one capture per set of bound values, each counted on its own: the first call with a set of values runs
+the function, the second captures, later ones replay that capture. A decode loop whose position never repeats so
+runs every call as a plain call (new kernels are compiled only where a value gives new code; the compiled-kernel
+cache has the rest), and never replays kernels built for another value. At most `max_keys` sets are remembered
+(the least recently used is forgotten). A capture whose function read a bound value that is not among its
+arguments (a Variable bound in the closure) is not replayed: calls with those arguments run the function.
+tinygrad replays one set of symbolic kernels for every value; rulec does not do that yet.
 """
 from __future__ import annotations
 
 import functools
 import os
+from collections import OrderedDict
 from typing import Any, Callable
 
 import numpy as np
@@ -33,6 +44,7 @@ from rulec.engine.realize import JitError
 from rulec.engine.ir.ops import MOVEMENT, Ops
 from rulec.engine.ir.rewrite import substitute
 from rulec.engine.tensor.base import TensorBase
+from rulec.engine.ir import uop as _uop
 from rulec.engine.ir.uop import UOp
 from rulec.runtime.buffer import buffer_of, new_buffer
 from rulec.engine.ir.kernel import Kernel
@@ -104,6 +116,21 @@ def _same(a: Any, b: Any) -> bool:
 
 def _statics(args: tuple, kwargs: dict) -> list:
   return [(n, _static(v)) for n, v in list(enumerate(args)) + sorted(kwargs.items()) if not isinstance(v, TensorBase)]
+
+
+def _bound_key(args: tuple, kwargs: dict) -> tuple[UOp, ...]:
+  """The bound Variables among the arguments (also inside lists, tuples and dicts, and in bound expressions): the
+  BIND nodes, one per (Variable, value), in a fixed order. Hash-consing makes equal values the same node."""
+  found: set[UOp] = set()
+  def walk(x: Any) -> None:
+    if isinstance(x, UOp):
+      if x.is_symbolic: found.update(u for u in x.toposort() if u.op is Ops.BIND)
+    elif isinstance(x, (tuple, list)):
+      for e in x: walk(e)
+    elif isinstance(x, dict):
+      for e in x.values(): walk(e)
+  for x in (*args, *kwargs.values()): walk(x)
+  return tuple(sorted(found, key=lambda b: (b.src[0].arg[0], b.src[1].arg)))
 
 
 # *** outputs ***
@@ -198,11 +225,17 @@ class TinyJit:
     if fxn is None or not callable(fxn): raise TypeError(f"TinyJit needs a function, got {type(fxn).__name__}")
     if prune: raise NotImplementedError("TinyJit(prune=True) is not supported in rulec")
     self.fxn, self.cnt, self.captured = fxn, 0, None
+    # per set of bound values among the arguments (() when there are none): how many calls ran the function (1),
+    # the capture, or _PLAIN (its capture read bound values from elsewhere: always run the function)
+    self.runs: OrderedDict[tuple[UOp, ...], Any] = OrderedDict()
     functools.update_wrapper(self, fxn)
 
+  max_keys = 64   # how many sets of bound values a TinyJit remembers (least recently used forgotten first)
+
   def reset(self) -> None:
-    """Forget the capture: the next call runs the function again (and the one after captures)."""
+    """Forget the captures: the next call runs the function again (and the one after captures)."""
     self.cnt, self.captured = 0, None
+    self.runs.clear()
 
   def __get__(self, obj, objtype=None):
     """A jitted method: the instance is passed as the first (non-Tensor) argument."""
@@ -210,28 +243,50 @@ class TinyJit:
 
   def __call__(self, *args, **kwargs) -> Any:
     names, _, bufs, infos = _prepare(args, kwargs)
-    if not _jit_enabled() or self.cnt == 0:
+    key = _bound_key(args, kwargs)
+    state = self.runs.get(key, 0)
+    if not _jit_enabled() or state == 0 or state is _PLAIN:
       ret = self.fxn(*args, **kwargs)
       _realize_returned(ret)
-    elif self.cnt == 1: ret = self._capture(args, kwargs, names, bufs, infos)
+      if _jit_enabled() and state == 0: self._remember(key, 1)
+    elif state == 1: ret = self._capture(args, kwargs, names, bufs, infos, key)
     else:
-      self.captured.check(names, infos, _statics(args, kwargs))
-      ret = self.captured(bufs)
+      state.check(names, infos, _statics(args, kwargs))
+      self.runs.move_to_end(key)
+      self.captured = state
+      ret = state(bufs)
     self.cnt += 1
     return ret
 
-  def _capture(self, args: tuple, kwargs: dict, names: list, bufs: list[UOp], infos: list[tuple]) -> Any:
+  def _remember(self, key: tuple[UOp, ...], state: Any) -> None:
+    self.runs[key] = state
+    self.runs.move_to_end(key)
+    while len(self.runs) > self.max_keys: self.runs.popitem(last=False)
+
+  def _capture(self, args: tuple, kwargs: dict, names: list, bufs: list[UOp], infos: list[tuple],
+               key: tuple[UOp, ...] = ()) -> Any:
     if _realize.CAPTURING: raise RuntimeError("having TinyJit inside another TinyJit is not supported")
     kernels: list[Kernel] = []
+    reads: set[UOp] = set()
     _realize.CAPTURING.append(kernels)
+    _uop.BOUND_READS.append(reads)
     try:
       ret = self.fxn(*args, **kwargs)
       _realize_returned(ret)
-    finally: _realize.CAPTURING.pop()
+    finally:
+      _uop.BOUND_READS.pop()
+      _realize.CAPTURING.pop()
     if not kernels: raise JitError("didn't JIT anything!")
     _check_return(ret)
+    if not reads <= set(key):   # (built for bound values a replay could not check: never replay it)
+      self._remember(key, _PLAIN)
+      return ret
     self.captured = _Captured(kernels, bufs, names, infos, _statics(args, kwargs), ret)
+    self._remember(key, self.captured)
     return ret
+
+
+_PLAIN = object()   # a TinyJit.runs state: run the function on every call
 
 
 def jit(fxn: Callable | None = None, **kw) -> TinyJit | Callable[[Callable], TinyJit]:

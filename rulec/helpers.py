@@ -25,6 +25,7 @@ from typing import Any, Callable, ClassVar, Iterable, TypeVar
 from rulec.engine import realize as _realize
 from rulec.engine.ir.dtypes import dtypes
 from rulec.engine.ir.ops import ALU, Ops
+from rulec.engine.ir.uop import UOp
 from rulec.engine.tensor import Tensor
 
 T = TypeVar("T")
@@ -348,11 +349,10 @@ def function(fxn: Callable | None = None, *, precompile: bool = False, precompil
   return _Function if fxn is None else _Function(fxn)
 
 
-def Variable(name: str, min_val: int, max_val: int) -> Any:
-  """tinygrad's symbolic Variable(name, min, max) for shapes that change between calls (a KV cache's position).
-  rulec's shapes are concrete for now: calling it raises NotImplementedError (importing it works)."""
-  raise NotImplementedError(f"Variable({name!r}, {min_val}, {max_val}): symbolic shapes are not in rulec yet (issue #33); "
-                            "pass a concrete int (without TinyJit, each value schedules its own kernels)")
+# tinygrad's Variable(name, min, max) is UOp.variable: `.bind(value)` gives it a value. rulec specialises a bound value
+# (a shape or offset given as a bound expression is its int, docs/api.md "Symbolic shapes"); TinyJit keys its
+# captures by the bound values of the arguments, so a replay never runs kernels built for another value.
+Variable = UOp.variable
 
 
 # *** timing and output ***

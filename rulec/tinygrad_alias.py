@@ -68,7 +68,7 @@ def _modules() -> dict[str, types.ModuleType]:
                                  ggml_data_to_tensor=_gguf.ggml_data_to_tensor),
     "tinygrad.uop": _module("tinygrad.uop", "tinygrad.uop", package=True),
     "tinygrad.uop.ops": _module("tinygrad.uop.ops", "tinygrad.uop.ops: rulec's UOp and Ops (rulec's IR, not tinygrad's)",
-                                UOp=UOp, Ops=Ops),
+                                UOp=UOp, Ops=Ops, Variable=UOp, sint=int | UOp),   # (Variable: the type, as tinygrad's)
   }
   for parent, child in [("tinygrad", "tensor"), ("tinygrad", "helpers"), ("tinygrad", "dtype"), ("tinygrad", "device"),
                         ("tinygrad", "engine"), ("tinygrad.engine", "jit"), ("tinygrad", "function"), ("tinygrad", "llm"),

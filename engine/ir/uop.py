@@ -11,7 +11,9 @@ import math
 import weakref
 from typing import Any, Callable, Iterable
 
-from rulec.engine.ir.alu import round_float, wrap
+import numpy as np
+
+from rulec.engine.ir.alu import exec_alu, round_float, wrap
 from rulec.engine.ir.dtypes import DType, dtypes
 from rulec.engine.ir.ops import ALU, BINARY, MOVEMENT, Ops
 
@@ -92,8 +94,9 @@ class UOp:
     return UOp(Ops.BUFFER, dtype, (), (next(_buffer_uids), device, size))
 
   @staticmethod
-  def variable(name: str, lo: int, hi: int, dtype: DType = dtypes.index) -> UOp:
-    return UOp(Ops.DEFINE_VAR, dtype, (), (name, lo, hi))
+  def variable(name: str, min_val: Any, max_val: Any, dtype: DType = dtypes.index) -> UOp:
+    """A named value in [min_val, max_val]: tinygrad's `Variable` (`UOp.variable`); `.bind(v)` gives it a value."""
+    return UOp(Ops.DEFINE_VAR, dtype, (), (name, min_val, max_val))
   @staticmethod
   def range(end: int | UOp, axis: int, kind: str = "loop") -> UOp:
     end = end if isinstance(end, UOp) else UOp.const(dtypes.index, end)
@@ -129,24 +132,28 @@ class UOp:
   def eq(self, x) -> UOp: return self.alu(Ops.CMPEQ, x)
   def maximum(self, x) -> UOp: return self.alu(Ops.MAX, x)
 
-  def __add__(self, x): return self.alu(Ops.ADD, x)
+  def __add__(self, x): return self.alu(Ops.ADD, x) if isinstance(x, _OPERAND) else NotImplemented
   def __radd__(self, x): return self.const_like(x).alu(Ops.ADD, self)
-  def __sub__(self, x): return self.alu(Ops.SUB, x)
+  def __sub__(self, x): return self.alu(Ops.SUB, x) if isinstance(x, _OPERAND) else NotImplemented
   def __rsub__(self, x): return self.const_like(x).alu(Ops.SUB, self)
-  def __mul__(self, x): return self.alu(Ops.MUL, x)
+  def __mul__(self, x): return self.alu(Ops.MUL, x) if isinstance(x, _OPERAND) else NotImplemented
   def __rmul__(self, x): return self.const_like(x).alu(Ops.MUL, self)
-  def __floordiv__(self, x): return self.alu(Ops.IDIV, x)
+  def __floordiv__(self, x): return self.alu(Ops.IDIV, x) if isinstance(x, _OPERAND) else NotImplemented
   def __rfloordiv__(self, x): return self.const_like(x).alu(Ops.IDIV, self)
-  def __mod__(self, x): return self.alu(Ops.MOD, x)
+  def __mod__(self, x): return self.alu(Ops.MOD, x) if isinstance(x, _OPERAND) else NotImplemented
   def __rmod__(self, x): return self.const_like(x).alu(Ops.MOD, self)
-  def __truediv__(self, x): return self.alu(Ops.FDIV, x)
+  def __truediv__(self, x): return self.alu(Ops.FDIV, x) if isinstance(x, _OPERAND) else NotImplemented
   def __neg__(self): return UOp(Ops.NEG, self.dtype, (self,))
   def __and__(self, x): return self.alu(Ops.AND, x)
   def __or__(self, x): return self.alu(Ops.OR, x)
   def __xor__(self, x): return self.alu(Ops.XOR, x)
   def __lshift__(self, x): return self.alu(Ops.SHL, x)
   def __rshift__(self, x): return self.alu(Ops.SHR, x)
-  def __bool__(self): return True
+  def __bool__(self):
+    # a comparison of symbolic values (a Variable, bound or not) is its truth, as in tinygrad (ValueError when the
+    # range does not decide it); every other node is true, so `if u:` tests a node's presence
+    if self.op in _COMPARE and self.dtype is dtypes.bool and self.is_symbolic: return bool(self._eval())
+    return True
 
   # *** movement (static shapes live in arg) ***
 
@@ -269,6 +276,89 @@ class UOp:
 
   def _bounds(self): return self._derive("bounds", _infer_bounds)
 
+  # *** symbolic values: tinygrad's Variable (UOp.variable(name, min, max).bind(value)) ***
+  # The Tensor front end specialises a bound value: a shape, offset or scalar given as a bound expression is its int
+  # (int() / operator.index), so the graph, its schedule and its kernels are built for that value (docs/api.md,
+  # "Symbolic shapes"). Reads of bound values are reported to `BOUND_READS` (TinyJit checks what a capture used).
+
+  def bind(self, val: Any) -> UOp:
+    """This Variable with a value: BIND(var, CONST(val)). AssertionError (tinygrad's) when val is out of range."""
+    if self.op is not Ops.DEFINE_VAR: raise AssertionError(f"op is {self.op}, need Variable")
+    if isinstance(val, UOp): val = int(val)
+    elif isinstance(val, bool) or not hasattr(type(val), "__index__"):
+      raise TypeError(f"bind takes an int, got {type(val).__name__} {val!r}")
+    v = val.__index__()
+    _, lo, hi = self.arg
+    if not lo <= v <= hi: raise AssertionError(f"bind {v} not in range [{lo}, {hi}]")
+    return UOp(Ops.BIND, self.dtype, (self, UOp.const(self.dtype, v)))
+  def unbind(self) -> tuple[UOp, int]:
+    """(the Variable, its value) of a bound Variable."""
+    if self.op is not Ops.BIND: raise AssertionError(f"can't unbind {self}")
+    _read(self)
+    return self.src[0], self.src[1].arg
+  def unbind_all(self) -> tuple[UOp, dict[UOp, int]]:
+    """This expression with each bound Variable replaced by the Variable, and {Variable: value}."""
+    var_vals: dict[UOp, int] = {}
+    new: dict[UOp, UOp] = {}
+    for u in self.toposort(gate=lambda x: x.op is not Ops.BIND):
+      if u.op is Ops.BIND:
+        var, v = u.unbind()
+        if var_vals.get(var, v) != v: raise ValueError(f"{var.arg[0]} is bound to both {var_vals[var]} and {v}")
+        var_vals[var], new[u] = v, var
+      elif u.src: new[u] = u.replace(src=tuple(new[s] for s in u.src))
+      else: new[u] = u
+    return new[self], var_vals
+  def variables(self) -> list[UOp]:
+    """The Variables (DEFINE_VAR nodes) this expression depends on, sorted by name."""
+    return sorted({u for u in self.toposort() if u.op is Ops.DEFINE_VAR}, key=lambda u: u.arg[0])
+  @property
+  def expr(self) -> str:
+    """A Variable's name (of a bound one too)."""
+    if self.op is Ops.BIND: return self.src[0].arg[0]
+    if self.op is not Ops.DEFINE_VAR: raise AssertionError(f"expr is only for a Variable, got {self.op}")
+    return self.arg[0]
+  @property
+  def is_symbolic(self) -> bool:
+    """Whether this is an expression over Variables (bound or not): a Variable, a bound one, or arithmetic on them."""
+    return self._derive("symbolic", _is_symbolic)
+  @property
+  def val(self) -> Any:
+    """A CONST's value, or a bound Variable's (tinygrad 0.14 has it for CONST only)."""
+    if self.op is Ops.CONST: return self.arg
+    if self.op is Ops.BIND: return self.unbind()[1]
+    raise AssertionError(f"val is only for CONST, got {self.op}")
+  def render(self) -> str:
+    """The expression as tinygrad prints it: `(start_pos+1)`, `(start_pos*2)`, `(start_pos<3)`."""
+    return _render_symbolic(self)
+
+  def _eval(self) -> Any:
+    """The value of an expression over constants and bound Variables (ValueError, tinygrad's, if it is not one
+    number: an unbound Variable whose range does not decide it)."""
+    vals: dict[UOp, Any] = {}
+    for u in self.toposort(gate=lambda x: x.op is not Ops.BIND):
+      if u.op is Ops.CONST: vals[u] = u.arg
+      elif u.op is Ops.BIND: vals[u] = u.unbind()[1]
+      elif u.op in ALU and all(s in vals for s in u.src) and (u.op is not Ops.FDIV or u.dtype.kind == "f"):
+        try: vals[u] = exec_alu(u.op, u.dtype, [vals[s] for s in u.src])
+        except (ZeroDivisionError, KeyError, TypeError): pass
+      elif u.op is Ops.CAST and u.src[0] in vals: vals[u] = _as_dtype(vals[u.src[0]], u.dtype)
+    if self in vals: return vals[self]
+    lo, hi = self.vmin, self.vmax
+    if lo == hi: return lo
+    unbound = [u.arg[0] for u in self.variables() if not any(b.src[0] is u for b in self.toposort() if b.op is Ops.BIND)]
+    hint = f" (Variable {', '.join(unbound)} is not bound: .bind(value) it)" if unbound else ""
+    raise ValueError(f"eval failed to be a single number, range is {lo} to {hi} in {self.render()}{hint}")
+  def __int__(self) -> int:
+    if self.dtype.kind not in "iux": raise TypeError(f"int() of a {self.dtype.name} value {self.render()}")
+    return int(self._eval())
+  def __index__(self) -> int: return self.__int__()
+  # comparisons build CMPLT nodes, as tinygrad's (`==` stays identity: UOps are dict keys; `!=` too, unlike tinygrad)
+  def __lt__(self, x): return self.alu(Ops.CMPLT, x) if isinstance(x, _OPERAND) else NotImplemented
+  def __gt__(self, x):
+    return (x if isinstance(x, UOp) else self.const_like(x)).alu(Ops.CMPLT, self) if isinstance(x, _OPERAND) else NotImplemented
+  def __le__(self, x): return self.__gt__(x).alu(Ops.CMPNE, True) if isinstance(x, _OPERAND) else NotImplemented
+  def __ge__(self, x): return self.__lt__(x).alu(Ops.CMPNE, True) if isinstance(x, _OPERAND) else NotImplemented
+
   # *** printing ***
 
   def __repr__(self) -> str: return render(self)
@@ -358,6 +448,7 @@ def _op_bounds(u: UOp):
   op, src = u.op, u.src
   if op is Ops.CONST: return (wrap(u.arg, u.dtype),) * 2 if u.dtype.kind in "iux" and isinstance(u.arg, int) else (u.arg, u.arg)
   if op is Ops.DEFINE_VAR: return (u.arg[1], u.arg[2])
+  if op is Ops.BIND: return src[0]._get_memo()["bounds"]   # (the Variable's range: a bound value is not a constant)
   if op is Ops.RANGE:
     hi = src[0]._get_memo()["bounds"][1]
     return (0, hi - 1 if isinstance(hi, int) else hi)
@@ -390,6 +481,48 @@ def _op_bounds(u: UOp):
   d = u.dtype
   if d.kind == "f" or d.kind == "v": return (-math.inf, math.inf)
   return (d.min(), d.max())
+
+
+# *** symbolic values ***
+
+# what UOp arithmetic takes as its other operand; anything else (a Tensor) gets NotImplemented, so Python asks it
+_OPERAND = (UOp, int, float, np.generic)
+
+_COMPARE = frozenset({Ops.CMPLT, Ops.CMPNE, Ops.CMPEQ})
+
+# TinyJit pushes a set here while it captures; every read of a bound value (int() of a bound expression, unbind(),
+# .val) adds the BIND node to the innermost set, so a capture knows which bound values its kernels were built for
+BOUND_READS: list[set] = []
+
+
+def _read(bind: UOp) -> None:
+  if BOUND_READS: BOUND_READS[-1].add(bind)
+
+
+def _is_symbolic(u: UOp) -> bool:
+  return u.op in (Ops.DEFINE_VAR, Ops.BIND) or any(s._get_memo()["symbolic"] for s in u.src)
+
+
+_TG_SUGAR = {Ops.ADD: "+", Ops.MUL: "*", Ops.IDIV: "//", Ops.MOD: "%", Ops.CMPLT: "<", Ops.CMPNE: "!=", Ops.CMPEQ: "==",
+             Ops.AND: "&", Ops.OR: "|", Ops.XOR: "^", Ops.SHL: "<<", Ops.SHR: ">>"}
+
+
+def _render_symbolic(u: UOp) -> str:
+  """tinygrad's rendering of an index expression: variables by name, a bound one too, `(a+b)`, `(a+-1)`."""
+  if u.op is Ops.CONST: return str(u.arg)
+  if u.op is Ops.DEFINE_VAR: return str(u.arg[0])
+  if u.op is Ops.BIND: return str(u.src[0].arg[0])
+  if u.op is Ops.SUB and len(u.src) == 2:
+    b = u.src[1]
+    rb = str(-b.arg) if b.op is Ops.CONST and isinstance(b.arg, (int, float)) else f"({_render_symbolic(b)}*-1)"
+    return f"({_render_symbolic(u.src[0])}+{rb})"
+  if u.op is Ops.NEG: return f"({_render_symbolic(u.src[0])}*-1)"
+  if u.op is Ops.MAX: return f"max({_render_symbolic(u.src[0])}, {_render_symbolic(u.src[1])})"
+  if u.op in _TG_SUGAR and len(u.src) == 2:
+    a, b = u.src
+    if u.op in (Ops.ADD, Ops.MUL) and a.op is Ops.CONST and b.op is not Ops.CONST: a, b = b, a   # (tinygrad's order)
+    return f"({_render_symbolic(a)}{_TG_SUGAR[u.op]}{_render_symbolic(b)})"
+  return render(u)
 
 
 # *** printing in .rules syntax ***

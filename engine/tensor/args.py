@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from rulec.engine.ir.dtypes import DTYPE_ALIASES, DType, dtypes
+from rulec.engine.ir.uop import UOp
 from rulec.runtime.buffer import np_dtype
 from rulec.runtime.devices import DEVICES, canonical_device, default_device
 
@@ -171,6 +172,22 @@ def broadcast_shapes(*shapes: tuple[int, ...]) -> tuple[int, ...]:
       raise ValueError(f"shapes {' and '.join(str(tuple(s)) for s in shapes)} cannot be broadcast together")
     out.append(big.pop() if big else 1)
   return tuple(out)
+
+
+def specialise(v: Any) -> Any:
+  """A bound symbolic value (tinygrad's `Variable(...).bind(n)`, or an int expression of bound Variables) as its
+  Python int; anything else unchanged. rulec builds graphs, schedules and kernels for the value (docs/api.md,
+  "Symbolic shapes"); an unbound Variable raises ValueError (tinygrad's class) naming it."""
+  if isinstance(v, UOp) and v.is_symbolic: return int(v) if v.dtype.kind in "iux" else bool(v) if v.dtype.kind == "b" else v
+  return v
+
+
+def specialise_index(it: Any) -> Any:
+  """An index item with bound symbolic values (an int, a slice's start, stop and step) specialised to ints."""
+  if isinstance(it, UOp): return specialise(it)
+  if isinstance(it, slice) and any(isinstance(x, UOp) for x in (it.start, it.stop, it.step)):
+    return slice(specialise(it.start), specialise(it.stop), specialise(it.step))
+  return it
 
 
 def int_arg(v: Any, what: str) -> int:

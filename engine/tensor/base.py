@@ -117,6 +117,7 @@ class TensorBase:
       self.uop, self.device = t.uop, t.device
       return
     dev = canon_device(device)
+    if isinstance(data, UOp) and data.is_symbolic: data = int(data)   # (a bound Variable: a 0-d tensor of its value)
     if isinstance(data, UOp):
       self.uop, self.device = (data if dt is None else data.cast(dt)), dev
       return

@@ -13,7 +13,7 @@ import numpy as np
 
 from rulec.engine.ir.dtypes import dtypes
 from rulec.engine.tensor.args import (canon_device, cast_scalar, from_numpy_dtype, int_arg,
-                                shape_arg, to_dtype)
+                                shape_arg, specialise, to_dtype)
 from rulec.engine.tensor.uops import alu, const
 from rulec.engine.ir.ops import Ops
 from rulec.engine.ir.uop import UOp, prod
@@ -78,6 +78,7 @@ class CreationMixin:
     two `Tensor.zeros(3)` used as two parameters get a gradient each; UOps are hash-consed, and untagged the two
     would be one node."""
     shape = _shape(shape if isinstance(shape, (tuple, list)) else (shape,))
+    fill_value = specialise(fill_value)
     if dtype is not None: dt = to_dtype(dtype)
     elif isinstance(fill_value, np.generic): dt = from_numpy_dtype(fill_value.dtype)
     elif isinstance(fill_value, bool): dt = dtypes.bool
@@ -132,6 +133,7 @@ class CreationMixin:
   def arange(cls, start: Any, stop: Any = None, step: Any = 1, dtype: Any = None, device: str | None = None) -> Tensor:
     """arange(start, stop=None, step=1, dtype=None): start, start+step, ... below stop. Ints give int32, or int64
     when a value does not fit int32 (tinygrad); any float gives float32. Values are start + i*step."""
+    start, stop, step = specialise(start), specialise(stop), specialise(step)   # (bound Variables: their values)
     if stop is None: start, stop = 0, start
     for v, name in ((start, "start"), (stop, "stop"), (step, "step")):
       if not _is_num(v): raise TypeError(f"arange {name} must be a number, got {v!r}")

@@ -9,7 +9,7 @@ import numpy as np
 from rulec.engine.ir.dtypes import dtypes
 from rulec.engine.ir.ops import ALU, BINARY, UNARY, Ops
 from rulec.engine.tensor.args import (DTypeError, broadcast_shapes, is_py_scalar, promote_types,
-                                scalar_of, to_dtype, weak_dtype)
+                                scalar_of, specialise, to_dtype, weak_dtype)
 from rulec.engine.tensor.uops import (alu, bcast, cmp, const, u_abs, u_ceil, u_cos, u_exp, u_floor, u_log,
                                 u_maximum, u_neg, u_sigmoid, u_sin, u_tanh)
 from rulec.engine.tensor.base import TensorBase
@@ -29,7 +29,7 @@ class ElementwiseMixin:
       dt = promote_types(self.dtype, other.dtype)
       shape = broadcast_shapes(self.shape, other.shape)
       x, y = bcast(self.uop.cast(dt), shape), bcast(other.uop.cast(dt), shape)
-    elif is_py_scalar(other):
+    elif is_py_scalar(other := specialise(other)):   # (a bound Variable is its value, a weak int)
       dt = weak_dtype(self.dtype, other)
       x = self.uop.cast(dt)
       y = x.const_like(scalar_of(other, dt))

@@ -12,7 +12,7 @@ import numpy as np
 from rulec.engine.ir.dtypes import dtypes
 from rulec.engine.ir.ops import Ops
 from rulec.engine.tensor.args import (AxisError, DefaultInt, DuplicateAxisError, ShapeError, alias_arg, cast_scalar, int_arg, is_py_scalar, norm_axes,
-                                norm_axis, norm_new_axis, pair_arg, promote_types, shape_arg, weak_dtype)
+                                norm_axis, norm_new_axis, pair_arg, promote_types, shape_arg, specialise, specialise_index, weak_dtype)
 from rulec.engine.tensor.uops import (alu, bcast, const, take_every)
 from rulec.engine.tensor.base import TensorBase, is_advanced_index
 from rulec.engine.ir.uop import UOp, prod
@@ -146,8 +146,9 @@ class MovementMixin:
   def _pad_pairs(self, padding: Any) -> tuple[tuple[int, int], ...]:
     """pad's padding argument as one (before, after) pair per axis."""
     nd = self.ndim
+    padding = specialise(padding)
     if isinstance(padding, (int, np.integer)) and not isinstance(padding, bool): return ((int(padding),) * 2,) * nd
-    pads = tuple(padding)
+    pads = tuple(specialise(p) for p in padding)
     if all(isinstance(p, (int, np.integer)) for p in pads):   # flat, torch style: last axis first
       if len(pads) % 2: raise ValueError(f"pad: flat padding must have an even number of pads, got {pads}")
       if len(pads) > 2 * nd: raise ValueError(f"pad: padding length is improper: {pads} for a tensor of shape {self.shape}")
@@ -201,6 +202,7 @@ class MovementMixin:
     """Indexing: ints (negative ok), slices (any step), None and one Ellipsis; integer or boolean Tensors (and
     lists of them) go to advanced indexing (engine/tensor/indexing.py)."""
     items = idx if isinstance(idx, tuple) else (idx,)
+    items = tuple(specialise_index(it) for it in items)   # (bound Variables: their values)
     if any(is_advanced_index(it) for it in items): return self._getitem_advanced(items)
     for it in items:
       if it is None or it is Ellipsis or isinstance(it, slice): continue
