@@ -66,6 +66,8 @@ def is_advanced_index(it: Any) -> bool:
 
 # every live Tensor: realizing one graph updates every tensor whose graph holds what was realized
 _LIVE: weakref.WeakSet = weakref.WeakSet()
+# (the histories keep only what can still lead a gradient to one of these: engine/tensor/history.py's prune)
+_history.live_values = lambda: [t.uop for t in list(_LIVE)]
 
 
 
