@@ -40,9 +40,22 @@ class DTypeError(TypeError, ValueError, RuntimeError):
   RuntimeError, numpy TypeError or ValueError."""
 
 
+class ArgError(ValueError, RuntimeError):
+  """An argument value the operation refuses (roll's shifts and dims of different lengths, unfold's step, meshgrid's
+  indexing, einsum's second '...'): tinygrad and torch raise RuntimeError, numpy and older rulec ValueError."""
+
+
 class ShapeError(ValueError, RuntimeError):
   """Shapes that do not fit the operation. tinygrad raises RuntimeError for these and numpy ValueError, so both
   `except` clauses catch it."""
+
+
+class ShapeArgError(TypeError, ValueError):
+  """A shape argument mixing a tuple with more dimensions: tinygrad raises ValueError, older rulec TypeError."""
+
+
+class ZeroDimError(ShapeError, IndexError):
+  """A zero-dimensional tensor where an axis is needed (cat): tinygrad raises IndexError."""
 
 
 def _unknown(d: Any) -> str:
@@ -226,8 +239,11 @@ def norm_axes(axis: Any, ndim: int) -> tuple[int, ...]:
 
 
 def shape_arg(shape: tuple, what: str) -> tuple[int, ...]:
-  """A shape given as ints or as one tuple/list."""
+  """A shape given as ints or as one tuple/list (a tuple among other arguments, `kaiming_uniform((3, 3), 3)`, is
+  ShapeArgError: tinygrad's ValueError, older rulec's TypeError)."""
   if len(shape) == 1 and isinstance(shape[0], (tuple, list)): shape = tuple(shape[0])
+  elif any(isinstance(s, (tuple, list)) for s in shape):
+    raise ShapeArgError(f"{what}: give the dimensions as ints or as one tuple, not both: {shape!r}")
   out = tuple(int_arg(s, f"{what} dimension") for s in shape)
   return out
 

@@ -296,10 +296,23 @@ class ElementwiseMixin:
     return self._float_keep(u_ceil, True)
 
   def abs(self) -> Tensor:
-    """abs(): absolute value (bools and unsigned ints unchanged)."""
+    """abs(): absolute value (bools and unsigned ints unchanged). Its gradient is sign(self), as tinygrad's and
+    torch's: 0 at +-0.0 (an odd or even function built from |x| uses _abs_odd, whose gradient there is 1)."""
     if self.dtype.is_bool or self.dtype.is_unsigned: return self
-    return self._new(u_abs(self.uop))
+    if not self.dtype.is_float: return self._new(u_abs(self.uop))
+    u = self.uop
+    return self._new(UOp(Ops.WHERE, u.dtype, (cmp(Ops.CMPNE, u, u.const_like(0)), u_abs(u), u.const_like(0.0))))
   __abs__ = abs
+
+  def _abs_bits(self) -> Tensor:
+    """|self| by the sign bit (abs(-0.0) is +0.0), with gradient -1 where the sign bit is set (-0.0 too), else 1:
+    for values whose sign is put back by the sign bit (fmod)."""
+    return self._new(u_abs(self.uop))
+
+  def _abs_odd(self) -> Tensor:
+    """|self| by comparison: -self where self < 0, else self (-0.0 stays -0.0), with gradient -1 there, else 1:
+    for odd functions built as _odd(r(|x|)) (atan, asinh, erf, ...), so that their gradient at 0 is r'(0)."""
+    return (self < 0).where(-self, self)
 
   def relu(self) -> Tensor:
     """relu(): self where it is positive, else 0 (NaN stays NaN); a bool tensor becomes int32 (tinygrad).

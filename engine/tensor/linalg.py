@@ -70,7 +70,7 @@ def _jacobi_round(X: Tensor, m: int, h: int) -> Tensor:
   rot = gamma != 0
   zeta = (beta - alpha) / (2 * rot.where(gamma, 1))
   # the smaller root of t^2 + 2 zeta t - 1 = 0: the rotation by at most 45 degrees
-  t = (zeta >= 0).where(1, -1) / (zeta.abs() + (1 + zeta.square()).sqrt())
+  t = (zeta >= 0).where(1, -1) / (zeta._abs_bits() + (1 + zeta.square()).sqrt())
   # (contiguous: the rotations and the new X each in a kernel of their own, so the scheduler need not weigh
   # what to store in every round, and the rounds are not recomputed from one another)
   t = rot.where(t, 0).contiguous()
@@ -118,7 +118,7 @@ class LinalgMixin:
       norm = x.square().sum(-2, keepdim=True).sqrt()
       sgn = (x0 < 0).where(-1, 1).cast(a.dtype)
       u = x + (rows == i).where(sgn * norm, 0)   # H = I - 2 u u^T / (u^T u), and u^T u = 2 norm (norm + |x0|)
-      half = norm * (norm + x0.abs())
+      half = norm * (norm + x0._abs_bits())
       w = (half > 0).where(u / (half > 0).where(half, 1), 0)   # a zero column: no reflection
       R = R - w @ (_mT(u) @ R)
       Q = Q - (Q @ u) @ _mT(w)

@@ -89,8 +89,13 @@ class MathMixin:
     tinygrad 0.14 returns self where x is 0.0; here it is NaN as in numpy and torch."""
     a, b = self._operands(x, "fmod")
     if a.dtype.is_bool: a, b = a.cast(dtypes.int8), b.cast(dtypes.int8)
-    m = a.abs() % b.abs()   # both non-negative: floor and C remainder agree, and the result is exact
-    return m.copysign(a) if a.dtype.is_float else (a < 0).where(-m, m)
+    # both non-negative: floor and C remainder agree, and the result is exact. The sign goes back by the sign bit,
+    # and |a| by the sign bit too, so the gradient with respect to a is 1 everywhere (0.0 and -0.0 included)
+    if not a.dtype.is_float:
+      m = a.abs() % b.abs()
+      return (a < 0).where(-m, m)
+    m = a._abs_bits() % b._abs_bits()
+    return a._sign_bit().where(-m, m)
 
   def neg(self) -> Tensor:
     """-self; of a bool tensor, its logical not (as tinygrad: `-` itself refuses bools)."""
@@ -139,10 +144,15 @@ class MathMixin:
     a, b = self._operands(other, "copysign")
     if a.dtype.is_bool: a, b = a.cast(dtypes.default_float), b.cast(dtypes.default_float)
     if not a.dtype.is_float: return (b < 0).where(-a.abs(), a.abs())
-    idt = {2: dtypes.int16, 4: dtypes.int32, 8: dtypes.int64}[a.dtype.itemsize]
-    sign = -(1 << (8 * a.dtype.itemsize - 1))   # the sign bit, as a signed integer of that size
-    negative = (b.bitcast(idt) & sign) != 0   # the sign bit (bits, so no gradient flows to other)
-    return negative.where(-a.abs(), a.abs())   # a gradient flows to self through abs
+    # the sign bit (bits, so no gradient flows to other); self's gradient is +-sign(self) through abs: 0 at +-0.0,
+    # as tinygrad's and torch's
+    return b._sign_bit().where(-a.abs(), a.abs())
+
+  def _sign_bit(self) -> Tensor:
+    """True where a float's sign bit is set (-0.0 and negative NaNs included); no gradient flows through it."""
+    idt = {2: dtypes.int16, 4: dtypes.int32, 8: dtypes.int64}[self.dtype.itemsize]
+    sign = -(1 << (8 * self.dtype.itemsize - 1))   # the sign bit, as a signed integer of that size
+    return (self.bitcast(idt) & sign) != 0
 
   def lerp(self, end: Any, weight: Any) -> Tensor:
     """self + (end - self) * weight."""
@@ -262,7 +272,7 @@ class MathMixin:
     return self._in_float(lambda x: x.sin() / x.cos())
 
   def _atan(self) -> Tensor:
-    a = self.abs()
+    a = self._abs_odd()
     f64 = self.dtype is dtypes.float64
     big, mid = a > 2.414213562373095, a > (0.66 if f64 else 0.4142135623730950)
     # reduce to |t| small: atan(a) = pi/2 + atan(-1/a) for large a, pi/4 + atan((a-1)/(a+1)) in between
@@ -289,7 +299,7 @@ class MathMixin:
     return self._in_float(lambda x: ((1 - x) / (1 + x)).sqrt()._atan() * 2)
 
   def _sinh_cosh(self, odd: bool) -> Tensor:
-    a = self.abs()
+    a = self._abs_odd()
     e = (a - math.log(2.0)).exp()   # e^a / 2, which does not overflow before the result does
     q = 0.25 / e
     if not odd: return e + q
@@ -315,33 +325,46 @@ class MathMixin:
   def asinh(self) -> Tensor:
     """Inverse hyperbolic sine."""
     def f(x):
-      a = x.abs()
+      a = x._abs_odd()
       s = a.minimum(x._big())
       near = (s + s * s / (1 + (s * s + 1).sqrt()))._log1p()
       return x._odd((a > x._big()).where(a.maximum(1.0).log() + math.log(2.0), near))
     return self._in_float(f)
 
   def acosh(self) -> Tensor:
-    """Inverse hyperbolic cosine; NaN below 1."""
+    """Inverse hyperbolic cosine; NaN below 1. The gradient is 1 / sqrt(x^2 - 1) everywhere, as torch's and
+    tinygrad's: inf at 1 and -1, NaN between them, finite below -1 (where the value is NaN)."""
     def f(x):
       t = (x.clip(1.0, x._big()) - 1)
-      near = (t + (t * (t + 2)).sqrt())._log1p()
+      # sqrt(t) * sqrt(t + 2), not sqrt(t * (t + 2)): at t = 0 the gradient is inf, not inf * 0
+      near = (t + t.sqrt() * (t + 2).sqrt())._log1p()
       r = (x > x._big()).where(x.maximum(1.0).log() + math.log(2.0), near)
-      return (x < 1).where(math.nan, r)
+      below = x < 1
+      return below.where(x._nan_with_grad(below.where(1 / (x * x - 1).sqrt(), 0.0)), r)
     return self._in_float(f)
 
   def atanh(self) -> Tensor:
-    """Inverse hyperbolic tangent; +-inf at +-1, NaN outside [-1, 1]."""
+    """Inverse hyperbolic tangent; +-inf at +-1, NaN outside [-1, 1].
+
+    Outside, the gradient is 1 / (1 - x^2), as torch's and tinygrad's (NaN at +-1, as tinygrad's)."""
     def f(x):
-      a = x.abs()
-      return x._odd((a * 2 / (1 - a))._log1p() * 0.5)
+      out = x._abs_odd() > 1
+      xs = out.where(0.0, x)   # the branch not taken sees 0, not a value whose local gradient is NaN
+      a = xs._abs_odd()
+      return out.where(x._nan_with_grad(out.where(1 / (1 - x * x), 0.0)), xs._odd((a * 2 / (1 - a))._log1p() * 0.5))
     return self._in_float(f)
+
+  def _nan_with_grad(self, d: Tensor) -> Tensor:
+    """NaN, with gradient d (d itself is not differentiated): (self - self.detach()) is 0 with gradient 1. For a
+    function's gradient where its value is NaN (outside its domain) but torch and tinygrad define a gradient. d must
+    be finite where this is a branch a where does not take (the 0 flowing there times an infinite d is NaN)."""
+    return (self - self.detach()) * d.detach() + math.nan
 
   # *** other elementwise math ***
 
   def _erf(self) -> Tensor:
     split, n_series, n_cf = ERF_SPLIT[8 if self.dtype is dtypes.float64 else 4]
-    a = self.abs()
+    a = self._abs_odd()
     s = a.minimum(split)
     coeffs = [(-1) ** k / (math.factorial(k) * (2 * k + 1)) for k in range(n_series, -1, -1)]
     series = s * _horner(s * s, coeffs) * (2 / math.sqrt(math.pi))
@@ -368,9 +391,10 @@ class MathMixin:
     return up.where(f + 1, f)
 
   def sign(self) -> Tensor:
-    """-1, 0 or 1 by the sign of self in its dtype; NaN stays NaN, -0.0 stays -0.0 (tinygrad 0.14 gives 1 for NaN)."""
+    """-1, 0 or 1 by the sign of self in its dtype; NaN stays NaN, -0.0 stays -0.0 (tinygrad 0.14 gives 1 for NaN).
+    Its gradient is 0 everywhere, as tinygrad's and torch's (where self is 0 or NaN the value is self * 0.0)."""
     if self.dtype.is_bool: return self
-    if self.dtype.is_float: return (self > 0).where(1.0, (self < 0).where(-1.0, self)).cast(self.dtype)
+    if self.dtype.is_float: return (self > 0).where(1.0, (self < 0).where(-1.0, self * 0.0)).cast(self.dtype)
     return (self > 0).cast(self.dtype) - (self < 0).cast(self.dtype)
 
   def isnan(self) -> Tensor:

@@ -11,7 +11,7 @@ import numpy as np
 
 from rulec.engine.ir.dtypes import dtypes
 from rulec.engine.ir.ops import Ops
-from rulec.engine.tensor.args import (AxisError, DefaultInt, DuplicateAxisError, ShapeError, alias_arg, cast_scalar, int_arg, is_py_scalar, norm_axes,
+from rulec.engine.tensor.args import (AxisError, DefaultInt, DuplicateAxisError, ShapeError, ZeroDimError, alias_arg, cast_scalar, int_arg, is_py_scalar, norm_axes,
                                 norm_axis, norm_new_axis, pair_arg, promote_types, shape_arg, specialise, specialise_index, weak_dtype)
 from rulec.engine.tensor.uops import (alu, bcast, const, take_every)
 from rulec.engine.tensor.base import TensorBase, is_advanced_index
@@ -124,9 +124,14 @@ class MovementMixin:
     (torch's form: `(1, 2, 0, 1)`), or one (before, after) pair or None per axis (`((0, 1), (1, 2))`); rulec also
     takes one int for every side. mode is 'constant' (fill with value; a Python float on an int tensor makes
     it float32, as in tinygrad), 'reflect' (mirror without the edge, like np.pad's 'reflect'), 'replicate'
-    (np.pad's 'edge') or 'circular' (np.pad's 'wrap'); crops happen before the padding."""
+    (np.pad's 'edge') or 'circular' (np.pad's 'wrap'). A crop and a pad on one axis: 'reflect' and 'replicate' pad
+    from the whole axis and crop after (so the padding may mirror what is cropped, as tinygrad's and torch's);
+    'constant' and 'circular' crop first."""
     if mode not in _PAD_MODES: raise NotImplementedError(f"pad mode={mode!r} is not supported; modes: {', '.join(_PAD_MODES)}")
     pads = self._pad_pairs(padding)
+    if mode in ("reflect", "replicate") and any(min(p) < 0 < max(p) for p in pads):
+      pos = tuple((max(b, 0), max(a, 0)) for b, a in pads)
+      return self._pad_views(pos, mode).pad(tuple((min(b, 0), min(a, 0)) for b, a in pads))
     sh = self.shape
     for i, ((b, a), d) in enumerate(zip(pads, sh)):
       if min(b, 0) + min(a, 0) + d < 0: raise ShapeError(f"pad: cropping {pads[i]} is more than axis {i} of shape {sh} holds")
@@ -203,7 +208,8 @@ class MovementMixin:
     lists of them) go to advanced indexing (engine/tensor/indexing.py)."""
     items = idx if isinstance(idx, tuple) else (idx,)
     items = tuple(specialise_index(it) for it in items)   # (bound Variables: their values)
-    if any(is_advanced_index(it) for it in items): return self._getitem_advanced(items)
+    # a tuple inside the index is an index array, as a list is (numpy, tinygrad): x[(0,), j, ...], x[((0,),)]
+    if any(is_advanced_index(it) or isinstance(it, tuple) for it in items): return self._getitem_advanced(items)
     for it in items:
       if it is None or it is Ellipsis or isinstance(it, slice): continue
       if isinstance(it, (bool, np.bool_)): raise TypeError("indexing with booleans is not supported")
@@ -251,13 +257,13 @@ class MovementMixin:
     """cat(*args, dim=0): self and args joined along dim (`a.cat(b, c, dim=1)`, `Tensor.cat(a, b)`, and rulec's
     `Tensor.cat([a, b])`); dtypes are promoted; `axis=` is an alias of dim."""
     a = alias_arg(dim, axis, "dim", "axis", "cat")
-    ts = (list(self) if isinstance(self, (list, tuple)) else [self]) + list(args)
+    ts = _tensor_list(self, args, "cat")
     for t in ts:
       if not isinstance(t, TensorBase): raise TypeError(f"cat takes Tensors, got {type(t).__name__}")
       ts[0]._same_device(t)
     nd = ts[0].ndim
     shapes = [t.shape for t in ts]
-    if nd == 0: raise ShapeError("zero-dimensional tensors cannot be concatenated")
+    if nd == 0: raise ZeroDimError("zero-dimensional tensors cannot be concatenated")
     a = norm_axis(a, nd)
     for s in shapes:
       if len(s) != nd or any(s[i] != shapes[0][i] for i in range(nd) if i != a):
@@ -275,7 +281,7 @@ class MovementMixin:
   def stack(self, *args: Tensor, dim: int = _ZERO, axis: Any = None) -> Tensor:
     """stack(*args, dim=0): self and args (of one shape) joined along a new axis dim; `axis=` is an alias."""
     a = alias_arg(dim, axis, "dim", "axis", "stack")
-    ts = (list(self) if isinstance(self, (list, tuple)) else [self]) + list(args)
+    ts = _tensor_list(self, args, "stack")
     for t in ts:
       if not isinstance(t, TensorBase): raise TypeError(f"stack takes Tensors, got {type(t).__name__}")
     shapes = [t.shape for t in ts]
@@ -286,3 +292,12 @@ class MovementMixin:
 
 
 _PAD_MODES = ("constant", "reflect", "replicate", "circular")
+
+
+def _tensor_list(first: Any, args: tuple, name: str) -> list:
+  """cat's and stack's tensors: given one by one, or as one list or tuple, not both (tinygrad's ValueError: in
+  `Tensor.stack((a, b), c)` c is the dim, in torch's order, not a third tensor)."""
+  if isinstance(first, (list, tuple)):
+    if args: raise ValueError(f"{name}: pass the tensors one by one or as one list, not a list and then {len(args)} more")
+    return list(first)
+  return [first] + list(args)

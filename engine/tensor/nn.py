@@ -12,7 +12,7 @@ import numpy as np
 
 from rulec.engine.ir.dtypes import dtypes
 from rulec.engine.ir.ops import Ops
-from rulec.engine.tensor.args import (ShapeError, broadcast_shapes, int_arg, lowest, norm_axes, norm_axis, promote_types,
+from rulec.engine.tensor.args import (ArgError, ShapeError, broadcast_shapes, int_arg, lowest, norm_axes, norm_axis, promote_types,
                                 to_dtype)
 from rulec.engine.tensor.uops import (alu, bcast, window)
 from rulec.engine.tensor.base import TensorBase
@@ -70,6 +70,8 @@ def _einsum_parse(formula: str, ndims: list[int]) -> tuple[list[list[str]], list
   lhs, rhs = f.split("->") if "->" in f else (f, None)
   parts = lhs.split(",")
   if len(parts) != len(ndims): raise ValueError(f"einsum: {formula!r} names {len(parts)} operands, {len(ndims)} given")
+  for p in parts + ([rhs] if rhs is not None else []):
+    if p.count("...") > 1: raise ArgError(f"einsum: {p!r} in {formula!r} has more than one '...'")
   n_ell = max([nd - len(p.replace("...", "")) for p, nd in zip(parts, ndims) if "..." in p], default=0)
   ell = [chr(0x100 + i) for i in range(n_ell)]
   def letters(p: str, nd: int | None) -> list[str]:
@@ -237,10 +239,15 @@ class NNMixin:
     return x if bias is None else x + fit(bias)
 
   def normalize(self, p: float = 2.0, dim: int = 1, eps: float = 1e-12) -> Tensor:
-    """normalize(p=2.0, dim=1, eps=1e-12): x / max(||x||_p over dim, eps) (torch's F.normalize)."""
+    """normalize(p=2.0, dim=1, eps=1e-12): x / max(||x||_p over dim, eps) (torch's F.normalize). As torch's norm,
+    p=0 counts the nonzero elements (tinygrad too), p=inf takes the largest |x| and p=-inf the smallest."""
     a = norm_axis(dim, self.ndim)
     x = self if self.dtype.is_float else self.float()
-    n = x.square().sum(a, keepdim=True).sqrt() if p == 2 else (x.abs() ** p).sum(a, keepdim=True) ** (1 / p)
+    if p == 2: n = x.square().sum(a, keepdim=True).sqrt()
+    elif p == 0: n = (x != 0).sum(a, keepdim=True, dtype=x.dtype)
+    elif p == math.inf: n = x.abs().max(a, keepdim=True)
+    elif p == -math.inf: n = x.abs().min(a, keepdim=True)
+    else: n = (x.abs() ** p).sum(a, keepdim=True) ** (1 / p)
     return x / n.maximum(eps)
 
   def dropout(self, p: float = 0.5) -> Tensor:
@@ -414,11 +421,13 @@ class NNMixin:
       raise ValueError(f"interpolate: only supports linear, nearest or nearest-exact, got mode={mode!r}")
     size = tuple(int_arg(v, "interpolate size") for v in size)
     if len(size) > self.ndim: raise ShapeError(f"interpolate: size {size} has more axes than shape {self.shape}")
-    x = self
-    for i, out in enumerate(size):
-      a = self.ndim - len(size) + i
-      x = x._resize_axis(a, out, mode, align_corners)
-    return x
+    # the last axis first, as tinygrad and torch; an integer tensor is resized in float32 and truncated once at the
+    # end (tinygrad), except uint8, which rounds each axis's result to the nearest integer (half up), as torch and
+    # tinygrad do for images
+    x = self if mode != "linear" or self.dtype.is_float or self.dtype is dtypes.uint8 else self.float()
+    for i in reversed(range(len(size))):
+      x = x._resize_axis(self.ndim - len(size) + i, size[i], mode, align_corners)
+    return x.cast(self.dtype)
 
   def _resize_axis(self, a: int, out: int, mode: str, align_corners: bool) -> Tensor:
     """One axis resized by a (out, in) weight matrix built lazily from aranges, contracted along the axis."""
@@ -438,7 +447,8 @@ class NNMixin:
       fi = i.float()
       w = (fi == i0).where(1 - frac, 0.0) + (fi == i1).where(frac, 0.0)
     x = self.movedim(a, -1)
-    if mode == "linear" and not self.dtype.is_float: r = (x.float().unsqueeze(-2) * w).sum(-1).cast(self.dtype)
+    if mode == "linear" and not self.dtype.is_float:   # uint8 (interpolate): to the nearest integer, half up
+      r = ((x.float().unsqueeze(-2) * w).sum(-1) + 0.5).floor().cast(self.dtype)
     elif mode == "linear": r = (x.unsqueeze(-2) * w.cast(self.dtype)).sum(-1)
     else: r = w.where(x.unsqueeze(-2), False if self.dtype.is_bool else 0).sum(-1, dtype=self.dtype) if not self.dtype.is_bool \
       else w.where(x.unsqueeze(-2), False).any(-1)

@@ -8,7 +8,7 @@ import re
 from typing import TYPE_CHECKING, Any
 
 from rulec.engine.ir.ops import Ops
-from rulec.engine.tensor.args import ShapeError, int_arg, norm_axes, norm_axis, shape_arg
+from rulec.engine.tensor.args import ArgError, DuplicateAxisError, ShapeError, int_arg, norm_axes, norm_axis, shape_arg
 from rulec.engine.tensor.uops import bcast, window
 from rulec.engine.ir.uop import UOp, prod
 
@@ -77,7 +77,7 @@ class ShapeMixin:
     if dims is None: return self.flatten().roll(shifts, 0).reshape(self.shape)
     sh_list, dim_list = _axis_list(shifts), _axis_list(dims)
     if len(sh_list) != len(dim_list):
-      raise ValueError(f"roll: {len(sh_list)} shifts {shifts!r} for {len(dim_list)} dims {dims!r}")
+      raise ArgError(f"roll: {len(sh_list)} shifts {shifts!r} for {len(dim_list)} dims {dims!r}")
     u = self.uop
     for s, d in zip(sh_list, dim_list):
       a, s = norm_axis(d, self.ndim), int_arg(s, "roll shift")
@@ -131,7 +131,7 @@ class ShapeMixin:
     a = norm_axis(dim, self.ndim)
     size, step = int_arg(size, "unfold size"), int_arg(step, "unfold step")
     n = self.shape[a]
-    if step <= 0: raise ValueError(f"unfold: step must be > 0, got {step}")
+    if step <= 0: raise ArgError(f"unfold: step must be > 0, got {step}")
     if not 0 <= size <= n: raise ShapeError(f"unfold: size {size} does not fit axis {a} of length {n} (shape {self.shape})")
     if size == 0 or n == 0:  # no elements to read: only the shape matters
       sh = self.shape[:a] + ((n - size) // step + 1,) + self.shape[a + 1:] + (size,)
@@ -153,7 +153,7 @@ class ShapeMixin:
     """diagonal(offset=0, dim1=0, dim2=1): the diagonal over axes dim1, dim2, as a new last axis (numpy, torch).
     An offset past the edge gives an empty diagonal (torch; tinygrad raises)."""
     a, b = norm_axis(dim1, self.ndim), norm_axis(dim2, self.ndim)
-    if a == b: raise ValueError(f"diagonal: dim1 and dim2 cannot be the same axis, got {dim1} and {dim2}")
+    if a == b: raise DuplicateAxisError(f"diagonal: dim1 and dim2 cannot be the same axis, got {dim1} and {dim2}")
     off = int_arg(offset, "diagonal offset")
     rest = tuple(i for i in range(self.ndim) if i not in (a, b))
     u = self.uop.permute(rest + (a, b))
@@ -185,7 +185,7 @@ class ShapeMixin:
     """meshgrid(*args, indexing='ij'): coordinate grids from this and the other tensors (each flattened).
 
     The default indexing is 'ij' (tinygrad and torch); numpy's default is 'xy'."""
-    if indexing not in ("ij", "xy"): raise ValueError(f'meshgrid: indexing must be in ("ij", "xy"), got {indexing!r}')
+    if indexing not in ("ij", "xy"): raise ArgError(f'meshgrid: indexing must be in ("ij", "xy"), got {indexing!r}')
     ts = [t.flatten() for t in (self, *args)]
     shape = tuple(t.shape[0] for t in ts)
     if indexing == "xy" and len(ts) >= 2: shape = (shape[1], shape[0]) + shape[2:]
