@@ -13,8 +13,11 @@ from typing import TYPE_CHECKING, Any
 from rulec.engine.autograd import gradients as _gradients
 from rulec.engine.ir.ops import Ops
 from rulec.engine.ir.rewrite import substitute
+from rulec.engine.tensor import inplace as _inplace
+from rulec.engine.tensor import writes as _writes
 from rulec.engine.tensor.base import _LIVE, TensorBase
-from rulec.engine.tensor.history import history, reads, record, recorded
+from rulec.engine.tensor.history import history, reads, recorded
+from rulec.engine.tensor.inplace import old_contents
 from rulec.engine.tensor.uops import bcast, const
 from rulec.engine.ir.uop import UOp
 
@@ -28,8 +31,13 @@ def _nodes(t: TensorBase) -> tuple[UOp, ...]:
 
 
 def _root(t: TensorBase) -> UOp:
+  """The graph to differentiate for a loss t: its value, with every realized value replaced by what it was computed
+  from. A loss that holds a write not carried out yet, or reads a buffer with one pending, is realized first, so
+  that every graph read is a value (a write's old contents and its value) and not a buffer that is about to
+  change; a buffer that still has a write pending is read through a copy (engine/tensor/inplace.py)."""
+  if _inplace.unsettled(t.uop): t.realize()
   h = history(t.uop)
-  return _unrealized(t.uop if h is None else h)
+  return _inplace.pinned(_unrealized(t.uop if h is None else h))
 
 
 def _unrealized(root: UOp) -> UOp:
@@ -74,66 +82,29 @@ def _stops() -> set[UOp]:
   return {n for t in list(_LIVE) if t.requires_grad is False for n in _nodes(t)}
 
 
-def old_contents(u: UOp) -> UOp:
-  """A realized tensor's buffer as a constant for autograd: what it held before a write through a view, read only
-  where that write (and every write since) did not reach."""
-  return UOp(Ops.DETACH, u.dtype, (u,))
-
-
-def _reads(graph: UOp, u: UOp) -> bool:
-  """graph reads u: u's buffer (through any view of it), or u itself for a node that is not storage."""
-  if u.base.op is Ops.BUFFER and u.op is not Ops.DETACH: return u.base.arg[0] in reads(graph)
-  return any(n is u for n in graph.toposort())
-
-
-def written_history(whole: UOp, target: UOp, value: UOp, old: UOp) -> UOp | None:
-  """The graph of a tensor's contents after `value` was written into it through `target` (a view of `whole`,
-  the tensor's own whole buffer): `old` (the graph of its contents before) where the view does not reach, value
-  where it does; the value's reads of the tensor are reads of `old`. The view's footprint and the placed value
-  are the view's gradient (its adjoint) applied to ones and to value, so every view the indexing front end
-  builds is handled by the movement rules of rules/gradient.rules."""
-  value = substitute(value, {whole: old})
-  base = whole.base
-  stand = UOp.new_buffer(base.arg[1], base.arg[2], base.dtype)   # a placeholder for the buffer (no storage)
-  view = substitute(target, {base: stand})
-  placed = _gradients(view, value, [stand]).get(stand)
-  hit = _gradients(view, bcast(const(1.0, value.dtype, ()), value.shape), [stand]).get(stand)
-  if placed is None or hit is None: return None
-  shape = whole.shape
-  return hit.reshape(shape).ne(0.0).where(placed.reshape(shape), old)
-
-
 class AutogradMixin:
   """Gradients of tensor graphs."""
   __slots__ = ()
 
-  def _write_view(self, view: Tensor, value: Any, reads_in_place: bool = False) -> None:
-    """Write value through `view` (a view of this tensor's own storage) now, and keep, for autograd, the graph of
-    this tensor's new contents: tinygrad's setitem is functional, so gradients flow to the old contents and to
-    the value.
+  def _write_view(self, view: Tensor, value: Any, reads_in_place: bool = False, given: Any = None) -> None:
+    """Write value through `view` (a view of this tensor's own storage) now. tinygrad's setitem is functional:
+    gradients flow to the old contents and to the value, which engine/tensor/inplace.py keeps as the graph of the
+    buffer's new contents when the write is carried out (here, at once), as for every other write.
 
-    The old contents are the graph the tensor held, or for a leaf its buffer (DETACH) outside the view, which
-    the write leaves alone. A value that reads a leaf's buffer where a write lands (`y[0:2] = y[1:3] * w`)
-    would read new contents when the history is evaluated, so it reads a copy made before the write instead;
-    `reads_in_place` says the value reads the tensor only where it leaves it as it was (advanced setitem's
-    merge of new and old values), which needs no copy."""
-    whole = self.uop
-    tracked = (self.dtype.is_float and not type(self).no_grad and self.requires_grad is not False
-               and (whole.op is Ops.BUFFER or (whole.op is Ops.RESHAPE and whole.src[0].op is Ops.BUFFER)))
-    old = self._forward
-    snap = None
-    if tracked:
-      stale = old_contents(whole)
-      if old is None: old = stale
-      # (the copy is made before the write is recorded: realizing it would carry a recorded write out)
-      if not reads_in_place and isinstance(value, type(self)) and _reads(value.uop, whole) and _reads(old, stale):
-        snap = self.clone().realize()
-        snap._forward = None   # (a constant: its graph reads the buffer this write changes)
+    `reads_in_place` says the value reads the tensor only where the write leaves it as it was (advanced setitem's
+    merge of new and old values), so the write needs no copy of the old contents for it; unless `given` (the
+    value the caller was given, merged into `value`) reads the tensor too (`b[idx] = b[1:3] * y`, `b[idx] += y`)."""
+    tracked = self._tracks_writes()
+    if reads_in_place and isinstance(given, TensorBase) and self.uop.base.op is Ops.BUFFER:
+      reads_in_place = self.uop.base.arg[0] not in reads(given.uop)
+    if isinstance(value, TensorBase) and value.uop.op is Ops.ASSIGN and value.uop.src[0] is view.uop:
+      # `b[i] += x`: Python calls setitem with what `b[i].__iadd__(x)` returned, which holds that very write
+      _writes.note(value.uop, tracked)
+      value.realize()
+      return
     view.assign(value)
-    target, written = view.uop.src
-    if snap is not None: written = substitute(written, {whole: substitute(old, {stale: snap.uop})})
+    _writes.note(view.uop, tracked, reads_in_place)
     view.realize()
-    record(self.uop, written_history(whole, target, written, old) if tracked else None, rewritten=True)
 
   def requires_grad_(self, requires_grad: bool = True) -> Tensor:
     """Mark this tensor as needing a gradient (True) or as a constant for autograd (False); returns self."""

@@ -13,10 +13,10 @@ import numpy as np
 from rulec.engine import realize as _engine
 from rulec.engine.ir.dtypes import DType
 from rulec.engine.ir.ops import Ops
-from rulec.engine.ir.rewrite import substitute
 from rulec.engine.sched.early import is_buffer_view
 from rulec.engine.sched.multi import copy_to
 from rulec.engine.tensor import history as _history
+from rulec.engine.tensor import inplace as _inplace
 from rulec.engine.tensor import multi as _multi
 from rulec.engine.tensor import writes as _writes
 from rulec.engine.tensor.args import DeviceError, broadcast_shapes, canon_device, cast_scalar, is_py_scalar, to_dtype, to_numpy
@@ -28,7 +28,7 @@ from rulec.runtime.devices import separate_memory
 if TYPE_CHECKING: from rulec.engine.tensor.tensor import Tensor
 
 
-def _became(done: dict[UOp, UOp]) -> None:
+def _became(done: dict[UOp, UOp], plan: _inplace.Plan | None = None) -> None:
   """After a realize: every live tensor whose graph holds an assign that was carried out reads the assigned
   buffer from now on, so no assign is carried out twice.
 
@@ -38,14 +38,17 @@ def _became(done: dict[UOp, UOp]) -> None:
   assigned = {u: v for u, v in done.items() if u.op is Ops.ASSIGN}
   if not assigned: return
   _writes.carried_out(assigned)
-  # a buffer written over no longer holds what its graph computed, and a graph that reads a buffer written
-  # over no longer computes what it did: neither is a value's history now
-  _history.forget_written({v.base for v in assigned.values()}, _multi.parts)
+  # a buffer written over no longer holds what its graph computed, and a graph that reads a buffer written over
+  # no longer computes what it did: a write that takes part in autograd gives the buffer the graph of its new
+  # contents and those graphs the old contents (engine/tensor/inplace.py); any other drops both
+  written = {v.base for v in assigned.values()}
+  if plan is None: _history.forget_written(written, _multi.parts)
+  else: plan.settle(written, _multi.parts)
   for t in list(_LIVE):
     u = t.uop
     if u in assigned: t.uop = assigned[u]
     elif not _engine.is_realized(u):
-      new = substitute(u, assigned)
+      new = _writes.substitute(u, assigned)
       if new is not u: t.uop = new
 
 
@@ -53,10 +56,13 @@ def _carry_out(writes: list[UOp]) -> None:
   """Carry out pending writes one realize each, in order (each reads the buffers as the ones before left them)."""
   done: dict[UOp, UOp] = {}
   for w in writes:
-    now = substitute(w, done)
-    result = _engine.realize_map([now], [w.src[0].base.arg[1]])
+    now = _writes.substitute(w, done)
+    plan = _inplace.plan([now])
+    extra, devices = plan.extra() if plan is not None else ([], [])
+    result = _engine.realize_map([now, *extra], [w.src[0].base.arg[1], *devices])
+    if plan is not None: plan.realized(result)
     result[w] = done[w] = result.get(now, now.src[0])
-    _became(result)
+    _became(result, plan)
 
 
 def is_advanced_index(it: Any) -> bool:
@@ -227,12 +233,18 @@ class TensorBase:
     if todo:
       uops = _kept_apart([t.uop for t in todo])
       # (a device set's parts say where they live: the device here is for values that live nowhere)
-      done = _engine.realize_map(uops, [t.device if isinstance(t.device, str) else t.device[0] for t in todo])
+      devices = [t.device if isinstance(t.device, str) else t.device[0] for t in todo]
+      # (copies of old contents that the gradients through the writes carried out here will read)
+      plan = _inplace.plan(uops)
+      extra, extra_devices = plan.extra() if plan is not None else ([], [])
+      done = _engine.realize_map(uops + extra, devices + extra_devices)
+      if plan is not None: plan.realized(done)
       for t, u in zip(todo, uops):
         graph = t.uop
         t.uop = done.get(u, u)
-        if not _multi.holds_assign(u): _history.record(t.uop, graph)   # (an assign's graph holds the last step: not kept)
-      _became(done)
+        # (an assign is kept as its buffer's history, by the plan)
+        if not _multi.holds_assign(u): _history.record(t.uop, graph if plan is None else plan.history(graph))
+      _became(done, plan)
     return self
 
   def schedule(self, *others: Tensor):
@@ -315,7 +327,16 @@ class TensorBase:
     if (first := _writes.first(write)): _carry_out(first)
     self.uop = write
     _writes.record(write)
+    _writes.note(write, self._tracks_writes())
     return self
+
+  def _tracks_writes(self) -> bool:
+    """Whether a write into this tensor keeps, for autograd, the graph of its new contents (engine/tensor/inplace.py):
+    a float tensor outside no_grad, not marked requires_grad=False, and with no `.grad`. A tensor that has one was
+    differentiated as a leaf: a write into it is a parameter update (`p.assign(p - lr * p.grad)`), after which
+    it is a leaf again, as torch's optimizer step (under no_grad) leaves it; a history would chain every step of a
+    training loop into the next one's gradient."""
+    return not type(self).no_grad and self.requires_grad is not False and self.grad is None
 
   @property
   def _forward(self) -> UOp | None:

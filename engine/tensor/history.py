@@ -6,8 +6,10 @@ built from it remains (a function that realizes or writes into a temporary and r
 it). So the graph is kept here, keyed by the realized node (weakly: an entry lives as long as some graph can
 still reach the node), not on the Tensor object.
 
-A history is valid while it computes what the buffer holds: a write into the buffer, or into any buffer the
-history reads, drops it (`forget_written`); the value stays, as a constant for autograd.
+A history is valid while it computes what the buffer holds, from the buffers it reads as they are now. A write
+that takes part in autograd gives the buffer the history of its new contents and makes every history that read
+the buffer read the old contents (`rewrite_readers`, engine/tensor/inplace.py); any other write drops both
+(`forget_written`): the value stays, as a constant for autograd.
 
 A history may read its own buffer: a write through a view keeps the old contents outside the view as
 `DETACH(node)` (engine/tensor/autograd.py). It is stored with the node replaced by a placeholder, or the entry
@@ -94,7 +96,6 @@ def prune(live) -> None:
     if not ok: _HISTORY.pop(node, None)
 
 
-
 def history(node: UOp) -> UOp | None:
   entry = _HISTORY.get(node)
   if entry is None: return None
@@ -107,8 +108,24 @@ def recorded(nodes) -> dict[UOp, UOp]:
   return {n: h for n in nodes if n in _HISTORY and (h := history(n)) is not None}
 
 
-def forget_written(written: set[UOp], parts) -> None:
-  """After writes into the buffers `written`: drop every history of such a buffer, or that reads one."""
+def forget_written(written: set[UOp], parts, readers: bool = True) -> None:
+  """After writes into the buffers `written`: drop every history of such a buffer, or (`readers`) that reads one."""
   ids = {b.arg[0] for b in written}
   for node, (graph, _) in list(_HISTORY.items()):
-    if any(p.base in written for p in parts(node)) or not ids.isdisjoint(reads(graph)): _HISTORY.pop(node, None)
+    if any(p.base in written for p in parts(node)) or (readers and not ids.isdisjoint(reads(graph))):
+      _HISTORY.pop(node, None)
+
+
+def read_elsewhere(buf: UOp) -> bool:
+  """Some history other than the buffer's own reads `buf` (a BUFFER)."""
+  return any(buf.arg[0] in reads(graph) and node.base is not buf for node, (graph, _) in list(_HISTORY.items()))
+
+
+def rewrite_readers(ids: set[int], fn) -> None:
+  """Before writes into the buffers `ids` are seen: each history that reads one becomes fn(history), which reads
+  their old contents instead (engine/tensor/inplace.py). The written buffers' own histories are gone already."""
+  for node, (graph, stand) in list(_HISTORY.items()):
+    if ids.isdisjoint(reads(graph)) or (old := history(node)) is None: continue   # (None: pruned meanwhile)
+    new = fn(old)
+    _HISTORY.pop(node, None)
+    record(node, new, rewritten=stand is not None)

@@ -179,7 +179,7 @@ class IndexingMixin:
     merged = (last > 0).reshape((n,) + (1,) * nr).where(new, xs).reshape(sizes + rshape)
     inv = [0] * view.ndim
     for i, d in enumerate(dims + rest): inv[d] = i
-    self._write_view(view, merged.permute(tuple(inv)), reads_in_place=True)   # (xs: only where nothing lands)
+    self._write_view(view, merged.permute(tuple(inv)), reads_in_place=True, given=v)   # (xs: only where nothing lands)
 
   # *** gather and scatter ***
 

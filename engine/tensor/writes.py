@@ -9,11 +9,13 @@ A write of the whole buffer in its own shape (`b.assign(x)`, `b[:].assign(x)`) i
 that buffer shows it when realized, and other lazy readers see the old contents until it is carried out
 (tinygrad again).
 
-This module only keeps the record and works out the order; engine/tensor/base.py runs the writes."""
+This module only keeps the record (with, for each write, whether it takes part in autograd: `note`) and works out
+the order; engine/tensor/base.py runs the writes, engine/tensor/inplace.py keeps their histories."""
 from __future__ import annotations
 
+import weakref
+
 from rulec.engine.ir.ops import Ops
-from rulec.engine.ir.rewrite import substitute
 from rulec.engine.sched.early import is_buffer_view
 from rulec.engine.ir.uop import UOp
 
@@ -21,6 +23,47 @@ from rulec.engine.ir.uop import UOp
 _PENDING: dict[UOp, list[UOp]] = {}
 # BUFFER -> (the whole buffer in its own shape, a write of all of it not yet carried out)
 _WHOLE: dict[UOp, tuple[UOp, UOp]] = {}
+
+
+# the writes that take part in autograd (engine/tensor/inplace.py): ASSIGN -> whether its value reads the written
+# tensor only where the write leaves it as it was (advanced setitem's merge). Weak: a write nothing holds any more
+# leaves no entry behind
+_NOTED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def note(write: UOp, tracked: bool, reads_in_place: bool = False) -> None:
+  """Whether `write` (an ASSIGN just made) takes part in autograd: its buffer's history is kept when it is carried
+  out (engine/tensor/inplace.py). A write not noted keeps none."""
+  if tracked and write.dtype.is_float: _NOTED[write] = reads_in_place
+  else: _NOTED.pop(write, None)
+
+
+def noted(write: UOp) -> bool | None:
+  """None for a write that keeps no history; else whether its value reads its tensor only where it is unchanged."""
+  return _NOTED.get(write)
+
+
+def substitute(sink: UOp, mapping: dict[UOp, UOp]) -> UOp:
+  """engine/ir/rewrite.py's substitute, keeping the note of every noted ASSIGN it rebuilds (a pending write whose
+  value held a write just carried out is a new node for the same write)."""
+  done: dict[UOp, UOp] = {}
+  for u in sink.toposort():
+    if u in mapping: done[u] = mapping[u]; continue
+    new_src = tuple(done[s] for s in u.src)
+    if all(a is b for a, b in zip(u.src, new_src)): done[u] = u; continue
+    done[u] = UOp(u.op, u.dtype, new_src, u.arg, u.tag)
+    if u.op is Ops.ASSIGN and u in _NOTED: _NOTED[done[u]] = _NOTED[u]
+  return done[sink]
+
+
+def pending_on(buf: UOp) -> bool:
+  """A write into `buf` (a BUFFER) is waiting to be carried out."""
+  return buf in _PENDING or buf in _WHOLE
+
+
+def pending_buffers() -> list[UOp]:
+  """The buffers with a write waiting."""
+  return list(_PENDING) + [b for b in _WHOLE if b not in _PENDING]
 
 
 def record(write: UOp) -> None:
