@@ -73,6 +73,7 @@ def _raise_in(tid: int) -> None:
 def _watch() -> None:
   me = threading.get_ident()
   since: dict[int, tuple[tuple, float]] = {}     # thread id -> (what it runs, when first seen)
+  top = f = None
   while True:
     limit = rule_time_limit()
     time.sleep(min(0.25, limit / 4))
@@ -91,4 +92,6 @@ def _watch() -> None:
       if now - seen[1] > limit:
         _raise_in(tid)
         since[tid] = (key, now)          # (again after another limit if a helper swallowed it)
-    del frames   # (no frame of another thread kept alive between looks)
+    # no frame of another thread may stay referenced while this thread sleeps: a frame keeps its locals (tensors,
+    # buffers) alive, and a realize's frame held here once kept a whole chain of realized values from being freed
+    frames = top = f = None

@@ -29,10 +29,12 @@ _HISTORY: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 # Histories chain: the graph of x2 = (x1 * 0.5 + 1).realize() holds x1's node, which is the key of x1's own history,
 # and so on back to the first, so a loop that realizes over and over would keep every buffer it ever made alive.
 # A history is only worth keeping while it can lead a gradient to a live tensor: `prune` drops the others. It runs
-# when the table has doubled since the last pruning (amortized: each entry is looked at O(1) times on average).
+# after every PRUNE_EVERY new entries, so at most that many dead histories (and the buffers they hold) wait to be
+# dropped, however many live ones there are; a pruning costs a walk over the kept histories' graphs.
 # `live_values` is set by the Tensor class: the nodes of every live tensor.
 live_values = None
-_PRUNE_AT = [16]
+PRUNE_EVERY = 16
+_PRUNE_AT = [PRUNE_EVERY]
 
 
 def _read_buffers(u: UOp) -> frozenset:
@@ -65,7 +67,7 @@ def record(node: UOp, graph: UOp | None, rewritten: bool = False) -> None:
   else: _HISTORY[node] = (graph, None)
   if len(_HISTORY) >= _PRUNE_AT[0] and live_values is not None:
     prune(live_values())
-    _PRUNE_AT[0] = max(16, 2 * len(_HISTORY))
+    _PRUNE_AT[0] = len(_HISTORY) + PRUNE_EVERY
 
 
 def prune(live) -> None:
