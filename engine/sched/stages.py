@@ -3,8 +3,6 @@ nodes and the outputs wrapped in STAGE; constants placed on a device), and one g
 in Python: reads of overwritten buffers redirected to snapshots. Also the ctx of `reuse_copies` (early.rules)."""
 from __future__ import annotations
 
-import itertools
-
 from rulec.engine.ir.ops import ALU, MOVEMENT, Ops
 from rulec.engine.ir.uop import UOp
 
@@ -25,7 +23,7 @@ class Rebuilt:
     self._alts: dict[UOp, list[UOp]] = {}   # replacement -> every original it stands for, the first first
     self._replaced: set[UOp] = set()
     self._sink = sink
-    self._orig: set[UOp] | None = None   # the nodes of sink's graph, made when first needed
+    self._users: dict[UOp, list[UOp]] | None = None   # node of sink's graph -> its users there, made when first needed
 
   def record(self, old: UOp, new: UOp) -> UOp:
     """`new` replaces `old`: the replacement, remembered as standing for old's original."""
@@ -47,10 +45,7 @@ class Rebuilt:
       if u in self._key: continue
       src = tuple(self._key[s] for s in u.src)
       if self._alts and any(s in self._alts for s in u.src):
-        if self._orig is None: self._orig = set(self._sink.toposort())
-        found = [UOp(u.op, u.dtype, combo, u.arg, u.tag)
-                 for combo in itertools.product(*(self._alts.get(s, (k,)) for s, k in zip(u.src, src)))]
-        found = [x for x in found if x in self._orig]
+        found = self._originals(u, [self._alts.get(s, (k,)) for s, k in zip(u.src, src)])
         if found:
           src = found[0].src
           # a node over an ambiguous one can be ambiguous itself (two views of x and of its copy that became one
@@ -58,6 +53,22 @@ class Rebuilt:
           if len(found) > 1 and u not in self._alts: self._alts[u] = found
       self._key[u] = u if all(a is b for a, b in zip(src, u.src)) else UOp(u.op, u.dtype, src, u.arg, u.tag)
     return self._key[x]
+
+
+  def _originals(self, u: UOp, choices: list) -> list[UOp]:
+    """The nodes of the starting graph that are u over one of choices[i] as source i, in the order of the
+    choices (the first choice of every source first, as itertools.product would list them). Found from the users
+    of the first source's choices, not by trying every combination: one ambiguous source per output of a sink
+    of many outputs would otherwise be 2**n combinations."""
+    if self._users is None:
+      self._users = {}
+      for n in self._sink.toposort():
+        for s in n.src: self._users.setdefault(s, []).append(n)
+    cands = {o for c in choices[0] for o in self._users.get(c, ())}
+    found = [o for o in cands if o.op is u.op and len(o.src) == len(choices)
+             and all(any(x is c for c in ch) for x, ch in zip(o.src, choices))
+             and UOp(u.op, u.dtype, o.src, u.arg, u.tag) is o]
+    return sorted(found, key=lambda o: tuple(next(i for i, c in enumerate(ch) if c is x) for x, ch in zip(o.src, choices)))
 
 
 class StagePlan(Rebuilt):
