@@ -9,9 +9,9 @@
 install() puts modules under tinygrad's names into sys.modules: `tinygrad` (Tensor, TinyJit, dtypes, nn, Device,
 GlobalCounters, Context, getenv, fetch, function, Variable, UOp), `tinygrad.tensor`, `tinygrad.helpers`
 (rulec.helpers), `tinygrad.dtype`, `tinygrad.device`, `tinygrad.engine.jit`, `tinygrad.function`, `tinygrad.nn`,
-`tinygrad.nn.state`, `tinygrad.nn.optim`, `tinygrad.llm.gguf` and `tinygrad.uop.ops`. A name tinygrad has and
-rulec does not is an ImportError at the import, as for any missing name. It refuses to shadow a real tinygrad that
-is imported already."""
+`tinygrad.nn.state`, `tinygrad.nn.optim`, `tinygrad.nn.datasets`, `tinygrad.llm.gguf` and `tinygrad.uop.ops`. A name
+tinygrad has and rulec does not is an ImportError at the import, as for any missing name. It refuses to shadow a
+real tinygrad that is imported already."""
 from __future__ import annotations
 
 import contextlib
@@ -29,6 +29,7 @@ from rulec.engine.ir.uop import UOp
 from rulec.engine.jit import JitError, TinyJit
 from rulec.engine.tensor import Tensor
 from rulec.engine.tensor.args import promote_types, to_dtype
+from rulec.nn import datasets as _datasets
 from rulec.nn import gguf as _gguf
 from rulec.nn import optim as _optim
 from rulec.nn import state as _state
@@ -62,7 +63,7 @@ def _modules() -> dict[str, types.ModuleType]:
     "tinygrad.engine.jit": _module("tinygrad.engine.jit", "tinygrad.engine.jit: rulec's TinyJit", TinyJit=TinyJit,
                                    JitError=JitError),
     "tinygrad.function": _module("tinygrad.function", "tinygrad.function: @function, inlined", function=h.function),
-    "tinygrad.nn": _nn, "tinygrad.nn.state": _state, "tinygrad.nn.optim": _optim,
+    "tinygrad.nn": _nn, "tinygrad.nn.state": _state, "tinygrad.nn.optim": _optim, "tinygrad.nn.datasets": _datasets,
     "tinygrad.llm": _module("tinygrad.llm", "tinygrad.llm", package=True),
     "tinygrad.llm.gguf": _module("tinygrad.llm.gguf", "tinygrad.llm.gguf: rulec's GGUF loader", gguf_load=_gguf.gguf_load,
                                  ggml_data_to_tensor=_gguf.ggml_data_to_tensor),
@@ -70,8 +71,10 @@ def _modules() -> dict[str, types.ModuleType]:
     "tinygrad.uop.ops": _module("tinygrad.uop.ops", "tinygrad.uop.ops: rulec's UOp and Ops (rulec's IR, not tinygrad's)",
                                 UOp=UOp, Ops=Ops, Variable=UOp, sint=int | UOp),   # (Variable: the type, as tinygrad's)
   }
+  # (not ("tinygrad", "function"): as in tinygrad, whose __init__ rebinds the name after importing the submodule,
+  # `tinygrad.function` is the decorator, not the module `tinygrad.function`)
   for parent, child in [("tinygrad", "tensor"), ("tinygrad", "helpers"), ("tinygrad", "dtype"), ("tinygrad", "device"),
-                        ("tinygrad", "engine"), ("tinygrad.engine", "jit"), ("tinygrad", "function"), ("tinygrad", "llm"),
+                        ("tinygrad", "engine"), ("tinygrad.engine", "jit"), ("tinygrad", "llm"),
                         ("tinygrad.llm", "gguf"), ("tinygrad", "uop"), ("tinygrad.uop", "ops")]:
     setattr(mods[parent], child, mods[f"{parent}.{child}"])
   return mods
