@@ -4,11 +4,11 @@ run on rulec and compared with what tinygrad 0.14 computed from the same weights
 Each case below is our own small model following one file's architecture: the same ops in the same order as
 extra/models/resnet.py, efficientnet.py, vit.py, bert.py, transformer.py, llama.py, unet.py, convnext.py and
 examples/gpt2.py, mamba.py, mixtral.py, beautiful_mnist.py use them (the real files, unchanged, are run by
-bench/models_zoo.py). A case is written against a `lib` namespace (Tensor, nn, dtypes, TinyJit, Context), so the
-same code runs on rulec here and on tinygrad in tests/tools/make_model_zoo_golden.py, which wrote
-tests/data/model_zoo_golden.npz: weights come from numpy generators seeded per case and per parameter name, so
-only the seeds and the outputs are stored. Outputs are logits, one training step (loss and updated weights),
-greedy tokens and KV caches, compared within float32 tolerance (float16 for the UNet)."""
+bench/models_zoo.py). A case is written against a `lib` namespace (Tensor, nn, dtypes, TinyJit, Context,
+Variable), so the same code runs on rulec here and on tinygrad in tests/tools/make_model_zoo_golden.py, which
+wrote tests/data/model_zoo_golden.npz: weights come from numpy generators seeded per case and per parameter
+name, so only the seeds and the outputs are stored. Outputs are logits, one training step (loss and updated
+weights), greedy tokens and KV caches, compared within float32 tolerance (float16 for the UNet)."""
 from __future__ import annotations
 
 import math
@@ -488,9 +488,10 @@ class GPT2Like:
     a = xq.transpose(1, 2).scaled_dot_product_attention(keys.transpose(1, 2), values.transpose(1, 2), mask)
     return b.c_proj(a.transpose(1, 2).reshape(bsz, seqlen, self.dim))
 
-  def __call__(self, tokens, start_pos: int):
-    seqlen = tokens.shape[1]
-    h = self.wte(tokens) + self.wpe(self.allpos.shrink((None, (start_pos, start_pos + seqlen))))
+  def __call__(self, tokens, start_pos):
+    if isinstance(tokens, self.T): seqlen, tok_emb = tokens.shape[1], self.wte(tokens)
+    else: seqlen, tok_emb = 1, self.wte.weight.shrink(((tokens, tokens + 1), None))   # a bound Variable: one row
+    h = tok_emb + self.wpe(self.allpos.shrink((None, (start_pos, start_pos + seqlen))))
     mask = None if seqlen == 1 else \
       self.T.full((1, 1, seqlen, start_pos + seqlen), float("-inf"), dtype=h.dtype).triu(start_pos + 1)
     for b in self.h:
@@ -507,6 +508,21 @@ def gpt2(lib) -> dict:
   for _ in range(3):
     toks.append(int(m(lib.Tensor([toks[start:]]), start).tolist()[0]))
     start = len(toks) - 1
+  return {"tokens": np.array(toks), "cache_kv": m.h[0].cache_kv.numpy()}
+
+
+@case
+def gpt2_jit(lib) -> dict:
+  """examples/gpt2.py's generation path: start_pos a Variable bound to the position (for the prompt too), the
+  one-token steps under TinyJit with the token itself a bound Variable that shrinks wte.weight to its row."""
+  m = GPT2Like(lib)
+  fill(lib, m, 172)
+  step, V = lib.TinyJit(m.__call__), lib.Variable
+  toks = [3, 7, 1]
+  toks.append(int(m(lib.Tensor([toks]), V("start_pos", 0, 11).bind(0)).tolist()[0]))
+  for _ in range(4):   # plain, capture, replay, replay (in tinygrad; rulec specialises each position)
+    pos = len(toks) - 1
+    toks.append(int(step(V("tokens", 0, 23).bind(toks[-1]), V("start_pos", 1, 11).bind(pos)).tolist()[0]))
   return {"tokens": np.array(toks), "cache_kv": m.h[0].cache_kv.numpy()}
 
 
@@ -766,8 +782,8 @@ TOL = {"unet": (2e-2, 2e-2)}
 
 
 def rulec_lib() -> SimpleNamespace:
-  from rulec import Context, Tensor, TinyJit, dtypes, nn
-  return SimpleNamespace(Tensor=Tensor, nn=nn, dtypes=dtypes, TinyJit=TinyJit, Context=Context)
+  from rulec import Context, Tensor, TinyJit, Variable, dtypes, nn
+  return SimpleNamespace(Tensor=Tensor, nn=nn, dtypes=dtypes, TinyJit=TinyJit, Context=Context, Variable=Variable)
 
 
 @pytest.fixture(scope="module")

@@ -21,14 +21,14 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
 import tinygrad  # noqa: E402
-from tinygrad import Context, Tensor, TinyJit, dtypes, nn  # noqa: E402
+from tinygrad import Context, Tensor, TinyJit, Variable, dtypes, nn  # noqa: E402
 
 from tests.frontend.test_model_zoo import CASES, GOLDEN  # noqa: E402
 
 
 def main() -> None:
   names = sys.argv[1:] or list(CASES)
-  lib = SimpleNamespace(Tensor=Tensor, nn=nn, dtypes=dtypes, TinyJit=TinyJit, Context=Context)
+  lib = SimpleNamespace(Tensor=Tensor, nn=nn, dtypes=dtypes, TinyJit=TinyJit, Context=Context, Variable=Variable)
   old: dict[str, np.ndarray] = {}
   if GOLDEN.exists():
     with np.load(GOLDEN, allow_pickle=False) as z: old = {k: z[k] for k in z.files if k.split("/")[0] not in names}
