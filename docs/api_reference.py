@@ -74,8 +74,10 @@ BEYOND_TENSOR = """
 flatten, dedup, argfix, round_up, partition, get_child, the flags) is `rulec.helpers`. To run a tinygrad model file
 unchanged, `import rulec.tinygrad_alias; rulec.tinygrad_alias.install()` first: `tinygrad`, `tinygrad.tensor`,
 `tinygrad.helpers`, `tinygrad.dtype`, `tinygrad.device`, `tinygrad.engine.jit`, `tinygrad.function`, `tinygrad.nn`
-(with `.state`, `.optim`), `tinygrad.llm.gguf` and `tinygrad.uop.ops` then import rulec (`uninstall()` undoes it; it
-refuses to shadow a real tinygrad already imported). A name rulec lacks is an ImportError at the import.
+(with `.state`, `.optim`, `.datasets`), `tinygrad.llm.gguf` and `tinygrad.uop.ops` then import rulec (`uninstall()`
+undoes it; it refuses to shadow a real tinygrad already imported). A name rulec lacks is an ImportError at the import.
+`tinygrad.nn.datasets`' `mnist(device=None, fashion=False, path=None)` and `cifar(device=None, path=None)` read the
+published files from the folder `path` (uint8 tensors, images NCHW, as tinygrad's); without it they raise as `fetch`.
 
 - `getenv(key, default=0)`: the environment variable in the default's type, cached per (key, default) as
   tinygrad's (`getenv.cache_clear()` rereads).
@@ -176,6 +178,63 @@ builds everything for the bound value: it is the first, specialised step of symb
   compute). Other quant types (Q2_K, Q3_K, the IQ types, MXFP4) raise CheckpointError naming the type. A metadata
   value of type UINT8 is an int (tinygrad's reader returns a one-byte bytes). `ggml_data_to_tensor(t, n, type)`
   dequantises raw bytes as tinygrad's does.
+
+## tinygrad's model files on rulec
+
+`python bench/models_zoo.py PATH` imports the model files of a tinygrad checkout at PATH unchanged through the
+alias, runs each on rulec and on tinygrad 0.14 (in separate processes) from the same weights and inputs, and
+compares; tests/frontend/test_model_zoo.py checks small models of the same architectures against outputs tinygrad
+computed (tests/data/model_zoo_golden.npz), in CI without tinygrad. Measured on tinygrad's files as of 0.14 (rulec
+on CPU, tinygrad on its PYTHON device; tokens, losses and weights after a step equal, floats within 1e-4, the UNet
+within float16's 2e-2; `kernels` is (rulec, tinygrad) for one forward at the bench's larger config, tinygrad on
+DEV=NULL, or for one step of the small config where the model reads values back):
+
+  | file | runs unchanged | compared (all equal to tinygrad) | kernels (rulec, tinygrad) |
+  |---|---|---|---|
+  | extra/models/resnet.py | yes (ResNet18) | logits | 28, 19 (224x224) |
+  | extra/models/efficientnet.py | yes (B0) | logits | 125, 99 (224x224) |
+  | extra/models/vit.py | yes (ViT-Ti) | logits | 242, 198 |
+  | extra/models/bert.py | yes (BertForPretraining) | LM and NSP logits; one SGD step on the file's loss: loss, weights | 92, 76 forward; 377, 317 step (4 layers of 256) |
+  | extra/models/transformer.py | yes, trained by extra/training.py on examples/transformer.py's data | log-probs; 3 jitted Adam steps: losses, accuracies, weights (`embed` is_param False: untouched); evaluate()'s predictions | 43, 37 forward; 301, 311 step |
+  | extra/models/llama.py | yes: jit=False, and the default TinyJit path with start_pos a bound Variable | prompt logits, 5 greedy tokens, the KV cache | 54, 34 prompt; 50, 31 decode step (2 layers) |
+  | examples/gpt2.py | yes: Transformer.forward, and GPT2.generate (TinyJit, the token and start_pos bound Variables; any object with encode/decode for tiktoken) | greedy tokens, the KV cache | 57, 49 prompt; 52, 46 decode step |
+  | examples/mamba.py | yes (it imports `transformers` at the top, for its tokenizer: a stand-in module) | generate(): the prompt, then 4 one-token steps under its TinyJit; the SSM state | 207, 199 |
+  | examples/mixtral.py | yes (MixtureFeedForward in llama.Transformer; start_pos an int, or a bound Variable as its __main__ passes it) | greedy tokens | 100, 54 prompt; 94, 51 decode step |
+  | extra/models/unet.py | yes, weights float16 as stable_diffusion.py --fp16 | output (tinygrad's PYTHON device has no float16 in supported_dtypes(), so the file kept its activations float32 there) | 210, 209 |
+  | extra/models/convnext.py | yes (ConvNeXt-T) | logits | 122, 128 |
+  | examples/beautiful_mnist.py | yes (`tinygrad.nn.datasets` now exists; `@function`) | 3 train steps (plain, captured, replayed) under TinyJit and Context(TRAINING=1), Adam: losses, weights; the jitted test accuracy (a fixed batch for `Tensor.randint`) | 129, 146 step; 129, 114 replayed |
+
+Where rulec differs, and why:
+
+- Symbolic shapes: three of these need them on their default path, llama.py's one-token steps (`forward_jit`,
+  start_pos a bound Variable), gpt2.py's `GPT2.generate` (the token and start_pos bound, under TinyJit) and
+  mixtral.py's decode loop (start_pos bound, no JIT); each also runs with start_pos a plain int (llama.py's
+  jit=False, gpt2.py's `Transformer.forward`). rulec specialises bound Variables (the `Variable` section above),
+  so those paths give tinygrad's tokens, but each new position is scheduled and its position-dependent kernels
+  compiled anew, where tinygrad replays one compiled step.
+- A loss realized after `opt.step()` (`loss.backward(); opt.step(); return loss.realize()`, extra/training.py's
+  loop) is computed from the updated weights in rulec. tinygrad computes it from the updated weights too, except
+  where its own schedule of the step kept an intermediate of the loss in a buffer (its tensors are rewritten to
+  the buffers a schedule made), so its value depends on tinygrad's kernel boundaries: equal on the adder
+  Transformer, 3.90 against rulec's 3.89 on a one-layer BERT. `loss.realize(*opt.schedule_step())`
+  (beautiful_mnist.py) realizes the loss before the update in both, and is what the zoo test uses.
+- Random numbers differ (rulec draws on the host with numpy, tinygrad with threefry): the same seed gives other
+  weights, dropout masks and `Tensor.randint` batches, so comparisons load weights and set dropout to 0.
+- `Tensor.train()` / `Tensor.training` are rulec's own (older tinygrad's); tinygrad 0.14 has only
+  `Context(TRAINING=1)`, which sets the same switch in rulec (an optimizer step outside it raises in both).
+- `fetch` and the dataset loaders read nothing from the network: pass paths (`torch_load(path)`,
+  `mnist(path=...)`); the examples' `__main__` blocks that download weights stop there.
+- A value realized inside one `realize()` is computed again by a later one that needs it: rulec keeps the buffers
+  of a call's targets only, where tinygrad rewrites every live tensor to every buffer its schedule made. LLaMA's
+  and GPT-2's attention realize the KV-cache write of each layer, which computes the layers below it, so a
+  decode step of n layers recomputes the lower layers n times over: 18 kernels against tinygrad's 18 for one
+  layer, 45 against 31 for two, 135 against 57 for four, 460 against 109 for eight (llama.py, one-token step).
+  Values are unaffected; the cost grows as n squared.
+- Kernel counts: rulec runs more kernels than tinygrad on most of these. ResNet18's 9 extra are the batch-norm,
+  residual-add and ReLU epilogue of 6 of its 8 blocks kept in a kernel of their own instead of fused into the
+  block's second convolution, and the 1x1 downsample convolution of 3 blocks not fused into it either; in BERT a
+  LayerNorm after a residual add runs as 5 kernels where tinygrad runs 3, and an Embedding is a reduce over the
+  vocabulary (a one-hot sum) where tinygrad's indexes the row. These are fusion decisions (rules/), not values.
 """
 
 
