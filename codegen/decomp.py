@@ -8,7 +8,7 @@ from rulec.engine.lang.capability import rule_helper
 from rulec.engine.ir.dtypes import dtypes
 from rulec.engine.ir.kernel import Kernel, arg_problem, validate
 from rulec.engine.ir.ops import MAY_FUSE, Ops
-from rulec.engine.ir.rewrite import RuleRuntimeError, graph_rewrite, rule_of
+from rulec.engine.ir.rewrite import RuleRuntimeError, graph_rewrite, rule_of, rule_source
 from rulec.engine.ir.uop import UOp
 from rulec.engine.lang.loader import load_library
 
@@ -28,15 +28,15 @@ def decomposed(kernel: Kernel, optional: frozenset = frozenset()) -> Kernel:
 def _blame(matcher, ctx, ast: UOp, error: ValueError) -> Exception:
   """The RuleRuntimeError naming the rule whose one rewrite of a node of `ast` builds a node with an arg the IR
   does not allow (`error` as it is when no single rule can be named)."""
-  rule_info = {(n, loc): text for n, loc, text in getattr(matcher, "rule_info", ())}
-  for u in ast.toposort():
+  nodes = ast.toposort()
+  seen = set(nodes)
+  for u in nodes:
     try: new = matcher.rewrite(u, ctx)
     except Exception: continue
     if new is None or not isinstance(new, UOp): continue
-    seen = set(ast.toposort())
     bad = next((p for x in new.toposort() if x not in seen and (p := arg_problem(x)) is not None), None)
     if bad is not None and (hit := rule_of(matcher, ctx, u)) is not None:
-      return RuleRuntimeError((hit[0], hit[1], rule_info.get(hit, "")), ValueError(bad))
+      return RuleRuntimeError(rule_source(matcher, hit), ValueError(bad))
   return ValueError(f"{error} (after the decomp rules: a rules directory layered over them may have built it)")
 
 

@@ -56,11 +56,16 @@ def rule_of(matcher, ctx, u: UOp) -> tuple[str, str] | None:
   except Exception: return None
 
 
+def rule_source(matcher, hit: tuple[str, str] | None) -> tuple[str, str, str]:
+  """(name, location, source line) of the rule rule_of found, for a RuleRuntimeError."""
+  if hit is None: return ("unknown", "?", "")
+  lines = {(n, loc): text for n, loc, text in getattr(matcher, "rule_info", ())}
+  return (hit[0], hit[1], lines.get(hit, ""))
+
+
 def _not_a_graph(matcher, ctx, recent, e: AttributeError):
   hit = next((h for u in reversed(recent or ()) if (h := rule_of(matcher, ctx, u)) is not None), None)
-  lines = {(n, loc): text for n, loc, text in getattr(matcher, "rule_info", ())}
-  rule = (hit[0], hit[1], lines.get(hit, "")) if hit is not None else ("unknown", "?", "")
-  return RuleRuntimeError(rule, TypeError(f"the replacement's graph has a {type(getattr(e, 'obj', None)).__name__} "
+  return RuleRuntimeError(rule_source(matcher, hit), TypeError(f"the replacement's graph has a {type(getattr(e, 'obj', None)).__name__} "
                                           "where a source node belongs"))
 
 

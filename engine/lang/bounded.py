@@ -4,8 +4,6 @@ interpreter call these where the checker cannot tell that the operands are nodes
 RuleBudgetError, which the matcher reports as a RuleRuntimeError naming the rule and where it is."""
 from __future__ import annotations
 
-import operator
-
 from rulec.engine.lang.limits import MAX_INT_BITS, MAX_ITEMS
 
 
@@ -59,4 +57,3 @@ def rule_range(*args):
 
 # the checked forms of the binary operators that can make unbounded work (the compiler and interpreter use them)
 CHECKED_BINOPS = {"**": rule_pow, "<<": rule_lshift, "*": rule_mul, "%": rule_mod}
-PLAIN_BINOPS = {"**": operator.pow, "<<": operator.lshift, "*": operator.mul, "%": operator.mod}

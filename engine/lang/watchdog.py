@@ -36,7 +36,6 @@ class RuleTimeout(Exception):
 _lock = threading.Lock()
 _thread: threading.Thread | None = None
 _pid = -1
-STATS = {"raised": 0}
 
 
 def start() -> None:
@@ -67,7 +66,6 @@ def _key(frame) -> tuple:
 
 def _raise_in(tid: int) -> None:
   ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(tid), ctypes.py_object(RuleTimeout))
-  STATS["raised"] += 1
 
 
 def _watch() -> None:
