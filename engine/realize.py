@@ -124,7 +124,8 @@ def realize(uops: Sequence[UOp], devices: Sequence[str] | None = None) -> list[U
   return [done.get(u, u) for u in uops]
 
 
-def realize_map(uops: Sequence[UOp], devices: Sequence[str] | None = None) -> dict[UOp, UOp]:
+def realize_map(uops: Sequence[UOp], devices: Sequence[str] | None = None,
+                kept: dict[UOp, UOp] | None = None) -> dict[UOp, UOp]:
   """Realize `uops`; the realized view of each one not realized before, and of every ASSIGN that was carried out.
 
   `devices[i]` is where uops[i] is stored when its graph names no device (constants only). ASSIGN nodes write
@@ -132,7 +133,11 @@ def realize_map(uops: Sequence[UOp], devices: Sequence[str] | None = None) -> di
   before the call's assigns, except through an assign's own result; an output that is a view of a buffer
   computes nothing and shows the buffer as written. A lazy value realized in a later call reads the buffers
   as they are then. An ASSIGN maps to its target view: a tensor still holding it must read the buffer now,
-  not write it again (the caller substitutes these in every live graph)."""
+  not write it again (the caller substitutes these in every live graph).
+
+  `kept`, when given, receives the intermediate values of the graphs the kernels stored into buffers of their
+  own, each with its realized view (engine/sched/driver.py's `_kept_values`): the caller may substitute those
+  in every live graph too, so that no later realize computes them again."""
   uops = list(uops)
   devices = list(devices) if devices is not None else [default_device()] * len(uops)
   todo = [(u, d) for u, d in zip(uops, devices) if not is_realized(u)]
@@ -145,13 +150,15 @@ def realize_map(uops: Sequence[UOp], devices: Sequence[str] | None = None) -> di
     return done
   # a progress line on stderr when this takes over a second and stderr is a terminal (runtime/progress.py)
   with progress.job("realize", "scheduling") as job:
-    kernels, views = schedule_cache.schedule([u for u, _ in todo], default_device(), [d for _, d in todo])
+    kernels, views, handed = schedule_cache.schedule_keeping([u for u, _ in todo], default_device(),
+                                                             [d for _, d in todo], keep=kept is not None)
     COUNTERS["scheduled"] += len(kernels)
     job.phase, job.total = "compiling and running kernels", len(kernels)
     for k in kernels:
       _run(k)
       job.advance()
   done.update((u, v) for (u, _), v in zip(todo, views))
+  if kept is not None: kept.update(handed)
   return done
 
 

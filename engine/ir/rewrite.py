@@ -30,8 +30,12 @@ def _limit(n_nodes: int) -> int:
   return int(env) if env else max(100_000, 50 * n_nodes)
 
 
-def graph_rewrite(sink: UOp, matcher: Any, ctx: Any = None, bottom_up: bool = False, max_steps: int | None = None) -> UOp:
-  """Rewrite `sink` with `matcher` (a Matcher or anything with .rewrite(node, ctx)) to a fixed point."""
+def graph_rewrite(sink: UOp, matcher: Any, ctx: Any = None, bottom_up: bool = False, max_steps: int | None = None,
+                  memo: dict | None = None) -> UOp:
+  """Rewrite `sink` with `matcher` (a Matcher or anything with .rewrite(node, ctx)) to a fixed point.
+
+  `memo`, an empty dict when given, receives what each node of the graph (and each node a rewrite made on the
+  way) became."""
   dispatch = getattr(matcher, "dispatch", None)
   if dispatch is not None:
     get = dispatch.get
@@ -42,7 +46,7 @@ def graph_rewrite(sink: UOp, matcher: Any, ctx: Any = None, bottom_up: bool = Fa
     def rewrite(u: UOp): return matcher.rewrite(u, ctx)
   budget = _Budget(sink, max_steps)
   try:
-    return (_pre_order if bottom_up else _post_order)(sink, rewrite, matcher, ctx, budget)
+    return (_pre_order if bottom_up else _post_order)(sink, rewrite, matcher, ctx, budget, {} if memo is None else memo)
   except AttributeError as e:
     # a replacement built a node whose sources are not all nodes: name the rule, as for any other rule error
     if isinstance(getattr(e, "obj", None), UOp) or getattr(e, "name", None) not in ("src", "op"): raise
@@ -98,8 +102,7 @@ def _loop_error(matcher, ctx, recent, why: str) -> RewriteLoopError:
   return RewriteLoopError(f"graph_rewrite did not reach a fixed point: {why}; rules that keep firing: {named}")
 
 
-def _post_order(root: UOp, rewrite, matcher, ctx, budget: _Budget) -> UOp:
-  done: dict[UOp, UOp] = {}
+def _post_order(root: UOp, rewrite, matcher, ctx, budget: _Budget, done: dict[UOp, UOp]) -> UOp:
   pending: set[UOp] = set()               # nodes whose rewrite result is still being processed
   recent: collections.deque = collections.deque(maxlen=64)
   budget.recent = recent
@@ -145,8 +148,7 @@ def _post_order(root: UOp, rewrite, matcher, ctx, budget: _Budget) -> UOp:
   return done[root]
 
 
-def _pre_order(root: UOp, rewrite, matcher, ctx, budget: _Budget) -> UOp:
-  done: dict[UOp, UOp] = {}
+def _pre_order(root: UOp, rewrite, matcher, ctx, budget: _Budget, done: dict[UOp, UOp]) -> UOp:
   pending: set[UOp] = set()
   recent: collections.deque = collections.deque(maxlen=64)
   budget.recent = recent

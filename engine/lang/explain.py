@@ -295,14 +295,14 @@ class RewriteRecorder:
     matcher.matcher = watched
     return matcher, v[0].title
 
-  def graph_rewrite(self, sink, matcher, ctx=None, bottom_up=False, max_steps=None):
+  def graph_rewrite(self, sink, matcher, ctx=None, bottom_up=False, max_steps=None, memo=None):
     w = self._watched(matcher)
     if w is None:
       self.rec.other_calls += 1
-      return self._orig(sink, matcher, ctx=ctx, bottom_up=bottom_up, max_steps=max_steps)
+      return self._orig(sink, matcher, ctx=ctx, bottom_up=bottom_up, max_steps=max_steps, memo=memo)
     self.rec.calls += 1
     if w[1] not in self.rec.rulesets: self.rec.rulesets.append(w[1])
-    return self._orig(sink, w[0], ctx=ctx, bottom_up=bottom_up, max_steps=max_steps)
+    return self._orig(sink, w[0], ctx=ctx, bottom_up=bottom_up, max_steps=max_steps, memo=memo)
 
   def _decision_pass(self, orig):
     """A decision pass (DECISION_PASSES) whose rule sets holding the rule are watched."""

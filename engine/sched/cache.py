@@ -29,7 +29,7 @@ from rulec.runtime.buffer import new_buffer
 from rulec.runtime.devices import one_pass_groups, rows_shared, split_parts
 from rulec.engine.ir.kernel import Kernel
 
-__all__ = ["STATS", "MAX_ENTRIES", "enabled", "graph_key", "schedule", "clear"]
+__all__ = ["STATS", "MAX_ENTRIES", "enabled", "graph_key", "schedule", "schedule_keeping", "clear"]
 
 STATS = {"hits": 0, "misses": 0}
 MAX_ENTRIES = 256
@@ -54,6 +54,12 @@ def graph_key(targets: Sequence[UOp]) -> tuple[tuple, list[UOp]]:
 
   One entry per distinct node in topological order; sources are named by position, so sharing is part of
   the key, and two graphs with equal keys are the same graph up to which buffers they read."""
+  entries, bufs, _ = _graph_key(targets)
+  return entries, bufs
+
+
+def _graph_key(targets: Sequence[UOp]) -> tuple[tuple, list[UOp], dict[UOp, int]]:
+  """graph_key(), and each node's position in the key (the same node of every graph with this key)."""
   pos: dict[UOp, int] = {}
   bufs: list[UOp] = []
   leaves: dict = {}
@@ -69,7 +75,7 @@ def graph_key(targets: Sequence[UOp]) -> tuple[tuple, list[UOp]]:
     else: e = (u.op, u.dtype, _arg_key(u), tag, tuple(pos[s] for s in u.src))
     pos[u] = len(entries)
     entries.append(e)
-  return tuple(entries), bufs
+  return tuple(entries), bufs, pos
 
 
 def _slot(i: int, b: UOp) -> UOp:
@@ -79,10 +85,12 @@ def _slot(i: int, b: UOp) -> UOp:
 
 class _Entry:
   """One cached schedule: kernel ASTs with their buffers as slot numbers (inputs first, then the fresh buffers
-  the schedule allocated, as (device, size, dtype)), and the output views over slot stand-ins."""
-  __slots__ = ("kernels", "fresh", "views", "stand_ins")
+  the schedule allocated, as (device, size, dtype)), and the output views over slot stand-ins; the kept
+  intermediate values as (position in the graph key, view over stand-ins) after the outputs' views."""
+  __slots__ = ("kernels", "fresh", "views", "stand_ins", "kept_at")
 
-  def __init__(self, inputs: list[UOp], kernels: list[Kernel], views: list[UOp]):
+  def __init__(self, inputs: list[UOp], kernels: list[Kernel], views: list[UOp], kept_at: list[int] = ()):
+    self.kept_at = list(kept_at)
     slot: dict[UOp, int] = {b: i for i, b in enumerate(inputs)}
     fresh: list[UOp] = []
     def number(b: UOp) -> int:
@@ -132,10 +140,19 @@ def clear() -> None:
 def schedule(targets: list[UOp], default_device: str, devices: Sequence[str] | None = None) -> tuple[list[Kernel], list[UOp]]:
   """engine.schedule.schedule(targets, default_device, devices), from the cache when a graph of the same
   shape was scheduled before."""
+  kernels, views, _ = schedule_keeping(targets, default_device, devices, keep=False)
+  return kernels, views
+
+
+def schedule_keeping(targets: list[UOp], default_device: str, devices: Sequence[str] | None = None,
+                     keep: bool = True) -> tuple[list[Kernel], list[UOp], list[tuple[UOp, UOp]]]:
+  """driver.schedule_keeping (the kernels, the targets' views, the kept intermediate values with their views),
+  from the cache when a graph of the same shape was scheduled before (keeping or not is part of the key)."""
   devices = list(devices) if devices is not None else [default_device] * len(targets)
-  if not enabled(): return _scheduler.schedule(targets, default_device, devices)
-  structure, inputs = graph_key(targets)
-  key = (structure, default_device, tuple(devices), _knobs({default_device, *devices, *(b.arg[1] for b in inputs)}))
+  if not enabled(): return _scheduler.schedule_keeping(targets, default_device, devices, keep)
+  structure, inputs, pos = _graph_key(targets)
+  key = (structure, default_device, tuple(devices), keep,
+         _knobs({default_device, *devices, *(b.arg[1] for b in inputs)}))
   entry = _entries.get(key)
   if entry is not None:
     _entries.move_to_end(key)
@@ -144,9 +161,12 @@ def schedule(targets: list[UOp], default_device: str, devices: Sequence[str] | N
       n = len(entry.kernels)
       print(f"[schedule] cache hit: {n} kernel{'s' if n != 1 else ''} of a graph of this shape scheduled before, "
             "no pass run (RULEC_SCHEDULE_CACHE=0 runs them)")
-    return entry.bind(inputs)
+    kernels, views = entry.bind(inputs)
+    n = len(targets)
+    nodes = list(pos) if entry.kept_at else []
+    return kernels, views[:n], [(nodes[i], v) for i, v in zip(entry.kept_at, views[n:])]
   STATS["misses"] += 1
-  kernels, views = _scheduler.schedule(targets, default_device, devices)
-  _entries[key] = _Entry(inputs, kernels, views)
+  kernels, views, kept = _scheduler.schedule_keeping(targets, default_device, devices, keep)
+  _entries[key] = _Entry(inputs, kernels, views + [v for _, v in kept], [pos[x] for x, _ in kept])
   while len(_entries) > MAX_ENTRIES: _entries.popitem(last=False)
-  return kernels, views
+  return kernels, views, kept

@@ -25,7 +25,7 @@ import time
 
 from rulec.engine import trace as _trace
 from rulec.engine.lang.loader import load_library
-from rulec.engine.ir.ops import Ops
+from rulec.engine.ir.ops import MOVEMENT, Ops
 from rulec.engine.ir.rewrite import graph_rewrite
 from rulec.engine.sched.fusion import HOISTING_DEVICES, MAX_RECOMPUTE_READS, choose_stages  # noqa: F401 (re-exported)
 from rulec.engine.sched.kernels import KernelSplit, order_kernels
@@ -115,6 +115,46 @@ def schedule(targets: list[UOp], default_device: str = "NUMPY",
   """Kernels that realize `targets`, in run order, and each target's realized view (movement ops over a BUFFER).
 
   `devices` names, per target, where a value that lives on no device (a graph of constants) is stored."""
+  kernels, views, _ = schedule_keeping(targets, default_device, devices)
+  return kernels, views
+
+
+# the ops of a value worth handing back when the fusion rules store it: computed values (a view, a buffer, a
+# constant, a write or a copy to another device is none, or is handed back already)
+_NOT_KEPT = MOVEMENT | {Ops.BUFFER, Ops.CONST, Ops.ASSIGN, Ops.AFTER, Ops.COPY, Ops.STAGE, Ops.SINK, Ops.MSTACK}
+
+
+def _kept_values(originals: UOp, became: list[dict], staged: set[UOp], sink: UOp) -> list[tuple[UOp, UOp]]:
+  """The values the schedule stores into buffers of their own that are nodes of the caller's graphs too (the
+  graphs `originals` holds), as (the caller's node, the node the fusion rules saw): what a later realize of a
+  graph that holds them can read from those buffers instead of computing them again (tinygrad's becomes map: a
+  model that realizes each layer's KV-cache write would otherwise compute every layer below it again, per
+  layer). `became` holds what each node became in each pass before the fusion rules ran.
+
+  Left out: views, buffers, constants and writes; a value of size 0; a copy whose value is a view (its stage
+  would change: a kept value is an output, and outputs are stored whole); a value that reads a buffer this
+  schedule writes (its value is the buffer's old contents, which a graph holding it reads no more)."""
+  order = originals.toposort()
+  written = {u.src[0].base for u in order if u.op is Ops.ASSIGN}
+  outputs = set(originals.src)   # (an output is stored already, its buffer kept apart: engine/tensor/base.py)
+  reads_written: dict[UOp, bool] = {}
+  now: dict[UOp, UOp] = {}   # node the fusion rules saw -> the first of the caller's nodes that became it
+  for o in order:
+    reads_written[o] = o in written or any(reads_written[s] for s in o.src)
+    if o in outputs or o.op in _NOT_KEPT or reads_written[o] or o.size == 0 or not isinstance(o.device, str): continue
+    x = o
+    for m in became: x = m.get(x, x)
+    if x.op is Ops.CONTIGUOUS: ok = x.src[0].op not in MOVEMENT and x.src[0].base.op is not Ops.CONST
+    else: ok = x in staged and x.op not in _NOT_KEPT
+    if ok and x.shape == o.shape: now.setdefault(x, o)
+  return [(o, x) for x, o in now.items()]
+
+
+def schedule_keeping(targets: list[UOp], default_device: str = "NUMPY", devices: list[str] | None = None,
+                     keep: bool = True) -> tuple[list[Kernel], list[UOp], list[tuple[UOp, UOp]]]:
+  """schedule(), and (node, its view) for every intermediate value of the targets' graphs the kernels store
+  into a buffer of their own (`_kept_values`; none when `keep` is False or the values span devices)."""
+  originals = UOp.sink(*targets)
   devices = list(devices) if devices is not None else [default_device] * len(targets)
   # values spread over devices (rules/multi.rules): one target per device, put back together at the end
   targets, devices, regroup = split_by_device(list(targets), devices, _pass)
@@ -125,13 +165,25 @@ def schedule(targets: list[UOp], default_device: str = "NUMPY",
   n = len(targets)
   assigns = [u for u in UOp.sink(*targets).toposort() if u.op is Ops.ASSIGN and u not in targets]
   devices += [a.device or default_device for a in assigns]
-  sink = _pass("earliest", UOp.sink(*targets, *assigns), _m("earliest"))
-  if (copies := CopyReuse(sink)).found: sink = _pass("reuse_copies", sink, _m("reuse_copies"), ctx=copies)
-  sink = _pass("prepare", sink, _m("prepare"))
+  # (what each node of the caller's graphs became in the first passes: a value the fusion rules store is handed
+  # back to the caller's graphs through these)
+  became: list[dict] = [{}, {}, {}]
+  sink = _pass("earliest", UOp.sink(*targets, *assigns), _m("earliest"), memo=became[0])
+  if (copies := CopyReuse(sink)).found:
+    sink = _pass("reuse_copies", sink, _m("reuse_copies"), ctx=copies, memo=became[1])
+  sink = _pass("prepare", sink, _m("prepare"), memo=became[2])
   used = {*devices, *(u.arg[1] for u in sink.toposort() if u.op is Ops.BUFFER)}
   hoists = all(device_kind(d) in HOISTING_DEVICES for d in used)
   hoists_rows = all(device_kind(d) in HOISTING_DEVICES or rows_shared(d) for d in used)
-  sink = _pass("stage", sink, _m("stage"), ctx=StagePlan(sink, _fusion(sink, hoists, hoists_rows), devices))
+  staged = _fusion(sink, hoists, hoists_rows)
+  # (values spread over devices are regrouped per target: what they keep is not handed back)
+  kept = _kept_values(originals, became, staged, sink) if keep and len(targets) == len(originals.src) and \
+    all(a is b for a, b in zip(targets, originals.src)) and all(isinstance(t.device, str) for t in targets) else []
+  if kept:
+    first_kept = len(sink.src)
+    sink = UOp.sink(*sink.src, *(x for _, x in kept))
+    devices = devices + [x.device for _, x in kept]
+  sink = _pass("stage", sink, _m("stage"), ctx=StagePlan(sink, staged, devices))
   if (limit := max_kernel_buffers(default_device)): sink = _pass("limit", sink, _m("limit_buffers"), ctx=limit)
   if Placement.needed(sink): sink = _pass("place", sink, _m("place"), ctx=Placement(sink, devices))
   sink = snapshot_overwritten_reads(sink)
@@ -142,8 +194,14 @@ def schedule(targets: list[UOp], default_device: str = "NUMPY",
   sink = _pass("split", sink, _m("split_kernels"), ctx=split)
   kernels = order_kernels(split.built)
   # each target reads its buffer directly from now on (the kernels are split off)
-  views = list(_pass("views", UOp.sink(*sink.src[:n]), _m("kernel_views")).src)
-  if DEBUG: print(f"[schedule] {len(kernels)} kernels")
+  views = list(_pass("views", UOp.sink(*sink.src[:n], *(sink.src[first_kept:] if kept else ())),
+                     _m("kernel_views")).src)
+  # (a kept value some rule folded back into a computation, not a buffer, is no use to hand back; nor is one stored
+  # in an output's buffer: that buffer is the output's alone)
+  outputs = {v.base for v in views[:n]}
+  handed = [(o, v) for (o, _), v in zip(kept, views[n:])
+            if v.base.op is Ops.BUFFER and v.shape == o.shape and v.base not in outputs]
+  if DEBUG: print(f"[schedule] {len(kernels)} kernels" + (f", {len(handed)} intermediate values kept" if handed else ""))
   if DEBUG >= 2:
     for k in kernels: print(k.render())
-  return kernels, regroup(views)
+  return kernels, regroup(views[:n]), handed

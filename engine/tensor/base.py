@@ -12,7 +12,7 @@ import numpy as np
 
 from rulec.engine import realize as _engine
 from rulec.engine.ir.dtypes import DType
-from rulec.engine.ir.ops import Ops
+from rulec.engine.ir.ops import MOVEMENT, Ops
 from rulec.engine.sched.early import is_buffer_view
 from rulec.engine.sched.multi import copy_to
 from rulec.engine.tensor import history as _history
@@ -52,6 +52,48 @@ def _became(done: dict[UOp, UOp], plan: _inplace.Plan | None = None) -> None:
       if new is not u: t.uop = new
 
 
+def _hand_back(kept: dict[UOp, UOp]) -> None:
+  """After a realize: every live graph that holds an intermediate value the kernels stored into a buffer of its
+  own reads that buffer from now on (tinygrad's becomes map), so no later realize computes the value again. A
+  model that realizes each layer's KV-cache write (LLaMA, GPT-2) would otherwise compute every layer below the
+  one being written, once per layer.
+
+  The buffer keeps the value's graph as its history (autograd reads through it). A value that several live
+  tensors hold as themselves (or as a view of themselves) is handed to none of them and to no graph: sharing the
+  buffer would let an assign into one tensor change the others (as `_became` keeps realized outputs apart)."""
+  if not kept: return
+  live = [t for t in list(_LIVE) if not _engine.is_realized(t.uop)]
+  views_of: dict[UOp, int] = {}
+  for t in live:
+    b = t.uop
+    while b.op in MOVEMENT: b = b.src[0]
+    if b in kept: views_of[b] = views_of.get(b, 0) + 1
+  mapping = {x: v for x, v in kept.items() if views_of.get(x, 0) <= 1}
+  if not mapping: return
+  memo: dict[UOp, UOp] = {}
+  for t in live:
+    new = _substitute_outside_writes(t.uop, mapping, memo)
+    if new is not t.uop: t.uop = new
+  # (a kept value's history is its graph over the other kept values' buffers: short, and it keeps no buffer below
+  # them alive)
+  for x, v in mapping.items():
+    if memo.get(x) is v: _history.record(v, x.replace(src=tuple(memo.get(s, s) for s in x.src)))
+
+
+def _substitute_outside_writes(u: UOp, mapping: dict[UOp, UOp], memo: dict[UOp, UOp]) -> UOp:
+  """u with the nodes in `mapping` replaced, except inside an ASSIGN (a pending write is known by its node:
+  engine/tensor/writes.py; its value computes what it reads again). `memo` is shared by calls over graphs that
+  share nodes, so each is rebuilt once."""
+  if u in memo: return memo[u]
+  for x in u.toposort(gate=lambda x: x not in memo and x.op is not Ops.ASSIGN and x not in mapping):
+    if x in memo: continue
+    if x in mapping: memo[x] = mapping[x]; continue
+    if x.op is Ops.ASSIGN or not x.src: memo[x] = x; continue
+    new = tuple(memo[s] for s in x.src)
+    memo[x] = x if all(a is b for a, b in zip(new, x.src)) else UOp(x.op, x.dtype, new, x.arg, x.tag)
+  return memo[u]
+
+
 def _carry_out(writes: list[UOp]) -> None:
   """Carry out pending writes one realize each, in order (each reads the buffers as the ones before left them)."""
   done: dict[UOp, UOp] = {}
@@ -59,10 +101,12 @@ def _carry_out(writes: list[UOp]) -> None:
     now = _writes.substitute(w, done)
     plan = _inplace.plan([now])
     extra, devices = plan.extra() if plan is not None else ([], [])
-    result = _engine.realize_map([now, *extra], [w.src[0].base.arg[1], *devices])
+    kept: dict[UOp, UOp] = {}
+    result = _engine.realize_map([now, *extra], [w.src[0].base.arg[1], *devices], kept)
     if plan is not None: plan.realized(result)
     result[w] = done[w] = result.get(now, now.src[0])
     _became(result, plan)
+    _hand_back(kept)
 
 
 def is_advanced_index(it: Any) -> bool:
@@ -237,7 +281,8 @@ class TensorBase:
       # (copies of old contents that the gradients through the writes carried out here will read)
       plan = _inplace.plan(uops)
       extra, extra_devices = plan.extra() if plan is not None else ([], [])
-      done = _engine.realize_map(uops + extra, devices + extra_devices)
+      kept: dict[UOp, UOp] = {}
+      done = _engine.realize_map(uops + extra, devices + extra_devices, kept)
       if plan is not None: plan.realized(done)
       for t, u in zip(todo, uops):
         graph = t.uop
@@ -245,6 +290,7 @@ class TensorBase:
         # (an assign is kept as its buffer's history, by the plan)
         if not _multi.holds_assign(u): _history.record(t.uop, graph if plan is None else plan.history(graph))
       _became(done, plan)
+      _hand_back(kept)
     return self
 
   def schedule(self, *others: Tensor):

@@ -240,7 +240,7 @@ def test_a_hit_runs_no_scheduling_work(monkeypatch):
       work[name] += 1
       return fn(*a, **kw)
     return wrapper
-  monkeypatch.setattr(sc._scheduler, "schedule", counted("schedule", sc._scheduler.schedule))
+  monkeypatch.setattr(sc._scheduler, "schedule_keeping", counted("schedule", sc._scheduler.schedule_keeping))
   monkeypatch.setattr(driver, "choose_stages", counted("fusion", driver.choose_stages))
   orig_rewrite = driver.graph_rewrite
   def graph_rewrite(sink, matcher, *a, **kw):
