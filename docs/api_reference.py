@@ -155,7 +155,10 @@ builds everything for the bound value: it is the first, specialised step of symb
   compiles every kernel whose code depends on the value: measured in tests/frontend/test_variables.py, 3 to 4 of the
   7 kernels of an attention step per new position (the projections are the same code every step and come from
   the compiled-kernel cache); a position seen before compiles nothing. Unbound Variables as sizes (shapes holding
-  expressions, `max_shape` above its value) are not supported.
+  expressions, `max_shape` above its value) are not supported. Until they are, rulec's own generation examples
+  (examples/gpt2.py, examples/llama.py: examples/textgen.py) keep every shape fixed instead: the position is a
+  one-element int32 tensor, the step writes its cache slot with a `where` and masks the later positions, so one
+  capture serves a whole generation (its kernels are built once) at the cost of attending over the whole cache.
 
 ## Loading weights (`rulec.nn.state`)
 

@@ -356,3 +356,67 @@ def affine_given(w: UOp) -> UOp | None:
     if new is not t: out = UOp(Ops.WHERE, w.dtype, (cond, new, f))
   _AFFINE[w] = out
   return out
+
+
+# *** one-hot sums: Tensor.arange's iota over a range, and a sum that picks one position (a gather, an Embedding) ***
+
+
+def _iota_bit(t: UOp) -> tuple[UOp, int] | None:
+  """(r, w) when t is one binary digit's pattern of r: WHERE(r % 2w < w, 0, w), or WHERE(r < w, 0, w) for a top
+  digit (r < 2w)."""
+  if t.op is not Ops.WHERE or t.src[1].op is not Ops.CONST or t.src[1].arg != 0 or t.src[2].op is not Ops.CONST: return None
+  w, cond = t.src[2].arg, t.src[0]
+  if type(w) is not int or w < 1 or w & (w - 1) or cond.op is not Ops.CMPLT: return None
+  a, lim = cond.src
+  if lim.op is not Ops.CONST or lim.arg != w: return None
+  if a.op is Ops.MOD and a.src[1].op is Ops.CONST and a.src[1].arg == 2 * w: r = a.src[0]
+  elif a.vmax < 2 * w: r = a
+  else: return None
+  return (r, w) if r.op is Ops.RANGE else None
+
+
+@rule_helper
+def iota_value(x: UOp) -> UOp | None:
+  """x as its range r when x is Tensor.arange's iota over r (engine/tensor/creation.py `_iota`: the sum of each
+  binary digit's pattern, WHERE(r % 2w < w, 0, w) for w = 1, 2, 4, ... 2^(B-1), with 0 <= r < 2^B): the digits of
+  r add up to r. None when x is anything else."""
+  terms, stack = [], [x]
+  while stack:
+    u = stack.pop()
+    if u.op is Ops.ADD and u.dtype is x.dtype: stack.extend(u.src); continue
+    if (bit := _iota_bit(u)) is None: return None
+    terms.append(bit)
+  r = terms[0][0]
+  ws = sorted(w for _, w in terms)
+  if any(t[0] is not r for t in terms) or ws != [1 << b for b in range(len(ws))]: return None
+  if r.vmin < 0 or r.vmax >= 2 * ws[-1] or r.vmax > x.dtype.max(): return None
+  return r.cast(x.dtype)
+
+
+@rule_helper
+def collapse_one_hot(red: UOp) -> UOp | None:
+  """A sum over range r of WHERE(i == r, v(r), 0), where i reads no range of the sum: v at r = i, where
+  0 <= i < n (the range's size), else 0 (the seeds' and tinygrad's reduce collapse of an arange compare). This is
+  how a gather or an Embedding picks its rows: without it every row is read and all but one multiplied away.
+
+  r is replaced by WHERE(0 <= i < n, i, 0), a position the loop itself visits, so every address v reads stays
+  one the sum read before. (The sum of one value and zeros is the value, except that -0.0 + 0.0 is +0.0: a picked
+  -0.0 now stays -0.0.)"""
+  if red.arg is not Ops.ADD or len(red.src) < 2: return None
+  val, rngs = red.src[0], red.src[1:]
+  if val.op is not Ops.WHERE or val.src[2].op is not Ops.CONST or val.src[2].arg != 0: return None
+  cond = val.src[0]
+  if cond.op is not Ops.CMPEQ: return None
+  for r_side, i in (cond.src, cond.src[::-1]):
+    r = r_side.src[0] if r_side.op is Ops.CAST else r_side
+    if r.op is not Ops.RANGE or not any(r is x for x in rngs) or r.src[0].op is not Ops.CONST: continue
+    n = r.src[0].arg
+    if r_side.op is Ops.CAST and not (r_side.dtype.is_int and r_side.dtype.max() >= n - 1 and r_side.dtype.min() <= 0): continue
+    if any(u.op is Ops.RANGE and any(u is x for x in rngs) for u in i.toposort()): continue
+    valid = (i < n) & (i < 0).ne(True)
+    at = valid.where(i, i.const_like(0))
+    at = at if at.dtype is r.dtype else at.cast(r.dtype)
+    picked = valid.where(_replace_in_values(val.src[1], {r: at}), val.src[1].const_like(0))
+    rest = tuple(x for x in rngs if x is not r)
+    return UOp(Ops.REDUCE, red.dtype, (picked, *rest), red.arg) if rest else picked
+  return None
