@@ -55,14 +55,18 @@ def _reduce_epilogues(order: list[UOp]) -> set[UOp]:
   constant or a realized buffer (numpy's NaN-aware max: WHERE(any nan, nan, max); a mean: sum * 1/n).
   Storing the top of such a tail stores the reduces below it in the same kernel."""
   out: set[UOp] = set()
+  reduces_below: dict[UOp, bool] = {}
   for u in order:
+    reduces_below[u] = u.op is Ops.REDUCE_AXIS or any(reduces_below[s] for s in u.src)
     if not (u.op in ALU or u.op is Ops.CAST): continue
     ok, any_reduce = True, False
     for s in u.src:
       x = s
-      while x.op is Ops.RESHAPE: x = x.src[0]
+      while x.op in (Ops.RESHAPE, Ops.PERMUTE): x = x.src[0]
       if x.op is Ops.REDUCE_AXIS or x in out: any_reduce = True
-      elif x.base.op not in (Ops.CONST, Ops.BUFFER): ok = False
+      # (an elementwise value at this shape is computed here too; so is a broadcast parameter, a batchnorm's
+      # rsqrt(var + eps): anything with no reduce below it)
+      elif not (x.op in ALU or x.op is Ops.CAST or not reduces_below[x]): ok = False
     if ok and any_reduce: out.add(u)
   return out
 
@@ -110,6 +114,10 @@ class FusionFacts:
   def needed_below(self, x: UOp) -> bool:
     """A reduce inside x's epilogue is used more often than x, or an epilogue value below x at least as often."""
     return _needed_below(x, self._epilogues, self._uses)
+
+  def needed_more_below(self, x: UOp) -> bool:
+    """A reduce or an epilogue value inside x's epilogue is used more often than x: something besides x reads it."""
+    return _needed_below(x, self._epilogues, self._uses, strict=True)
 
   def _sole_chain(self, x: UOp, ops) -> tuple[UOp, set]:
     """The end of the ops (of `ops`) that are x's only consumers, one after the other, and which ops they are."""
@@ -216,16 +224,18 @@ def choose_stages(sink: UOp, rule_sets, hoists: bool = False, hoists_rows: bool 
   return facts.staged
 
 
-def _needed_below(u: UOp, epilogues: set[UOp], uses: dict[UOp, float]) -> bool:
-  """A reduce inside u's epilogue is used more often than u, or an epilogue value below u at least as often:
-  then that value is the one to store, and u is recomputed from it."""
+def _needed_below(u: UOp, epilogues: set[UOp], uses: dict[UOp, float], strict: bool = False) -> bool:
+  """A reduce inside u's epilogue is used more often than u, or an epilogue value below u at least as often (more
+  often, when `strict`: something besides u reads it): then that value is the one to store, and u is recomputed
+  from it."""
   seen, todo = set(), [s for s in u.src]
   while todo:
     v = todo.pop()
     if v in seen or not (v in epilogues or v.op is Ops.REDUCE_AXIS): continue
     seen.add(v)
     # (an elementwise value below that is needed as often is stored instead: the one nearest the reduce is)
-    if uses.get(v, 0) > uses.get(u, 0) or (v.op is not Ops.REDUCE_AXIS and uses.get(v, 0) >= uses.get(u, 0)): return True
+    if uses.get(v, 0) > uses.get(u, 0) or (not strict and v.op is not Ops.REDUCE_AXIS and uses.get(v, 0) >= uses.get(u, 0)):
+      return True
     if v.op is not Ops.REDUCE_AXIS: todo += v.src
   return False
 
