@@ -131,9 +131,10 @@ def _kept_values(originals: UOp, became: list[dict], staged: set[UOp], sink: UOp
   model that realizes each layer's KV-cache write would otherwise compute every layer below it again, per
   layer). `became` holds what each node became in each pass before the fusion rules ran.
 
-  Left out: views, buffers, constants and writes; a value of size 0; a copy whose value is a view (its stage
-  would change: a kept value is an output, and outputs are stored whole); a value that reads a buffer this
-  schedule writes (its value is the buffer's old contents, which a graph holding it reads no more)."""
+  Left out: views, buffers, constants and writes; a value of size 0; a copy of a view of a buffer or a constant
+  (it stays a copy of its own) or of an expanded value (a kept value is an output, and outputs are stored whole);
+  a value that reads a buffer this schedule writes (its value is the buffer's old contents, which a graph holding
+  it reads no more)."""
   order = originals.toposort()
   written = {u.src[0].base for u in order if u.op is Ops.ASSIGN}
   outputs = set(originals.src)   # (an output is stored already, its buffer kept apart: engine/tensor/base.py)
@@ -144,7 +145,7 @@ def _kept_values(originals: UOp, became: list[dict], staged: set[UOp], sink: UOp
     if o in outputs or o.op in _NOT_KEPT or reads_written[o] or o.size == 0 or not isinstance(o.device, str): continue
     x = o
     for m in became: x = m.get(x, x)
-    if x.op is Ops.CONTIGUOUS: ok = x.src[0].op not in MOVEMENT and x.src[0].base.op is not Ops.CONST
+    if x.op is Ops.CONTIGUOUS: ok = x.src[0].op is not Ops.EXPAND and x.src[0].base.op not in (Ops.BUFFER, Ops.CONST)
     else: ok = x in staged and x.op not in _NOT_KEPT
     if ok and x.shape == o.shape: now.setdefault(x, o)
   return [(o, x) for x, o in now.items()]

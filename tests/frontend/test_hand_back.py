@@ -1,7 +1,7 @@
 """Intermediate values a realize stores are handed back to the live graphs that hold them (engine/tensor/base.py
 `_hand_back`, engine/sched/driver.py `_kept_values`: tinygrad's becomes map), so no later realize computes them
 again. Without it a model that realizes each layer's KV-cache write (LLaMA, GPT-2) computed every layer below the
-one written, per layer: kernels grew with the square of the depth (8 layers: 462 kernels a token, now 118).
+one written, per layer: kernels grew with the square of the depth (8 layers: 462 kernels a token, now 101).
 
 Counted in kernels run (never seconds); values checked against numpy; the cases that must not share a buffer
 (two tensors holding one graph, an assign into one of them), autograd through a handed-back value, and the
