@@ -388,8 +388,12 @@ class NNMixin:
     k, s, d, pads, full = src._pool_args("avg_pool2d", kernel_size, stride, dilation, padding, ceil_mode)
     u, taps = _windows(src, k, s, d, full, 0, "avg_pool2d")
     total = self._new(u.r(Ops.ADD, taps).reshape(_drop(u.shape, taps)))
-    # the divisor: ones over the cells that count (input, and padding if count_include_pad), windowed the same way
     n = len(k)
+    if all(f == p for f, p in zip(full, pads)) and (count_include_pad or not any(any(p) for p in pads)):
+      # every window counts all its cells (no ceil_mode cells, and padding counts or there is none): the divisor is
+      # the window's size, a constant (the mean is then an epilogue of the sum, in its kernel)
+      return (total / float(math.prod(k))).cast(out)
+    # the divisor: ones over the cells that count (input, and padding if count_include_pad), windowed the same way
     one = type(self).ones(*self.shape[self.ndim - n:], dtype=src.dtype, device=self.device)
     if count_include_pad: one = one.pad(tuple(pads), value=1.0)
     extra = [(f[0] - (p[0] if count_include_pad else 0), f[1] - (p[1] if count_include_pad else 0)) for f, p in zip(full, pads)]
