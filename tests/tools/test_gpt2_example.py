@@ -179,3 +179,19 @@ def test_byte_tokens_are_gpt2s():
 def test_byte_codec_round_trip(text):
   c = gpt2.ByteCodec()
   assert c.decode(c.encode(text)) == text
+
+
+def test_command_line(tmp_path, capsys, monkeypatch):
+  # (a width-16 "size" so the run is small; the command line is the example's own)
+  monkeypatch.setitem(gpt2.SIZES, "gpt2", (1, HEADS, DIM))
+  assert gpt2.main(["--random", "--count", "3", "--context", "64", "--prompt", "Hi!"]) == 0
+  out = capsys.readouterr()
+  assert out.out.startswith("Hi!") and "3 tokens" in out.err and "tokens/s" in out.err and "1 layers, width 16" in out.err
+  from rulec.nn.state import safe_save
+  _, w = tiny()
+  safe_save({k: Tensor(v) for k, v in hf_names(w).items()}, str(tmp_path / "m.safetensors"))
+  assert gpt2.main(["--model", str(tmp_path / "m.safetensors"), "--heads", str(HEADS), "--count", "2",
+                    "--context", "64", "--quiet"]) == 0
+  assert "2 tokens" in capsys.readouterr().err
+  monkeypatch.undo()   # (GPT-2's own sizes again: no size has width 16)
+  with pytest.raises(SystemExit, match="--heads"): gpt2.main(["--model", str(tmp_path / "m.safetensors")])
