@@ -1,7 +1,12 @@
-"""Whole models end to end: GPT-2 generation in tokens/s, rulec beside tinygrad 0.14 and torch, in one run.
+"""Whole models end to end: GPT-2 and LLaMA generation in tokens/s, rulec beside tinygrad 0.14 and torch, in one run.
 
-    python bench/models.py [--size gpt2] [--layers N] [--prompt 8] [--tokens 32] [--device CPU]
+    python bench/models.py [--model gpt2|llama] [--size gpt2] [--layers N] [--prompt 8] [--tokens 32] [--device CPU]
                            [--tinygrad PATH] [--tg-dev CPU] [--only rulec,rulec-tgfile,tinygrad,torch]
+
+--model llama runs examples/llama.py's model (and tinygrad's extra/models/llama.py) at a LLaMA-shaped config of
+GPT-2-small's cost: width 768, 12 layers, 12 heads over 4 KV heads, SwiGLU width 2048, a 32000-token vocabulary,
+random weights (no GGUF file is read: the bench builds the model from the arrays, as examples/llama.py's `load`
+does after reading one). torch has no LLaMA side here.
 
 Every side generates greedily from the same prompt with random weights of GPT-2's shapes (124M parameters at
 --size gpt2), each in a fresh process, and reports the steady rate: the median seconds of the one-token steps
@@ -38,6 +43,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 SIZES = {"gpt2": (12, 12, 768), "gpt2-medium": (24, 16, 1024)}
 VOCAB = 50257
+# --model llama: width, layers, heads, KV heads, SwiGLU width, vocabulary
+LLAMA = dict(dim=768, layers=12, heads=12, kv_heads=4, hidden=2048, vocab=32000)
 SEED = 1234
 
 
@@ -50,8 +57,8 @@ def machine() -> str:
   return f"{cpu}, {os.cpu_count()} cores, {platform.system()} {platform.release()}"
 
 
-def prompt_tokens(n: int) -> list[int]:
-  return [int(t) for t in np.random.default_rng(SEED).integers(0, VOCAB, n)]
+def prompt_tokens(n: int, vocab: int = VOCAB) -> list[int]:
+  return [int(t) for t in np.random.default_rng(SEED).integers(0, vocab, n)]
 
 
 def steady(times: list[float]) -> dict:
@@ -64,11 +71,40 @@ def steady(times: list[float]) -> dict:
 # the sides (each runs in a process of its own and prints one JSON line)
 
 
+def _llama_weights(layers: int) -> tuple[dict, dict]:
+  """examples/llama.py's GGUF metadata and weights (GGUF names, numpy float32) for the LLAMA config, random."""
+  c, rng = LLAMA, np.random.default_rng(SEED)
+  hd = c["dim"] // c["heads"]
+  def w(*shape): return (rng.standard_normal(shape, dtype=np.float32) * 0.02)
+  weights = {"token_embd.weight": w(c["vocab"], c["dim"]), "output_norm.weight": np.ones(c["dim"], np.float32),
+             "output.weight": w(c["vocab"], c["dim"])}
+  for i in range(layers):
+    p = f"blk.{i}."
+    weights.update({p + "attn_norm.weight": np.ones(c["dim"], np.float32), p + "ffn_norm.weight": np.ones(c["dim"], np.float32),
+                    p + "attn_q.weight": w(c["heads"] * hd, c["dim"]), p + "attn_k.weight": w(c["kv_heads"] * hd, c["dim"]),
+                    p + "attn_v.weight": w(c["kv_heads"] * hd, c["dim"]), p + "attn_output.weight": w(c["dim"], c["heads"] * hd),
+                    p + "ffn_gate.weight": w(c["hidden"], c["dim"]), p + "ffn_up.weight": w(c["hidden"], c["dim"]),
+                    p + "ffn_down.weight": w(c["dim"], c["hidden"])})
+  kv = {"general.architecture": "llama", "llama.block_count": layers, "llama.embedding_length": c["dim"],
+        "llama.attention.head_count": c["heads"], "llama.attention.head_count_kv": c["kv_heads"],
+        "llama.feed_forward_length": c["hidden"], "llama.context_length": 4096}
+  return kv, weights
+
+
 def side_rulec(a) -> dict:
   sys.path.insert(0, str(ROOT / "examples"))
   sys.path.insert(0, str(ROOT))
   import gpt2
   gpt2.use_device(a.device)
+  if a.model == "llama":
+    import llama
+    kv, weights = _llama_weights(a.layers or LLAMA["layers"])
+    model = llama.Llama(llama.Config(kv, weights), weights, a.context)
+    before = gpt2.kernels_built(a.device)
+    _, times = model.generate(prompt_tokens(a.prompt, LLAMA["vocab"]), a.tokens)
+    out = steady(times)
+    out["built"] = gpt2.kernels_built(a.device) - before
+    return out
   layers, heads, dim = SIZES[a.size]
   model = gpt2.GPT2(a.layers or layers, heads, dim, a.context)
   gpt2.load(model, gpt2.random_weights(model, SEED))
@@ -113,6 +149,37 @@ def _tg_generate(a, g, m) -> list[float]:
   return times
 
 
+def _tg_llama(a):
+  """tinygrad's extra/models/llama.py Transformer at the LLAMA config, random weights, its TinyJit on."""
+  sys.path.insert(0, a.tinygrad)
+  from extra.models.llama import Transformer
+  from tinygrad import Tensor
+  from tinygrad.nn.state import get_state_dict
+  c = LLAMA
+  m = Transformer(dim=c["dim"], hidden_dim=c["hidden"], n_heads=c["heads"], n_layers=a.layers or c["layers"],
+                  norm_eps=1e-5, vocab_size=c["vocab"], n_kv_heads=c["kv_heads"], max_context=a.context)
+  rng = np.random.default_rng(SEED)
+  for k, t in get_state_dict(m).items():
+    if "freqs_cis" in k: continue
+    v = np.ones(t.shape) if "norm" in k else rng.standard_normal(t.shape) * 0.02
+    t.assign(Tensor(v.astype(np.float32))).realize()
+  return m
+
+
+def _tg_llama_generate(a, m) -> list[float]:
+  """The prompt as one step (start_pos 0), then one token a step: the file's __call__ binds start_pos to a Variable
+  and runs its TinyJit for those."""
+  from tinygrad import Tensor
+  toks, start, times = prompt_tokens(a.prompt, LLAMA["vocab"]), 0, []
+  for _ in range(a.tokens):
+    t0 = time.perf_counter()
+    tok = m(Tensor([toks[start:]]), start, 0.0).item()
+    times.append(time.perf_counter() - t0)
+    start = len(toks)
+    toks.append(int(tok))
+  return times
+
+
 def side_rulec_tgfile(a) -> dict:
   sys.path.insert(0, str(ROOT))
   os.environ["RULEC_DEVICE"] = a.device
@@ -120,6 +187,12 @@ def side_rulec_tgfile(a) -> dict:
   alias.install()
   from rulec.runtime import cl_device, cpu_device
   counters = cl_device.COUNTERS if a.device.startswith("CL") else cpu_device.COUNTERS
+  if a.model == "llama":
+    m = _tg_llama(a)
+    before = counters["compiled"] + counters["loaded"]
+    out = steady(_tg_llama_generate(a, m)[1:])
+    out["built"] = counters["compiled"] + counters["loaded"] - before
+    return out
   g, m = _tg_model(a)
   before = counters["compiled"] + counters["loaded"]
   out = steady(_tg_generate(a, g, m)[1:])   # (the prompt step is one step over every prompt token)
@@ -128,11 +201,13 @@ def side_rulec_tgfile(a) -> dict:
 
 
 def side_tinygrad(a) -> dict:
+  if a.model == "llama": return steady(_tg_llama_generate(a, _tg_llama(a))[1:])
   g, m = _tg_model(a)
   return steady(_tg_generate(a, g, m)[1:])
 
 
 def side_torch(a) -> dict:
+  if a.model == "llama": raise SystemExit("no torch side for --model llama")
   import torch
   torch.manual_seed(SEED)
   layers, heads, dim = SIZES[a.size]
@@ -174,8 +249,9 @@ def side_torch(a) -> dict:
 
 
 SIDES = {"rulec": side_rulec, "rulec-tgfile": side_rulec_tgfile, "tinygrad": side_tinygrad, "torch": side_torch}
-LABELS = {"rulec": "rulec, examples/gpt2.py", "rulec-tgfile": "rulec, tinygrad's examples/gpt2.py",
-          "tinygrad": "tinygrad 0.14, its examples/gpt2.py", "torch": "torch eager (KV cache, here)"}
+LABELS = {"rulec": "rulec, examples/{model}.py", "rulec-tgfile": "rulec, tinygrad's {file}",
+          "tinygrad": "tinygrad 0.14, its {file}", "torch": "torch eager (KV cache, here)"}
+TG_FILES = {"gpt2": "examples/gpt2.py", "llama": "extra/models/llama.py"}
 
 
 def run_side(name: str, a) -> dict:
@@ -194,7 +270,8 @@ def run_side(name: str, a) -> dict:
 
 def main() -> None:
   ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  ap.add_argument("--size", default="gpt2", choices=sorted(SIZES))
+  ap.add_argument("--model", default="gpt2", choices=["gpt2", "llama"])
+  ap.add_argument("--size", default="gpt2", choices=sorted(SIZES), help="--model gpt2's shapes")
   ap.add_argument("--layers", type=int, help="fewer layers than the size has (a quicker run)")
   ap.add_argument("--prompt", type=int, default=8, help="prompt tokens")
   ap.add_argument("--tokens", type=int, default=32, help="tokens to generate")
@@ -212,9 +289,14 @@ def main() -> None:
   if a.side:
     print(json.dumps(SIDES[a.side](a)))
     return
-  layers = a.layers or SIZES[a.size][0]
-  print(f"GPT-2 ({a.size} shapes, {layers} layers), random weights, greedy; prompt {a.prompt} tokens, {a.tokens} "
-        f"generated; rulec on {a.device}, tinygrad on DEV={a.tg_dev}")
+  if a.model == "llama":
+    layers = a.layers or LLAMA["layers"]
+    what = f"LLaMA-shaped (width {LLAMA['dim']}, {layers} layers, {LLAMA['heads']}/{LLAMA['kv_heads']} heads, vocab {LLAMA['vocab']})"
+  else:
+    layers = a.layers or SIZES[a.size][0]
+    what = f"GPT-2 ({a.size} shapes, {layers} layers)"
+  print(f"{what}, random weights, greedy; prompt {a.prompt} tokens, {a.tokens} generated; rulec on {a.device}, "
+        f"tinygrad on DEV={a.tg_dev}")
   print(f"machine: {machine()}")
   rows = {}
   for name in a.only.split(","):
@@ -225,9 +307,10 @@ def main() -> None:
   base = rows.get("rulec", {}).get("tokens_s")
   print(f"{'side':40s} {'tokens/s':>9s} {'ms/token':>9s} {'vs rulec':>9s} {'first step s':>13s} {'built':>6s}")
   for name, r in rows.items():
-    if "error" in r: print(f"{LABELS[name]:40s} {r['error']}"); continue
+    label = LABELS[name].format(model=a.model, file=TG_FILES[a.model])
+    if "error" in r: print(f"{label:40s} {r['error']}"); continue
     ratio = f"{r['tokens_s'] / base:.2f}x" if base else "-"
-    print(f"{LABELS[name]:40s} {r['tokens_s']:9.2f} {r['ms_token']:9.1f} {ratio:>9s} {r['first_s']:13.2f} "
+    print(f"{label:40s} {r['tokens_s']:9.2f} {r['ms_token']:9.1f} {ratio:>9s} {r['first_s']:13.2f} "
           f"{r.get('built', '-'):>6}")
   if a.json: Path(a.json).write_text(json.dumps({"machine": machine(), "args": vars(a), "rows": rows}, indent=1))
 
