@@ -231,6 +231,7 @@ def _needed_below(u: UOp, epilogues: set[UOp], uses: dict[UOp, float], strict: b
   seen, todo = set(), [s for s in u.src]
   while todo:
     v = todo.pop()
+    while v.op in (Ops.RESHAPE, Ops.PERMUTE): v = v.src[0]   # (as _reduce_epilogues sees its sources)
     if v in seen or not (v in epilogues or v.op is Ops.REDUCE_AXIS): continue
     seen.add(v)
     # (an elementwise value below that is needed as often is stored instead: the one nearest the reduce is)
