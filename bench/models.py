@@ -94,25 +94,22 @@ def _llama_weights(layers: int) -> tuple[dict, dict]:
 def side_rulec(a) -> dict:
   sys.path.insert(0, str(ROOT / "examples"))
   sys.path.insert(0, str(ROOT))
-  import gpt2
-  gpt2.use_device(a.device)
+  import textgen
+  textgen.use_device(a.device)
   if a.model == "llama":
     import llama
     kv, weights = _llama_weights(a.layers or LLAMA["layers"])
-    model = llama.Llama(llama.Config(kv, weights), weights, a.context)
-    before = gpt2.kernels_built(a.device)
-    _, times = model.generate(prompt_tokens(a.prompt, LLAMA["vocab"]), a.tokens)
-    out = steady(times)
-    out["built"] = gpt2.kernels_built(a.device) - before
-    return out
-  layers, heads, dim = SIZES[a.size]
-  model = gpt2.GPT2(a.layers or layers, heads, dim, a.context)
-  gpt2.load(model, gpt2.random_weights(model, SEED))
-  before = gpt2.kernels_built(a.device)
-  tokens, times = model.generate(prompt_tokens(a.prompt), a.tokens)
+    model, vocab = llama.Llama(llama.Config(kv, weights), weights, a.context), LLAMA["vocab"]
+  else:
+    import gpt2
+    layers, heads, dim = SIZES[a.size]
+    model, vocab = gpt2.GPT2(a.layers or layers, heads, dim, a.context), VOCAB
+    gpt2.load(model, gpt2.random_weights(model, SEED))
+  before = textgen.kernels_built(a.device)
   # (the prompt steps are one-token steps too: all of them count, after the first three)
+  _, times = model.generate(prompt_tokens(a.prompt, vocab), a.tokens)
   out = steady(times)
-  out["built"] = gpt2.kernels_built(a.device) - before
+  out["built"] = textgen.kernels_built(a.device) - before
   return out
 
 

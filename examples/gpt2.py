@@ -121,11 +121,9 @@ def model_for(weights: dict, max_context: int, heads: int | None = None) -> GPT2
 
 def random_weights(model: GPT2, seed: int) -> dict:
   """GPT-2's initialisation: normal(0, 0.02) weights, zero biases, LayerNorms at 1 and 0."""
-  from rulec.nn.state import get_state_dict
   rng = np.random.default_rng(seed)
   out = {}
-  for k, t in get_state_dict(model).items():
-    if ".cache" in k or k == "positions": continue
+  for k, t in _parameters(model).items():
     if "ln_" in k: out[k] = np.full(t.shape, 1.0 if k.endswith("weight") else 0.0, np.float32)
     elif k.endswith("bias"): out[k] = np.zeros(t.shape, np.float32)
     else: out[k] = (rng.standard_normal(t.shape, dtype=np.float32) * 0.02)
@@ -140,9 +138,10 @@ def load(model: GPT2, weights: dict) -> None:
   if missing: raise SystemExit(f"the weights lack {', '.join(missing[:5])}{' ...' if len(missing) > 5 else ''}")
 
 
-def _parameters(model: GPT2) -> list[str]:
+def _parameters(model: GPT2) -> dict:
+  """The model's weights by name: its state dict without the KV caches and the position table."""
   from rulec.nn.state import get_state_dict
-  return [k for k in get_state_dict(model) if ".cache" not in k and k != "positions"]
+  return {k: t for k, t in get_state_dict(model).items() if ".cache" not in k and k != "positions"}
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import collections
 import os
-from typing import Any
+from typing import Any, Callable
 
 from rulec.engine.ir.uop import UOp
 
@@ -196,11 +196,21 @@ def _pre_order(root: UOp, rewrite, matcher, ctx, budget: _Budget, done: dict[UOp
   return done[root]
 
 
-def substitute(sink: UOp, mapping: dict[UOp, UOp]) -> UOp:
-  """`sink` with every node in `mapping` replaced (replacements are not rewritten again)."""
-  done: dict[UOp, UOp] = {}
-  for u in sink.toposort():
+def substitute(sink: UOp, mapping: dict[UOp, UOp], memo: dict[UOp, UOp] | None = None,
+               frozen: Callable[[UOp], bool] | None = None) -> UOp:
+  """`sink` with every node in `mapping` replaced (replacements are not rewritten again).
+
+  `memo` (node -> its substitute) may be shared by calls over graphs that share nodes: each is rebuilt once.
+  A node `frozen(node)` is true for stays as it is, with everything below it."""
+  done: dict[UOp, UOp] = {} if memo is None else memo
+  if sink in done: return done[sink]
+  # (the plain call walks the whole graph ungated: the gate costs a call per node)
+  gate = None if memo is None and frozen is None else \
+    (lambda x: x not in done and x not in mapping and not (frozen is not None and frozen(x)))
+  for u in sink.toposort(gate=gate):
+    if u in done: continue
     if u in mapping: done[u] = mapping[u]; continue
+    if frozen is not None and frozen(u): done[u] = u; continue
     new_src = tuple(done[s] for s in u.src)
     done[u] = u if all(a is b for a, b in zip(u.src, new_src)) else UOp(u.op, u.dtype, new_src, u.arg, u.tag)
   return done[sink]

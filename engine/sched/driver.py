@@ -178,8 +178,8 @@ def schedule_keeping(targets: list[UOp], default_device: str = "NUMPY", devices:
   hoists_rows = all(device_kind(d) in HOISTING_DEVICES or rows_shared(d) for d in used)
   staged = _fusion(sink, hoists, hoists_rows)
   # (values spread over devices are regrouped per target: what they keep is not handed back)
-  kept = _kept_values(originals, became, staged, sink) if keep and len(targets) == len(originals.src) and \
-    all(a is b for a, b in zip(targets, originals.src)) and all(isinstance(t.device, str) for t in targets) else []
+  one_device = tuple(targets) == originals.src and all(isinstance(t.device, str) for t in targets)
+  kept = _kept_values(originals, became, staged, sink) if keep and one_device else []
   if kept:
     first_kept = len(sink.src)
     sink = UOp.sink(*sink.src, *(x for _, x in kept))
@@ -200,8 +200,7 @@ def schedule_keeping(targets: list[UOp], default_device: str = "NUMPY", devices:
   # (a kept value some rule folded back into a computation, not a buffer, is no use to hand back; nor is one stored
   # in an output's buffer: that buffer is the output's alone)
   outputs = {v.base for v in views[:n]}
-  handed = [(o, v) for (o, _), v in zip(kept, views[n:])
-            if v.base.op is Ops.BUFFER and v.shape == o.shape and v.base not in outputs]
+  handed = [(o, v) for (o, _), v in zip(kept, views[n:]) if v.base.op is Ops.BUFFER and v.base not in outputs]
   if DEBUG: print(f"[schedule] {len(kernels)} kernels" + (f", {len(handed)} intermediate values kept" if handed else ""))
   if DEBUG >= 2:
     for k in kernels: print(k.render())

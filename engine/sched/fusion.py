@@ -50,6 +50,12 @@ def _uses(sink: UOp, staged: set[UOp], contexts: dict[UOp, int] | None = None) -
   return out
 
 
+def _under_views(x: UOp) -> UOp:
+  """x through the reshapes and permutes over it: the value an epilogue reads at its own shape."""
+  while x.op in (Ops.RESHAPE, Ops.PERMUTE): x = x.src[0]
+  return x
+
+
 def _reduce_epilogues(order: list[UOp]) -> set[UOp]:
   """Elementwise ops over reduce results at the reduced shape: every source is a reduce, another such op, a
   constant or a realized buffer (numpy's NaN-aware max: WHERE(any nan, nan, max); a mean: sum * 1/n).
@@ -61,8 +67,7 @@ def _reduce_epilogues(order: list[UOp]) -> set[UOp]:
     if not (u.op in ALU or u.op is Ops.CAST): continue
     ok, any_reduce = True, False
     for s in u.src:
-      x = s
-      while x.op in (Ops.RESHAPE, Ops.PERMUTE): x = x.src[0]
+      x = _under_views(s)
       if x.op is Ops.REDUCE_AXIS or x in out: any_reduce = True
       # (an elementwise value at this shape is computed here too; so is a broadcast parameter, a batchnorm's
       # rsqrt(var + eps): anything with no reduce below it)
@@ -230,8 +235,7 @@ def _needed_below(u: UOp, epilogues: set[UOp], uses: dict[UOp, float], strict: b
   from it."""
   seen, todo = set(), [s for s in u.src]
   while todo:
-    v = todo.pop()
-    while v.op in (Ops.RESHAPE, Ops.PERMUTE): v = v.src[0]   # (as _reduce_epilogues sees its sources)
+    v = _under_views(todo.pop())   # (as _reduce_epilogues sees its sources)
     if v in seen or not (v in epilogues or v.op is Ops.REDUCE_AXIS): continue
     seen.add(v)
     # (an elementwise value below that is needed as often is stored instead: the one nearest the reduce is)

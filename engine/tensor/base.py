@@ -13,6 +13,7 @@ import numpy as np
 from rulec.engine import realize as _engine
 from rulec.engine.ir.dtypes import DType
 from rulec.engine.ir.ops import MOVEMENT, Ops
+from rulec.engine.ir.rewrite import substitute
 from rulec.engine.sched.early import is_buffer_view
 from rulec.engine.sched.multi import copy_to
 from rulec.engine.tensor import history as _history
@@ -72,26 +73,14 @@ def _hand_back(kept: dict[UOp, UOp]) -> None:
   if not mapping: return
   memo: dict[UOp, UOp] = {}
   for t in live:
-    new = _substitute_outside_writes(t.uop, mapping, memo)
+    # (nothing inside an ASSIGN: a pending write is known by its node, engine/tensor/writes.py; its value
+    # computes what it reads again)
+    new = substitute(t.uop, mapping, memo, frozen=lambda x: x.op is Ops.ASSIGN)
     if new is not t.uop: t.uop = new
   # (a kept value's history is its graph over the other kept values' buffers: short, and it keeps no buffer below
   # them alive)
   for x, v in mapping.items():
     if memo.get(x) is v: _history.record(v, x.replace(src=tuple(memo.get(s, s) for s in x.src)))
-
-
-def _substitute_outside_writes(u: UOp, mapping: dict[UOp, UOp], memo: dict[UOp, UOp]) -> UOp:
-  """u with the nodes in `mapping` replaced, except inside an ASSIGN (a pending write is known by its node:
-  engine/tensor/writes.py; its value computes what it reads again). `memo` is shared by calls over graphs that
-  share nodes, so each is rebuilt once."""
-  if u in memo: return memo[u]
-  for x in u.toposort(gate=lambda x: x not in memo and x.op is not Ops.ASSIGN and x not in mapping):
-    if x in memo: continue
-    if x in mapping: memo[x] = mapping[x]; continue
-    if x.op is Ops.ASSIGN or not x.src: memo[x] = x; continue
-    new = tuple(memo[s] for s in x.src)
-    memo[x] = x if all(a is b for a, b in zip(new, x.src)) else UOp(x.op, x.dtype, new, x.arg, x.tag)
-  return memo[u]
 
 
 def _carry_out(writes: list[UOp]) -> None:
