@@ -7,8 +7,9 @@ LLVM's mem2reg turns into a register. Values are emitted where first needed,
 inside the innermost open loop; LLVM's loop-invariant code motion hoists what
 does not depend on it.
 
-The function is `void kernel(ptr p0, ..., ptr pN, i64 start, i64 end)`: the
-store range the optimizer marked `thread` runs over [start, end), so the
+The function is `void kernel(ptr p0, ..., ptr pN, i64 v0, ..., i64 vM, i64 start, i64 end)`: one i64 per
+variable of the kernel (DEFINE_VAR, in `Kernel.vars` order, named by position: a variable's name is never
+printed), then the store range the optimizer marked `thread` runs over [start, end), so the
 runtime can split it across threads.
 
 The optimizer (codegen/opt) has already split and marked the ranges; this file
@@ -140,17 +141,22 @@ class _Loop:
 
 
 class LLVMRenderer(ScopedEmitter):
-  def __init__(self, kernel: Kernel, name: str = "kernel"):
+  def __init__(self, kernel: Kernel, name: str = "kernel", vars=None):
     self.k = kernel
     self.module = ir.Module(name="rulec")
     params = sorted({u for u in kernel.ast.toposort() if u.op is Ops.PARAM}, key=lambda p: p.arg[0])
     self.nbufs = len(kernel.bufs)
-    ftype = ir.FunctionType(ir.VoidType(), [ir.PointerType()] * self.nbufs + [_I64, _I64])
+    self.vars = tuple(kernel.vars if vars is None else vars)
+    nvars = len(self.vars)
+    ftype = ir.FunctionType(ir.VoidType(), [ir.PointerType()] * self.nbufs + [_I64] * nvars + [_I64, _I64])
     self.fn = ir.Function(self.module, ftype, name=name)
     for i, a in enumerate(self.fn.args[:self.nbufs]):
       a.name = f"p{i}"
       a.add_attribute("noalias")
-    self.start, self.end = self.fn.args[self.nbufs], self.fn.args[self.nbufs + 1]
+    # a variable's value, by position (its name is text from user code, never printed)
+    self.var_args = {v: self.fn.args[self.nbufs + i] for i, v in enumerate(self.vars)}
+    for i, v in enumerate(self.vars): self.var_args[v].name = f"v{i}"
+    self.start, self.end = self.fn.args[self.nbufs + nvars], self.fn.args[self.nbufs + nvars + 1]
     self.entry = self.fn.append_basic_block("entry")
     self.b = ir.IRBuilder(self.entry)
     self.ptrs = {p: self.fn.args[p.arg[0]] for p in params}
@@ -296,6 +302,11 @@ class LLVMRenderer(ScopedEmitter):
     if op is Ops.RANGE:
       if u not in self.ranges: raise ValueError(f"range r{u.arg[0]} used outside its loop")
       return self.ranges[u]
+    if op is Ops.DEFINE_VAR:   # the i64 argument, narrowed to the variable's type (its value fits: checked at launch)
+      a = self.var_args.get(u)
+      if a is None: raise ValueError("a DEFINE_VAR the program takes no argument for")
+      to = lltype(d)
+      return a if to.width == 64 else b.trunc(a, to)
     if op is Ops.INDEX:
       p, idx = u.src
       ptr = b.gep(self.ptrs[p], [self.value(idx)], inbounds=True, source_etype=memtype(d))
@@ -643,7 +654,8 @@ def _with_loop_metadata(text: str) -> str:
   return "\n".join(out + extra) + "\n"
 
 
-def render(kernel: Kernel, name: str = "kernel") -> tuple[str, UOp | None]:
-  """(LLVM IR text, the range split across threads or None) of an optimized kernel (codegen/opt)."""
-  r = LLVMRenderer(kernel, name)
+def render(kernel: Kernel, name: str = "kernel", vars=None) -> tuple[str, UOp | None]:
+  """(LLVM IR text, the range split across threads or None) of an optimized kernel (codegen/opt). vars: the
+  variables the function takes, in launch order (the kernel's own `vars` when None)."""
+  r = LLVMRenderer(kernel, name, vars)
   return r.render(), r.split_range

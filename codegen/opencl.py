@@ -38,6 +38,12 @@ device's `reassoc`, this changes sums and products by rounding only. A kernel
 with several stores, or a store without ranges, runs as one work-item (unless
 it is a group reduction).
 
+Variables (DEFINE_VAR, `Kernel.vars`): one `long` argument each after the
+buffers (`var0`, `var1`, ... by position: a variable's name comes from user
+code and is never printed), converted to the variable's type where it is read
+(`int` for an index variable when index arithmetic is narrow: its bounds, which
+the launch checks, fit). One program serves every value.
+
 Floats: `#pragma OPENCL FP_CONTRACT OFF` (no a*b+c fusion, as LLVM without
 `contract`); no fast-math options. float16 is stored as its bits and computed in
 `float`, rounded back to half precision after every op with the core
@@ -219,8 +225,11 @@ def _pow_helper(d: DType) -> str:
 
 
 class CLRenderer(ScopedEmitter):
-  def __init__(self, kernel: Kernel, target: Target = Target(), name: str = KERNEL_NAME):
+  def __init__(self, kernel: Kernel, target: Target = Target(), name: str = KERNEL_NAME, vars=None):
     self.k, self.target, self.name = kernel, target, name
+    # the variables, by position: argument var<i> (a variable's name is never printed)
+    self.vars = tuple(kernel.vars if vars is None else vars)
+    self.var_names = {v: f"var{i}" for i, v in enumerate(self.vars)}
     self.lines: list[str] = []
     self.depth = 1
     self.helpers: dict[str, str] = {}
@@ -418,6 +427,7 @@ class CLRenderer(ScopedEmitter):
     if self.uses_fp64 or any("double" in h for h in self.helpers.values()):
       head.append("#pragma OPENCL EXTENSION cl_khr_fp64 : enable")
     body = list(self.helpers.values())
+    args += [f"long {self.var_names[v]}" for v in self.vars]
     if self.grid: args += ["__global ulong* grid_part", "volatile __global int* restrict grid_count"]
     sig = f"__kernel void {self.name}({', '.join(args) if args else 'void'}) {{"
     return "\n".join(head + body + [sig] + [f"  {d}" for d in self.local_decls] + self.lines + ["}", ""])
@@ -435,6 +445,11 @@ class CLRenderer(ScopedEmitter):
     if op is Ops.RANGE:
       if u not in self.ranges: raise ValueError(f"range r{u.arg[0]} used outside its loop")
       return self.ranges[u]
+    if op is Ops.DEFINE_VAR:   # the long argument in the variable's type (its value fits: the launch checks its range)
+      name = self.var_names.get(u)
+      if name is None: raise ValueError("a DEFINE_VAR the program takes no argument for")
+      t = self.ct(d)
+      return name if t == "long" else f"(({t}){name})"
     if op is Ops.INDEX and self.vec_loads is not None:   # a vector kernel's load: one lane of it
       p = u.src[0]
       if p not in self.vec_loads:
@@ -981,9 +996,10 @@ class CLRenderer(ScopedEmitter):
     return self.let(u.dtype, f"{name}.s{self.group_lane:x}")
 
 
-def render(kernel: Kernel, target: Target = Target(), name: str = KERNEL_NAME) -> Rendered:
-  """The kernel (decomposed) as OpenCL C, with the number of work-items to launch."""
-  return CLRenderer(kernel, target, name).render()
+def render(kernel: Kernel, target: Target = Target(), name: str = KERNEL_NAME, vars=None) -> Rendered:
+  """The kernel (decomposed) as OpenCL C, with the number of work-items to launch. vars: the variables the kernel
+  takes as `long` arguments after its buffers, in launch order (the kernel's own `vars` when None)."""
+  return CLRenderer(kernel, target, name, vars).render()
 
 
 __all__ = ["Target", "Rendered", "CLRenderer", "render", "ctype", "memtype", "KERNEL_NAME"]

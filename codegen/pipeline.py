@@ -34,9 +34,11 @@ def lower(kernel: Kernel, device: str, target, optional: frozenset = frozenset()
   return Lowered(low, opt, actions)
 
 
-def render(kernel: Kernel, device: str, target=None):
+def render(kernel: Kernel, device: str, target=None, vars=None):
   """An optimized kernel as its device's source: for the CPU, (LLVM IR text of a function named `kernel`, the range
-  split across threads or None); for CL, an opencl.Rendered for `target`."""
-  if device == "CPU": return llvmir.render(kernel, "kernel")
-  if device == "CL": return opencl.render(kernel, target)
+  split across threads or None); for CL, an opencl.Rendered for `target`. `vars`: the variables (DEFINE_VAR) the
+  program takes as scalar arguments, in launch order: the scheduled kernel's `vars` (the optimized kernel's when
+  None; a rewrite that dropped one must not shift the others' positions)."""
+  if device == "CPU": return llvmir.render(kernel, "kernel", vars)
+  if device == "CL": return opencl.render(kernel, target, vars=vars)
   raise ValueError(f"no renderer for device kind {device!r}")

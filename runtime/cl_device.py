@@ -10,6 +10,9 @@ optional float32 exp2 / log2 rules too: CLDevice.optional), rendered as OpenCL C
 per process per distinct source text (a program cache), and launched as a 1-D
 NDRange of one work-item per element its store writes (see codegen/opencl.py),
 with the local size taken from the device's and the kernel's work-group limits.
+A kernel's variables (DEFINE_VAR) are `long` arguments after its buffers, set
+at each launch from `var_vals` (np.int64): the source names them by position,
+so one program serves every value (and every name).
 
 Programs built from source have their binaries written to the disk cache
 (engine/diskcache.py), keyed by the source, the device, platform and
@@ -321,19 +324,27 @@ def _at_exit() -> None:
   _unsaved.clear()
 
 
-def render(kernel: Kernel, target=None, dev: "CLDevice | None" = None):
+def render(kernel: Kernel, target=None, dev: "CLDevice | None" = None, var_vals: tuple[int, ...] | None = None):
   """The kernel as the OpenCL device runs it (a rulec.codegen.opencl.Rendered): validated, decomposed, optimized
-  (codegen/opt) and rendered by codegen's pipeline."""
+  (codegen/opt) and rendered by codegen's pipeline. var_vals: the variables' values RULEC_SEARCH times candidates
+  with (their lower bounds when None)."""
   dev = dev if dev is not None else get_device()
   target = target if target is not None else dev.target
-  lowered = pipeline.lower(kernel, "CL", target, dev.optional, timer=lambda k: _time_candidate(kernel, k, target, dev))
-  return pipeline.render(lowered.kernel, "CL", target)
+  lowered = pipeline.lower(kernel, "CL", target, dev.optional,
+                           timer=lambda k: _time_candidate(kernel, k, target, dev, var_vals))
+  return pipeline.render(lowered.kernel, "CL", target, vars=kernel.vars)
 
 
-def _time_candidate(kernel: Kernel, opt: Kernel, target, dev: CLDevice) -> float:
+def _var_args(kernel: Kernel, var_vals) -> list:
+  """The variables' kernel arguments: np.int64 each (their lower bounds when var_vals is None)."""
+  vals = var_vals if var_vals is not None else [v.arg[1] for v in kernel.vars]
+  return [np.int64(v) for v in vals]
+
+
+def _time_candidate(kernel: Kernel, opt: Kernel, target, dev: CLDevice, var_vals: tuple[int, ...] | None = None) -> float:
   """Seconds (median of RULEC_SEARCH launches, each waited for) of an optimized form of `kernel`, writing scratch
   device buffers in place of its outputs (the kernel runs for real afterwards)."""
-  prog = Program(dev, pipeline.render(opt, "CL", target))
+  prog = Program(dev, pipeline.render(opt, "CL", target, vars=kernel.vars))
   if prog.rendered.global_size == 0: return 0.0
   outs, scratch, mems = kernel.outputs, {}, []
   for i, b in enumerate(kernel.bufs):
@@ -342,7 +353,7 @@ def _time_candidate(kernel: Kernel, opt: Kernel, target, dev: CLDevice) -> float
       if id(buf) not in scratch: scratch[id(buf)] = dev.cl.Buffer(dev.ctx, dev.cl.mem_flags.READ_WRITE, max(1, buf.nbytes))
       mems.append(scratch[id(buf)])
     else: mems.append(device_memory(buf, dev).mem)
-  prog.kernel.set_args(*mems, *prog.scratch)
+  prog.kernel.set_args(*mems, *_var_args(kernel, var_vals), *prog.scratch)
   # device time from profiling events, on a queue of its own: a wall clock around a launch and a wait adds tens of
   # microseconds, more than a GPU's memory-bound kernels take (it once ranked a slower one-pass sum first)
   if dev.search_queue is None:
@@ -359,8 +370,9 @@ def _time_candidate(kernel: Kernel, opt: Kernel, target, dev: CLDevice) -> float
 _by_ast: dict[tuple, Program] = {}   # (AST, buffer aliasing) -> program: ASTs are hash-consed, equal kernels share one entry
 
 
-def compile_kernel(kernel: Kernel, dev: CLDevice | None = None) -> Program:
-  """The built program for a kernel (validated and rendered the first time its AST is seen), cached by its source text."""
+def compile_kernel(kernel: Kernel, dev: CLDevice | None = None, var_vals: tuple[int, ...] | None = None) -> Program:
+  """The built program for a kernel (validated and rendered the first time its AST is seen), cached by its source text.
+  Its variables are arguments: one program for every value (var_vals: what RULEC_SEARCH times candidates with)."""
   dev = dev if dev is not None else get_device()
   ids = [id(b) for b in kernel.bufs]
   key = (kernel.ast, tuple(ids.index(i) for i in ids) if len(set(ids)) < len(ids) else None, dev.index)
@@ -370,7 +382,7 @@ def compile_kernel(kernel: Kernel, dev: CLDevice | None = None) -> Program:
   tried: set[str] = set()
   limit = 0   # the work-group size the device last allowed (set when a build was too large)
   while True:
-    rendered = render(kernel, target, dev)
+    rendered = render(kernel, target, dev, var_vals)
     if rendered.source in tried:   # the actions are forced (RULEC_OPT), so a smaller target changes nothing
       raise CLBuildError(f"{dev!r} runs this kernel in work-groups of at most {limit} work-items; its actions "
                          f"(RULEC_OPT) ask for {rendered.local_size}")
@@ -471,15 +483,18 @@ def synchronize() -> None:
     for dev in list(_devices.values()): dev.queue.finish()
 
 
-def run_kernel(kernel: Kernel, n: int = 0) -> None:
+def run_kernel(kernel: Kernel, n: int = 0, var_vals: tuple[int, ...] = ()) -> None:
+  """Run the kernel on device CL:n, its variables (Kernel.vars, in that order) set to var_vals."""
+  var_vals = kernel.check_var_vals(var_vals)
   dev = get_device(n)
-  prog = compile_kernel(kernel, dev)   # validates the kernel the first time its AST is seen
+  prog = compile_kernel(kernel, dev, var_vals)   # validates the kernel the first time its AST is seen
   if _debug_level() >= 3: print(f"CL {kernel!r} local={prog.local} global={prog.global_}\n{prog.source}", file=sys.stderr)
   COUNTERS["run"] += 1
   if prog.rendered.global_size == 0: return   # an empty range: nothing is stored
   with _lock:
     mems = [device_memory(buffer_of(b), dev) for b in kernel.bufs]   # a buffer named twice is one device buffer
-    if mems or prog.scratch: prog.kernel.set_args(*[m.mem for m in mems], *prog.scratch)
+    if mems or var_vals or prog.scratch:
+      prog.kernel.set_args(*[m.mem for m in mems], *[np.int64(v) for v in var_vals], *prog.scratch)
     ev = dev.cl.enqueue_nd_range_kernel(dev.queue, prog.kernel, (prog.global_,), (prog.local,))
     if dev.profile: EVENTS.append(ev)
     for slot in kernel.outputs: buffer_of(kernel.bufs[slot]).device_wrote(mems[slot])

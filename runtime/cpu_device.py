@@ -9,7 +9,9 @@ split across threads (RULEC_THREADS, default: the machine's cores). A program
 is compiled once per process per distinct IR text and kept on disk
 (engine/diskcache.py): its object code keyed by the IR, the target and LLVM,
 and a record keyed by the kernel itself naming that object, so a later process
-neither renders nor compiles a kernel it has seen. COUNTERS["compiled"] counts
+neither renders nor compiles a kernel it has seen. A kernel's variables (DEFINE_VAR) are i64 arguments after
+its buffers' pointers (codegen/llvmir.py), their values given at each launch (`var_vals`): the caches know
+a variable by its name and range, never its value, so one program serves every value. COUNTERS["compiled"] counts
 programs built from IR, COUNTERS["loaded"] those loaded from disk, TIMES the
 seconds each took.
 
@@ -75,8 +77,9 @@ def _native_helpers():
   x86 = llvm.get_process_triple().split("-")[0] in ("x86_64", "amd64")
   fns = _native_functions(cpu_workers.native_ir(x86), ("rulec_wait", "rulec_publish", "rulec_cycles", "rulec_serve",
                                                                    "rulec_hand", "rulec_claim"))
-  def trampoline(n: int) -> int:
-    return _native_functions(cpu_workers.trampoline_ir(n), (f"rulec_call_{n}",))[f"rulec_call_{n}"]
+  def trampoline(n: int, m: int = 0) -> int:
+    name = cpu_workers.trampoline_name(n, m)
+    return _native_functions(cpu_workers.trampoline_ir(n, m), (name,))[name]
   return cpu_workers.Native(fns, trampoline)
 
 
@@ -179,13 +182,14 @@ def _build(ir_text: str) -> bytes:
 
 class Program:
   """A kernel's machine code in the process's JIT, called through ctypes."""
-  def __init__(self, name: str, nbufs: int, loaded: bool, seconds: float):
+  def __init__(self, name: str, nbufs: int, loaded: bool, seconds: float, nvars: int = 0):
     _, ee = _jit()
-    self.name, self.loaded, self.seconds = name, loaded, seconds
+    self.name, self.loaded, self.seconds, self.nvars = name, loaded, seconds, nvars
     # the thread range is a ragged UPCAST's tiles (codegen/opt/transform.py): the last two run in one call, since a
     # kernel that reads what it writes (KBLOCK) has the last tile store back what the one before stored
     self.pair_last = False
-    self.fn = ctypes.CFUNCTYPE(None, *([ctypes.c_void_p] * nbufs), ctypes.c_int64, ctypes.c_int64)(ee.get_function_address(name))
+    self.fn = ctypes.CFUNCTYPE(None, *([ctypes.c_void_p] * nbufs), *([ctypes.c_int64] * nvars), ctypes.c_int64,
+                               ctypes.c_int64)(ee.get_function_address(name))
     COUNTERS["loaded" if loaded else "compiled"] += 1
     TIMES["load_s" if loaded else "compile_s"] += seconds
 
@@ -193,7 +197,7 @@ class Program:
 _refused: set[str] = set()   # symbols of objects LLVM refused to load: a rebuild takes another name
 
 
-def _from_disk(digest: str, name: str, nbufs: int) -> Program | None:
+def _from_disk(digest: str, name: str, nbufs: int, nvars: int = 0) -> Program | None:
   """The program stored under `digest`, loaded into the JIT, or None (no sound entry; one LLVM refuses is dropped).
   A loaded program is the very code a build would run: both go through MCJIT's add_object_file."""
   t0 = time.perf_counter()
@@ -207,13 +211,13 @@ def _from_disk(digest: str, name: str, nbufs: int) -> Program | None:
     diskcache.reject("cpu", digest)
     _refused.add(name)
     return None
-  return Program(name, nbufs, True, time.perf_counter() - t0)
+  return Program(name, nbufs, True, time.perf_counter() - t0, nvars)
 
 
-def _from_ir(text: str, name: str, nbufs: int, digest: str, tried: bool = False) -> Program:
+def _from_ir(text: str, name: str, nbufs: int, digest: str, tried: bool = False, nvars: int = 0) -> Program:
   """The program for IR text whose function is `name`: from the disk cache (unless `tried` already), else built
   (and stored)."""
-  prog = None if tried else _from_disk(digest, name, nbufs)
+  prog = None if tried else _from_disk(digest, name, nbufs, nvars)
   if prog is not None: return prog
   if name in _refused: text, name = text.replace(name, name + "r"), name + "r"
   t0 = time.perf_counter()
@@ -222,7 +226,7 @@ def _from_ir(text: str, name: str, nbufs: int, digest: str, tried: bool = False)
   ee.add_object_file(llvm.ObjectFileRef.from_data(obj))
   ee.finalize_object()
   diskcache.store("cpu", digest, obj)
-  return Program(name, nbufs, False, time.perf_counter() - t0)
+  return Program(name, nbufs, False, time.perf_counter() - t0, nvars)
 
 
 VECTOR_MATH = frozenset({Ops.EXP2, Ops.LOG2})
@@ -267,15 +271,17 @@ _by_ast: dict = {}   # (kernel AST, aliasing) -> (program, split): ASTs are hash
 _by_digest: dict[str, Program] = {}   # object digest -> program: one per distinct IR (and target) in the process
 
 
-def compile_kernel(kernel: Kernel) -> tuple[Program, int | None]:
+def compile_kernel(kernel: Kernel, var_vals: tuple[int, ...] | None = None) -> tuple[Program, int | None]:
   """The compiled program for a kernel and the number of iterations of the loop it splits across threads (None:
   it runs as one call). Cached in the process by AST; on disk by kernel (to the program's digest and the split) and
-  by IR (to the object code); a kernel neither cache knows is validated, decomposed, rendered and compiled."""
+  by IR (to the object code); a kernel neither cache knows is validated, decomposed, rendered and compiled.
+  The program takes the kernel's variables as arguments: one compile serves every value. var_vals: the values
+  RULEC_SEARCH times candidates with (each variable's lower bound when None)."""
   alias = _aliasing(kernel.bufs)
   hit = _by_ast.get((kernel.ast, alias))
   if hit is not None: return hit
   with _lock:
-    nbufs = len(kernel.bufs)
+    nbufs, nvars = len(kernel.bufs), len(kernel.vars)
     kkey = _kernel_key(kernel, alias) if diskcache.enabled() else None
     entry = diskcache.load_json("cpu", kkey) if kkey is not None else None
     if entry is not None and not (isinstance(entry.get("object"), str) and isinstance(entry.get("name"), str)
@@ -284,15 +290,17 @@ def compile_kernel(kernel: Kernel) -> tuple[Program, int | None]:
     if entry is not None:
       digest, name, split = entry["object"], entry["name"], entry["split"]
       if _debug_level() >= 2: print(f"[opt] CPU kernel {entry.get('key', '?')} {kernel!r}: {entry.get('actions', '?')} (cached)", file=sys.stderr)
-      prog = _by_digest.get(digest) or _from_disk(digest, name, nbufs)
+      prog = _by_digest.get(digest) or _from_disk(digest, name, nbufs, nvars)
       if prog is not None:
         prog.pair_last = entry.get("pair") is True
         _by_digest[digest] = prog
         _by_ast[(kernel.ast, alias)] = prog, split
         return prog, split
-    lowered = pipeline.lower(kernel, "CPU", opt_target(), optional_decompositions(), timer=lambda k: _time_candidate(kernel, k))
+    lowered = pipeline.lower(kernel, "CPU", opt_target(), optional_decompositions(),
+                             timer=lambda k: _time_candidate(kernel, k, var_vals))
     low, actions = lowered.low, lowered.actions
-    prog, split, digest = _program_for(lowered.kernel, nbufs, tried=entry["object"] if entry is not None else None)
+    prog, split, digest = _program_for(lowered.kernel, nbufs, tried=entry["object"] if entry is not None else None,
+                                       vars=kernel.vars)
     if kkey is not None: diskcache.store_json("cpu", kkey, {"object": digest, "name": prog.name, "split": split,
                                                                   "pair": prog.pair_last,
                                                                   "key": kernel_key(low), "actions": format_actions(actions)})
@@ -300,26 +308,29 @@ def compile_kernel(kernel: Kernel) -> tuple[Program, int | None]:
   return prog, split
 
 
-def _program_for(opt: Kernel, nbufs: int, tried: str | None = None) -> tuple[Program, int | None, str]:
+def _program_for(opt: Kernel, nbufs: int, tried: str | None = None, vars=()) -> tuple[Program, int | None, str]:
   """The program for an optimized kernel (rendered, then from the process's programs, the disk or LLVM), the size
-  of its thread range and the object's digest. tried: an object digest the disk cache already failed to give."""
-  text, rng = pipeline.render(opt, "CPU")
+  of its thread range and the object's digest. tried: an object digest the disk cache already failed to give.
+  vars: the scheduled kernel's variables, the program's scalar arguments in that order."""
+  text, rng = pipeline.render(opt, "CPU", vars=tuple(vars))
   split = rng.src[0].arg if rng is not None else None
   # named by its IR: the same in every process, so a cached object's symbol is the one asked for, and distinct
   # programs in one JIT never share a name
   name = "k" + hashlib.sha256(text.encode()).hexdigest()[:24]
   text = text.replace('@"kernel"', f'@"{name}"').replace("@kernel(", f"@{name}(")
   digest = _cache_key(text)
-  prog = _by_digest.get(digest) or _from_ir(text, name, nbufs, digest, tried=tried == digest)
+  prog = _by_digest.get(digest) or _from_ir(text, name, nbufs, digest, tried=tried == digest, nvars=len(vars))
   prog.pair_last = rng is not None and range_kind(rng)[1] is not None
   _by_digest[digest] = prog
   return prog, split, digest
 
 
-def _time_candidate(kernel: Kernel, opt: Kernel) -> float:
+def _time_candidate(kernel: Kernel, opt: Kernel, var_vals: tuple[int, ...] | None = None) -> float:
   """Seconds (median of RULEC_SEARCH runs) of an optimized form of `kernel`, writing scratch copies of its outputs:
-  the real outputs are not touched (the kernel runs for real afterwards)."""
-  prog, split, _ = _program_for(opt, len(kernel.bufs))
+  the real outputs are not touched (the kernel runs for real afterwards). Its variables are set to var_vals (their
+  lower bounds when None)."""
+  prog, split, _ = _program_for(opt, len(kernel.bufs), vars=kernel.vars)
+  vals = tuple(var_vals) if var_vals is not None else tuple(v.arg[1] for v in kernel.vars)
   outs, scratch = kernel.outputs, {}
   arrays = []
   for i, b in enumerate(kernel.bufs):
@@ -332,7 +343,7 @@ def _time_candidate(kernel: Kernel, opt: Kernel) -> float:
   times = []
   for _ in range(max(1, repetitions())):
     t0 = time.perf_counter()
-    _launch(prog, split, ptrs, prod(r.src[0].arg for r in kernel.ranges))
+    _launch(prog, split, ptrs, prod(r.src[0].arg for r in kernel.ranges), vals)
     times.append(time.perf_counter() - t0)
   return sorted(times)[len(times) // 2]
 
@@ -345,22 +356,26 @@ def thread_calls(n: int, threads: int, pair_last: bool) -> list[tuple[int, int]]
   return [(n * i // chunks, n * (i + 1) // chunks) for i in range(chunks)]
 
 
-def _launch(prog: Program, split: int | None, ptrs: list[int], work: int) -> None:
+def _launch(prog: Program, split: int | None, ptrs: list[int], work: int, var_vals: tuple[int, ...] = ()) -> None:
   n = split if split is not None else 1
   t = threads()
   if split is None or t == 1 or n < 2 or work < MIN_SPLIT_WORK:
-    prog.fn(*ptrs, 0, n)
+    prog.fn(*ptrs, *var_vals, 0, n)
   else:
     from rulec.runtime.cpu_workers import workers
-    workers(_native_helpers).run(prog.fn, [(*ptrs, lo, hi) for lo, hi in thread_calls(n, t, prog.pair_last)])
+    workers(_native_helpers).run(prog.fn, [(*ptrs, *var_vals, lo, hi) for lo, hi in thread_calls(n, t, prog.pair_last)],
+                                 nvars=len(var_vals))
 
 
-def run_kernel(kernel: Kernel) -> None:
-  prog, split = compile_kernel(kernel)   # validates the kernel the first time it is compiled
+def run_kernel(kernel: Kernel, var_vals: tuple[int, ...] = ()) -> None:
+  """Run the kernel, its variables (Kernel.vars, in that order) set to var_vals."""
+  var_vals = kernel.check_var_vals(var_vals)
+  prog, split = compile_kernel(kernel, var_vals)   # validates the kernel the first time it is compiled
   outs = kernel.outputs
   ptrs = [(buffer_of(b).numpy_view() if i in outs else buffer_of(b).host_view()).ctypes.data for i, b in enumerate(kernel.bufs)]
   work = _work.get(kernel.ast)
   if work is None:   # loop iterations, counted once per AST rather than on every launch
     work = _work[kernel.ast] = prod(r.src[0].arg for r in kernel.ranges)
-  _launch(prog, split, ptrs, work)
+  if var_vals: _launch(prog, split, ptrs, work, var_vals)
+  else: _launch(prog, split, ptrs, work)   # (the signature a kernel without variables has always had)
   COUNTERS["run"] += 1

@@ -28,8 +28,9 @@ if CLAIM was below it. A worker asleep when its call came may take longer to wak
 0.5 ms on a virtual CPU left idle for a few milliseconds: a 0.2 ms matmul launched after a pause took 0.7 ms);
 the caller then makes it itself and does not wait. The caller waits for DONE only for calls a worker claimed, and
 a worker reads a call's fields only after claiming it, so the caller never rewrites a slot a worker is reading. A kernel takes its buffers as separate
-pointer arguments, so the worker calls it through a trampoline for that many buffers (`rulec_call_<n>`), which
-loads them from an array.
+pointer arguments, and its variables' values as i64 arguments after them, so the worker calls it through a
+trampoline for that many buffers and variables (`rulec_call_<n>`, `rulec_call_<n>_<m>`), which loads them from an
+array.
 """
 from __future__ import annotations
 
@@ -177,18 +178,25 @@ def native_ir(x86: bool) -> str:
                           sleeping=SLEEPING, claim=CLAIM)
 
 
-def trampoline_ir(n: int) -> str:
-  """rulec_call_<n>(fn, args, lo, hi): fn(args[0], ..., args[n-1], lo, hi), a kernel of n buffers."""
+def trampoline_name(n: int, m: int = 0) -> str:
+  return f"rulec_call_{n}" if not m else f"rulec_call_{n}_{m}"
+
+
+def trampoline_ir(n: int, m: int = 0) -> str:
+  """rulec_call_<n>(fn, args, lo, hi): fn(args[0], ..., args[n-1], lo, hi), a kernel of n buffers; with m
+  variables (rulec_call_<n>_<m>), args[n], ..., args[n+m-1] follow the pointers as i64 arguments."""
   loads = "\n".join(f"  %q{i} = getelementptr ptr, ptr %args, i64 {i}\n  %p{i} = load ptr, ptr %q{i}, align 8"
                     for i in range(n))
-  params = ", ".join(f"ptr %p{i}" for i in range(n))
-  return (f"define void @rulec_call_{n}(ptr %fn, ptr %args, i64 %lo, i64 %hi) {{\nentry:\n{loads}\n"
-          f"  call void %fn({params}, i64 %lo, i64 %hi)\n  ret void\n}}\n")
+  loads += "".join(f"\n  %q{i} = getelementptr i64, ptr %args, i64 {i}\n  %p{i} = load i64, ptr %q{i}, align 8"
+                   for i in range(n, n + m))
+  params = "".join(f"ptr %p{i}, " for i in range(n)) + "".join(f"i64 %p{i}, " for i in range(n, n + m))
+  return (f"define void @{trampoline_name(n, m)}(ptr %fn, ptr %args, i64 %lo, i64 %hi) {{\nentry:\n{loads}\n"
+          f"  call void %fn({params}i64 %lo, i64 %hi)\n  ret void\n}}\n")
 
 
 class Native:
   """The compiled helpers as ctypes functions, and the cycle counter's rate (0: it does not count, no polling).
-  `trampoline(n)` is the address of rulec_call_<n>, compiled on first use."""
+  `trampoline(n, m)` is the address of the trampoline for n buffers and m variables, compiled on first use."""
   def __init__(self, addresses: dict[str, int], trampoline):
     wait = ctypes.CFUNCTYPE(ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64)(addresses["rulec_wait"])
     self.wait = lambda p, old, cycles: wait(p, old, cycles, cycles)   # (the caller yields in Python: run)
@@ -207,9 +215,9 @@ class Native:
   def budget(self, seconds: float, least: float = SPIN_MIN_S) -> int:
     return int(min(max(seconds, least), SPIN_MAX_S) * self.per_second)
 
-  def trampoline(self, n: int) -> int:
-    if n not in self._trampolines: self._trampolines[n] = self._trampoline(n)
-    return self._trampolines[n]
+  def trampoline(self, n: int, m: int = 0) -> int:
+    if (n, m) not in self._trampolines: self._trampolines[(n, m)] = self._trampoline(n, m) if m else self._trampoline(n)
+    return self._trampolines[(n, m)]
 
 
 _WAKE = (1).to_bytes(8, "little")   # one wake-up: an eventfd adds it to its count; a pipe holds the bytes
@@ -276,16 +284,17 @@ class Workers:
       if w != r: os.close(w)
     self.threads, self.pipes = [], []
 
-  def run(self, fn, calls: list[tuple]) -> None:
+  def run(self, fn, calls: list[tuple], nvars: int = 0) -> None:
     """fn(*calls[0]) on this thread and fn(*calls[j]) on worker j - 1, all at once; returns when all have returned.
-    Each call is a kernel's buffer addresses, then lo and hi; fn is a kernel's ctypes function."""
+    Each call is a kernel's buffer addresses, then its `nvars` variables' values, then lo and hi; fn is a kernel's
+    ctypes function."""
     if not self.busy.acquire(blocking=False):   # another Python thread's launch has the workers: this one runs alone
       for c in calls: fn(*c)
       return
-    try: self._run(fn, calls)
+    try: self._run(fn, calls, nvars)
     finally: self.busy.release()
 
-  def _run(self, fn, calls: list[tuple]) -> None:
+  def _run(self, fn, calls: list[tuple], nvars: int = 0) -> None:
     helpers = len(calls) - 1
     self._grow(helpers)
     native, slots = self.native, self.slots
@@ -296,7 +305,7 @@ class Workers:
       if self.args[i].size < len(ptrs): self.args[i] = host_array(len(ptrs), np.dtype(np.int64))
       self.args[i][:len(ptrs)] = ptrs
       base = i * SLOT + CALL
-      slots[base:base + 5] = (native.trampoline(len(ptrs)), address, self.args[i].ctypes.data, lo, hi)
+      slots[base:base + 5] = (native.trampoline(len(ptrs) - nvars, nvars), address, self.args[i].ctypes.data, lo, hi)
       before.append(int(slots[i * SLOT + DONE]))
       self._hand(i)
     t0 = time.perf_counter()

@@ -24,20 +24,19 @@ class DeviceError(ValueError):
   """A device name that names no device (RULEC_DEVICE, a `device=` argument). The message is one line."""
 
 
-def _cpu_run(kernel, index: int) -> None:
+def _cpu_run(kernel, index: int, var_vals: tuple[int, ...] = ()) -> None:
   from rulec.runtime import cpu_device
-  cpu_device.run_kernel(kernel)
+  cpu_device.run_kernel(kernel, var_vals)
 
 
-def _cl_run(kernel, index: int) -> None:
+def _cl_run(kernel, index: int, var_vals: tuple[int, ...] = ()) -> None:
   from rulec.runtime import cl_device
-  if index: cl_device.run_kernel(kernel, index)
-  else: cl_device.run_kernel(kernel)
+  cl_device.run_kernel(kernel, index, var_vals)
 
 
-def _numpy_run(kernel, index: int) -> None:
+def _numpy_run(kernel, index: int, var_vals: tuple[int, ...] = ()) -> None:
   from rulec.runtime import numpy_device
-  numpy_device.run_kernel(kernel)
+  numpy_device.run_kernel(kernel, var_vals)
 
 
 # every device here keeps its buffers in host memory, so a kernel may read buffers of any of them
@@ -132,9 +131,9 @@ def device_problem(e: BaseException) -> str | None:
 
 def copy_buffers(kernel):
   """(destination, source) BUFFERs when `kernel` copies one whole buffer into another of another device, element
-  for element, and nothing else; None otherwise."""
+  for element, and nothing else; None otherwise (a kernel with variables is never a copy)."""
   from rulec.engine.ir.ops import Ops
-  if len(kernel.bufs) != 2 or len(kernel.ast.src) != 1: return None
+  if len(kernel.bufs) != 2 or len(kernel.ast.src) != 1 or kernel.vars: return None
   dst, src = kernel.bufs
   if dst.arg[1] == src.arg[1] or dst.arg[2] != src.arg[2] or dst.dtype is not src.dtype: return None
   st = kernel.ast.src[0]
@@ -153,9 +152,14 @@ def separate_memory(a: str, b: str) -> bool:
   return a != b and (device_kind(a) == device_kind(b) or ":" in a or ":" in b)
 
 
-def run_kernel(kernel, device: str) -> None:
+def run_kernel(kernel, device: str, var_vals: tuple[int, ...] = ()) -> None:
+  """Run `kernel` on `device`. var_vals: the values of the kernel's variables (DEFINE_VAR), one int each, in
+  `kernel.vars` order (none given: the kernel's own `vals`, which the scheduler fills in; empty for a kernel without
+  variables); a ValueError naming the variable for a value outside its range, or for the wrong number of values.
+  The kernel is compiled once for every value."""
   try: kind, index = parse_device(device)
   except ValueError: raise DeviceError(f"no runtime for device {device!r}; known devices: {', '.join(DEVICES)}") from None
+  var_vals = kernel.check_var_vals(var_vals)
   pair = copy_buffers(kernel)
   if pair is not None and separate_memory(pair[0].arg[1], pair[1].arg[1]):
     from rulec.runtime.buffer import buffer_of
@@ -164,4 +168,4 @@ def run_kernel(kernel, device: str) -> None:
     COPIES["copies"] += 1
     COPIES["bytes"] += src.nbytes
     return
-  RUNNERS[kind](kernel, index)
+  RUNNERS[kind](kernel, index, var_vals)

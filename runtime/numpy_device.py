@@ -18,7 +18,8 @@ does a store to an out-of-bounds index.
 
 ALU ops follow engine/ir/alu.py (integer results wrap, IDIV/MOD are floor
 division/modulo, integer division by zero gives 0, ...), computed in each
-node's dtype (`index` is int64).
+node's dtype (`index` is int64). A DEFINE_VAR is its launch value (`var_vals`, in
+`Kernel.vars` order), a size-1 array like a CONST.
 """
 from __future__ import annotations
 
@@ -58,13 +59,15 @@ def run_schedule(kernels: Iterable[Kernel]) -> None:
   for k in kernels: run_kernel(k)
 
 
-def run_kernel(kernel: Kernel) -> None:
+def run_kernel(kernel: Kernel, var_vals: tuple[int, ...] = ()) -> None:
+  """Run the kernel, its variables (Kernel.vars, in that order) set to var_vals."""
   validate(kernel)
+  var_vals = kernel.check_var_vals(var_vals)
   level = _debug_level()
-  if level >= 1: print(f"NUMPY {kernel!r}", file=sys.stderr)
+  if level >= 1: print(f"NUMPY {kernel!r}" + (f" vars={var_vals}" if var_vals else ""), file=sys.stderr)
   if level >= 3: print(kernel.render(), file=sys.stderr)   # (the scheduler already prints every kernel at 2)
   with np.errstate(all="ignore"):
-    _Run(kernel).run()
+    _Run(kernel, var_vals).run()
   _counters["kernels"] += 1
 
 
@@ -208,8 +211,9 @@ def _axes(kernel: Kernel) -> dict[int, int | None]:
 
 
 class _Run:
-  def __init__(self, kernel: Kernel):
+  def __init__(self, kernel: Kernel, var_vals: tuple[int, ...] = ()):
     self.kernel = kernel
+    self.var_vals = dict(zip(kernel.vars, var_vals))
     self.ranges = kernel.ranges
     self.size = {id(r): r.src[0].arg for r in self.ranges}
     self.axis = _axes(kernel)
@@ -248,6 +252,9 @@ class _Run:
   def compute(self, u: UOp) -> np.ndarray:
     op, val = u.op, self.val
     if op is Ops.CONST: return np.full((1,) * self.ndim, wrap(u.arg, u.dtype), dtype=np_of(u.dtype))
+    if op is Ops.DEFINE_VAR:
+      if u not in self.var_vals: raise ValueError(f"no value for variable {u.arg[0]!r}")
+      return np.full((1,) * self.ndim, self.var_vals[u], dtype=np_of(u.dtype))
     if op is Ops.RANGE:
       shape = [1] * self.ndim
       ax = self.axis[id(u)]

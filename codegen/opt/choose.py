@@ -103,12 +103,21 @@ def column_lanes(lanes: int = CPU_LANES) -> tuple[int, ...]:
 
 
 def _stride(idx: UOp, r: UOp, ranges: list[UOp]) -> int | None:
-  """How far idx moves when r steps by one, probed around the middle of every range (None: not evenly)."""
+  """How far idx moves when r steps by one, probed around the middle of every range (None: not evenly). A variable
+  (DEFINE_VAR) has no one value: the probe runs with each at its lower bound, its middle and its upper bound, and
+  claims a stride only where all of them agree (`r * n` moves by n, whatever n is, in none of them the same)."""
   env = {x: x.src[0].arg // 2 for x in ranges}
-  try:
-    vals = [evaluate(idx, {**env, r: env[r] + k}) for k in range(3)]
-  except Exception: return None   # an op the probe cannot evaluate: no claim
-  return vals[1] - vals[0] if vals[2] - vals[1] == vals[1] - vals[0] else None
+  variables = [x for x in idx.toposort() if x.op is Ops.DEFINE_VAR]
+  settings = [{v: pick(v.arg[1], v.arg[2]) for v in variables}
+              for pick in ((lambda lo, hi: lo), (lambda lo, hi: (lo + hi) // 2), (lambda lo, hi: hi))] if variables else [{}]
+  strides = set()
+  for at in settings:
+    try:
+      vals = [evaluate(idx, {**env, **at, r: env[r] + k}) for k in range(3)]
+    except Exception: return None   # an op the probe cannot evaluate: no claim
+    if vals[2] - vals[1] != vals[1] - vals[0]: return None
+    strides.add(vals[1] - vals[0])
+  return strides.pop() if len(strides) == 1 else None
 
 
 def _sole_end(k: Kernel) -> UOp | None:

@@ -5,6 +5,11 @@ or a plain `STORE` when it has no ranges. A `PARAM` has `arg = (slot, size)` and
 the element dtype; `bufs[slot]` is the `BUFFER` UOp (`arg = (uid, device, size)`)
 that slot stands for. See docs/architecture.md, "Kernel level".
 
+A kernel may read symbolic values: `DEFINE_VAR` nodes (`UOp.variable(name, lo, hi)`, `arg = (name, lo, hi)`,
+an integer dtype) inside its index arithmetic or its values. It is compiled once and run for any value of them:
+`Kernel.vars` lists them sorted by name, the order in which a launch passes their values (`var_vals`). A
+variable's name comes from user code: renderers never print it, they name variables by position.
+
 `validate(kernel)` checks the structural rules a device relies on and raises
 ValueError naming every problem it finds.
 """
@@ -23,7 +28,9 @@ from rulec.engine.ir.uop import UOp, render as render_expr
 
 REDUCE_OPS = (Ops.ADD, Ops.MAX, Ops.MUL)
 # the ops a kernel's values may be built from (besides the SINK / END / STORE skeleton)
-VALUE_OPS = frozenset(ALU - {Ops.THREEFRY}) | {Ops.CONST, Ops.RANGE, Ops.INDEX, Ops.REDUCE, Ops.CAST, Ops.BITCAST}
+VALUE_OPS = frozenset(ALU - {Ops.THREEFRY}) | {Ops.CONST, Ops.RANGE, Ops.INDEX, Ops.REDUCE, Ops.CAST, Ops.BITCAST,
+                                              Ops.DEFINE_VAR}
+_INT64 = (-(1 << 63), (1 << 63) - 1)
 
 
 def _store_of(end: UOp) -> UOp:
@@ -46,12 +53,28 @@ def _range_name(r: UOp) -> str:
 
 
 _OUTPUTS: "weakref.WeakKeyDictionary[UOp, tuple[int, ...]]" = weakref.WeakKeyDictionary()
+_VARS: weakref.WeakKeyDictionary[UOp, tuple[UOp, ...]] = weakref.WeakKeyDictionary()
+
+
+def _var_name(v: UOp) -> str:
+  return v.arg[0] if isinstance(v.arg, tuple) and v.arg and isinstance(v.arg[0], str) else ""
 
 
 @attrs.frozen(repr=False)
 class Kernel:
   ast: UOp
   bufs: tuple[UOp, ...] = attrs.field(converter=tuple)
+  # the values of `vars` this kernel runs with (the scheduler fills them from the bound Variables of the graph it
+  # scheduled; TinyJit's replays put in the call's); the AST, and so the compiled program, is the same for all
+  vals: tuple[int, ...] = attrs.field(default=(), converter=tuple)
+
+  def with_vals(self, var_vals: dict) -> "Kernel":
+    """This kernel with its variables' values taken from var_vals ({DEFINE_VAR: int})."""
+    vs = self.vars
+    if not vs: return self
+    missing = [v.arg[0] for v in vs if v not in var_vals]
+    if missing: raise ValueError(f"no value for variable{'s' if len(missing) > 1 else ''} {', '.join(map(repr, missing))} of this kernel")
+    return Kernel(self.ast, self.bufs, tuple(var_vals[v] for v in vs))
 
   # *** structure ***
 
@@ -96,6 +119,39 @@ class Kernel:
     return tuple(sorted(rs.values(), key=lambda u: (u.arg[0] if isinstance(u.arg, tuple) else 0, id(u))))
 
   @property
+  def vars(self) -> tuple[UOp, ...]:
+    """The distinct DEFINE_VAR nodes, sorted by name: the order of their values at launch (`var_vals`). Asked on
+    every launch: memoised per AST."""
+    hit = _VARS.get(self.ast)
+    if hit is None:
+      vs = {id(u): u for u in self.ast.toposort() if u.op is Ops.DEFINE_VAR}
+      hit = _VARS[self.ast] = tuple(sorted(vs.values(), key=lambda u: (_var_name(u), repr(u.arg), u.dtype.name)))
+    return hit
+
+  def check_var_vals(self, var_vals=()) -> tuple[int, ...]:
+    """`var_vals` (one int per var, in `vars` order) as a tuple of ints; ValueError naming the variable when a value
+    is outside its var's [lo, hi] (TypeError when it is no int), ValueError when the count is not len(vars). No
+    values given: the kernel's own `vals` (what the scheduler filled in), so callers that pass none still run it."""
+    if type(var_vals) is not tuple: var_vals = tuple(var_vals)
+    if not var_vals: var_vals = self.vals
+    vs = self.vars
+    if not vs and not var_vals: return ()
+    if len(var_vals) != len(vs):
+      names = ", ".join(repr(_var_name(v)) for v in vs) or "none"
+      raise ValueError(f"the kernel takes {len(vs)} variable value{'' if len(vs) == 1 else 's'} ({names}), "
+                       f"got {len(var_vals)}")
+    out = []
+    for v, x in zip(vs, var_vals):
+      if isinstance(x, (bool, np.bool_)) or not hasattr(type(x), "__index__"):
+        raise TypeError(f"the value of variable {_var_name(v)!r} must be an int, got {type(x).__name__} {x!r}")
+      x = x.__index__()
+      if arg_problem(v) is not None: raise ValueError(f"invalid kernel: {arg_problem(v)}")
+      _, lo, hi = v.arg
+      if not lo <= x <= hi: raise ValueError(f"variable {_var_name(v)!r} is {x}, outside its range [{lo}, {hi}]")
+      out.append(x)
+    return tuple(out)
+
+  @property
   def device(self) -> str | None:
     """The device of the buffers (the first one's; None for a kernel without buffers)."""
     return self.bufs[0].arg[1] if self.bufs else None
@@ -106,6 +162,7 @@ class Kernel:
     rs = ", ".join(str(_range_size(r)) for r in self.ranges)
     rs = f"({rs},)" if len(self.ranges) == 1 else f"({rs})"
     parts = [f"{len(self.bufs)} bufs", f"ranges {rs}"]
+    if (vs := self.vars): parts.append("vars " + " ".join(_var_desc(v) for v in vs))
     if (ins := self.inputs): parts.append("reads " + " ".join(f"p{s}" for s in ins))
     parts.append("writes " + " ".join(f"p{s}" for s in self.outputs))
     return f"<Kernel {', '.join(parts)}>"
@@ -124,10 +181,17 @@ class Kernel:
         extra = f"p{slot} size={size}{where}"
       elif u.op is Ops.RANGE: extra = f"r{u.arg[0]} size={_range_size(u)} {u.arg[1]}  ({srcs})"
       elif u.op is Ops.CONST: extra = repr(u.arg)
+      elif u.op is Ops.DEFINE_VAR: extra = _var_desc(u)
       elif u.op is Ops.REDUCE: extra = f"{srcs}  {u.arg.name if isinstance(u.arg, Ops) else u.arg}"
       else: extra = srcs if u.arg is None else f"{srcs}  arg={u.arg!r}"
       lines.append(f"{name:>5} = {u.op.name:<10} {u.dtype.name:<8} {extra}")
     return "\n".join(lines)
+
+
+def _var_desc(v: UOp) -> str:
+  """A DEFINE_VAR for a person to read: `'n'[1..1023]` (its name as a repr: it is text from user code)."""
+  a = v.arg
+  return f"{a[0]!r}[{a[1]}..{a[2]}]" if isinstance(a, tuple) and len(a) == 3 else f"?{a!r}"
 
 
 # *** validation ***
@@ -155,8 +219,16 @@ def arg_problem(u: UOp) -> str | None:
     if u.dtype.is_float: ok = isinstance(a, (bool, int, float, np.integer, np.floating, np.bool_))
     else: ok = isinstance(a, (bool, int, np.integer, np.bool_))
     return None if ok else f"CONST of {u.dtype.name} has arg {a!r} of type {type(a).__name__}"
+  if u.op is Ops.DEFINE_VAR:
+    if not (isinstance(a, tuple) and len(a) == 3): return f"DEFINE_VAR has arg {a!r}; a DEFINE_VAR's arg is (name, lo, hi)"
+    name, lo, hi = a
+    if type(name) is not str: return f"DEFINE_VAR has name {name!r}; a variable's name is a str"
+    if type(lo) is not int or type(hi) is not int: return f"DEFINE_VAR {name!r} has bounds {lo!r}, {hi!r}; bounds are ints"
+    if lo > hi: return f"DEFINE_VAR {name!r} has bounds [{lo}, {hi}]: lo > hi"
+    if lo < _INT64[0] or hi > _INT64[1]: return f"DEFINE_VAR {name!r} has bounds [{lo}, {hi}], beyond int64"
+    return None
   if u.op is Ops.PARAM or a is None or isinstance(a, Ops) or (isinstance(a, str) and a in _MARKERS): return None
-  return f"{u.op} has arg {a!r}; only RANGE, CONST and PARAM carry values in a kernel"
+  return f"{u.op} has arg {a!r}; only RANGE, CONST, PARAM and DEFINE_VAR carry values in a kernel"
 
 
 def validate(kernel: Kernel) -> None:
@@ -203,6 +275,7 @@ def validate(kernel: Kernel) -> None:
   # every node under the skeleton
   params: dict[int, UOp] = {}
   axes: dict[object, UOp] = {}
+  variables: dict[str, UOp] = {}
   for u in ast.toposort():
     if id(u) in skeleton: continue
     if u.op in (Ops.SINK, Ops.END, Ops.STORE):
@@ -229,6 +302,16 @@ def validate(kernel: Kernel) -> None:
       err(f"{u.op} has {len(u.src)} sources, expected {FIXED_ARITY[u.op]}: {_desc(u)}"); continue
     if u.op is Ops.CONST:
       if u.dtype.np_name is None and u.dtype is not dtypes.index: err(f"CONST of {u.dtype.name} has no numpy equivalent")
+    elif u.op is Ops.DEFINE_VAR:
+      name, lo, hi = u.arg
+      if u.src: err(f"DEFINE_VAR {name!r} has sources")
+      if not u.dtype.is_int: err(f"DEFINE_VAR {name!r} has dtype {u.dtype.name}, not an integer")
+      elif u.dtype is not dtypes.index and not (u.dtype.min() <= lo and hi <= u.dtype.max()):
+        err(f"DEFINE_VAR {name!r} has bounds [{lo}, {hi}], beyond its dtype {u.dtype.name}")
+      if name in variables and variables[name] is not u:
+        o = variables[name]
+        err(f"two different DEFINE_VARs named {name!r}: {_var_desc(o)} of {o.dtype.name} and {_var_desc(u)} of {u.dtype.name}")
+      variables.setdefault(name, u)
     elif u.op is Ops.RANGE:
       if not (isinstance(u.arg, tuple) and len(u.arg) == 2): err(f"RANGE has arg {u.arg!r}; a RANGE's arg is (axis, kind)"); continue
       size = _range_size(u)

@@ -652,7 +652,7 @@ def test_validate_ranges_ops_and_dtypes():
   r0 = UOp.range(4, 0)
   _bad(_k([out, inp], p0.index(r0).store(p1.index(r0 % UOp.range(2, 0))).end(r0)), "two different RANGEs share axis 0")
   var = UOp.variable("n", 1, 4)
-  _bad(_k([out, inp], p0.index(r0).store(p1.index(var)).end(r0)), "DEFINE_VAR is not allowed")
+  _bad(_k([out, inp], p0.index(r0).store(p1.index(var.bind(2))).end(r0)), "BIND is not allowed")   # (a kernel's variables are unbound)
   rv = UOp.range(var, 1)
   _bad(_k([out, inp], p0.index(c(0)).store(red(p1.index(rv), Ops.ADD, rv))), "does not end at an integer CONST")
   mixed = UOp(Ops.ADD, dtypes.float32, (p1.index(r0), c(1, dtypes.int32)))
