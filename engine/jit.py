@@ -48,6 +48,7 @@ from rulec.engine.ir import uop as _uop
 from rulec.engine.ir.uop import UOp
 from rulec.runtime.buffer import buffer_of, new_buffer
 from rulec.engine.ir.kernel import Kernel
+from rulec.engine.sched.variables import has_symbolic_args, rebind, unbind_graph, unbound_expr
 
 __all__ = ["TinyJit", "JitError", "jit"]
 
@@ -102,6 +103,8 @@ def _static(x: Any) -> Any:
   if isinstance(x, TensorBase): return TensorBase
   if isinstance(x, (tuple, list)): return (type(x), tuple(_static(e) for e in x))
   if isinstance(x, dict): return (dict, tuple((k, _static(v)) for k, v in x.items()))
+  # (a bound expression stands for its expression over the Variables: the values are the key's business)
+  if isinstance(x, UOp) and x.is_symbolic: return unbound_expr(x)
   return x
 
 
@@ -169,7 +172,7 @@ class _Captured:
     self.plan = []
     for k in kernels:
       subs = tuple((p, where[b]) for p, b in enumerate(k.bufs) if b in where)
-      self.plan.append((k, ()) if not subs else (k.ast, tuple(None if b in where else b for b in k.bufs), subs))
+      self.plan.append((k, ()) if not subs else (k.ast, tuple(None if b in where else b for b in k.bufs), subs, k.vals))
     self.names, self.infos, self.statics, self.ret = names, infos, statics, ret
     # buffers the replay writes that are not inputs: an input that is one of them is copied first
     self.written = {k.bufs[s] for k in kernels for s in k.outputs} - set(in_bufs)
@@ -195,15 +198,23 @@ class _Captured:
         raise JitError(f"args mismatch in JIT: non-Tensor argument {n!r} is {got!r}, captured with {want!r}; "
                        "a replay would compute with the captured value (tinygrad does so silently)")
 
-  def __call__(self, bufs: list[UOp]) -> Any:
+  def __call__(self, bufs: list[UOp], var_vals: dict[UOp, int] | None = None) -> Any:
+    """Run the kernels on this call's input buffers; var_vals: the bound values of this call (a capture that
+    serves every value: each kernel with Variables runs with them)."""
     bufs = [_copy(b) if b in self.written else b for b in bufs]
     for step in self.plan:
-      if len(step) == 2: _realize._run(step[0]); continue
-      ast, template, subs = step
+      if len(step) == 2:
+        k = step[0]
+        _realize._run(k.with_vals(var_vals) if var_vals and k.vars else k)
+        continue
+      ast, template, subs, vals = step
       new = list(template)
       for p, j in subs: new[p] = bufs[j]
-      _realize._run(Kernel(ast, tuple(new)))
-    for t, v, j in self.outs: t.uop = v if j is None else substitute(v, {v.base: bufs[j]})
+      k = Kernel(ast, tuple(new), vals)
+      _realize._run(k.with_vals(var_vals) if var_vals and k.vars else k)
+    for t, v, j in self.outs:
+      if var_vals and has_symbolic_args([v]): v = rebind(unbind_graph([v])[0][0], var_vals)
+      t.uop = v if j is None else substitute(v, {v.base: bufs[j]})
     return self.ret
 
 
@@ -228,6 +239,9 @@ class TinyJit:
     # per set of bound values among the arguments (() when there are none): how many calls ran the function (1),
     # the capture, or _PLAIN (its capture read bound values from elsewhere: always run the function)
     self.runs: OrderedDict[tuple[UOp, ...], Any] = OrderedDict()
+    # per set of Variables among the arguments (() when there are none): calls so far (0, 1), the capture that
+    # serves every value of them, or _SPECIALISED (a capture read a bound value: `runs` decides, per value)
+    self.general: dict[tuple[UOp, ...], Any] = {}
     functools.update_wrapper(self, fxn)
 
   max_keys = 64   # how many sets of bound values a TinyJit remembers (least recently used forgotten first)
@@ -236,6 +250,7 @@ class TinyJit:
     """Forget the captures: the next call runs the function again (and the one after captures)."""
     self.cnt, self.captured = 0, None
     self.runs.clear()
+    self.general.clear()
 
   def __get__(self, obj, objtype=None):
     """A jitted method: the instance is passed as the first (non-Tensor) argument."""
@@ -244,6 +259,22 @@ class TinyJit:
   def __call__(self, *args, **kwargs) -> Any:
     names, _, bufs, infos = _prepare(args, kwargs)
     key = _bound_key(args, kwargs)
+    # calls are counted per set of Variables, whatever their values: a capture whose kernels take the Variables
+    # as arguments (it read no bound value while it ran) replays for every value
+    variables = tuple(b.src[0] for b in key)
+    general = self.general.get(variables, 0)
+    if _jit_enabled() and general is not _SPECIALISED:
+      if general == 0:
+        ret = self.fxn(*args, **kwargs)
+        _realize_returned(ret)
+        self.general[variables] = 1
+      elif general == 1: ret = self._capture(args, kwargs, names, bufs, infos, key)
+      else:
+        general.check(names, infos, _statics(args, kwargs))
+        self.captured = general
+        ret = general(bufs, {b.src[0]: b.src[1].arg for b in key})
+      self.cnt += 1
+      return ret
     state = self.runs.get(key, 0)
     if not _jit_enabled() or state == 0 or state is _PLAIN:
       ret = self.fxn(*args, **kwargs)
@@ -278,15 +309,29 @@ class TinyJit:
       _realize.CAPTURING.pop()
     if not kernels: raise JitError("didn't JIT anything!")
     _check_return(ret)
+    variables = tuple(b.src[0] for b in key)
+    given = {b.src[0]: b.src[1].arg for b in key}
+    # a kernel that takes a Variable the arguments do not bind, or binds to another value (bound inside the
+    # function): a replay could not give it its value, so it counts as a value read
+    for k in kernels:
+      for v, n in zip(k.vars, k.vals):
+        if given.get(v) != n: reads.add(v)
+    if reads and self.general.get(variables) == 1:
+      # (a bound value was read as a number: the kernels were built for it; from now on captures are kept per
+      # set of values, and this one serves its own values only)
+      self.general[variables] = _SPECIALISED
+      self.runs[key] = 1
     if not reads <= set(key):   # (built for bound values a replay could not check: never replay it)
       self._remember(key, _PLAIN)
       return ret
     self.captured = _Captured(kernels, bufs, names, infos, _statics(args, kwargs), ret)
-    self._remember(key, self.captured)
+    if not reads and self.general.get(variables) == 1: self.general[variables] = self.captured
+    else: self._remember(key, self.captured)
     return ret
 
 
 _PLAIN = object()   # a TinyJit.runs state: run the function on every call
+_SPECIALISED = object()   # a TinyJit.general state: this set of Variables is captured per set of values (runs)
 
 
 def jit(fxn: Callable | None = None, **kw) -> TinyJit | Callable[[Callable], TinyJit]:

@@ -19,7 +19,7 @@ from rulec.engine import tensor_eval
 from rulec.runtime import progress
 from rulec.runtime.devices import default_device, run_kernel
 from rulec.engine.ir.ops import MOVEMENT, Ops
-from rulec.engine.ir.uop import UOp
+from rulec.engine.ir.uop import UOp, concrete_arg, trim_to_sizes, with_sizes
 from rulec.runtime.buffer import buffer_of, new_buffer
 
 __all__ = ["COUNTERS", "schedule", "realize", "realize_map", "is_realized", "host_value", "device_of", "view_indices",
@@ -55,7 +55,7 @@ RUN_HOOKS: list = []
 def _run(kernel) -> None:
   start = time.perf_counter() if RUN_HOOKS else 0.0
   # a kernel runs on the device of the buffer it writes (slot 0: the store target is numbered first)
-  run_kernel(kernel, kernel.bufs[0].arg[1] if kernel.bufs else default_device())
+  run_kernel(kernel, kernel.bufs[0].arg[1] if kernel.bufs else default_device(), kernel.vals)
   COUNTERS["run"] += 1
   if CAPTURING: CAPTURING[-1].append(kernel)
   for hook in RUN_HOOKS: hook(kernel, time.perf_counter() - start)
@@ -78,7 +78,7 @@ def _through_view(view: UOp, what: str, of_buffer) -> tuple[UOp, np.ndarray]:
     x = x.src[0]
   if x.op is not Ops.BUFFER: raise ValueError(f"{what} must be a view of a buffer, not of {x.op.name}")
   v = of_buffer(x)
-  for m in reversed(chain): v = tensor_eval.apply_movement(m.op, m.arg, v)
+  for m in reversed(chain): v = tensor_eval.apply_movement(m.op, concrete_arg(m), v)
   return x, v
 
 
@@ -86,8 +86,8 @@ def host_value(view: UOp) -> np.ndarray:
   """The value of a realized view (movement ops over a BUFFER, or over a CONST) as a numpy array of its shape."""
   if CAPTURING:   # (as tinygrad: a value read on the host while capturing would be baked into the replay)
     raise JitError("cannot access tensor data during JIT capture, the value will be baked in")
-  if view.base.op is Ops.CONST: return tensor_eval.evaluate([view])[0]
-  return _through_view(view, "a realized value", lambda b: buffer_of(b).host_view())[1]
+  if view.base.op is Ops.CONST: return trim_to_sizes(tensor_eval.evaluate([view])[0], view.sizes)
+  return trim_to_sizes(_through_view(view, "a realized value", lambda b: buffer_of(b).host_view())[1], view.sizes)
 
 
 def device_of(u: UOp, default: str | None = DEFAULT_DEVICE) -> str:
@@ -106,6 +106,8 @@ def view_indices(target: UOp) -> tuple[UOp, np.ndarray]:
     # a whole buffer in order (an optimizer's parameter): nothing to check (the check costs a sort per element)
     b = target if target.op is Ops.BUFFER else target.src[0]
     return b, np.arange(b.arg[-1]).reshape(target.shape)
+  if target.sizes is not None:
+    raise ValueError("cannot assign through a view whose size is a Variable's (a slice ending at a bound expression)")
   # positions + 1, so that PAD's zeros stand for "no element"
   x, idx = _through_view(target, "assign target", lambda b: np.arange(1, b.arg[-1] + 1))
   idx = idx - 1
@@ -172,5 +174,5 @@ def _realize_by_evaluation(todo: list[UOp], devices: list[str], assigns: list[UO
     if u.op is Ops.ASSIGN and u.src[0].base.op is Ops.BUFFER: out[u] = u.src[0]; continue
     b = new_buffer(u.device or d, v.size, u.dtype)
     buffer_of(b).copyin(v)
-    out[u] = b.reshape(u.shape)
+    out[u] = with_sizes(b.reshape(u.shape), u.sizes)
   return out

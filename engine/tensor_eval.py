@@ -56,7 +56,7 @@ import numpy as np
 
 from rulec.engine.ir.dtypes import DType
 from rulec.engine.ir.ops import Ops
-from rulec.engine.ir.uop import UOp
+from rulec.engine.ir.uop import UOp, concrete_arg
 from rulec.runtime.buffer import buffer_of, np_dtype
 
 __all__ = ["evaluate", "apply_movement"]
@@ -103,7 +103,7 @@ def _eval_node(u: UOp, xs: list[np.ndarray]) -> np.ndarray:
   elif op is Ops.CAST: out = xs[0].astype(np_dtype(u.dtype))
   elif op is Ops.BITCAST: out = _bitcast(xs[0], u.dtype)
   elif op is Ops.REDUCE_AXIS: out = _reduce(u.arg[0], tuple(u.arg[1]), xs[0], u.dtype)
-  elif op in _MOVEMENT_OPS: out = apply_movement(op, u.arg, xs[0])
+  elif op in _MOVEMENT_OPS: out = apply_movement(op, concrete_arg(u), xs[0])
   elif op is Ops.CONTIGUOUS: out = np.array(xs[0], copy=True)
   elif op in _IDENTITY_OPS: out = xs[0]
   elif op is Ops.ASSIGN: out = xs[1]

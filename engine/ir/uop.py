@@ -96,6 +96,9 @@ class UOp:
   @staticmethod
   def variable(name: str, min_val: Any, max_val: Any, dtype: DType = dtypes.index) -> UOp:
     """A named value in [min_val, max_val]: tinygrad's `Variable` (`UOp.variable`); `.bind(v)` gives it a value."""
+    # (integer bounds as ints: hash-consing would take ("n", 0.0, 3) and ("n", 0, 3) for one node, they compare equal)
+    if dtype.is_int:
+      min_val, max_val = (int(x) if isinstance(x, float) and x.is_integer() else x for x in (min_val, max_val))
     return UOp(Ops.DEFINE_VAR, dtype, (), (name, min_val, max_val))
   @staticmethod
   def range(end: int | UOp, axis: int, kind: str = "loop") -> UOp:
@@ -176,7 +179,27 @@ class UOp:
     axes = tuple(bool(a) for a in axes)
     return self if not any(axes) else UOp(Ops.FLIP, self.dtype, (self,), axes)
   def r(self, op: Ops, axes: tuple[int, ...]) -> UOp:
-    return UOp(Ops.REDUCE_AXIS, self.dtype, (self,), (op, tuple(sorted(axes))))
+    """A reduce over axes. Over an axis whose size is a Variable (`sizes`), the elements past that size are
+    not part of the value: they are replaced by the reduce's identity first."""
+    axes = tuple(sorted(axes))
+    x = self
+    if (sizes := self.sizes) is not None and any(sizes[a] is not None for a in axes):
+      from rulec.engine.ir.alu import identity_element
+      keep = None
+      for a in axes:
+        if sizes[a] is not None:
+          m = _first_n(sizes[a], self.shape, a)
+          keep = m if keep is None else keep.alu(Ops.AND, m)
+      if not (x.op is Ops.WHERE and x.src[0] is keep):   # (masked once: a rule that rebuilds the reduce keeps it)
+        x = keep.where(x, x.const_like(identity_element(op, x.dtype)))
+    return UOp(Ops.REDUCE_AXIS, self.dtype, (x,), (op, axes))
+
+  @property
+  def sizes(self) -> tuple[UOp | None, ...] | None:
+    """Per axis, the size as an expression of bound Variables where it depends on them (`cache[:, 0:p+1]`), else
+    None; None when no axis has one. Such an axis has its largest size in `shape` (the elements past the bound
+    size are there, and are no part of the value: reductions skip them, a read on the host drops them)."""
+    return self._derive("sizes", _infer_sizes)
 
   @property
   def marg(self) -> Any:
@@ -384,8 +407,8 @@ def _infer_shape(u: UOp) -> tuple[int, ...] | None:
     s = src[0]._get_memo().get("shape")
     if s is None: return None
     if op is Ops.PERMUTE: return tuple(s[i] for i in arg)
-    if op is Ops.PAD: return tuple(d + b + a for d, (b, a) in zip(s, arg))
-    if op is Ops.SHRINK: return tuple(e - b for b, e in arg)
+    if op is Ops.PAD: return tuple(d + b + a if type(b) is int and type(a) is int else sint_size(d, b, a) for d, (b, a) in zip(s, arg))
+    if op is Ops.SHRINK: return tuple(e - b if type(b) is int and type(e) is int else _shrunk_size(b, e) for b, e in arg)
     return s  # FLIP
   if op is Ops.REDUCE_AXIS:
     s = src[0]._get_memo().get("shape")
@@ -407,6 +430,159 @@ def _infer_shape(u: UOp) -> tuple[int, ...] | None:
       if ss is not None and (best is None or len(ss) > len(best)): best = ss
     return best
   return None
+
+
+# *** symbolic offsets: movement args that are expressions of Variables ***
+# A SHRINK or PAD may take an offset that is an expression of Variables (bound or not: `cache[:, p:p+1]` with p a
+# bound Variable), as long as the size it gives does not depend on them: shapes stay ints. These find that size.
+
+def linear_form(x: Any) -> tuple[dict[UOp, int], int] | None:
+  """x (an int, or an integer expression of Variables) as ({Variable: coefficient}, constant), a BIND counted as
+  its Variable; None when x is not a sum of Variables times ints plus an int."""
+  if isinstance(x, (int, np.integer)) and not isinstance(x, bool): return {}, int(x)
+  if not isinstance(x, UOp) or not x.dtype.is_int: return None
+  if x.op is Ops.CONST: return {}, int(x.arg)
+  if x.op is Ops.DEFINE_VAR: return {x: 1}, 0
+  if x.op is Ops.BIND: return {x.src[0]: 1}, 0
+  if x.op is Ops.NEG:
+    a = linear_form(x.src[0])
+    return None if a is None else ({v: -c for v, c in a[0].items()}, -a[1])
+  if x.op in (Ops.ADD, Ops.SUB, Ops.MUL) and len(x.src) == 2:
+    a, b = linear_form(x.src[0]), linear_form(x.src[1])
+    if a is None or b is None: return None
+    if x.op is Ops.MUL:
+      if a[0] and b[0]: return None
+      (k, (vs, c)) = (a[1], b) if not a[0] else (b[1], a)
+      return {v: k * n for v, n in vs.items() if k * n}, k * c
+    sign = 1 if x.op is Ops.ADD else -1
+    vs = dict(a[0])
+    for v, n in b[0].items(): vs[v] = vs.get(v, 0) + sign * n
+    return {v: n for v, n in vs.items() if n}, a[1] + sign * b[1]
+  return None
+
+
+def sint_size(*parts: Any) -> Any:
+  """The sum of parts (ints and Variable expressions) as an int when the Variables cancel; else that sum as an
+  expression (a shape that is not an int: the front end keeps such sizes out of graphs)."""
+  vs: dict[UOp, int] = {}
+  c = 0
+  for p in parts:
+    f = linear_form(p)
+    if f is None: return sum(parts[1:], parts[0])
+    for v, n in f[0].items(): vs[v] = vs.get(v, 0) + n
+    c += f[1]
+  return c if not any(vs.values()) else sum(parts[1:], parts[0])
+
+
+def _value(x: UOp) -> int:
+  """A bound offset's value (a linear expression: engine/tensor/args.py's symbolic_bounds keeps no other), without
+  reporting it read."""
+  f = linear_form(x)
+  if f is None or any(b.op is Ops.DEFINE_VAR and not any(p.op is Ops.BIND and p.src[0] is b for p in x.toposort())
+                      for b in x.toposort()):
+    raise ValueError(f"{x.render()} is not a bound offset")
+  vals = {b.src[0]: b.src[1].arg for b in x.toposort() if b.op is Ops.BIND}
+  return f[1] + sum(n * vals[v] for v, n in f[0].items())
+
+
+def concrete_arg(u: UOp) -> Any:
+  """A movement op's arg with each bound offset as its int, and a size that is a Variable's at its largest, as in
+  `shape` (host-side views: reading one, checking a write target; the caller drops what `sizes` leaves out)."""
+  arg = u.arg
+  if type(arg) is not tuple or not any(isinstance(p, tuple) and any(isinstance(x, UOp) for x in p) for p in arg): return arg
+  if u.op is Ops.SHRINK:
+    starts = [b if type(b) is int else _value(b) for b, _ in arg]
+    return tuple((b, b + n) for b, n in zip(starts, u.shape))
+  return tuple(tuple(_value(x) if isinstance(x, UOp) else x for x in p) if isinstance(p, tuple) else p for p in arg)
+
+
+def with_sizes(view: UOp, sizes: tuple | None) -> UOp:
+  """A realized view of a value whose sizes are Variables' (UOp.sizes): shrunk to them, so that it keeps them."""
+  if sizes is None: return view
+  return view.shrink(tuple((0, n) if v is None else (0, v) for v, n in zip(sizes, view.shape)))
+
+
+def trim_to_sizes(a: np.ndarray, sizes: tuple | None) -> np.ndarray:
+  """A host array of a value's largest shape cut to its sizes (the bound values of UOp.sizes)."""
+  if sizes is None: return a
+  return a[tuple(slice(None) if v is None else slice(0, _value(v)) for v in sizes)]
+
+
+def _shrunk_size(b: Any, e: Any) -> int:
+  """The size of a SHRINK to [b, e) with an expression of Variables at an end: e - b when the Variables cancel
+  (an offset that moves), else the largest e - b can be (a size that is a Variable: `sizes` has the real one)."""
+  n = sint_size(e, -1 * b)
+  return n if isinstance(n, int) else int(n.vmax)
+
+
+def _first_n(n: UOp, shape: tuple[int, ...], axis: int) -> UOp:
+  """A bool of `shape`: True where the index along `axis` is below n (an expression of bound Variables, at most
+  shape[axis]). Static shapes only: N ones and N zeros, read from offset N - n (a symbolic offset)."""
+  N = shape[axis]
+  line = UOp.const(dtypes.bool, True).reshape((1,)).expand((N,)).pad(((0, N),))
+  line = line.shrink(((N - n, 2 * N - n),))
+  return line.reshape(tuple(N if i == axis else 1 for i in range(len(shape)))).expand(shape)
+
+
+def _infer_sizes(u: UOp) -> tuple | None:
+  op, src, arg = u.op, u.src, u.arg
+  below = [s._get_memo().get("sizes") for s in src]
+  if op is Ops.SHRINK:
+    own = tuple(None if type(b) is int and type(e) is int or isinstance(sint_size(e, -1 * b), int) else
+                e if type(b) is int and b == 0 else e - b for b, e in arg)
+    if below[0] is not None:
+      for i, (v, (b, e)) in enumerate(zip(below[0], arg)):
+        if v is not None and (b, e) != (0, src[0].shape[i]):
+          raise ValueError(f"cannot shrink axis {i}: its size is {v.render()}, a Variable's")
+      own = tuple(o if o is not None else v for o, v in zip(own, below[0]))
+    return own if any(x is not None for x in own) else None
+  if all(b is None for b in below): return None
+  if op is Ops.REDUCE_AXIS: return tuple(None if i in arg[1] else v for i, v in enumerate(below[0]))
+  if op is Ops.PERMUTE: return tuple(below[0][i] for i in arg)
+  if op is Ops.EXPAND: return below[0]
+  if op in (Ops.PAD, Ops.FLIP):
+    for i, v in enumerate(below[0]):
+      if v is not None and (arg[i] if op is Ops.FLIP else arg[i] != (0, 0)):
+        raise ValueError(f"cannot {op.name.lower()} axis {i}: its size is {v.render()}, a Variable's")
+    return below[0]
+  if op is Ops.RESHAPE: return _reshaped_sizes(src[0].shape, tuple(arg), below[0])
+  if op in (Ops.BUFFER, Ops.CONST, Ops.DEFINE_VAR, Ops.BIND, Ops.RANGE): return None
+  # elementwise (and the ops that keep their source's shape; a scalar source has no axes): one size per axis,
+  # and two different ones do not mix
+  n = len(u.shape) if u._shape is not None else 0
+  out: list = [None] * n
+  for b in below:
+    if b is None or len(b) != n: continue
+    for i, x in enumerate(b):
+      if x is None: continue
+      if out[i] is not None and out[i] is not x:
+        raise ValueError(f"axis {i} has two sizes that are Variables': {out[i].render()} and {x.render()}")
+      out[i] = x
+  return tuple(out) if any(x is not None for x in out) else None
+
+
+def _reshaped_sizes(old: tuple[int, ...], new: tuple[int, ...], sizes: tuple) -> tuple | None:
+  """A reshape's sizes: an axis whose size is a Variable stays one axis of the same extent, or leads a group of
+  axes merged into one (its size times the rest's); any other reshape of it is an error."""
+  out: list = [None] * len(new)
+  for i, v in enumerate(sizes):
+    if v is None: continue
+    before = prod(old[:i])
+    j, acc = 0, 1
+    while j < len(new) and acc < before: acc *= new[j]; j += 1
+    while j < len(new) and new[j] == 1 and old[i] != 1: j += 1
+    if acc != before or j >= len(new): j = -1
+    elif new[j] == old[i]: out[j] = v; continue
+    else:
+      # merged with the axes after it: the new axis must hold exactly old[i:k] for some k
+      k, ext = i + 1, old[i]
+      while k < len(old) and ext < new[j]: ext *= old[k]; k += 1
+      if ext == new[j]:
+        out[j] = v * (ext // old[i])
+        continue
+    raise ValueError(f"cannot reshape {old} to {new}: axis {i}'s size is {v.render()}, a Variable's, and the reshape "
+                     "would split it or put it inside a merged axis")
+  return tuple(out) if any(x is not None for x in out) else None
 
 
 def _multi_shape(u: UOp) -> tuple[int, ...] | None:

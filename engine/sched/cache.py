@@ -24,7 +24,8 @@ from rulec.engine.ir.ops import Ops
 from rulec.engine.ir.rewrite import substitute
 from rulec.engine.sched import multi as _multi
 from rulec.engine.sched import early as _helpers
-from rulec.engine.ir.uop import UOp
+from rulec.engine.sched.variables import has_symbolic_args, rebind, unbind_graph
+from rulec.engine.ir.uop import UOp, with_sizes
 from rulec.runtime.buffer import new_buffer
 from rulec.runtime.devices import one_pass_groups, rows_shared, split_parts
 from rulec.engine.ir.kernel import Kernel
@@ -149,6 +150,18 @@ def schedule_keeping(targets: list[UOp], default_device: str, devices: Sequence[
   """driver.schedule_keeping (the kernels, the targets' views, the kept intermediate values with their views),
   from the cache when a graph of the same shape was scheduled before (keeping or not is part of the key)."""
   devices = list(devices) if devices is not None else [default_device] * len(targets)
+  if has_symbolic_args(targets):   # bound offsets: scheduled with the Variables, the values go to the kernels
+    unbound, var_vals, back = unbind_graph(targets)
+    kernels, views, kept = _schedule_keeping(unbound, default_device, devices, keep)
+    # (a target whose size is a Variable's is stored at its largest: its view is cut back to that size)
+    return ([k.with_vals(var_vals) for k in kernels],
+            [with_sizes(rebind(v, var_vals), t.sizes) for t, v in zip(targets, views)],
+            [(back.get(x, x), rebind(v, var_vals)) for x, v in kept])
+  return _schedule_keeping(targets, default_device, devices, keep)
+
+
+def _schedule_keeping(targets: list[UOp], default_device: str, devices: list[str],
+                      keep: bool) -> tuple[list[Kernel], list[UOp], list[tuple[UOp, UOp]]]:
   if not enabled(): return _scheduler.schedule_keeping(targets, default_device, devices, keep)
   structure, inputs, pos = _graph_key(targets)
   key = (structure, default_device, tuple(devices), keep,

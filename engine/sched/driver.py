@@ -142,7 +142,8 @@ def _kept_values(originals: UOp, became: list[dict], staged: set[UOp], sink: UOp
   now: dict[UOp, UOp] = {}   # node the fusion rules saw -> the first of the caller's nodes that became it
   for o in order:
     reads_written[o] = o in written or any(reads_written[s] for s in o.src)
-    if o in outputs or o.op in _NOT_KEPT or reads_written[o] or o.size == 0 or not isinstance(o.device, str): continue
+    if o in outputs or o.op in _NOT_KEPT or reads_written[o] or o.size == 0 or not isinstance(o.device, str) or \
+       o.sizes is not None: continue   # (a value whose size is a Variable's would need its view cut back to it)
     x = o
     for m in became: x = m.get(x, x)
     if x.op is Ops.CONTIGUOUS: ok = x.src[0].op is not Ops.EXPAND and x.src[0].base.op not in (Ops.BUFFER, Ops.CONST)

@@ -54,11 +54,17 @@ def apply_movement_op(op: Ops, src_shape: tuple[int, ...], arg: Any, idxs: tuple
       out.append(i - b if b != 0 else i)
       if b == 0 and a == 0: continue
       cond = None
-      if b > 0: cond = _ge(i, b)
-      if a > 0: cond = _lt(i, b + s) if cond is None else cond & _lt(i, b + s)
+      if _may_be_positive(b): cond = _ge(i, b)
+      if _may_be_positive(a): cond = _lt(i, b + s) if cond is None else cond & _lt(i, b + s)
       valid = cond if valid is None else valid & cond
     return tuple(out), valid
   raise ValueError(f"{op} is not a movement op")
+
+
+def _may_be_positive(x) -> bool:
+  """A padding amount that may be above 0: an int above 0, or an expression of Variables (a bound offset's
+  gradient pads by it) whose range reaches above 0 (at 0 the check it guards is true anyway)."""
+  return x.vmax > 0 if isinstance(x, UOp) else x > 0
 
 
 def _lt(i: UOp, c: int) -> UOp: return i.lt(c)

@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import math
 import operator
+import os
 from typing import Any
 
 import numpy as np
 
 from rulec.engine.ir.dtypes import DTYPE_ALIASES, DType, dtypes
-from rulec.engine.ir.uop import UOp
+from rulec.engine.ir.ops import Ops
+from rulec.engine.ir.uop import UOp, linear_form
 from rulec.runtime.buffer import np_dtype
 from rulec.runtime.devices import DEVICES, canonical_device, default_device
 
@@ -193,6 +195,41 @@ def specialise(v: Any) -> Any:
   "Symbolic shapes"); an unbound Variable raises ValueError (tinygrad's class) naming it."""
   if isinstance(v, UOp) and v.is_symbolic: return int(v) if v.dtype.kind in "iux" else bool(v) if v.dtype.kind == "b" else v
   return v
+
+
+def symbolic_enabled() -> bool:
+  """Bound offsets stay symbolic unless RULEC_SYMBOLIC=0 (then every bound value is specialised, as before)."""
+  return os.environ.get("RULEC_SYMBOLIC", "1") != "0"
+
+
+def _bound_expr(x: Any) -> bool:
+  """x is an integer expression whose Variables are all bound (so it has a value)."""
+  if not (isinstance(x, UOp) and x.is_symbolic and x.dtype.is_int): return False
+  bound = {b.src[0] for b in x.toposort() if b.op is Ops.BIND}
+  return all(v in bound for v in x.variables())
+
+
+def symbolic_bounds(b: Any, d: int) -> tuple[Any, Any] | None:
+  """A (start, end) pair along an axis of size d kept symbolic, or None (the caller specialises it). Kept when
+  an end is a bound (linear) expression and the pair fits the axis for every value in the Variables' ranges, and
+  either the size end - start is an int whatever the values (the offset moves: a KV-cache write `cache[:, p:p+1]`,
+  GPT-2's `wte.shrink(((tok, tok+1), None))`), or the start is an int (the size is the Variable's: the attention
+  over `cache[:, 0:p+1]`; the axis then has its largest size, UOp.sizes). The graph holds the expressions, and
+  one schedule and one set of kernels serve every value (the value is a kernel argument)."""
+  if not symbolic_enabled() or not isinstance(b, (tuple, list)) or len(b) != 2: return None
+  s, e = b
+  if not any(_bound_expr(x) for x in (s, e)): return None
+  if not all(_bound_expr(x) or (isinstance(x, (int, np.integer)) and not isinstance(x, bool)) for x in (s, e)): return None
+  fs, fe = linear_form(s), linear_form(e)
+  if fs is None or fe is None: return None
+  lo = s.vmin if isinstance(s, UOp) else int(s)
+  hi = e.vmax if isinstance(e, UOp) else int(e)
+  if not (isinstance(lo, int) and isinstance(hi, int) and 0 <= lo and hi <= d): return None
+  if fs[0] == fe[0]:   # an offset that moves, a size that does not
+    return (s, e) if fe[1] - fs[1] >= 0 else None
+  # a size that is a Variable's (`cache[:, 0:p+1]`): from a fixed start, and never negative
+  if isinstance(s, UOp) or not isinstance(e, UOp) or e.vmin < int(s): return None
+  return (int(s), e)
 
 
 def specialise_index(it: Any) -> Any:

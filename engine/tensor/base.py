@@ -292,7 +292,8 @@ class TensorBase:
     """The value as a new numpy array (realizes the tensor)."""
     self.realize()
     if self.uop.op is Ops.MSTACK: return np.array(_multi.host_value(self.uop), copy=True).reshape(self.shape)
-    return np.array(_engine.host_value(self.uop), copy=True).reshape(self.shape)
+    a = np.array(_engine.host_value(self.uop), copy=True)
+    return a if self.uop.sizes is not None else a.reshape(self.shape)   # (a size that is a Variable's: its value)
 
   def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
     """numpy's conversion protocol: np.asarray(t) (realizes the tensor)."""

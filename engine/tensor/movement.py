@@ -12,10 +12,11 @@ import numpy as np
 from rulec.engine.ir.dtypes import dtypes
 from rulec.engine.ir.ops import Ops
 from rulec.engine.tensor.args import (AxisError, DefaultInt, DuplicateAxisError, ShapeError, ZeroDimError, alias_arg, cast_scalar, int_arg, is_py_scalar, norm_axes,
-                                norm_axis, norm_new_axis, pair_arg, promote_types, shape_arg, specialise, specialise_index, weak_dtype)
+                                norm_axis, norm_new_axis, pair_arg, promote_types, shape_arg, specialise, specialise_index, symbolic_bounds,
+                                symbolic_enabled, weak_dtype)
 from rulec.engine.tensor.uops import (alu, bcast, const, take_every)
 from rulec.engine.tensor.base import TensorBase, is_advanced_index
-from rulec.engine.ir.uop import UOp, prod
+from rulec.engine.ir.uop import UOp, linear_form, prod
 
 if TYPE_CHECKING: from rulec.engine.tensor.tensor import Tensor
 
@@ -37,6 +38,7 @@ class MovementMixin:
         raise AxisError(f"reshape: None at position {i} keeps axis {i}, but a tensor of shape {self.shape} has "
                         f"{self.ndim} ax{'is' if self.ndim == 1 else 'es'}")
       raw = tuple(self.shape[i] if s is None else s for i, s in enumerate(raw))
+    raw = self._sized_dims(raw)
     new = shape_arg(raw, "reshape")
     n = self.numel()
     if sum(1 for s in new if s == -1) > 1: raise ShapeError(f"reshape: only one dimension can be inferred using -1, got {new}")
@@ -48,6 +50,14 @@ class MovementMixin:
       new = tuple(n // known if s == -1 else s for s in new)
     if prod(new) != n: raise ShapeError(f"cannot reshape a tensor of shape {self.shape} (size {n}) into shape {new}")
     return self._new(self.uop.reshape(new))
+
+  def _sized_dims(self, dims: tuple) -> tuple:
+    """A new shape's dims with each bound expression that is the size of one of this tensor's axes (UOp.sizes:
+    `x[:, 0:p+1].reshape(2, p+1, 2, 2)`, tinygrad's symbolic shapes) as that axis's extent in `shape`."""
+    sizes = self.uop.sizes
+    if sizes is None or not any(isinstance(d, UOp) for d in dims): return dims
+    extent = {_linear_key(v): n for v, n in zip(sizes, self.shape) if v is not None}
+    return tuple(extent.get(_linear_key(d), d) if isinstance(d, UOp) else d for d in dims)
 
   def view(self, shape, *args) -> Tensor:
     """view(shape, *args): the same as reshape."""
@@ -73,7 +83,9 @@ class MovementMixin:
 
   def expand(self, shape, *args) -> Tensor:
     """expand(shape, *args): broadcast to shape (numpy's broadcast_to; -1 keeps a dimension)."""
-    new = shape_arg((shape,) + args, "expand")
+    raw = (shape,) + args
+    if len(raw) == 1 and isinstance(raw[0], (tuple, list)): raw = tuple(raw[0])
+    new = shape_arg(self._sized_dims(raw), "expand")
     old = self.shape
     if len(new) < len(old): raise ShapeError(f"cannot broadcast {old} to new_shape={new}: fewer dimensions")
     lead = len(new) - len(old)
@@ -192,6 +204,9 @@ class MovementMixin:
     if len(bounds) != len(sh): raise ShapeError(f"shrink: {len(bounds)} bounds given for a tensor of shape {sh}")
     out = []
     for i, (b, d) in enumerate(zip(bounds, sh)):
+      if b is not None and (sym := symbolic_bounds(b, d)) is not None:   # (a bound offset, an int size: kept symbolic)
+        out.append(sym)
+        continue
       s, e = (0, d) if b is None else pair_arg(b, "shrink bound")
       if not 0 <= s <= e <= d: raise ShapeError(f"shrink: bounds ({s}, {e}) do not fit axis {i} of shape {sh}")
       out.append((s, e))
@@ -207,13 +222,15 @@ class MovementMixin:
     """Indexing: ints (negative ok), slices (any step), None and one Ellipsis; integer or boolean Tensors (and
     lists of them) go to advanced indexing (engine/tensor/indexing.py)."""
     items = idx if isinstance(idx, tuple) else (idx,)
-    items = tuple(specialise_index(it) for it in items)   # (bound Variables: their values)
+    # (bound Variables: a slice start:start+n or an int index keeps a bound offset symbolic where it can, below;
+    # every other use of a bound value is specialised to its value here)
+    items = tuple(it if _maybe_symbolic(it) else specialise_index(it) for it in items)
     # a tuple inside the index is an index array, as a list is (numpy, tinygrad): x[(0,), j, ...], x[((0,),)]
     if any(is_advanced_index(it) or isinstance(it, tuple) for it in items): return self._getitem_advanced(items)
     for it in items:
       if it is None or it is Ellipsis or isinstance(it, slice): continue
       if isinstance(it, (bool, np.bool_)): raise TypeError("indexing with booleans is not supported")
-      if isinstance(it, (int, np.integer)): continue
+      if isinstance(it, (int, np.integer, UOp)): continue
       if isinstance(it, TensorBase): raise TypeError("indexing with a Tensor is not supported; use where() or matmul with a one-hot")
       raise TypeError(f"unsupported index {it!r} of type {type(it).__name__}: use ints, slices, None and ...")
     if sum(1 for it in items if it is Ellipsis) > 1: raise IndexError("an index can only have a single ellipsis ('...')")
@@ -230,6 +247,16 @@ class MovementMixin:
     for it in items:
       if it is None: out_shape.append(1); continue
       d = sh[ax]
+      if _maybe_symbolic(it):
+        pair = (it, it + 1) if isinstance(it, UOp) else (0 if it.start is None else it.start, d if it.stop is None else it.stop)
+        if (sym := symbolic_bounds(pair, d)) is not None:
+          flips.append(False)
+          bounds.append(sym)
+          steps.append((1, 1))
+          if not isinstance(it, UOp): out_shape.append(u.shrink(tuple(sym if i == ax else (0, n) for i, n in enumerate(sh))).shape[ax])
+          ax += 1
+          continue
+        it = specialise_index(it)
       if isinstance(it, slice):
         start, stop, step = it.indices(d)
         n = len(range(start, stop, step))
@@ -292,6 +319,20 @@ class MovementMixin:
 
 
 _PAD_MODES = ("constant", "reflect", "replicate", "circular")
+
+
+def _linear_key(v: UOp) -> Any:
+  """An expression of Variables as a key: equal for equal linear expressions (`p + 1` built twice, `1 + p`)."""
+  f = linear_form(v)
+  return v if f is None else (frozenset(f[0].items()), f[1])
+
+
+def _maybe_symbolic(it: Any) -> bool:
+  """An index item that may keep a bound offset symbolic: a bound int expression, or a slice with step 1 whose
+  start or stop is one (Tensor.__getitem__ decides once it knows the axis)."""
+  if isinstance(it, UOp): return it.is_symbolic and it.dtype.is_int and symbolic_enabled()
+  return isinstance(it, slice) and it.step in (None, 1) and symbolic_enabled() and \
+    any(isinstance(x, UOp) and x.is_symbolic for x in (it.start, it.stop))
 
 
 def _tensor_list(first: Any, args: tuple, name: str) -> list:

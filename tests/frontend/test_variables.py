@@ -1,10 +1,10 @@
-"""Symbolic shapes, first step (#33): tinygrad's `Variable(name, min, max).bind(value)` as a shape, offset and scalar.
+"""Symbolic shapes (#33): tinygrad's `Variable(name, min, max).bind(value)` as a shape, offset and scalar.
 
-rulec specialises a bound value: a shape, slice bound or scalar given as a bound expression is its int, so the
-graph, its schedule and its kernels are built for that value (docs/api.md, "Symbolic shapes"). TinyJit keeps one
-capture per set of bound values among its arguments, so it never replays kernels built for another value. What
-is not done yet: one set of kernels with the value as a kernel argument, replayed for every value without
-recompiling (tinygrad's symbolic kernels)."""
+A bound offset whose size does not depend on the value (`cache[:, p:p+1]`) stays symbolic: one schedule and one
+kernel for every value (tests/frontend/test_symbolic_kernels.py). Every other use of a bound value (a size such
+as `cache[:, 0:p+1]`, a scalar) is specialised: it is its int, so the graph, its schedule and its kernels are
+built for that value (docs/api.md, "Symbolic shapes"). A TinyJit capture that specialised a bound value among its
+arguments is kept per set of values, so it never replays kernels built for another value."""
 from __future__ import annotations
 
 import gc
@@ -159,55 +159,51 @@ def test_kv_cache_decode_loop_matches_numpy(mode):
   np.testing.assert_allclose(layer.cache.numpy(), ref.cache, rtol=1e-4, atol=1e-5)
 
 
-def test_jit_keys_captures_by_bound_value_and_never_replays_another():
-  """start_pos = 1, 2, 3, 1, 1, 2, 3, 1: the same values as eager every call. Each set of bound values counts
-  its own calls (run, capture, then replay), so no call runs kernels built for another value."""
+def test_jit_replays_one_capture_for_every_start_pos():
+  """start_pos = 1, 2, 3, 1, 1, 2, 3, 1: the same values as eager every call. The cache write (an offset) and
+  the attention over 0..start_pos (a size) both keep start_pos symbolic, so call 2's capture serves every value:
+  calls 3..8 replay it with their own start_pos, and compile nothing."""
   dim, heads, ctx = 12, 3, 10   # (sizes no other test uses, so the compile counts are this test's own)
   eager, jitted = Attention(dim, heads, ctx, seed=3), Attention(dim, heads, ctx, seed=3)
   jstep = TinyJit(jitted.__call__)
   var = Variable("start_pos", 0, ctx - 1)
   xs = rng(4).standard_normal((8, 1, 1, dim)).astype(np.float32)
-  seen, compiled, states = set(), [], []
+  compiled, scheduled = [], []
   for i, sp in enumerate([1, 2, 3, 1, 1, 2, 3, 1]):
     want = eager(Tensor(xs[i]), sp).numpy()
-    before = cpu_device.COUNTERS["compiled"] + cpu_device.COUNTERS["loaded"]
+    before, s0 = cpu_device.COUNTERS["compiled"] + cpu_device.COUNTERS["loaded"], rulec.engine.realize.COUNTERS["scheduled"]
     got = jstep(Tensor(xs[i]), var.bind(sp)).numpy()
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
     compiled.append(cpu_device.COUNTERS["compiled"] + cpu_device.COUNTERS["loaded"] - before)
-    state = jstep.runs[(var.bind(sp),)]
-    states.append(state if isinstance(state, int) else "captured")
-    seen.add(sp)
+    scheduled.append(rulec.engine.realize.COUNTERS["scheduled"] - s0)
   np.testing.assert_allclose(jitted.cache.numpy(), eager.cache.numpy(), rtol=1e-5, atol=1e-6)
-  assert states == [1, 1, 1, "captured", "captured", "captured", "captured", "captured"]
-  # (the eager step ran first each time, so its kernels were compiled before the jitted call: what the jitted
-  # call compiled is what eager did not; the counts per new value are measured in the next test)
-  assert compiled == [0] * 8
+  assert jstep.general[(var,)] is jstep.captured and not jstep.runs
+  # (eager, with an int start_pos, builds other kernels: what the jitted calls compile is their own, once)
+  assert compiled[2:] == [0] * 6
+  assert scheduled[2:] == [0] * 6   # (the replays schedule nothing)
 
 
-def test_kernels_compiled_per_new_value():
-  """Kernels compiled per new value, measured on CPU: a decode step runs 7 kernels; the first new position
-  compiled 4 of them, each later new position 3 (the kernels whose code depends on the position: the cache
-  write and the attention over 0..start_pos; the projections are the same code for every position and come from
-  the compiled-kernel cache). A position seen before compiles nothing: its call runs kernels from that cache
-  (the second call with it captures them), and later calls replay the capture. tinygrad compiles the step once
-  and replays it for every value with the value as a kernel argument; rulec does not do that yet."""
+def test_kernels_compiled_once_for_every_position():
+  """A decode step runs 7 kernels; its first two calls build them (the second captures), and no later position
+  compiles or schedules anything: each replays the capture with its own start_pos (tinygrad's symbolic JIT)."""
   dim, heads, ctx = 20, 4, 9
   layer = Attention(dim, heads, ctx, seed=5)
   jstep = TinyJit(layer.__call__)
   var = Variable("start_pos", 0, ctx - 1)
   x = Tensor(rng(6).standard_normal((1, 1, dim)).astype(np.float32)).realize()
-  jstep(x, var.bind(0))   # (the first call: the value-independent kernels too)
+  ref = Reference(layer)
+  jstep(x, var.bind(0)); ref(x.numpy().astype(np.float64), 0)
   new = []
-  for sp in [1, 2, 3, 4, 1, 2, 3, 4, 1, 2, 3, 4]:
+  for sp in [1, 2, 3, 4, 5, 6, 7, 8]:
     c0, k0 = cpu_device.COUNTERS["compiled"] + cpu_device.COUNTERS["loaded"], GlobalCounters.kernel_count
-    jstep(x, var.bind(sp))
-    new.append((cpu_device.COUNTERS["compiled"] + cpu_device.COUNTERS["loaded"] - c0, GlobalCounters.kernel_count - k0))
-  first, again = new[:4], new[4:]
-  # a new position compiles (or loads from the disk cache) the kernels whose code depends on it, at most all the
-  # kernels the step runs; a position seen before compiles none (captured on its second call, replayed after)
-  assert all(0 < c <= k for c, k in first), new
-  assert all(c == 0 for c, _ in again), new
-  assert [k for _, k in again] == [k for _, k in first] * 2
+    s0 = rulec.engine.realize.COUNTERS["scheduled"]
+    out = jstep(x, var.bind(sp)).numpy()
+    np.testing.assert_allclose(out, ref(x.numpy().astype(np.float64), sp), rtol=1e-4, atol=1e-5)
+    new.append((cpu_device.COUNTERS["compiled"] + cpu_device.COUNTERS["loaded"] - c0, GlobalCounters.kernel_count - k0,
+                rulec.engine.realize.COUNTERS["scheduled"] - s0))
+  assert [c for c, _, _ in new] == [0] * 8, new
+  assert [s for _, _, s in new[1:]] == [0] * 7, new
+  assert len({k for _, k, _ in new}) == 1, new
 
 
 def test_bound_values_inside_containers_and_read_from_the_closure():

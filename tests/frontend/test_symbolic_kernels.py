@@ -1,0 +1,201 @@
+"""Symbolic offsets (#33): a bound Variable as a slice offset is a kernel argument, not a constant.
+
+`cache[:, p:p+1]`, `w.shrink(((tok, tok+1), None))` and `x[:, p]` with p a bound Variable keep p in the graph
+(the size does not depend on it); the scheduler takes the value out (engine/sched/variables.py), so one schedule
+and one compiled kernel serve every value, and TinyJit replays one capture for every value. Sizes that depend on
+a value (`cache[:, 0:p+1]`) are still specialised (docs/api.md, "Symbolic shapes")."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from rulec import Tensor, TinyJit, Variable
+from rulec.engine import realize as R
+from rulec.engine.ir.ops import Ops
+from rulec.engine.sched import cache as schedule_cache
+from rulec.runtime import cpu_device
+
+
+def rng(seed: int = 0) -> np.random.Generator: return np.random.default_rng(seed)
+
+
+def compiled() -> int:
+  return cpu_device.COUNTERS["compiled"] + cpu_device.COUNTERS["loaded"] + len(cpu_device._by_ast)
+
+
+DEVICES = ["CPU", "NUMPY"]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_reads_at_bound_offsets_match_numpy(device):
+  a = rng(1).standard_normal((9, 5)).astype(np.float32)
+  x = Tensor(a, device=device).realize()
+  p = Variable("p", 0, 6)
+  for n in [0, 3, 6, 2]:
+    b = p.bind(n)
+    np.testing.assert_allclose((x[b:b + 3] * 2).sum(1).numpy(), (a[n:n + 3] * 2).sum(1), rtol=1e-6)
+    np.testing.assert_array_equal(x[b].numpy(), a[n])
+    np.testing.assert_array_equal(x.shrink(((b, b + 2), (1, 4))).numpy(), a[n:n + 2, 1:4])
+    np.testing.assert_array_equal(x[:, 1:3][b + 1:b + 3].numpy(), a[:, 1:3][n + 1:n + 3])
+    assert x[b:b + 3].shape == (3, 5) and x[b].shape == (5,)
+    # the graph holds the expression (a movement arg), not the value
+    assert any(isinstance(e, type(b)) for pair in x[b:b + 3].uop.arg for e in pair)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_writes_at_bound_offsets_match_numpy(device):
+  c = Tensor.zeros(3, 10, device=device).contiguous().realize()
+  ref = np.zeros((3, 10), np.float32)
+  p = Variable("pos", 0, 8)
+  for n, v in [(0, 1.0), (4, 2.0), (8, 3.0), (4, 5.0)]:
+    c[:, p.bind(n):p.bind(n) + 2].assign(Tensor.full((3, 2), v, device=device)).realize()
+    ref[:, n:n + 2] = v
+    c[:, p.bind(n)] = Tensor([v + 10, v + 20, v + 30], device=device)
+    ref[:, n] = [v + 10, v + 20, v + 30]
+  np.testing.assert_array_equal(c.numpy(), ref)
+
+
+def test_one_schedule_and_one_compile_serve_every_value():
+  w = Tensor(rng(2).standard_normal((40, 24)).astype(np.float32)).realize()
+  cache = Tensor.zeros(40, 24).contiguous().realize()
+  p = Variable("p", 0, 38)
+  def step(n):
+    b = p.bind(n)
+    cache[b:b + 2].assign(w[b:b + 2] * 3 + 1).realize()
+    return (w[b + 1] * 2).numpy()
+  step(0)
+  k0, c0, h0 = R.COUNTERS["scheduled"], compiled(), schedule_cache.STATS["hits"]
+  for n in range(1, 11):
+    np.testing.assert_allclose(step(n), w.numpy()[n + 1] * 2, rtol=1e-6)
+  # ten new values: every schedule from the cache, nothing compiled
+  assert schedule_cache.STATS["hits"] - h0 == 20
+  assert compiled() == c0
+  assert R.COUNTERS["scheduled"] - k0 == 20
+  ref = np.zeros((40, 24), np.float32)
+  for n in range(11): ref[n:n + 2] = w.numpy()[n:n + 2] * 3 + 1
+  np.testing.assert_allclose(cache.numpy(), ref, rtol=1e-6)
+
+
+def test_kernels_take_the_variable_as_an_argument():
+  x = Tensor(rng(3).standard_normal((16, 4)).astype(np.float32)).realize()
+  p = Variable("start_pos", 0, 12)
+  ks = R.schedule([(x[p.bind(5):p.bind(5) + 4] + 1).uop])
+  assert len(ks) == 1 and [v.arg for v in ks[0].vars] == [("start_pos", 0, 12)] and ks[0].vals == (5,)
+  ks2 = R.schedule([(x[p.bind(9):p.bind(9) + 4] + 1).uop])
+  assert ks2[0].ast is ks[0].ast and ks2[0].vals == (9,)
+  assert not any(u.op is Ops.BIND for u in ks[0].ast.toposort())
+
+
+def test_two_variables_in_one_kernel():
+  a = rng(4).standard_normal((8, 8)).astype(np.float32)
+  x = Tensor(a).realize()
+  i, j = Variable("i", 0, 6), Variable("j", 0, 5)
+  for n, m in [(0, 0), (6, 5), (2, 3)]:
+    got = x[i.bind(n):i.bind(n) + 2, j.bind(m):j.bind(m) + 3].contiguous().numpy()
+    np.testing.assert_array_equal(got, a[n:n + 2, m:m + 3])
+
+
+def test_one_variable_bound_to_two_values_in_one_realize_is_an_error():
+  x = Tensor(np.arange(10, dtype=np.float32)).realize()
+  p = Variable("p", 0, 8)
+  with pytest.raises(ValueError, match="bound to both"):
+    (x[p.bind(1):p.bind(1) + 1] + x[p.bind(2):p.bind(2) + 1]).realize()
+
+
+def test_gradient_through_a_bound_offset():
+  a = rng(5).standard_normal((7, 3)).astype(np.float32)
+  p = Variable("p", 0, 5)
+  for n in [0, 2, 5]:
+    w = Tensor(a, requires_grad=True)
+    (w[p.bind(n):p.bind(n) + 2] * Tensor([[1.0, 2.0, 3.0]])).sum().backward()
+    want = np.zeros_like(a)
+    want[n:n + 2] = [1.0, 2.0, 3.0]
+    np.testing.assert_array_equal(w.grad.numpy(), want)
+
+
+def test_ranges_that_do_not_guarantee_the_bounds_are_specialised():
+  """p in [0, 9] on an axis of 8 read as [p, p+2): some values would read past the end, so the value is checked
+  and built in (as before), and a bad value is an error, not a read out of bounds."""
+  x = Tensor(np.arange(8, dtype=np.float32))
+  p = Variable("p", 0, 9)
+  assert x[p.bind(3):p.bind(3) + 2].tolist() == [3.0, 4.0]
+  assert all(not isinstance(e, type(p)) for pair in x[p.bind(3):p.bind(3) + 2].uop.arg for e in pair)
+  with pytest.raises(Exception):
+    x.shrink(((p.bind(8), p.bind(8) + 2),))
+
+
+def test_specialised_when_symbolic_is_off(monkeypatch):
+  monkeypatch.setenv("RULEC_SYMBOLIC", "0")
+  x = Tensor(np.arange(8, dtype=np.float32))
+  p = Variable("p", 0, 6)
+  y = x[p.bind(2):p.bind(2) + 2]
+  assert y.uop.arg == ((2, 4),) and y.tolist() == [2.0, 3.0]
+
+
+# *** TinyJit: one capture for every value ***
+
+class Decoder:
+  """A decode step that only moves offsets: the token's embedding row, the position's row, a cache write at the
+  position, and a read of the cache that does not depend on the position's value (the whole cache, masked)."""
+
+  def __init__(self, vocab: int, ctx: int, dim: int, seed: int = 0):
+    r = rng(seed)
+    self.wte = Tensor(r.standard_normal((vocab, dim)).astype(np.float32)).realize()
+    self.wpe = Tensor(r.standard_normal((ctx, dim)).astype(np.float32)).realize()
+    self.w = Tensor((r.standard_normal((dim, dim)) / np.sqrt(dim)).astype(np.float32)).realize()
+    self.cache = Tensor.zeros(ctx, dim).contiguous().realize()
+    self.ref = np.zeros((ctx, dim), np.float64)
+
+  def __call__(self, tok, pos) -> Tensor:
+    h = self.wte.shrink(((tok, tok + 1), None)) + self.wpe[pos:pos + 1]
+    self.cache[pos:pos + 1].assign(h @ self.w).realize()
+    return (self.cache.sum(0, keepdim=True) + h).realize()
+
+  def reference(self, tok: int, pos: int) -> np.ndarray:
+    h = self.wte.numpy()[tok:tok + 1].astype(np.float64) + self.wpe.numpy()[pos:pos + 1]
+    self.ref[pos:pos + 1] = h @ self.w.numpy()
+    return self.ref.sum(0, keepdims=True) + h
+
+
+def test_jit_replays_one_capture_for_every_value_without_scheduling_or_compiling():
+  dec = Decoder(vocab=13, ctx=24, dim=8, seed=6)
+  step = TinyJit(dec.__call__)
+  tv, pv = Variable("tok", 0, 12), Variable("pos", 0, 23)
+  toks = rng(7).integers(0, 13, 20)
+  counts = []
+  for pos in range(20):
+    s0, c0 = R.COUNTERS["scheduled"], compiled()
+    got = step(tv.bind(int(toks[pos])), pv.bind(pos)).numpy()
+    counts.append((R.COUNTERS["scheduled"] - s0, compiled() - c0))
+    np.testing.assert_allclose(got, dec.reference(int(toks[pos]), pos), rtol=1e-4, atol=1e-5)
+  # call 1 runs the function, call 2 captures it, calls 3..20 replay it with the new values
+  assert step.captured is not None and step.general[(pv, tv)] is step.captured   # (Variables in name order)
+  assert all(s > 0 for s, _ in counts[:2]) and counts[2:] == [(0, 0)] * 18, counts
+  np.testing.assert_allclose(dec.cache.numpy(), dec.ref, rtol=1e-4, atol=1e-5)
+
+
+def test_jit_with_a_value_read_as_a_number_falls_back_to_one_capture_per_value():
+  """A bound value used where rulec needs its int (`Tensor.arange(p + 1)`) specialises it: the capture serves its
+  own value only, and each other value counts its own calls."""
+  a = rng(8).standard_normal(12).astype(np.float32)
+  x = Tensor(a).realize()
+  f = TinyJit(lambda p: (x[:3] * Tensor.arange(p + 1).sum()).realize())
+  v = Variable("p", 0, 10)
+  for n in [1, 2, 3, 1, 2, 3, 1, 2, 3, 4]:
+    np.testing.assert_allclose(f(v.bind(n)).numpy(), a[:3] * (n * (n + 1) // 2), rtol=1e-5)
+  assert (v,) not in f.general or not hasattr(f.general[(v,)], "plan")
+
+
+def test_jit_never_replays_a_value_bound_outside_its_arguments():
+  """A Variable bound in the closure is not among the arguments: a replay could not know its value, so the
+  function runs every call."""
+  a = rng(9).standard_normal((6, 4)).astype(np.float32)
+  w = Tensor(a).realize()
+  box = {}
+  g = TinyJit(lambda x: (x * w[box["p"]]).realize())
+  v = Variable("p", 0, 5)
+  x = Tensor(np.ones(4, np.float32))
+  for n in [0, 1, 2, 3, 4, 5]:
+    box["p"] = v.bind(n)
+    np.testing.assert_allclose(g(x).numpy(), a[n], rtol=1e-6)
+  assert g.captured is None
