@@ -16,8 +16,8 @@ built are reported beside it: they are what a user waits for before the first to
   rulec          examples/gpt2.py: TinyJit over fixed shapes (a KV cache of --context positions, masked).
   rulec-tgfile   tinygrad's own examples/gpt2.py (needs --tinygrad PATH, a checkout with examples/) run
                  unchanged on rulec through rulec.tinygrad_alias: the position and the token are bound
-                 Variables, which rulec specialises, so each new position builds some kernels again
-                 (docs/api.md, "Symbolic shapes"): its rate includes those builds.
+                 Variables, which rulec keeps symbolic (docs/api.md, "Symbolic shapes"), so its TinyJit
+                 builds the step once and replays it for every position.
   tinygrad       tinygrad 0.14 running the same file on DEV=--tg-dev with its TinyJit (symbolic kernels, built
                  once). Its CPU device compiles with clang: where none is installed, put a `clang` on PATH
                  (`pip install ziglang` and a script running `python -m ziglang clang "$@"` works).

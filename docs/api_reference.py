@@ -113,11 +113,14 @@ published files from the folder `path` (uint8 tensors, images NCHW, as tinygrad'
   TinyJit take, specialised to that value (next section).
 - `fetch(url)`: rulec reads nothing from the network; it raises NotImplementedError (pass the loaders a path).
 
-## Symbolic shapes (`Variable`): bound values, specialised
+## Symbolic shapes (`Variable`): offsets and sizes as kernel arguments
 
 tinygrad decodes with a KV cache by binding the position to a symbolic `Variable` (`Variable("start_pos", 1,
-1023).bind(n)`, LLaMA's and GPT-2's JIT path). rulec takes that code unchanged and gives the same values, but
-builds everything for the bound value: it is the first, specialised step of symbolic shapes.
+1023).bind(n)`, LLaMA's and GPT-2's JIT path). rulec takes that code unchanged: a bound Variable used as a slice
+offset or a slice size stays in the graph, the scheduler takes its value out (engine/sched/variables.py), the
+kernels take it as an argument, and one schedule, one set of compiled kernels and one TinyJit capture serve every
+value. tinygrad's examples/gpt2.py and extra/models/llama.py decode on rulec with their step compiled once
+(bench/models.py `--only rulec-tgfile`).
 
 - The Variable: `Variable(name, min, max)` is `UOp.variable(name, min, max)` (both spellings, as tinygrad 0.14, and
   `tinygrad.uop.ops.Variable` is the UOp type) and makes a DEFINE_VAR node. `.bind(v)` gives a BIND node; a value
@@ -132,33 +135,44 @@ builds everything for the bound value: it is the first, specialised step of symb
   (tinygrad's raises ValueError for a bound Variable: its value stays symbolic there); of an unbound one ValueError
   (`eval failed to be a single number, range is 1 to 10 in start_pos`, naming the Variable to bind). `==` and `!=`
   compare identity (rulec's UOps are dict keys): `b != 3` is True where tinygrad builds an expression.
-- What works: a bound Variable or bound expression wherever Tensor takes a size, offset or scalar: slicing and
-  indexing (`cache[:, start_pos:start_pos+seqlen]`, `x[:, tokens]`, steps too), `shrink(((tokens, tokens+1),
-  None))`, `reshape`, `pad` (pairs or flat), `expand`, `Tensor.arange`, the shapes of `ones` / `zeros` / `empty` /
-  `full` and `full`'s value, `triu` / `tril`, writes through such views (`t[:, b] = v`, `t[:, b:b+1].assign(v)`),
-  arithmetic and comparisons with tensors (a weak int, as a Python int: `Tensor([1, 2]) + b` is int32), and
-  `Tensor(b)` (a 0-d int32). Each is specialised: the bound value is read as its int, so shapes are ints
-  (`x[:, 0:b+1].shape` is `(2, 4)`, where tinygrad's holds an expression) and the graph, its schedule and its
-  kernels are built for that value. An unbound Variable where a size is needed raises ValueError naming it.
-- TinyJit: the bound Variables among a jitted function's arguments (also inside lists, tuples and dicts, and in
-  bound expressions) key its captures, and each set of bound values counts its own calls: the first runs the
-  function, the second captures, later ones replay. So a replay never runs kernels built for another value. A
-  decode loop whose position never repeats runs the function on every call (right values; the schedule cache and
-  the compiled-kernel cache still apply); positions seen again are replayed. At most `TinyJit.max_keys` (64) sets
-  are remembered (least recently used forgotten), so the captures' memory is bounded: a 200-step jitted decode loop
-  under `Tensor.no_grad = True` (as tinygrad's LLM examples run) keeps a constant number of buffers and bytes. A
-  capture whose function read a bound value that was not among its arguments (a Variable bound in the closure) is
-  never replayed: those calls always run the function.
-- What does not work yet: one set of kernels reused across values. tinygrad keeps the Variable symbolic through
-  scheduling and codegen (a kernel argument, loop bounds bounded by its range), so a decode loop compiles its step
-  once and replays it for every position. rulec schedules the step anew for each new value (tens of ms on CPU) and
-  compiles every kernel whose code depends on the value: measured in tests/frontend/test_variables.py, 3 to 4 of the
-  7 kernels of an attention step per new position (the projections are the same code every step and come from
-  the compiled-kernel cache); a position seen before compiles nothing. Unbound Variables as sizes (shapes holding
-  expressions, `max_shape` above its value) are not supported. Until they are, rulec's own generation examples
-  (examples/gpt2.py, examples/llama.py: examples/textgen.py) keep every shape fixed instead: the position is a
-  one-element int32 tensor, the step writes its cache slot with a `where` and masks the later positions, so one
-  capture serves a whole generation (its kernels are built once) at the cost of attending over the whole cache.
+- Kept symbolic: a slice or `shrink` bound that is a bound expression of the form `a*v + b` (sums of Variables
+  times ints plus an int), on one device, when the slice fits the axis for every value in the Variables' ranges:
+  - an **offset** (the size does not depend on the value): `cache[:, start_pos:start_pos+seqlen]` (reads, and
+    writes through it: `.assign(v)`, `t[:, b] = v`), `x[:, tokens]`, GPT-2's `wte.shrink(((tokens, tokens+1),
+    None))`. The shape is ints, as always.
+  - a **size** (from an int start): `cache[:, 0:start_pos+seqlen]`. The axis has its **largest size** in `.shape`
+    (here `start_pos.vmax + seqlen`), where tinygrad's shape holds the expression; `UOp.sizes` records the real
+    one. The elements past it are not part of the value: every reduction over the axis (sum, max, min, mean, var,
+    softmax, argmax, a matmul over it) skips them, and reading the tensor (`numpy()`, `tolist()`) gives the bound
+    size. `reshape` and `expand` take the bound expression for that axis (`keys.reshape(bs, start_pos+1, ...)`);
+    a reshape may keep the axis or merge it with the axes after it. Errors (ValueError naming the Variable): pad,
+    flip or shrink such an axis, a reshape that splits it or merges it inside, assigning through such a view.
+    Gradients flow through both kinds (zero past the size).
+
+  Kernels over a size loop over the largest size with the elements past the bound one masked (a decode step's
+  attention costs the whole cache, as a fixed-shape model's would); loop bounds that follow the value are future
+  work.
+- Specialised: every other use of a bound value is its int, so the graph, its schedule and its kernels are built
+  for that value: a range that does not guarantee the bounds (`Variable("p", 0, 99)` slicing an axis of 10: the
+  value is checked), a slice with a step, an expression that is not `a*v + b`, `pad`, `Tensor.arange`, the shapes
+  of `ones` / `zeros` / `empty` / `full` and `full`'s value, `triu` / `tril`, arithmetic and comparisons with
+  tensors (a weak int, as a Python int: `Tensor([1, 2]) + b` is int32), `Tensor(b)` (a 0-d int32), and any offset
+  of a tensor spread over several devices. `RULEC_SYMBOLIC=0` specialises every bound value (the behaviour before
+  symbolic kernels). An unbound Variable where a size is needed raises ValueError naming it. One Variable bound to
+  two values in one realize raises ValueError.
+- TinyJit: calls are counted per set of Variables among the arguments (also inside lists, tuples and dicts, and in
+  bound expressions), whatever their values: the first call runs the function, the second captures it, and when
+  the capture read no bound value as an int (every use was kept symbolic) later calls replay it with their own
+  values: no scheduling, no compiling (tests/frontend/test_symbolic_kernels.py and test_variables.py count both).
+  A capture that specialised a value falls back to one capture per set of values: each set counts its own calls
+  (run, capture, replay), so a replay never runs kernels built for another value, and at most `TinyJit.max_keys`
+  (64) sets are remembered (least recently used forgotten). A capture whose kernels take a Variable that is not
+  among the arguments, or is bound there to another value (bound in the closure), is never replayed: those calls
+  always run the function. A 200-step jitted decode loop under `Tensor.no_grad = True` keeps a constant number of
+  buffers and bytes.
+- rulec's own generation examples (examples/gpt2.py, examples/llama.py: examples/textgen.py) were written before
+  this and keep every shape fixed instead: the position is a one-element int32 tensor, the step writes its cache
+  slot with a `where` and masks the later positions.
 
 ## Loading weights (`rulec.nn.state`)
 
@@ -211,10 +225,9 @@ Where rulec differs, and why:
 
 - Symbolic shapes: three of these need them on their default path, llama.py's one-token steps (`forward_jit`,
   start_pos a bound Variable), gpt2.py's `GPT2.generate` (the token and start_pos bound, under TinyJit) and
-  mixtral.py's decode loop (start_pos bound, no JIT); each also runs with start_pos a plain int (llama.py's
-  jit=False, gpt2.py's `Transformer.forward`). rulec specialises bound Variables (the `Variable` section above),
-  so those paths give tinygrad's tokens, but each new position is scheduled and its position-dependent kernels
-  compiled anew, where tinygrad replays one compiled step.
+  mixtral.py's decode loop (start_pos bound, no JIT). All three keep start_pos symbolic in rulec (the `Variable`
+  section above): the cache writes and token rows are offsets, the attention over the cache a size, so the jitted
+  steps are built once and replayed for every position, as in tinygrad.
 - A loss realized after `opt.step()` (`loss.backward(); opt.step(); return loss.realize()`, extra/training.py's
   loop) is computed from the updated weights in rulec. tinygrad computes it from the updated weights too, except
   where its own schedule of the step kept an intermediate of the loss in a buffer (its tensors are rewritten to
@@ -227,12 +240,6 @@ Where rulec differs, and why:
   `Context(TRAINING=1)`, which sets the same switch in rulec (an optimizer step outside it raises in both).
 - `fetch` and the dataset loaders read nothing from the network: pass paths (`torch_load(path)`,
   `mnist(path=...)`); the examples' `__main__` blocks that download weights stop there.
-- A value realized inside one `realize()` is computed again by a later one that needs it: rulec keeps the buffers
-  of a call's targets only, where tinygrad rewrites every live tensor to every buffer its schedule made. LLaMA's
-  and GPT-2's attention realize the KV-cache write of each layer, which computes the layers below it, so a
-  decode step of n layers recomputes the lower layers n times over: 18 kernels against tinygrad's 18 for one
-  layer, 45 against 31 for two, 135 against 57 for four, 460 against 109 for eight (llama.py, one-token step).
-  Values are unaffected; the cost grows as n squared.
 - Kernel counts: rulec runs more kernels than tinygrad on most of these. ResNet18's 9 extra are the batch-norm,
   residual-add and ReLU epilogue of 6 of its 8 blocks kept in a kernel of their own instead of fused into the
   block's second convolution, and the 1x1 downsample convolution of 3 blocks not fused into it either; in BERT a

@@ -21,14 +21,14 @@ and device it had at capture (else JitError, as in tinygrad). Non-Tensor argumen
 ones: tinygrad silently replays with the captured values; rulec raises JitError instead.
 
 Bound Variables (`Variable("start_pos", 1, 1023).bind(n)`, and expressions of them) among the arguments are not
-that kind of argument: rulec specialises a bound value (its graph, schedule and kernels are built for n), so the
-JIT keeps one capture per set of bound values, each counted on its own: the first call with a set of values runs
-the function, the second captures, later ones replay that capture. A decode loop whose position never repeats so
-runs every call as a plain call (new kernels are compiled only where a value gives new code; the compiled-kernel
-cache has the rest), and never replays kernels built for another value. At most `max_keys` sets are remembered
-(the least recently used is forgotten). A capture whose function read a bound value that is not among its
-arguments (a Variable bound in the closure) is not replayed: calls with those arguments run the function.
-tinygrad replays one set of symbolic kernels for every value; rulec does not do that yet.
+that kind of argument: calls are counted per set of Variables, whatever their values. Where the function kept
+them symbolic (slice offsets and sizes: docs/api.md, "Symbolic shapes"), its kernels take their values as
+arguments, and the capture replays for every value with this call's (each kernel's `vals`): no scheduling, no
+compiling. A capture that read a bound value as an int (its kernels were built for that value) serves that set of
+values only: from then on each set counts its own calls (run, capture, replay), at most `max_keys` sets are
+remembered (the least recently used is forgotten), and no call replays kernels built for another value. A capture
+whose kernels take a Variable the arguments do not bind to the same value (bound in the closure) is never
+replayed: calls with those arguments run the function.
 """
 from __future__ import annotations
 

@@ -1,9 +1,9 @@
-"""Helpers for rules/gradient.rules: the two gradients that are not one-line algebra."""
+"""Helpers for rules/gradient.rules: the gradients that are not one-line algebra."""
 from __future__ import annotations
 
 from rulec.engine.lang.capability import rule_helper
 from rulec.engine.ir.ops import Ops
-from rulec.engine.ir.uop import UOp
+from rulec.engine.ir.uop import UOp, first_n
 
 
 @rule_helper
@@ -26,3 +26,15 @@ def product_of_others(x: UOp, axes: tuple[int, ...]) -> UOp:
   only_this = zero & zeros.eq(zeros.const_like(1))
   safe_x = zero.where(x.const_like(1), x)
   return none_zero.where(nonzero_prod / safe_x, only_this.where(nonzero_prod, x.const_like(0)))
+
+
+@rule_helper
+def zero_past_sizes(g: UOp, s: UOp) -> UOp:
+  """The gradient g of a SHRINK s whose size along an axis is a Variable's (UOp.sizes): 0 past that size, a value
+  of the axis's whole size (g holds nothing there; its source's gradient is that of every element)."""
+  own, below = s.sizes, s.src[0].sizes
+  if own is None: return g
+  for a, v in enumerate(own):
+    if v is not None and (below is None or below[a] is None):
+      g = first_n(v, g.shape, a).where(g, g.const_like(0))
+  return g

@@ -188,7 +188,7 @@ class UOp:
       keep = None
       for a in axes:
         if sizes[a] is not None:
-          m = _first_n(sizes[a], self.shape, a)
+          m = first_n(sizes[a], self.shape, a)
           keep = m if keep is None else keep.alu(Ops.AND, m)
       if not (x.op is Ops.WHERE and x.src[0] is keep):   # (masked once: a rule that rebuilds the reduce keeps it)
         x = keep.where(x, x.const_like(identity_element(op, x.dtype)))
@@ -515,7 +515,7 @@ def _shrunk_size(b: Any, e: Any) -> int:
   return n if isinstance(n, int) else int(n.vmax)
 
 
-def _first_n(n: UOp, shape: tuple[int, ...], axis: int) -> UOp:
+def first_n(n: UOp, shape: tuple[int, ...], axis: int) -> UOp:
   """A bool of `shape`: True where the index along `axis` is below n (an expression of bound Variables, at most
   shape[axis]). Static shapes only: N ones and N zeros, read from offset N - n (a symbolic offset)."""
   N = shape[axis]
@@ -546,6 +546,10 @@ def _infer_sizes(u: UOp) -> tuple | None:
         raise ValueError(f"cannot {op.name.lower()} axis {i}: its size is {v.render()}, a Variable's")
     return below[0]
   if op is Ops.RESHAPE: return _reshaped_sizes(src[0].shape, tuple(arg), below[0])
+  if op is Ops.WHERE and below[0] is None and below[2] is None and below[1] is not None and len(below[1]) == len(u.shape):
+    # WHERE(first_n(n) along an axis, x, c): x's value extended with c past n, a value of the axis's whole size
+    return tuple(None if v is not None and src[0] is first_n(v, u.shape, i) else v for i, v in enumerate(below[1])) \
+      if any(v is not None and src[0] is first_n(v, u.shape, i) for i, v in enumerate(below[1])) else below[1]
   if op in (Ops.BUFFER, Ops.CONST, Ops.DEFINE_VAR, Ops.BIND, Ops.RANGE): return None
   # elementwise (and the ops that keep their source's shape; a scalar source has no axes): one size per axis,
   # and two different ones do not mix

@@ -51,6 +51,11 @@ class MovementMixin:
     if prod(new) != n: raise ShapeError(f"cannot reshape a tensor of shape {self.shape} (size {n}) into shape {new}")
     return self._new(self.uop.reshape(new))
 
+  def _multi_device(self) -> bool:
+    """A value spread over several devices: its bound offsets are specialised (rules/multi.rules splits shrinks
+    by their int bounds)."""
+    return isinstance(self.device, tuple)
+
   def _sized_dims(self, dims: tuple) -> tuple:
     """A new shape's dims with each bound expression that is the size of one of this tensor's axes (UOp.sizes:
     `x[:, 0:p+1].reshape(2, p+1, 2, 2)`, tinygrad's symbolic shapes) as that axis's extent in `shape`."""
@@ -204,7 +209,7 @@ class MovementMixin:
     if len(bounds) != len(sh): raise ShapeError(f"shrink: {len(bounds)} bounds given for a tensor of shape {sh}")
     out = []
     for i, (b, d) in enumerate(zip(bounds, sh)):
-      if b is not None and (sym := symbolic_bounds(b, d)) is not None:   # (a bound offset, an int size: kept symbolic)
+      if b is not None and not self._multi_device() and (sym := symbolic_bounds(b, d)) is not None:   # (kept symbolic)
         out.append(sym)
         continue
       s, e = (0, d) if b is None else pair_arg(b, "shrink bound")
@@ -224,7 +229,7 @@ class MovementMixin:
     items = idx if isinstance(idx, tuple) else (idx,)
     # (bound Variables: a slice start:start+n or an int index keeps a bound offset symbolic where it can, below;
     # every other use of a bound value is specialised to its value here)
-    items = tuple(it if _maybe_symbolic(it) else specialise_index(it) for it in items)
+    items = tuple(it if _maybe_symbolic(it) and not self._multi_device() else specialise_index(it) for it in items)
     # a tuple inside the index is an index array, as a list is (numpy, tinygrad): x[(0,), j, ...], x[((0,),)]
     if any(is_advanced_index(it) or isinstance(it, tuple) for it in items): return self._getitem_advanced(items)
     for it in items:

@@ -11,7 +11,7 @@ from rulec.engine.ir.dtypes import DType, dtypes
 from rulec.engine.ir.ops import Ops
 from rulec.engine.tensor.args import (DefaultInt, alias_arg, norm_axes, norm_axis, sum_dtype, to_dtype)
 from rulec.engine.tensor.uops import (alu, u_max_reduce, u_neg)
-from rulec.engine.ir.uop import UOp, prod
+from rulec.engine.ir.uop import UOp, first_n, prod
 
 if TYPE_CHECKING: from rulec.engine.tensor.tensor import Tensor
 
@@ -77,8 +77,18 @@ class ReduceMixin:
     if not self.dtype.is_float: return self.cast(dtypes.default_float), dtypes.default_float
     return self, self.dtype
 
-  def _count(self, axis: Any) -> int:
-    return prod(self.shape[a] for a in norm_axes(axis, self.ndim))
+  def _count(self, axis: Any) -> Any:
+    """How many elements a reduce over axis takes: an int, or a 0-d float32 Tensor where an axis's size is a
+    Variable's (UOp.sizes: the count of the positions below it, so one graph serves every value)."""
+    axes = norm_axes(axis, self.ndim)
+    sizes = self.uop.sizes
+    if sizes is None or all(sizes[a] is None for a in axes): return prod(self.shape[a] for a in axes)
+    n: Any = prod(self.shape[a] for a in axes if sizes[a] is None)
+    for a in axes:
+      if sizes[a] is not None:
+        line = first_n(sizes[a], (self.shape[a],), 0).cast(dtypes.float32)
+        n = self._new(line).sum() * n
+    return n
 
   def mean(self, axis: Any = None, keepdim: bool = False) -> Tensor:
     """mean(axis=None, keepdim=False): the average over axis; ints and bools give float32, float16 is computed in
@@ -93,7 +103,8 @@ class ReduceMixin:
     c = alias_arg(correction, ddof, "correction", "ddof", "var")
     x, out = self._half_up()
     d = x - x.mean(axis, keepdim=True)
-    return ((d * d).sum(axis, keepdim) / max(self._count(axis) - c, 0)).cast(out)
+    n = self._count(axis)
+    return ((d * d).sum(axis, keepdim) / (max(n - c, 0) if isinstance(n, int) else (n - c).maximum(0))).cast(out)
 
   def std(self, axis: Any = None, keepdim: bool = False, correction: Any = _ONE, *, ddof: Any = None) -> Tensor:
     """std(axis=None, keepdim=False, correction=1): sqrt of var(axis, keepdim, correction); `ddof=` is an alias."""

@@ -1,13 +1,16 @@
-"""Symbolic offsets (#33): a bound Variable as a slice offset is a kernel argument, not a constant.
+"""Symbolic shapes (#33): a bound Variable as a slice offset or size is a kernel argument, not a constant.
 
-`cache[:, p:p+1]`, `w.shrink(((tok, tok+1), None))` and `x[:, p]` with p a bound Variable keep p in the graph
-(the size does not depend on it); the scheduler takes the value out (engine/sched/variables.py), so one schedule
-and one compiled kernel serve every value, and TinyJit replays one capture for every value. Sizes that depend on
-a value (`cache[:, 0:p+1]`) are still specialised (docs/api.md, "Symbolic shapes")."""
+`cache[:, p:p+1]`, `w.shrink(((tok, tok+1), None))` and `x[:, p]` with p a bound Variable keep p in the graph as
+an offset; `cache[:, 0:p+1]` keeps it as a size (the axis has its largest size, UOp.sizes the real one, and
+reductions skip the rest). The scheduler takes the value out (engine/sched/variables.py), so one schedule and one
+compiled kernel serve every value, and TinyJit replays one capture for every value (docs/api.md, "Symbolic
+shapes")."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
+
+from hypothesis import given, settings, strategies as st
 
 from rulec import Tensor, TinyJit, Variable
 from rulec.engine import realize as R
@@ -111,6 +114,105 @@ def test_gradient_through_a_bound_offset():
     want = np.zeros_like(a)
     want[n:n + 2] = [1.0, 2.0, 3.0]
     np.testing.assert_array_equal(w.grad.numpy(), want)
+
+
+# *** sizes that are a Variable's ***
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_reductions_over_a_variable_size_match_numpy(device):
+  a = rng(10).standard_normal((3, 12, 5)).astype(np.float32)
+  a[:, 7:] = np.inf   # (past the bound size for most values below: never part of a result)
+  x = Tensor(a, device=device).realize()
+  p = Variable("p", 0, 11)
+  for n in [0, 3, 6]:
+    y = x[:, 0:p.bind(n) + 1]
+    v = a[:, :n + 1].astype(np.float64)
+    assert y.shape == (3, 12, 5) and y.numpy().shape == (3, n + 1, 5)   # (largest size; the value has n+1)
+    np.testing.assert_array_equal(y.numpy(), a[:, :n + 1])
+    np.testing.assert_allclose(y.sum(1).numpy(), v.sum(1), rtol=1e-5)
+    np.testing.assert_allclose(y.max(1).numpy(), v.max(1), rtol=1e-6)
+    np.testing.assert_allclose(y.min(axis=1).numpy(), v.min(1), rtol=1e-6)
+    np.testing.assert_allclose(y.mean(1).numpy(), v.mean(1), rtol=1e-5)
+    np.testing.assert_allclose(y.mean().numpy(), v.mean(), rtol=1e-5)
+    if n: np.testing.assert_allclose(y.var(1).numpy(), v.var(1, ddof=1), rtol=1e-4, atol=1e-6)
+    e = np.exp(v - v.max(1, keepdims=True))
+    np.testing.assert_allclose(y.softmax(1).numpy(), e / e.sum(1, keepdims=True), rtol=1e-5, atol=1e-7)
+    np.testing.assert_array_equal(y.argmax(1).numpy(), v.argmax(1))
+    # a sum over the other axes keeps the size
+    np.testing.assert_allclose(y.sum(2).numpy(), v.sum(2), rtol=1e-5)
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.integers(0, 15), st.sampled_from(["sum", "max", "mean", "softmax", "matmul"]), st.integers(0, 2**31))
+def test_variable_size_reductions_property(n, op, seed):
+  r = rng(seed)
+  a = r.standard_normal((4, 16)).astype(np.float32)
+  w = r.standard_normal((16, 3)).astype(np.float32)
+  b = Variable("n", 0, 15).bind(n)
+  y, v = Tensor(a)[:, 0:b + 1], a[:, :n + 1].astype(np.float64)
+  if op == "matmul": got, want = (y @ Tensor(w)[0:b + 1]).numpy(), v @ w[:n + 1]
+  elif op == "softmax":
+    e = np.exp(v - v.max(-1, keepdims=True))
+    got, want = y.softmax(-1).numpy(), e / e.sum(-1, keepdims=True)
+  else: got, want = getattr(y, op)(-1).numpy(), getattr(v, op)(-1)
+  np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_attention_over_a_variable_size_compiles_once():
+  """q @ k[:p+1].T, softmax, @ v[:p+1] for p = 0..9: one set of kernels (scheduled from the cache, compiled once)."""
+  r = rng(11)
+  q, k, v = (r.standard_normal(s).astype(np.float32) for s in ((2, 1, 8), (2, 16, 8), (2, 16, 8)))
+  tq, tk, tv = (Tensor(t).realize() for t in (q, k, v))
+  p = Variable("p", 0, 15)
+  def att(n):
+    b = p.bind(n)
+    return ((tq @ tk[:, 0:b + 1].transpose(1, 2) / np.sqrt(8)).softmax(-1) @ tv[:, 0:b + 1]).numpy()
+  att(0)
+  c0 = compiled()
+  for n in range(1, 10):
+    s = q @ k[:, :n + 1].transpose(0, 2, 1) / np.sqrt(8)
+    e = np.exp(s - s.max(-1, keepdims=True))
+    np.testing.assert_allclose(att(n), (e / e.sum(-1, keepdims=True)) @ v[:, :n + 1], rtol=1e-5, atol=1e-6)
+  assert compiled() == c0
+
+
+def test_gradients_through_variable_offsets_and_sizes_match_int_slices():
+  a = rng(12).standard_normal((9, 4)).astype(np.float32)
+  p = Variable("p", 0, 7)
+  for n in [0, 4, 7]:
+    grads = []
+    for s, e in [(n, n + 2), (0, n + 1)]:   # an offset, then a size
+      pair = []
+      for sym in (True, False):
+        w = Tensor(a, requires_grad=True)
+        lo, hi = (p.bind(n) if s else 0, p.bind(n) + (e - n)) if sym else (s, e)
+        (w[lo:hi].softmax(0) * Tensor(np.arange(4, dtype=np.float32))).sum().backward()
+        pair.append(w.grad.numpy())
+      np.testing.assert_allclose(pair[0], pair[1], rtol=1e-6, atol=1e-7)
+      grads.append(pair[0])
+    assert np.all(grads[1][n + 1:] == 0)
+
+
+def test_what_a_variable_size_does_not_allow_is_an_error():
+  x = Tensor(np.arange(40, dtype=np.float32).reshape(10, 4)).realize()
+  y = x[0:Variable("p", 0, 9).bind(4) + 1]
+  with pytest.raises(ValueError, match="Variable"): y.pad(((1, 0), (0, 0))).numpy()
+  with pytest.raises(ValueError, match="Variable"): y.flip(0).numpy()
+  with pytest.raises(ValueError, match="Variable"): y[1:3].numpy()
+  with pytest.raises(ValueError, match="Variable"): y.reshape(5, 2, 4).numpy()
+  with pytest.raises(ValueError, match="size is a Variable"): y.assign(Tensor.zeros(10, 4)).realize()
+  # what it allows: permute, expand of other axes, a reshape that keeps the axis or leads a merge
+  np.testing.assert_array_equal(y.T.sum(1).numpy(), x.numpy()[:5].sum(0))
+  np.testing.assert_array_equal(y.reshape(40).sum().numpy(), x.numpy()[:5].sum())
+  np.testing.assert_array_equal(y.reshape(1, 10, 4).expand(3, 10, 4).sum((0, 1)).numpy(), 3 * x.numpy()[:5].sum(0))
+
+
+def test_several_devices_specialise():
+  a = np.arange(32, dtype=np.float32).reshape(8, 4)
+  p = Variable("p", 0, 6)
+  x = Tensor(a).shard(("CPU:0", "CPU:1"), axis=0).realize()
+  np.testing.assert_array_equal(x[p.bind(2):p.bind(2) + 2].numpy(), a[2:4])
+  np.testing.assert_array_equal(x[0:p.bind(2) + 1].sum(0).numpy(), a[:3].sum(0))
 
 
 def test_ranges_that_do_not_guarantee_the_bounds_are_specialised():
