@@ -148,13 +148,16 @@ value. tinygrad's examples/gpt2.py and extra/models/llama.py decode on rulec wit
     a reshape may keep the axis or merge it with the axes after it. Errors (ValueError naming the Variable): pad,
     flip or shrink such an axis, a reshape that splits it or merges it inside, assigning through such a view.
     Gradients flow through both kinds (zero past the size).
+  - a constant **pad** by bound amounts whose sum per axis is an int: `x.pad(((p, n - p), None))` (the value
+    moves, the shape does not), with any fill value.
 
   Kernels over a size loop over the largest size with the elements past the bound one masked (a decode step's
   attention costs the whole cache, as a fixed-shape model's would); loop bounds that follow the value are future
   work.
 - Specialised: every other use of a bound value is its int, so the graph, its schedule and its kernels are built
   for that value: a range that does not guarantee the bounds (`Variable("p", 0, 99)` slicing an axis of 10: the
-  value is checked), a slice with a step, an expression that is not `a*v + b`, `pad`, `Tensor.arange`, the shapes
+  value is checked), a slice with a step, an expression that is not `a*v + b`, a pad that changes the size
+  (`x.pad(((p, 0), None))`) or is not constant, `Tensor.arange`, the shapes
   of `ones` / `zeros` / `empty` / `full` and `full`'s value, `triu` / `tril`, arithmetic and comparisons with
   tensors (a weak int, as a Python int: `Tensor([1, 2]) + b` is int32), `Tensor(b)` (a 0-d int32), and any offset
   of a tensor spread over several devices. `RULEC_SYMBOLIC=0` specialises every bound value (the behaviour before

@@ -202,7 +202,7 @@ def symbolic_enabled() -> bool:
   return os.environ.get("RULEC_SYMBOLIC", "1") != "0"
 
 
-def _bound_expr(x: Any) -> bool:
+def bound_expr(x: Any) -> bool:
   """x is an integer expression whose Variables are all bound (so it has a value)."""
   if not (isinstance(x, UOp) and x.is_symbolic and x.dtype.is_int): return False
   bound = {b.src[0] for b in x.toposort() if b.op is Ops.BIND}
@@ -218,8 +218,8 @@ def symbolic_bounds(b: Any, d: int) -> tuple[Any, Any] | None:
   one schedule and one set of kernels serve every value (the value is a kernel argument)."""
   if not symbolic_enabled() or not isinstance(b, (tuple, list)) or len(b) != 2: return None
   s, e = b
-  if not any(_bound_expr(x) for x in (s, e)): return None
-  if not all(_bound_expr(x) or (isinstance(x, (int, np.integer)) and not isinstance(x, bool)) for x in (s, e)): return None
+  if not any(bound_expr(x) for x in (s, e)): return None
+  if not all(bound_expr(x) or (isinstance(x, (int, np.integer)) and not isinstance(x, bool)) for x in (s, e)): return None
   fs, fe = linear_form(s), linear_form(e)
   if fs is None or fe is None: return None
   lo = s.vmin if isinstance(s, UOp) else int(s)

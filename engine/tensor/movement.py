@@ -13,7 +13,7 @@ from rulec.engine.ir.dtypes import dtypes
 from rulec.engine.ir.ops import Ops
 from rulec.engine.tensor.args import (AxisError, DefaultInt, DuplicateAxisError, ShapeError, ZeroDimError, alias_arg, cast_scalar, int_arg, is_py_scalar, norm_axes,
                                 norm_axis, norm_new_axis, pair_arg, promote_types, shape_arg, specialise, specialise_index, symbolic_bounds,
-                                symbolic_enabled, weak_dtype)
+                                symbolic_enabled, bound_expr, weak_dtype)
 from rulec.engine.tensor.uops import (alu, bcast, const, take_every)
 from rulec.engine.tensor.base import TensorBase, is_advanced_index
 from rulec.engine.ir.uop import UOp, linear_form, prod
@@ -145,6 +145,8 @@ class MovementMixin:
     from the whole axis and crop after (so the padding may mirror what is cropped, as tinygrad's and torch's);
     'constant' and 'circular' crop first."""
     if mode not in _PAD_MODES: raise NotImplementedError(f"pad mode={mode!r} is not supported; modes: {', '.join(_PAD_MODES)}")
+    if mode == "constant" and (sym := self._symbolic_pads(padding)) is not None:
+      return self._padded(self, sym, value)
     pads = self._pad_pairs(padding)
     if mode in ("reflect", "replicate") and any(min(p) < 0 < max(p) for p in pads):
       pos = tuple((max(b, 0), max(a, 0)) for b, a in pads)
@@ -155,6 +157,10 @@ class MovementMixin:
     x = self.shrink(tuple((-min(b, 0), d + min(a, 0)) for (b, a), d in zip(pads, sh)))
     pos = tuple((max(b, 0), max(a, 0)) for b, a in pads)
     if mode != "constant": return x._pad_views(pos, mode)
+    return self._padded(x, pos, value)
+
+  def _padded(self, x: Tensor, pos: tuple, value: Any) -> Tensor:
+    """x padded by pos (non-negative (before, after) pairs) with value."""
     dt = self.dtype if not is_py_scalar(value) or value == 0 else weak_dtype(self.dtype, value)
     if dt is not self.dtype: x = x.cast(dt)
     u = x.uop
@@ -164,6 +170,27 @@ class MovementMixin:
     if zero_fill or padded is u: return self._new(padded)
     mask = const(True, dtypes.bool, u.shape).pad(pos)
     return self._new(UOp(Ops.WHERE, dt, (mask, padded, padded.const_like(fill))))
+
+  def _symbolic_pads(self, padding: Any) -> tuple | None:
+    """(before, after) pairs kept symbolic, or None (the caller specialises): one pair or None per axis, some
+    holding bound expressions (`a*v + b`) whose sum per pair is an int and which are never negative for any value
+    in the Variables' ranges (`x.pad(((p, n - p), None))`: the value moves, the shape does not)."""
+    if not symbolic_enabled() or self._multi_device() or not isinstance(padding, (tuple, list)) or len(padding) != self.ndim:
+      return None
+    out, seen = [], False
+    for p in padding:
+      if p is None: out.append((0, 0)); continue
+      if not isinstance(p, (tuple, list)) or len(p) != 2: return None
+      fb, fa = linear_form(p[0]), linear_form(p[1])
+      if fb is None or fa is None: return None
+      if any(isinstance(x, UOp) for x in p):
+        if not all(isinstance(x, UOp) and x.is_symbolic and bound_expr(x) or not isinstance(x, UOp) for x in p): return None
+        if any(fb[0].get(v, 0) + n for v, n in fa[0].items()) or any(fa[0].get(v, 0) + n for v, n in fb[0].items()): return None
+        if any((x.vmin if isinstance(x, UOp) else x) < 0 for x in p): return None
+        seen = True
+      elif min(p) < 0: return None
+      out.append(tuple(x if isinstance(x, UOp) else int(x) for x in p))
+    return tuple(out) if seen else None
 
   def _pad_pairs(self, padding: Any) -> tuple[tuple[int, int], ...]:
     """pad's padding argument as one (before, after) pair per axis."""

@@ -58,6 +58,28 @@ def test_writes_at_bound_offsets_match_numpy(device):
   np.testing.assert_array_equal(c.numpy(), ref)
 
 
+@pytest.mark.parametrize("device", DEVICES)
+def test_pads_by_bound_amounts_match_numpy(device):
+  """x.pad(((p, 5 - p), None)): the amounts move with p, the shape does not (kept symbolic, one kernel)."""
+  a = rng(13).standard_normal((3, 4)).astype(np.float32)
+  p = Variable("p", 0, 5)
+  counts = []
+  for n in [0, 2, 5, 3]:
+    counts.append(compiled())
+    b = p.bind(n)
+    y = Tensor(a, device=device).pad(((b, 5 - b), None))
+    assert y.shape == (8, 4) and isinstance(y.uop.arg[0][0], type(b))
+    np.testing.assert_array_equal(y.numpy(), np.pad(a, ((n, 5 - n), (0, 0))))
+    np.testing.assert_array_equal(Tensor(a, device=device).pad(((b, 5 - b), None), value=-2.0).numpy(),
+                                  np.pad(a, ((n, 5 - n), (0, 0)), constant_values=-2.0))
+    w = Tensor(a, device=device, requires_grad=True)
+    (w.pad(((b, 5 - b), None)) * Tensor(np.arange(32, dtype=np.float32).reshape(8, 4), device=device)).sum().backward()
+    np.testing.assert_array_equal(w.grad.numpy(), np.arange(32, dtype=np.float32).reshape(8, 4)[n:n + 3])
+  if device == "CPU": assert counts[1] == counts[2] == counts[3] == compiled()   # (later values compile nothing)
+  # amounts whose sum moves are a size: specialised (the value is read)
+  assert Tensor(a).pad(((p.bind(2), 0), None)).shape == (5, 4)
+
+
 def test_one_schedule_and_one_compile_serve_every_value():
   w = Tensor(rng(2).standard_normal((40, 24)).astype(np.float32)).realize()
   cache = Tensor.zeros(40, 24).contiguous().realize()
