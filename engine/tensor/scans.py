@@ -90,13 +90,21 @@ class ScansMixin:
     order = tuple(nd - 1 if a == ax else ax if a == nd - 1 else a for a in range(nd))  # swap axis and the last
     return _scan_last(self.permute(order), kind).permute(order)
 
+  def _sized_like(self, out: Tensor, axis: int) -> Tensor:
+    """A scan's result with the size the scanned axis had when that size is a Variable's (UOp.sizes): the scan
+    builds its axis anew (its elements past the size are running totals of nothing), so the size is put back."""
+    sizes = self.uop.sizes
+    if self.ndim == 0 or sizes is None or (v := sizes[norm_axis(axis, self.ndim)]) is None: return out
+    ax = norm_axis(axis, self.ndim)
+    return out._new(out.uop.shrink(tuple((0, v) if a == ax else (0, d) for a, d in enumerate(out.shape))))
+
   def cumsum(self, axis: int = 0) -> Tensor:
     """tinygrad's cumsum(axis=0): running sums along axis, in sum()'s dtype (bool and small ints give int32)."""
-    return self._scan(axis, "sum")
+    return self._sized_like(self._scan(axis, "sum"), axis)
 
   def cumprod(self, axis: int) -> Tensor:
     """tinygrad's cumprod(axis): running products along axis (no default axis, as in tinygrad), in prod()'s dtype."""
-    return self._scan(axis, "prod")
+    return self._sized_like(self._scan(axis, "prod"), axis)
 
   def cummax(self, axis: int = 0) -> tuple[Tensor, Tensor]:
     """tinygrad's cummax(axis=0): (running maxima, int32 index where each was first reached); ties keep the first
@@ -113,7 +121,7 @@ class ScansMixin:
     rec = self > prev
     if self.dtype.is_float: rec = rec | ((self != self) & (prev == prev))  # noqa: PLR0124 (NaN tests)
     pos = type(self).arange(n, dtype=dtypes.int32, device=self.device).reshape(tuple(n if a == ax else 1 for a in range(self.ndim)))
-    return values, rec.where(pos, 0)._scan(ax, "max")
+    return self._sized_like(values, ax), self._sized_like(rec.where(pos, 0)._scan(ax, "max"), ax)
 
   def cummin(self, axis: int = 0) -> tuple[Tensor, Tensor]:
     """tinygrad's cummin(axis=0): (running minima, int32 index where each was first reached); see cummax."""
@@ -126,4 +134,4 @@ class ScansMixin:
     overflows nor underflows; ints give float32, float16 is computed in float32. +-inf are exact (tinygrad: NaN)."""
     out = self.dtype if self.dtype.is_float else dtypes.default_float
     x = self.cast(dtypes.float32) if out is dtypes.float16 or not self.dtype.is_float else self
-    return x._scan(axis, "lse").cast(out)
+    return self._sized_like(x._scan(axis, "lse").cast(out), axis)

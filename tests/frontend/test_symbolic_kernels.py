@@ -164,6 +164,28 @@ def test_reductions_over_a_variable_size_match_numpy(device):
     np.testing.assert_allclose(y.sum(2).numpy(), v.sum(2), rtol=1e-5)
 
 
+def test_more_ops_over_a_variable_size_match_numpy():
+  """Ops built from others (scans, logsumexp, layernorm over the other axis, a stored copy) keep the size."""
+  a = rng(14).standard_normal((10, 6)).astype(np.float32)
+  p = Variable("p", 0, 8)
+  for n in [0, 4, 8]:
+    x, v = Tensor(a)[0:p.bind(n) + 1], a[:n + 1].astype(np.float64)
+    np.testing.assert_allclose(x.cumsum(0).numpy(), np.cumsum(v, 0), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(x.cumprod(0).numpy(), np.cumprod(v, 0), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(x.cummax(0)[0].numpy(), np.maximum.accumulate(v, 0), rtol=1e-6)
+    assert x.cummax(0)[1].numpy().shape == (n + 1, 6)
+    np.testing.assert_allclose(x.logcumsumexp(0).numpy(), np.logaddexp.accumulate(v, 0), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(x.cumsum(1).numpy(), np.cumsum(v, 1), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(x.logsumexp(0).numpy(), np.log(np.exp(v).sum(0)), rtol=1e-5)
+    t = x.transpose()
+    want = (v.T - v.T.mean(-1, keepdims=True)) / np.sqrt(v.T.var(-1, keepdims=True) + 1e-5)
+    np.testing.assert_allclose(t.layernorm(-1).numpy(), want, rtol=1e-4, atol=1e-4)
+    k = x.contiguous().realize()
+    np.testing.assert_array_equal(k.numpy(), a[:n + 1])
+    np.testing.assert_allclose(k.sum(0).numpy(), v.sum(0), rtol=1e-5)
+    np.testing.assert_allclose(Tensor.stack(x, x * 2).sum(1).numpy(), np.stack([v, v * 2]).sum(1), rtol=1e-5)
+
+
 @settings(max_examples=25, deadline=None)
 @given(st.integers(0, 15), st.sampled_from(["sum", "max", "mean", "softmax", "matmul"]), st.integers(0, 2**31))
 def test_variable_size_reductions_property(n, op, seed):
