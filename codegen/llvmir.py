@@ -478,7 +478,9 @@ class LLVMRenderer(ScopedEmitter):
     and loads that do not depend on the lane are shared."""
     op, d = u.arg, u.dtype
     value, rngs = u.src[0], u.src[1:]
-    if lanes == [()] and op is Ops.MAX and d in (dtypes.float32, dtypes.float64) and len(rngs) == 1 \
+    bound = self._guard_bound(u)
+    if bound is not None: value = value.src[1]   # (every step of the shortened loop passes the guard)
+    if bound is None and lanes == [()] and op is Ops.MAX and d in (dtypes.float32, dtypes.float64) and len(rngs) == 1 \
        and rngs[0].src[0].arg >= 2 * MAX_LANES:
       return [self._max_in_lanes(value, rngs[0], d)]
     # float16 accumulates in float: sums and products as numpy's do, rounded once at the end (max is exact either way)
@@ -487,7 +489,7 @@ class LLVMRenderer(ScopedEmitter):
     accs = [self._alloca(lltype(ad), "acc") for _ in lanes]
     many = len(lanes) > 1
     for acc in accs: self.b.store(self.const(identity_element(op, d), ad), acc)
-    loops = [self.open_loop(r) for r in rngs]
+    loops = [self.open_loop(r, hi=bound) for r in rngs]
     if rngs and (ahead := prefetch_ahead(rngs[-1])): self._prefetch(value, rngs[-1], ahead)
     # a float sum of products may fuse each product into the sum (fma): `contract` on both, as numpy's BLAS does
     fuse = ad.kind == "f" and op is Ops.ADD and not wide and value.op is Ops.MUL
@@ -524,6 +526,24 @@ class LLVMRenderer(ScopedEmitter):
     for lp in reversed(loops): self.close_loop(lp, no_vectorize=many and not along)
     outs = [self.b.load(acc) for acc in accs]
     return [self._to_half(o) for o in outs] if wide else outs
+
+  def _guard_bound(self, red: UOp):
+    """The loop end of a one-range reduce of WHERE(r < e, v, identity) with e known before the loop (a reduce
+    over a Variable's size: e holds the Variable): min(max(e, 0), size), so the loop stops where the guard would
+    start to fail instead of running to the largest size; None for any other reduce."""
+    value, rngs = red.src[0], red.src[1:]
+    if len(rngs) != 1 or value.op is not Ops.WHERE or value.src[2].op is not Ops.CONST: return None
+    r, cond = rngs[0], value.src[0]
+    if cond.op is not Ops.CMPLT or cond.src[0] is not r or value.src[2].arg != identity_element(red.arg, red.dtype): return None
+    e = cond.src[1]
+    if range_kind(r)[0] not in ("loop", "reduce") or not isinstance(r.src[0].arg, int): return None
+    if any(n.op in (Ops.RANGE, Ops.INDEX, Ops.REDUCE) and n not in self.ranges for n in e.toposort()): return None
+    if not any(n.op is Ops.DEFINE_VAR for n in e.toposort()): return None
+    v = self.value(e)
+    if v.type != _I64: v = self.b.sext(v, _I64)
+    b, n = self.b, ir.Constant(_I64, r.src[0].arg)
+    v = b.select(b.icmp_signed("<", v, ir.Constant(_I64, 0)), ir.Constant(_I64, 0), v)
+    return b.select(b.icmp_signed("<", v, n), v, n)
 
   def _prefetch(self, value: UOp, r: UOp, ahead: int) -> None:
     """Prefetch, `ahead` steps of loop r early, each cache line that the loads of `value` read with a stride of a

@@ -151,9 +151,9 @@ value. tinygrad's examples/gpt2.py and extra/models/llama.py decode on rulec wit
   - a constant **pad** by bound amounts whose sum per axis is an int: `x.pad(((p, n - p), None))` (the value
     moves, the shape does not), with any fill value.
 
-  Kernels over a size loop over the largest size with the elements past the bound one masked (a decode step's
-  attention costs the whole cache, as a fixed-shape model's would); loop bounds that follow the value are future
-  work.
+  Kernels over a size run over the largest size with the elements past the bound one masked, except that on
+  the CPU a reduce over the size stops at it (its guard `r < p + 1` bounds the loop: codegen/llvmir.py); the
+  OpenCL renderer and the loops that store over the size still run to the largest size.
 - Specialised: every other use of a bound value is its int, so the graph, its schedule and its kernels are built
   for that value: a range that does not guarantee the bounds (`Variable("p", 0, 99)` slicing an axis of 10: the
   value is checked), a slice with a step, an expression that is not `a*v + b`, a pad that changes the size

@@ -128,6 +128,23 @@ def lt_gcd(x: UOp, c: int) -> UOp | None:
   return None if q is None else q.lt(c // d)
 
 
+@rule_helper
+def invariant_to_right(s: UOp, c: UOp) -> UOp | None:
+  """s < c with s = x + y, where one term depends on ranges and the other only on Variables: that term moved to
+  the right, `x < c - y`, when neither side wraps. A reduce over a Variable's size is guarded by
+  `r + (N - (p+1)) < N`; as `r < p + 1` the renderers bound the loop by it (codegen/llvmir.py)."""
+  x, y = s.src
+  def ranged(u: UOp) -> bool: return any(n.op is Ops.RANGE for n in u.toposort())
+  def variable(u: UOp) -> bool: return not ranged(u) and any(n.op is Ops.DEFINE_VAR for n in u.toposort())
+  if variable(x) and ranged(y): x, y = y, x
+  if not (ranged(x) and variable(y)): return None
+  if y.op is Ops.SUB and y.src[0].op is Ops.CONST:   # c - (c1 - e) is e + (c - c1)
+    k = c.arg - y.src[0].arg
+    right = y.src[1] if k == 0 else y.src[1] + k
+  else: right = c - y
+  return x.lt(right) if no_wrap(s, x, right) else None
+
+
 def _conjuncts(c: UOp) -> list[UOp]:
   out, stack = [], [c]
   while stack:

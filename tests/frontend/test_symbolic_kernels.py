@@ -220,6 +220,25 @@ def test_attention_over_a_variable_size_compiles_once():
   assert compiled() == c0
 
 
+def test_cpu_loop_over_a_variable_size_stops_at_the_bound_size():
+  """The reduce of a Variable's size is guarded by r < p + 1 (rules/symbolic.rules lt_add_invariant moves the
+  Variable's term right); the CPU renderer bounds the loop by it instead of running to the largest size."""
+  import re
+  from rulec.codegen import pipeline
+  x = Tensor(rng(15).standard_normal((64, 16)).astype(np.float32)).realize()
+  p = Variable("p", 0, 63)
+  k = R.schedule([x[0:p.bind(5) + 1].sum(0).uop])[0]
+  guards = [u for u in k.ast.toposort() if u.op is Ops.CMPLT and u.src[0].op is Ops.RANGE]
+  assert len(guards) == 1 and any(n.op is Ops.DEFINE_VAR for n in guards[0].src[1].toposort())
+  low = pipeline.lower(k, "CPU", cpu_device.opt_target(), cpu_device.optional_decompositions())
+  text, _ = pipeline.render(low.kernel, "CPU", vars=k.vars)
+  reduce_axis = next(u.arg[0] for u in low.kernel.ast.toposort() if u.op is Ops.RANGE and u.src[0].arg == 64)
+  head = text[text.index(f"r{reduce_axis}_head:"):]
+  assert not re.match(r'r\d+_head:\n\s+%"?[\w.]+"? = load i64, i64\* %"i\d+"\n\s+%"?[\w.]+"? = icmp slt i64 %"?[\w.]+"?, 64\n', head), head[:200]
+  for n in [0, 5, 63]:
+    np.testing.assert_allclose(x[0:p.bind(n) + 1].sum(0).numpy(), x.numpy()[:n + 1].sum(0), rtol=1e-5, atol=1e-6)
+
+
 def test_gradients_through_variable_offsets_and_sizes_match_int_slices():
   a = rng(12).standard_normal((9, 4)).astype(np.float32)
   p = Variable("p", 0, 7)
