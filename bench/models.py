@@ -13,7 +13,7 @@ Every side generates greedily from the same prompt with random weights of GPT-2'
 after the first three (those build and capture kernels), as tokens/s. The first step's seconds and the kernels
 built are reported beside it: they are what a user waits for before the first token.
 
-  rulec          examples/gpt2.py: TinyJit over fixed shapes (a KV cache of --context positions, masked).
+  rulec          examples/gpt2.py: TinyJit over a KV cache of --context positions, the position a bound Variable.
   rulec-tgfile   tinygrad's own examples/gpt2.py (needs --tinygrad PATH, a checkout with examples/) run
                  unchanged on rulec through rulec.tinygrad_alias: the position and the token are bound
                  Variables, which rulec keeps symbolic (docs/api.md, "Symbolic shapes"), so its TinyJit

@@ -173,9 +173,9 @@ value. tinygrad's examples/gpt2.py and extra/models/llama.py decode on rulec wit
   among the arguments, or is bound there to another value (bound in the closure), is never replayed: those calls
   always run the function. A 200-step jitted decode loop under `Tensor.no_grad = True` keeps a constant number of
   buffers and bytes.
-- rulec's own generation examples (examples/gpt2.py, examples/llama.py: examples/textgen.py) were written before
-  this and keep every shape fixed instead: the position is a one-element int32 tensor, the step writes its cache
-  slot with a `where` and masks the later positions.
+- rulec's own generation examples (examples/gpt2.py, examples/llama.py: examples/textgen.py) decode the same way:
+  the position is a bound Variable, the cache is written at it and read up to it, LLaMA's rotary angles are a
+  table read at it.
 
 ## Loading weights (`rulec.nn.state`)
 

@@ -12,9 +12,9 @@ Text goes through GPT-2's byte-level BPE from the `tiktoken` package when it is 
 (it downloads it on first use). Otherwise the prompt is encoded one byte per token (GPT-2's 256 byte tokens:
 valid input, just unmerged) and generated tokens above 255 print as <id>.
 
-Each step is one call of a TinyJit-ed function over fixed shapes (examples/textgen.py says why): the first call
-runs it, the second captures its kernels, and every later token replays them, so the kernels of a whole
-generation are built once. The prompt goes through the same step, one token at a time.
+Each step is one call of a TinyJit-ed function, the position a bound Variable (examples/textgen.py): the first
+call runs it, the second captures its kernels, and every later token replays them with its position, so the
+kernels of a whole generation are built once. The prompt goes through the same step, one token at a time.
 """
 from __future__ import annotations
 
@@ -46,12 +46,12 @@ class Block:
     # (keys, values) x batch x heads x positions x head_dim
     self.cache = Tensor.zeros(2, 1, heads, max_context, self.head_dim).contiguous().realize()
 
-  def __call__(self, x, at, seen):
-    """x: (1, 1, dim) at the position where `at` (bool, max_context) is True; `seen`: the positions up to it."""
+  def __call__(self, x, pos):
+    """x: (1, 1, dim) at position `pos` (a bound Variable)."""
     b, t, d = x.shape
     qkv = self.c_attn(self.ln_1(x)).reshape(b, t, 3, self.heads, self.head_dim).permute(2, 0, 3, 1, 4)
     q, new_kv = qkv[0], qkv[1:]                                  # (b, heads, 1, head_dim), (2, b, heads, 1, head_dim)
-    attn = cached_attention(self.cache, q, new_kv, at, seen).permute(0, 2, 1, 3).reshape(b, t, d)
+    attn = cached_attention(self.cache, q, new_kv, pos).permute(0, 2, 1, 3).reshape(b, t, d)
     x = x + self.attn_proj(attn)
     return x + self.mlp_proj(self.c_fc(self.ln_2(x)).gelu())
 
@@ -63,15 +63,14 @@ class GPT2:
     self.wte, self.wpe = nn.Embedding(VOCAB, dim), nn.Embedding(MAX_CONTEXT, dim)
     self.h = [Block(dim, heads, max_context) for _ in range(layers)]
     self.ln_f = nn.LayerNorm(dim)
-    self.positions = Tensor.arange(max_context, dtype="int32").realize()
     self.step = TinyJit(self._step)
 
   def _step(self, token, pos, temperature: float, noise):
-    """The next token after `token` (1, 1) at position `pos` (1,): argmax of the logits (temperature 0), else of
-    logits / temperature plus Gumbel noise (drawn on the host: one sample of softmax(logits / temperature))."""
-    at, seen = self.positions == pos, self.positions <= pos
-    x = self.wte(token) + self.wpe(pos.reshape(1, 1))
-    for block in self.h: x = block(x, at, seen)
+    """The next token after `token` (1, 1) at position `pos` (a bound Variable): argmax of the logits (temperature
+    0), else of logits / temperature plus Gumbel noise (drawn on the host: one sample of softmax(logits /
+    temperature))."""
+    x = self.wte(token) + self.wpe.weight[pos:pos + 1].reshape(1, 1, -1)
+    for block in self.h: x = block(x, pos)
     logits = self.ln_f(x)[:, -1, :] @ self.wte.weight.T           # (1, vocab): the output layer is wte, tied
     if temperature > 0: logits = logits / temperature + noise
     return logits.argmax(-1).cast("int32").realize()
@@ -139,9 +138,9 @@ def load(model: GPT2, weights: dict) -> None:
 
 
 def _parameters(model: GPT2) -> dict:
-  """The model's weights by name: its state dict without the KV caches and the position table."""
+  """The model's weights by name: its state dict without the KV caches."""
   from rulec.nn.state import get_state_dict
-  return {k: t for k, t in get_state_dict(model).items() if ".cache" not in k and k != "positions"}
+  return {k: t for k, t in get_state_dict(model).items() if ".cache" not in k}
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -12,7 +12,7 @@ message; give the prompt as token ids then.
 The model is the LLaMA family's: RMSNorm before attention and before the SwiGLU feed-forward, rotary position
 embeddings over adjacent pairs of each head's dims (GGUF's "normal" rope: llama.cpp's converter permutes Q and K
 for it), grouped-query attention (head_count_kv <= head_count), an output layer (or the token embedding, tied,
-when the file has none). Each step is one TinyJit replay over fixed shapes (examples/textgen.py says why).
+when the file has none). Each step is one TinyJit replay, the position a bound Variable (examples/textgen.py).
 """
 from __future__ import annotations
 
@@ -53,7 +53,7 @@ class Block:
     self.c = c
     self.cache = Tensor.zeros(2, 1, c.kv_heads, max_context, c.head_dim).contiguous().realize()
 
-  def __call__(self, x, w: dict, i: int, cos, sin, at, seen):
+  def __call__(self, x, w: dict, i: int, cos, sin, pos):
     c, p = self.c, f"blk.{i}."
     b = x.shape[0]
     h = _rms(x, c.eps) * w[p + "attn_norm.weight"]
@@ -62,7 +62,7 @@ class Block:
     v = (h @ w[p + "attn_v.weight"].T).reshape(b, 1, c.kv_heads, c.head_dim)
     q, k = _rope(q, cos, sin), _rope(k, cos, sin)
     new_kv = k.stack(v).permute(0, 1, 3, 2, 4)                 # (2, b, kv_heads, 1, head_dim)
-    attn = cached_attention(self.cache, q.permute(0, 2, 1, 3), new_kv, at, seen, c.heads // c.kv_heads)
+    attn = cached_attention(self.cache, q.permute(0, 2, 1, 3), new_kv, pos, c.heads // c.kv_heads)
     x = x + attn.permute(0, 2, 1, 3).reshape(b, 1, c.dim) @ w[p + "attn_output.weight"].T
     h = _rms(x, c.eps) * w[p + "ffn_norm.weight"]
     ff = (h @ w[p + "ffn_gate.weight"].T).silu() * (h @ w[p + "ffn_up.weight"].T)
@@ -90,18 +90,17 @@ class Llama:
     missing = [k for k in _needed(c) if k not in self.w]
     if missing: raise SystemExit(f"the file lacks {', '.join(missing[:5])}{' ...' if len(missing) > 5 else ''}")
     self.blocks = [Block(c, max_context) for _ in range(c.layers)]
-    self.positions = Tensor.arange(max_context, dtype="int32").realize()
+    # the rotary angles of every position, (max_context, head_dim / 2): a step reads its row (pos is a Variable)
     inv = 1.0 / (c.rope_base ** (np.arange(0, c.head_dim, 2, dtype=np.float64) / c.head_dim))
-    self.inv_freq = Tensor(inv.astype(np.float32)).realize()
+    angle = Tensor.arange(max_context, dtype="float32").reshape(-1, 1) * Tensor(inv.astype(np.float32)).reshape(1, -1)
+    self.cos, self.sin = angle.cos().realize(), angle.sin().realize()
     self.step = TinyJit(self._step)
 
   def _step(self, token, pos, temperature: float, noise):
     w, c = self.w, self.c
-    at, seen = self.positions == pos, self.positions <= pos
-    angle = pos.cast("float32").reshape(1, 1) * self.inv_freq.reshape(1, -1)    # (1, head_dim / 2)
-    cos, sin = angle.cos().reshape(1, 1, 1, -1), angle.sin().reshape(1, 1, 1, -1)
+    cos, sin = self.cos[pos:pos + 1].reshape(1, 1, 1, -1), self.sin[pos:pos + 1].reshape(1, 1, 1, -1)
     x = w["token_embd.weight"][token]                                          # (1, 1, dim)
-    for i, block in enumerate(self.blocks): x = block(x, w, i, cos, sin, at, seen)
+    for i, block in enumerate(self.blocks): x = block(x, w, i, cos, sin, pos)
     logits = (_rms(x, c.eps) * w["output_norm.weight"])[:, -1, :] @ w["output.weight"].T
     if temperature > 0: logits = logits / temperature + noise
     return logits.argmax(-1).cast("int32").realize()

@@ -1,10 +1,10 @@
 """What the text-generation examples (gpt2.py, llama.py) share: the device switch, the kernel-build counter, the
-masked fixed-shape KV-cache attention step, the generation loop and its timing line.
+KV-cache attention step, the generation loop and its timing line.
 
-Why fixed shapes: each step writes position `pos` of a cache of max_context positions (a `where` over the cache)
-and attends over every position with the later ones masked out, so one TinyJit capture serves every position of
-a generation: its kernels are built once. (tinygrad's model files bind the position to a symbolic Variable and
-slice the cache instead; rulec runs them too, building kernels per position: docs/api.md, "Symbolic shapes".)
+The position is a bound Variable (`Variable("start_pos", 0, max_context - 1).bind(pos)`), as in tinygrad's model
+files: each step writes the cache at `start_pos` and attends over `cache[..., 0:start_pos+1, :]`. rulec keeps the
+Variable symbolic (an offset and a size: docs/api.md, "Symbolic shapes"), so one TinyJit capture serves every
+position of a generation: its kernels are built once, and replays pass the position as a kernel argument.
 """
 from __future__ import annotations
 
@@ -37,27 +37,27 @@ def kernels_built(device: str) -> int:
   return COUNTERS["compiled"] + COUNTERS["loaded"]
 
 
-def cached_attention(cache, q, new_kv, at, seen, rep: int = 1):
-  """One step of attention through a KV cache of fixed size: writes new_kv (2, b, kv_heads, 1, head_dim) into
-  `cache` (2, b, kv_heads, max_context, head_dim) where `at` (bool, max_context) is True, then attends q
-  (b, heads, 1, head_dim) over the positions where `seen` is True. `rep`: query heads per KV head (grouped-query
-  attention). Returns (b, heads, 1, head_dim)."""
-  cache.assign(at.reshape(1, 1, 1, -1, 1).where(new_kv, cache))
-  keys, values = cache[0], cache[1]
+def cached_attention(cache, q, new_kv, pos, rep: int = 1):
+  """One step of attention through a KV cache: writes new_kv (2, b, kv_heads, 1, head_dim) into `cache`
+  (2, b, kv_heads, max_context, head_dim) at position `pos` (a bound Variable), then attends q (b, heads, 1,
+  head_dim) over positions 0..pos. `rep`: query heads per KV head (grouped-query attention). Returns
+  (b, heads, 1, head_dim)."""
+  cache[:, :, :, pos:pos + 1].assign(new_kv).realize()
+  keys, values = cache[0, :, :, 0:pos + 1], cache[1, :, :, 0:pos + 1]   # (a size that is the Variable's)
   if rep > 1:
     b, kvh, t, hd = keys.shape
     keys, values = (x.reshape(b, kvh, 1, t, hd).expand(b, kvh, rep, t, hd).reshape(b, kvh * rep, t, hd) for x in (keys, values))
   scores = (q @ keys.transpose(-1, -2)) * (1.0 / math.sqrt(q.shape[-1]))
-  scores = seen.reshape(1, 1, 1, -1).where(scores, -math.inf)
   return scores.softmax(-1) @ values
 
 
 def generate(step, vocab: int, max_context: int, prompt: list[int], count: int, temperature: float = 0.0,
              seed: int = 0, on_token=None) -> tuple[list[int], list[float]]:
   """The prompt followed by `count` tokens, and the seconds each step took (prompt steps first). `step(token,
-  pos, temperature, noise)` is the jitted one-token step (Tensors (1, 1) and (1,)); noise is Gumbel noise over
-  the vocabulary drawn on the host (argmax of logits / temperature + noise samples softmax(logits / temperature))."""
-  from rulec import Tensor
+  start_pos, temperature, noise)` is the jitted one-token step (a (1, 1) int32 Tensor and a bound Variable); noise
+  is Gumbel noise over the vocabulary drawn on the host (argmax of logits / temperature + noise samples
+  softmax(logits / temperature))."""
+  from rulec import Tensor, Variable
   if not prompt: raise ValueError("the prompt must hold at least one token")
   if len(prompt) + count > max_context:
     raise ValueError(f"{len(prompt)} prompt tokens + {count} new ones is more than the context ({max_context})")
@@ -65,10 +65,11 @@ def generate(step, vocab: int, max_context: int, prompt: list[int], count: int, 
   if bad: raise ValueError(f"{bad[0]} is not a token: the vocabulary has {vocab}")
   rng = np.random.default_rng(seed)
   tokens, times = list(prompt), []
+  start_pos = Variable("start_pos", 0, max_context - 1)
   for pos in range(len(prompt) + count - 1):
     t0 = time.perf_counter()
     noise = Tensor(rng.gumbel(size=(1, vocab)).astype(np.float32)) if temperature > 0 else None
-    nxt = int(step(Tensor([[tokens[pos]]], dtype="int32"), Tensor([pos], dtype="int32"), temperature, noise).item())
+    nxt = int(step(Tensor([[tokens[pos]]], dtype="int32"), start_pos.bind(pos), temperature, noise).item())
     times.append(time.perf_counter() - t0)
     if pos + 1 >= len(prompt):
       tokens.append(nxt)
