@@ -66,10 +66,10 @@ class GPT2:
     self.step = TinyJit(self._step)
 
   def _step(self, token, pos, temperature: float, noise):
-    """The next token after `token` (1, 1) at position `pos` (a bound Variable): argmax of the logits (temperature
+    """The next token after `token` at position `pos` (both bound Variables): argmax of the logits (temperature
     0), else of logits / temperature plus Gumbel noise (drawn on the host: one sample of softmax(logits /
     temperature))."""
-    x = self.wte(token) + self.wpe.weight[pos:pos + 1].reshape(1, 1, -1)
+    x = (self.wte.weight[token:token + 1] + self.wpe.weight[pos:pos + 1]).reshape(1, 1, -1)
     for block in self.h: x = block(x, pos)
     logits = self.ln_f(x)[:, -1, :] @ self.wte.weight.T           # (1, vocab): the output layer is wte, tied
     if temperature > 0: logits = logits / temperature + noise

@@ -99,7 +99,7 @@ class Llama:
   def _step(self, token, pos, temperature: float, noise):
     w, c = self.w, self.c
     cos, sin = self.cos[pos:pos + 1].reshape(1, 1, 1, -1), self.sin[pos:pos + 1].reshape(1, 1, 1, -1)
-    x = w["token_embd.weight"][token]                                          # (1, 1, dim)
+    x = w["token_embd.weight"][token:token + 1].reshape(1, 1, -1)              # (1, 1, dim): token a Variable
     for i, block in enumerate(self.blocks): x = block(x, w, i, cos, sin, pos)
     logits = (_rms(x, c.eps) * w["output_norm.weight"])[:, -1, :] @ w["output.weight"].T
     if temperature > 0: logits = logits / temperature + noise

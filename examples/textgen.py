@@ -54,9 +54,9 @@ def cached_attention(cache, q, new_kv, pos, rep: int = 1):
 def generate(step, vocab: int, max_context: int, prompt: list[int], count: int, temperature: float = 0.0,
              seed: int = 0, on_token=None) -> tuple[list[int], list[float]]:
   """The prompt followed by `count` tokens, and the seconds each step took (prompt steps first). `step(token,
-  start_pos, temperature, noise)` is the jitted one-token step (a (1, 1) int32 Tensor and a bound Variable); noise
-  is Gumbel noise over the vocabulary drawn on the host (argmax of logits / temperature + noise samples
-  softmax(logits / temperature))."""
+  start_pos, temperature, noise)` is the jitted one-token step, the token and the position bound Variables (the
+  token's embedding is a row read at an offset, as tinygrad's gpt2.py does); noise is Gumbel noise over the
+  vocabulary drawn on the host (argmax of logits / temperature + noise samples softmax(logits / temperature))."""
   from rulec import Tensor, Variable
   if not prompt: raise ValueError("the prompt must hold at least one token")
   if len(prompt) + count > max_context:
@@ -65,11 +65,11 @@ def generate(step, vocab: int, max_context: int, prompt: list[int], count: int, 
   if bad: raise ValueError(f"{bad[0]} is not a token: the vocabulary has {vocab}")
   rng = np.random.default_rng(seed)
   tokens, times = list(prompt), []
-  start_pos = Variable("start_pos", 0, max_context - 1)
+  start_pos, token = Variable("start_pos", 0, max_context - 1), Variable("token", 0, vocab - 1)
   for pos in range(len(prompt) + count - 1):
     t0 = time.perf_counter()
     noise = Tensor(rng.gumbel(size=(1, vocab)).astype(np.float32)) if temperature > 0 else None
-    nxt = int(step(Tensor([[tokens[pos]]], dtype="int32"), start_pos.bind(pos), temperature, noise).item())
+    nxt = int(step(token.bind(tokens[pos]), start_pos.bind(pos), temperature, noise).item())
     times.append(time.perf_counter() - t0)
     if pos + 1 >= len(prompt):
       tokens.append(nxt)

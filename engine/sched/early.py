@@ -72,6 +72,16 @@ def fold_constant_reduce(red: UOp, x: UOp) -> UOp | None:
   return red.const_like(c * n)
 
 
+def _one_hot_select(x: UOp) -> bool:
+  """x selects by an equality and is 0 elsewhere (WHERE(i == j, v, 0): a gather, an Embedding, advanced indexing):
+  its sum is one element per output once the symbolic rules collapse it (rules/symbolic.rules one_hot_sum), so it
+  is not split: a split sum would read every element of the table."""
+  if x.op is not Ops.WHERE: return False
+  zero, eq = x.src[2].base, x.src[0].base
+  # (an equality with a constant, `(x == 3).where(y, 0).sum()`, is a masked sum, not a gather: still split)
+  return zero.op is Ops.CONST and zero.arg == 0 and eq.op is Ops.CMPEQ and all(s.base.op is not Ops.CONST for s in eq.src)
+
+
 @rule_helper
 def split_reduceop(red: UOp, x: UOp) -> UOp | None:
   """A large reduce with few outputs as two reduces, so the first can run in parallel.
@@ -82,6 +92,7 @@ def split_reduceop(red: UOp, x: UOp) -> UOp | None:
   second, small reduce combines."""
   op, axes = red.arg
   if red.tag == "split" or 0 in x.shape or prod(x.shape) // max(1, prod(red.shape)) < REDUCE_SPLIT_THRESHOLD: return None
+  if op is Ops.ADD and _one_hot_select(x): return None
   parts = split_parts(x.device)
   for ax in axes:
     # at most sqrt(size) parts, so that the second reduce is no bigger than the first (and is not split again)

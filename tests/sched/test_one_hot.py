@@ -77,3 +77,25 @@ def test_a_picked_negative_zero_stays_negative_zero():
   w = Tensor(np.array([[-0.0, 1.0], [2.0, -0.0]], np.float32))
   got = w[Tensor([0, 1], dtype="int32")].numpy()
   assert np.signbit(got[0, 0]) and np.signbit(got[1, 1])
+
+
+def test_a_large_table_is_gathered_not_split():
+  """An Embedding over GPT-2's vocabulary (50257 rows) and a gather from a 50000-row table: one kernel reading
+  the picked rows. The reduce over the rows is large enough to be split in two (early.rules split_reduce), which
+  would read every row of the table; a one-hot select is not split, so the symbolic rules collapse it."""
+  from rulec import nn
+  from rulec.engine import realize as R
+  emb = nn.Embedding(50257, 16)
+  emb.weight.realize()
+  tok = Tensor([[5], [50256]], dtype="int32")
+  ks = R.schedule([emb(tok).uop])
+  assert len(ks) == 1 and [r.src[0].arg for r in ks[0].ranges] == [2, 16], ks
+  np.testing.assert_array_equal(emb(tok).numpy()[:, 0], emb.weight.numpy()[[5, 50256]])
+  w = Tensor(np.random.default_rng(3).standard_normal((50000, 8)).astype(np.float32)).realize()
+  idx = [3, 49999, 7, -1, 12]
+  ks = R.schedule([w[Tensor(idx, dtype="int32")].uop])
+  assert len(ks) == 1 and [r.src[0].arg for r in ks[0].ranges] == [5, 8], ks
+  np.testing.assert_array_equal(w[Tensor(idx, dtype="int32")].numpy(), w.numpy()[idx])
+  # a masked sum (an equality with a constant) is still split
+  x = Tensor(np.arange(1 << 20, dtype=np.float32) % 7).realize()
+  assert len(R.schedule([(x == 3).where(x, 0).sum().uop])) == 2
