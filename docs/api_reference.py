@@ -150,6 +150,8 @@ value. tinygrad's examples/gpt2.py and extra/models/llama.py decode on rulec wit
     Gradients flow through both kinds (zero past the size).
   - a constant **pad** by bound amounts whose sum per axis is an int: `x.pad(((p, n - p), None))` (the value
     moves, the shape does not), with any fill value.
+  - a **scalar** in arithmetic and comparisons with tensors: `x * start_pos`, `Tensor.arange(n) <= start_pos`
+    (any bound int expression; a weak int, as a Python int: `Tensor([1, 2]) + b` is int32).
 
   Kernels over a size run over the largest size with the elements past the bound one masked, except that on
   the CPU a reduce over the size stops at it (its guard `r < p + 1` bounds the loop: codegen/llvmir.py); the
@@ -158,9 +160,8 @@ value. tinygrad's examples/gpt2.py and extra/models/llama.py decode on rulec wit
   for that value: a range that does not guarantee the bounds (`Variable("p", 0, 99)` slicing an axis of 10: the
   value is checked), a slice with a step, an expression that is not `a*v + b`, a pad that changes the size
   (`x.pad(((p, 0), None))`) or is not constant, `Tensor.arange`, the shapes
-  of `ones` / `zeros` / `empty` / `full` and `full`'s value, `triu` / `tril`, arithmetic and comparisons with
-  tensors (a weak int, as a Python int: `Tensor([1, 2]) + b` is int32), `Tensor(b)` (a 0-d int32), and any offset
-  of a tensor spread over several devices. `RULEC_SYMBOLIC=0` specialises every bound value (the behaviour before
+  of `ones` / `zeros` / `empty` / `full` and `full`'s value, `triu` / `tril`, `Tensor(b)` (a 0-d int32), and any
+  offset or scalar of a tensor spread over several devices. `RULEC_SYMBOLIC=0` specialises every bound value (the behaviour before
   symbolic kernels). An unbound Variable where a size is needed raises ValueError naming it. One Variable bound to
   two values in one realize raises ValueError.
 - TinyJit: calls are counted per set of Variables among the arguments (also inside lists, tuples and dicts, and in

@@ -99,6 +99,8 @@ def _eval_node(u: UOp, xs: list[np.ndarray]) -> np.ndarray:
   op = u.op
   if op is Ops.BUFFER: out = buffer_of(u).host_view()
   elif op is Ops.CONST: out = _const(u.arg, u.dtype)
+  elif op is Ops.DEFINE_VAR: out = u.arg[1]   # (only a BIND reads it, and takes its own constant instead)
+  elif op is Ops.BIND: out = xs[1]
   elif op in _ELEMENTWISE: out = _ELEMENTWISE[op](u.dtype, *xs)
   elif op is Ops.CAST: out = xs[0].astype(np_dtype(u.dtype))
   elif op is Ops.BITCAST: out = _bitcast(xs[0], u.dtype)

@@ -29,7 +29,7 @@ def has_symbolic_args(targets: Sequence[UOp]) -> bool:
 
 
 def _holds_symbolic_arg(u: UOp) -> bool:
-  return _symbolic_arg(u) or any(s._get_memo()["symbolic_args"] for s in u.src)
+  return u.op is Ops.BIND or _symbolic_arg(u) or any(s._get_memo()["symbolic_args"] for s in u.src)
 
 
 def _map_arg(arg: tuple, f) -> tuple:
@@ -56,6 +56,10 @@ def unbind_graph(targets: Sequence[UOp]) -> tuple[list[UOp], dict[UOp, int], dic
   back: dict[UOp, UOp] = {}
   def unbound(x: UOp) -> UOp: return unbound_expr(x, var_vals)
   for u in UOp.sink(*targets).toposort():
+    if u.op is Ops.BIND:   # (a bound value used as a value: `x * start_pos`)
+      new[u] = unbound(u)
+      back[new[u]] = u
+      continue
     src = tuple(new.get(s, s) for s in u.src)
     arg = _map_arg(u.arg, unbound) if _symbolic_arg(u) else u.arg
     if src != u.src or arg is not u.arg:

@@ -8,7 +8,7 @@ import numpy as np
 
 from rulec.engine.ir.dtypes import dtypes
 from rulec.engine.ir.ops import ALU, BINARY, UNARY, Ops
-from rulec.engine.tensor.args import (DTypeError, broadcast_shapes, is_py_scalar, promote_types,
+from rulec.engine.tensor.args import (DTypeError, bound_expr, symbolic_enabled, broadcast_shapes, is_py_scalar, promote_types,
                                 scalar_of, specialise, to_dtype, weak_dtype)
 from rulec.engine.tensor.uops import (alu, bcast, cmp, const, u_abs, u_ceil, u_cos, u_exp, u_floor, u_log,
                                 u_maximum, u_neg, u_sigmoid, u_sin, u_tanh)
@@ -29,6 +29,11 @@ class ElementwiseMixin:
       dt = promote_types(self.dtype, other.dtype)
       shape = broadcast_shapes(self.shape, other.shape)
       x, y = bcast(self.uop.cast(dt), shape), bcast(other.uop.cast(dt), shape)
+    elif (v := self._symbolic_scalar(other)) is not None:   # (a bound int expression: a kernel argument)
+      dt = weak_dtype(self.dtype, 0)
+      x = self.uop.cast(dt)
+      y = v if v.dtype is dt else UOp(Ops.CAST, dt, (v,))
+      if x.shape: y = y.reshape((1,) * len(x.shape)).expand(x.shape)
     elif is_py_scalar(other := specialise(other)):   # (a bound Variable is its value, a weak int)
       dt = weak_dtype(self.dtype, other)
       x = self.uop.cast(dt)
@@ -37,6 +42,13 @@ class ElementwiseMixin:
       return self._pair(self._lift(other), reverse)
     else: return None
     return (y, x) if reverse else (x, y)
+
+  def _symbolic_scalar(self, other: Any) -> UOp | None:
+    """A bound int expression (`x * start_pos`, `Tensor.arange(n) <= start_pos`) kept as a value of the graph: the
+    kernels take the Variable as an argument, so one schedule serves every value (docs/api.md, "Symbolic shapes");
+    None for anything else (a value spread over several devices specialises it)."""
+    if not (isinstance(other, UOp) and bound_expr(other) and symbolic_enabled()) or isinstance(self.device, tuple): return None
+    return other
 
   def _arith(self, other: Any, op: Ops, reverse: bool = False) -> Tensor:
     if op is Ops.POW and not reverse and (self.dtype.is_int or self.dtype.is_bool) and is_py_scalar(other) \

@@ -339,6 +339,29 @@ def test_jit_replays_one_capture_for_every_value_without_scheduling_or_compiling
   np.testing.assert_allclose(dec.cache.numpy(), dec.ref, rtol=1e-4, atol=1e-5)
 
 
+def test_bound_values_as_scalars_are_kernel_arguments():
+  """x * p, Tensor.arange(n) <= p, p + 1 - x: the value is a kernel argument (a weak int, as a Python int would
+  be), so a jitted function of them replays one capture for every value."""
+  a = rng(16).standard_normal(12).astype(np.float32)
+  x = Tensor(a).realize()
+  p = Variable("p", 0, 11)
+  @TinyJit
+  def f(b):
+    masked = (Tensor.arange(12) <= b).where(x, 0.0)
+    return (masked * b + (b + 1 - x)).realize()
+  counts = []
+  for n in [0, 5, 11, 3, 7, 2]:
+    s0, c0 = R.COUNTERS["scheduled"], compiled()
+    got = f(p.bind(n)).numpy()
+    counts.append((R.COUNTERS["scheduled"] - s0, compiled() - c0))
+    want = np.where(np.arange(12) <= n, a, 0) * n + (n + 1 - a)
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+  assert counts[2:] == [(0, 0)] * 4 and f.general[(p,)] is f.captured
+  assert (Tensor([1, 2]) + p.bind(3)).dtype.name == "int32" and (Tensor([1.0]) * p.bind(3)).dtype.name == "float32"
+  ks = R.schedule([(x * p.bind(4)).uop])
+  assert [v.arg[0] for v in ks[0].vars] == ["p"] and ks[0].vals == (4,)
+
+
 def test_jit_with_a_value_read_as_a_number_falls_back_to_one_capture_per_value():
   """A bound value used where rulec needs its int (`Tensor.arange(p + 1)`) specialises it: the capture serves its
   own value only, and each other value counts its own calls."""
