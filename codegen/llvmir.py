@@ -528,20 +528,13 @@ class LLVMRenderer(ScopedEmitter):
     return [self._to_half(o) for o in outs] if wide else outs
 
   def _guard_bound(self, red: UOp):
-    """The loop end of a one-range reduce of WHERE(r < e, v, identity) with e known before the loop (a reduce
-    over a Variable's size: e holds the Variable): min(max(e, 0), size), so the loop stops where the guard would
-    start to fail instead of running to the largest size; None for any other reduce."""
-    value, rngs = red.src[0], red.src[1:]
-    if len(rngs) != 1 or value.op is not Ops.WHERE or value.src[2].op is not Ops.CONST: return None
-    r, cond = rngs[0], value.src[0]
-    if cond.op is not Ops.CMPLT or cond.src[0] is not r or value.src[2].arg != identity_element(red.arg, red.dtype): return None
-    e = cond.src[1]
-    if range_kind(r)[0] not in ("loop", "reduce") or not isinstance(r.src[0].arg, int): return None
-    if any(n.op in (Ops.RANGE, Ops.INDEX, Ops.REDUCE) and n not in self.ranges for n in e.toposort()): return None
-    if not any(n.op is Ops.DEFINE_VAR for n in e.toposort()): return None
+    """The loop end of a reduce over a Variable's size (ScopedEmitter.guard_end): min(max(e, 0), size), so the
+    loop stops where the guard would start to fail instead of running to the largest size; None otherwise."""
+    e = self.guard_end(red, ("loop", "reduce"))
+    if e is None: return None
     v = self.value(e)
     if v.type != _I64: v = self.b.sext(v, _I64)
-    b, n = self.b, ir.Constant(_I64, r.src[0].arg)
+    b, n = self.b, ir.Constant(_I64, red.src[1].src[0].arg)
     v = b.select(b.icmp_signed("<", v, ir.Constant(_I64, 0)), ir.Constant(_I64, 0), v)
     return b.select(b.icmp_signed("<", v, n), v, n)
 

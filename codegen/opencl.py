@@ -287,9 +287,10 @@ class CLRenderer(ScopedEmitter):
     return f"{self.helper('rh')}({expr})" if d is dtypes.float16 else expr
 
   # *** loops ***
-  def open_loop(self, r: UOp, start: str = "0", step: int = 1):
+  def open_loop(self, r: UOp, start: str = "0", step: int = 1, end: str | None = None):
     v = _rname(r)
-    self.line(f"for ({self.ct(r.dtype)} {v} = {start}; {v} < {r.src[0].arg}; {v}{'++' if step == 1 else f' += {step}'}) {{")
+    end = str(r.src[0].arg) if end is None else end
+    self.line(f"for ({self.ct(r.dtype)} {v} = {start}; {v} < {end}; {v}{'++' if step == 1 else f' += {step}'}) {{")
     self.depth += 1
     self.ranges[r] = v
     self.scopes.append({})
@@ -591,6 +592,16 @@ class CLRenderer(ScopedEmitter):
     for x in value.toposort():
       if x.op is Ops.REDUCE and not free_ranges(x) & set(rngs): self.value(x)
     inner = rngs[-1] if rngs else None
+    if (e := self.guard_end(u, ("loop", "reduce"))) is not None:
+      # a reduce over a Variable's size: the loop ends at min(max(e, 0), size), every step inside the guard
+      acc, end = self.tmp("acc"), self.tmp("end")
+      self.line(f"{self.ct(d)} {acc} = {ident};")
+      self.line(f"{self.ct(inner.dtype)} {end} = clamp(({self.ct(inner.dtype)})({self.value(e)}), "
+                f"({self.ct(inner.dtype)})0, ({self.ct(inner.dtype)}){inner.src[0].arg});")
+      self.open_loop(inner, end=end)
+      self.line(f"{acc} = {self._combine(op, d, acc, self.value(value.src[1]))};")
+      self.close_loop(inner)
+      return self._reduced(op, d, acc)
     if d.kind != "f" or inner is None or inner.src[0].arg < 2 * LANES or any(x.op is Ops.REDUCE for x in value.toposort()):
       acc = self.tmp("acc")
       self.line(f"{self.ct(d)} {acc} = {ident};")

@@ -16,6 +16,7 @@ from __future__ import annotations
 import itertools
 from typing import Any, Callable
 
+from rulec.engine.ir.alu import identity_element
 from rulec.engine.ir.ops import Ops
 from rulec.engine.ir.uop import UOp
 
@@ -30,6 +31,22 @@ class ScopedEmitter:
 
   def emit(self, u: UOp) -> Any: raise NotImplementedError
   def lane_value(self, i: int) -> Any: raise NotImplementedError
+
+  # *** a reduce over a Variable's size ***
+  def guard_end(self, red: UOp, kinds: tuple[str, ...]) -> UOp | None:
+    """e for a one-range reduce of WHERE(r < e, v, identity) whose e holds a Variable and reads nothing the loop
+    opens (a reduce over a Variable's size: engine/ir/uop.py's UOp.r masks it, rules/symbolic.rules
+    lt_add_invariant puts the guard in this form): the renderer may end the loop at min(max(e, 0), size) and
+    emit v alone. None for any other reduce, or a range of a kind not in `kinds`."""
+    value, rngs = red.src[0], red.src[1:]
+    if len(rngs) != 1 or value.op is not Ops.WHERE or value.src[2].op is not Ops.CONST: return None
+    r, cond = rngs[0], value.src[0]
+    if cond.op is not Ops.CMPLT or cond.src[0] is not r or value.src[2].arg != identity_element(red.arg, red.dtype): return None
+    if not (isinstance(r.arg, tuple) and str(r.arg[1]).split(":")[0] in kinds and isinstance(r.src[0].arg, int)): return None
+    e = cond.src[1]
+    nodes = e.toposort()
+    if any(n.op in (Ops.RANGE, Ops.INDEX, Ops.REDUCE) and n not in self.ranges for n in nodes): return None
+    return e if any(n.op is Ops.DEFINE_VAR for n in nodes) else None
 
   # *** lanes ***
   def set_lanes(self, ups: dict[UOp, int]) -> None:

@@ -153,9 +153,10 @@ value. tinygrad's examples/gpt2.py and extra/models/llama.py decode on rulec wit
   - a **scalar** in arithmetic and comparisons with tensors: `x * start_pos`, `Tensor.arange(n) <= start_pos`
     (any bound int expression; a weak int, as a Python int: `Tensor([1, 2]) + b` is int32).
 
-  Kernels over a size run over the largest size with the elements past the bound one masked, except that on
-  the CPU a reduce over the size stops at it (its guard `r < p + 1` bounds the loop: codegen/llvmir.py); the
-  OpenCL renderer and the loops that store over the size still run to the largest size.
+  Kernels over a size run over the largest size with the elements past the bound one masked, except that a
+  reduce over the size in a plain loop stops at it (its guard `r < p + 1` bounds the loop: codegen/scoped.py
+  `guard_end`, on the CPU and in OpenCL); a reduction a GPU splits across a work-group, and the loops that store
+  over the size, still run to the largest size.
 - Specialised: every other use of a bound value is its int, so the graph, its schedule and its kernels are built
   for that value: a range that does not guarantee the bounds (`Variable("p", 0, 99)` slicing an axis of 10: the
   value is checked), a slice with a step, an expression that is not `a*v + b`, a pad that changes the size

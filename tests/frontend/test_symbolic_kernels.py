@@ -239,6 +239,27 @@ def test_cpu_loop_over_a_variable_size_stops_at_the_bound_size():
     np.testing.assert_allclose(x[0:p.bind(n) + 1].sum(0).numpy(), x.numpy()[:n + 1].sum(0), rtol=1e-5, atol=1e-6)
 
 
+def test_cl_loop_over_a_variable_size_stops_at_the_bound_size():
+  """The same on the CL device (PoCL here): the plain reduce loop ends at clamp(p + 1, 0, 64)."""
+  from rulec.runtime import cl_device
+  try: dev = cl_device.get_device()
+  except Exception as e: pytest.skip(f"no OpenCL device: {e}")
+  from rulec.codegen import pipeline
+  a = rng(17).standard_normal((64, 16)).astype(np.float32)
+  x = Tensor(a, device="CL").realize()
+  p = Variable("p", 0, 63)
+  k = R.schedule([x[0:p.bind(5) + 1].sum(0).uop])[0]
+  low = pipeline.lower(k, "CL", dev.target)
+  rendered = pipeline.render(low.kernel, "CL", dev.target, vars=k.vars)
+  src = rendered.source
+  for n in [0, 5, 63]:
+    np.testing.assert_allclose(x[0:p.bind(n) + 1].sum(0).numpy(), a[:n + 1].sum(0), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(x[0:p.bind(n) + 1].max(0).numpy(), a[:n + 1].max(0), rtol=1e-6)
+  if rendered.local_size: pytest.skip("this target reduces in work-groups (no plain loop to bound: docs/api.md)")
+  loops = [line for line in src.splitlines() if "for (" in line]
+  assert "clamp(" in src and loops and not any("< 64;" in line for line in loops), src
+
+
 def test_gradients_through_variable_offsets_and_sizes_match_int_slices():
   a = rng(12).standard_normal((9, 4)).astype(np.float32)
   p = Variable("p", 0, 7)
