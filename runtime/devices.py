@@ -159,7 +159,7 @@ def run_kernel(kernel, device: str, var_vals: tuple[int, ...] = ()) -> None:
   The kernel is compiled once for every value."""
   try: kind, index = parse_device(device)
   except ValueError: raise DeviceError(f"no runtime for device {device!r}; known devices: {', '.join(DEVICES)}") from None
-  var_vals = kernel.check_var_vals(var_vals)
+  # (the values are checked once, by the device's own run_kernel: this is on every launch)
   pair = copy_buffers(kernel)
   if pair is not None and separate_memory(pair[0].arg[1], pair[1].arg[1]):
     from rulec.runtime.buffer import buffer_of

@@ -478,10 +478,8 @@ def _value(x: UOp) -> int:
   """A bound offset's value (a linear expression: engine/tensor/args.py's symbolic_bounds keeps no other), without
   reporting it read."""
   f = linear_form(x)
-  if f is None or any(b.op is Ops.DEFINE_VAR and not any(p.op is Ops.BIND and p.src[0] is b for p in x.toposort())
-                      for b in x.toposort()):
-    raise ValueError(f"{x.render()} is not a bound offset")
   vals = {b.src[0]: b.src[1].arg for b in x.toposort() if b.op is Ops.BIND}
+  if f is None or any(v not in vals for v in f[0]): raise ValueError(f"{x.render()} is not a bound offset")
   return f[1] + sum(n * vals[v] for v, n in f[0].items())
 
 
@@ -548,8 +546,8 @@ def _infer_sizes(u: UOp) -> tuple | None:
   if op is Ops.RESHAPE: return _reshaped_sizes(src[0].shape, tuple(arg), below[0])
   if op is Ops.WHERE and below[0] is None and below[2] is None and below[1] is not None and len(below[1]) == len(u.shape):
     # WHERE(first_n(n) along an axis, x, c): x's value extended with c past n, a value of the axis's whole size
-    return tuple(None if v is not None and src[0] is first_n(v, u.shape, i) else v for i, v in enumerate(below[1])) \
-      if any(v is not None and src[0] is first_n(v, u.shape, i) for i, v in enumerate(below[1])) else below[1]
+    kept = tuple(None if v is not None and src[0] is first_n(v, u.shape, i) else v for i, v in enumerate(below[1]))
+    return kept if any(x is not None for x in kept) else None
   if op in (Ops.BUFFER, Ops.CONST, Ops.DEFINE_VAR, Ops.BIND, Ops.RANGE): return None
   # elementwise (and the ops that keep their source's shape; a scalar source has no axes): one size per axis,
   # and two different ones do not mix
