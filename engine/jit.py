@@ -47,6 +47,7 @@ from rulec.engine.tensor.base import TensorBase
 from rulec.engine.ir import uop as _uop
 from rulec.engine.ir.uop import UOp
 from rulec.runtime.buffer import buffer_of, new_buffer
+from rulec.runtime.devices import launcher
 from rulec.engine.ir.kernel import Kernel
 from rulec.engine.sched.variables import has_symbolic_args, rebind, unbind_graph, unbound_expr
 
@@ -168,11 +169,15 @@ class _Captured:
                ret: Any):
     where = {b: j for j, b in enumerate(in_bufs)}
     # a kernel that touches no input runs as it is; the others get this call's inputs at those positions (the
-    # capture's inputs are not kept: nothing holds on to call 2's data)
+    # capture's inputs are not kept: nothing holds on to call 2's data). Each runs through its device's prepared
+    # launch where it has one (runtime/devices.py `launcher`: a CL launch's host time is most of a decode step)
+    # with its Buffers looked up here, an input's at each replay.
     self.plan = []
     for k in kernels:
       subs = tuple((p, where[b]) for p, b in enumerate(k.bufs) if b in where)
-      self.plan.append((k, ()) if not subs else (k.ast, tuple(None if b in where else b for b in k.bufs), subs, k.vals))
+      launch = launcher(k, k.bufs[0].arg[1]) if k.bufs else None
+      buffers = [None if b in where else buffer_of(b) for b in k.bufs] if launch is not None else None
+      self.plan.append((k, subs, launch, buffers))
     self.names, self.infos, self.statics, self.ret = names, infos, statics, ret
     # buffers the replay writes that are not inputs: an input that is one of them is copied first
     self.written = {k.bufs[s] for k in kernels for s in k.outputs} - set(in_bufs)
@@ -202,16 +207,15 @@ class _Captured:
     """Run the kernels on this call's input buffers; var_vals: the bound values of this call (a capture that
     serves every value: each kernel with Variables runs with them)."""
     bufs = [_copy(b) if b in self.written else b for b in bufs]
-    for step in self.plan:
-      if len(step) == 2:
-        k = step[0]
-        _realize._run(k.with_vals(var_vals) if var_vals and k.vars else k)
-        continue
-      ast, template, subs, vals = step
-      new = list(template)
-      for p, j in subs: new[p] = bufs[j]
-      k = Kernel(ast, tuple(new), vals)
-      _realize._run(k.with_vals(var_vals) if var_vals and k.vars else k)
+    for k, subs, launch, buffers in self.plan:
+      if subs:
+        new = list(k.bufs)
+        for p, j in subs: new[p] = bufs[j]
+        k = Kernel(k.ast, new, k.vals)
+        if launch is not None:
+          buffers = list(buffers)
+          for p, j in subs: buffers[p] = buffer_of(bufs[j])
+      _realize._run(k.with_vals(var_vals) if var_vals and k.vars else k, launch, buffers)
     for t, v, j in self.outs:
       if var_vals and has_symbolic_args([v]): v = rebind(unbind_graph([v])[0][0], var_vals)
       t.uop = v if j is None else substitute(v, {v.base: bufs[j]})

@@ -52,10 +52,13 @@ CAPTURING: list[list] = []
 RUN_HOOKS: list = []
 
 
-def _run(kernel) -> None:
+def _run(kernel, launch=None, buffers=None) -> None:
+  """Run one kernel and count it. launch: a device's prepared launch of it (runtime/devices.py `launcher`, what
+  TinyJit replays with), called with `buffers` (the Buffers of kernel.bufs) and the kernel's values."""
   start = time.perf_counter() if RUN_HOOKS else 0.0
   # a kernel runs on the device of the buffer it writes (slot 0: the store target is numbered first)
-  run_kernel(kernel, kernel.bufs[0].arg[1] if kernel.bufs else default_device(), kernel.vals)
+  if launch is not None: launch(buffers, kernel.vals)
+  else: run_kernel(kernel, kernel.bufs[0].arg[1] if kernel.bufs else default_device(), kernel.vals)
   COUNTERS["run"] += 1
   if CAPTURING: CAPTURING[-1].append(kernel)
   for hook in RUN_HOOKS: hook(kernel, time.perf_counter() - start)

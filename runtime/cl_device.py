@@ -238,6 +238,7 @@ class Program:
       self.kernel = cl.Kernel(prg, rendered.name)
       if diskcache.enabled(): _store_binary(dev, prg, digest)
     self.program = prg
+    self.typed = False   # the scalar arguments' types given to pyopencl (at the first launch, which knows them)
     self.scratch = [cl.Buffer(dev.ctx, cl.mem_flags.READ_WRITE, n) for n in rendered.scratch]
     for buf, n in zip(self.scratch, rendered.scratch): cl.enqueue_fill_buffer(dev.queue, buf, np.uint8(0), 0, n)
     self.build_s = time.perf_counter() - t0
@@ -489,16 +490,47 @@ def run_kernel(kernel: Kernel, n: int = 0, var_vals: tuple[int, ...] = ()) -> No
   dev = get_device(n)
   prog = compile_kernel(kernel, dev, var_vals)   # validates the kernel the first time its AST is seen
   if _debug_level() >= 3: print(f"CL {kernel!r} local={prog.local} global={prog.global_}\n{prog.source}", file=sys.stderr)
+  _launch(dev, prog, [buffer_of(b) for b in kernel.bufs], var_vals, kernel.outputs)
+
+
+def _launch(dev: CLDevice, prog: Program, bufs: list[Buffer], var_vals: tuple[int, ...], outputs: tuple[int, ...]) -> None:
   COUNTERS["run"] += 1
   if prog.rendered.global_size == 0: return   # an empty range: nothing is stored
   with _lock:
-    mems = [device_memory(buffer_of(b), dev) for b in kernel.bufs]   # a buffer named twice is one device buffer
-    if mems or var_vals or prog.scratch:
-      prog.kernel.set_args(*[m.mem for m in mems], *[np.int64(v) for v in var_vals], *prog.scratch)
+    mems = []
+    for buf in bufs:   # (device_memory, with its common case first: a launch is a few microseconds of host time)
+      m = buf.mirror
+      mems.append(m if m is not None and m.owner is dev and m.valid else device_memory(buf, dev))
+    if not prog.typed:
+      # Told which arguments are scalars (the variables' int64s), pyopencl packs Python ints itself: setting a numpy
+      # scalar argument untyped costs about 7 us on every launch, which is most of a jitted decode step's host time
+      prog.kernel.set_scalar_arg_dtypes([None] * len(mems) + [np.int64] * len(var_vals) + [None] * len(prog.scratch))
+      prog.typed = True
+    if mems or var_vals or prog.scratch: prog.kernel.set_args(*[m.mem for m in mems], *var_vals, *prog.scratch)
     ev = dev.cl.enqueue_nd_range_kernel(dev.queue, prog.kernel, (prog.global_,), (prog.local,))
     if dev.profile: EVENTS.append(ev)
-    for slot in kernel.outputs: buffer_of(kernel.bufs[slot]).device_wrote(mems[slot])
+    for slot in outputs: bufs[slot].device_wrote(mems[slot])   # (a buffer named twice is one device buffer)
+
+
+class Launcher:
+  """One kernel's launches on CL:n with what stays the same between them looked up once: the program, the slots it
+  writes, its variables' ranges. TinyJit's replays run their kernels through these (runtime/devices.py
+  `launcher`): the same checks and effects as run_kernel, at a fraction of its host time per launch."""
+  __slots__ = ("dev", "prog", "outputs", "bounds")
+
+  def __init__(self, kernel: Kernel, n: int = 0):
+    self.dev = get_device(n)
+    self.prog = compile_kernel(kernel, self.dev, kernel.check_var_vals() if kernel.vals else None)
+    self.outputs = kernel.outputs
+    self.bounds = tuple((v.arg[0], v.arg[1], v.arg[2]) for v in kernel.vars)
+
+  def __call__(self, bufs: list[Buffer], var_vals: tuple[int, ...]) -> None:
+    """Launch on `bufs` (the Buffers, in the kernel's slot order) with these values of its variables (ints)."""
+    if len(var_vals) != len(self.bounds): raise ValueError(f"the kernel takes {len(self.bounds)} variable values, got {len(var_vals)}")
+    for (name, lo, hi), x in zip(self.bounds, var_vals):
+      if not lo <= x <= hi: raise ValueError(f"variable {name!r} is {x}, outside its range [{lo}, {hi}]")
+    _launch(self.dev, self.prog, bufs, var_vals, self.outputs)
 
 
 __all__ = ["DEVICE", "COUNTERS", "TIMES", "CLDevice", "CLUnavailable", "CLBuildError", "Program", "get_device", "available",
-           "all_devices", "render", "compile_kernel", "run_kernel", "synchronize", "save_binaries", "device_memory", "CLMirror"]
+           "all_devices", "render", "compile_kernel", "run_kernel", "Launcher", "synchronize", "save_binaries", "device_memory", "CLMirror"]

@@ -152,6 +152,18 @@ def separate_memory(a: str, b: str) -> bool:
   return a != b and (device_kind(a) == device_kind(b) or ":" in a or ":" in b)
 
 
+def launcher(kernel, device: str):
+  """A prepared launch of `kernel` on `device` for running it many times (TinyJit's replays), or None where the
+  device has none or the kernel is a transfer between devices (run_kernel then). Called as launch(buffers,
+  var_vals): the Buffers of the kernel's slots (the same sizes and dtypes) and its variables' values."""
+  kind, index = parse_device(device)
+  if kind != "CL": return None
+  pair = copy_buffers(kernel)
+  if pair is not None and separate_memory(pair[0].arg[1], pair[1].arg[1]): return None
+  from rulec.runtime import cl_device
+  return cl_device.Launcher(kernel, index)
+
+
 def run_kernel(kernel, device: str, var_vals: tuple[int, ...] = ()) -> None:
   """Run `kernel` on `device`. var_vals: the values of the kernel's variables (DEFINE_VAR), one int each, in
   `kernel.vars` order (none given: the kernel's own `vals`, which the scheduler fills in; empty for a kernel without

@@ -437,3 +437,53 @@ def test_cache_keys_name_the_variable_not_its_value():
     devices.run_kernel(k, "CPU", (val,))
     np.testing.assert_array_equal(read(out), np.arange(8) + val)
   assert cpu_device.COUNTERS["compiled"] - before <= 1
+
+
+# *** prepared launches (TinyJit's replays on CL) ***
+
+@pytest.mark.skipif(CL_PROBLEM is not None, reason=str(CL_PROBLEM))
+def test_a_prepared_launch_runs_and_checks_like_run_kernel():
+  out, inp = buf("CL", np.zeros(4)), buf("CL", np.arange(10))
+  p0, p1 = param(0, out), param(1, inp)
+  r, v = UOp.range(4, 0), UOp.variable("start_pos", 1, 6)
+  k = kernel((out, inp), p0.index(r).store(p1.index(r + v)).end(r))
+  launch = devices.launcher(k, "CL")
+  assert launch is not None and devices.launcher(k, "CPU") is None and devices.launcher(k, "NUMPY") is None
+  bufs = [buffer_of(b) for b in k.bufs]
+  for value in (1, 6, 3):
+    launch(bufs, (value,))
+    np.testing.assert_array_equal(read(out), np.arange(value, value + 4))
+  for bad in ((0,), (7,)):
+    with pytest.raises(ValueError, match=r"variable 'start_pos' is -?\d+, outside its range \[1, 6\]"): launch(bufs, bad)
+  with pytest.raises(ValueError, match="takes 1 variable values, got 2"): launch(bufs, (1, 2))
+  # other Buffers of the same sizes: one written from the host since (uploaded first), the output read back after
+  other_out, other_in = buf("CL", np.zeros(4)), buf("CL", np.zeros(10))
+  buffer_of(other_in).copyin(np.arange(100, 110, dtype=np.float32))
+  launch([buffer_of(other_out), buffer_of(other_in)], (2,))
+  np.testing.assert_array_equal(read(other_out), [102, 103, 104, 105])
+  np.testing.assert_array_equal(read(out), [3, 4, 5, 6])   # (the first output is left as it was)
+
+
+@pytest.mark.skipif(CL_PROBLEM is not None, reason=str(CL_PROBLEM))
+def test_jit_replays_on_cl_through_prepared_launches(monkeypatch):
+  from rulec import Tensor, TinyJit, Variable
+  from rulec.engine import realize
+  table = Tensor(np.arange(64, dtype=np.float32).reshape(16, 4), device="CL").realize()
+  @TinyJit
+  def step(x, pos):
+    row = table[pos:pos + 1]                     # an offset that is a kernel argument
+    return ((x * 2 + row).relu() @ table.T).realize()
+  pos = Variable("pos", 0, 15)
+  xs = [np.random.default_rng(i).standard_normal((1, 4)).astype(np.float32) for i in range(8)]
+  want = lambda x, p: np.maximum(x * 2 + np.arange(64, dtype=np.float32).reshape(16, 4)[p], 0) @ \
+    np.arange(64, dtype=np.float32).reshape(16, 4).T
+  for i in range(3): step(Tensor(xs[i], device="CL"), pos.bind(i)).numpy()   # run, capture, replay
+  calls = []
+  real = cl_device.run_kernel
+  monkeypatch.setattr(cl_device, "run_kernel", lambda *a, **kw: (calls.append(a), real(*a, **kw))[1])
+  before = realize.COUNTERS["run"]
+  for i in range(3, 8):
+    np.testing.assert_allclose(step(Tensor(xs[i], device="CL"), pos.bind(i * 2 - 1)).numpy(), want(xs[i], i * 2 - 1),
+                               rtol=1e-5, atol=1e-4)
+  assert calls == [], "a replay went through run_kernel, not its prepared launches"
+  assert realize.COUNTERS["run"] - before >= 5   # (every replayed kernel is still counted)
