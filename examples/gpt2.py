@@ -49,7 +49,8 @@ class Block:
   def __call__(self, x, pos):
     """x: (1, 1, dim) at position `pos` (a bound Variable)."""
     b, t, d = x.shape
-    qkv = self.c_attn(self.ln_1(x)).reshape(b, t, 3, self.heads, self.head_dim).permute(2, 0, 3, 1, 4)
+    # (realized here: the cache write and the attention both read it, and would each compute the projection)
+    qkv = self.c_attn(self.ln_1(x)).realize().reshape(b, t, 3, self.heads, self.head_dim).permute(2, 0, 3, 1, 4)
     q, new_kv = qkv[0], qkv[1:]                                  # (b, heads, 1, head_dim), (2, b, heads, 1, head_dim)
     attn = cached_attention(self.cache, q, new_kv, pos).permute(0, 2, 1, 3).reshape(b, t, d)
     x = x + self.attn_proj(attn)

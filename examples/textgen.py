@@ -57,7 +57,7 @@ def generate(step, vocab: int, max_context: int, prompt: list[int], count: int, 
   start_pos, temperature, noise)` is the jitted one-token step, the token and the position bound Variables (the
   token's embedding is a row read at an offset, as tinygrad's gpt2.py does); noise is Gumbel noise over the
   vocabulary drawn on the host (argmax of logits / temperature + noise samples softmax(logits / temperature))."""
-  from rulec import Tensor, Variable
+  from rulec import Tensor, Variable, no_grad
   if not prompt: raise ValueError("the prompt must hold at least one token")
   if len(prompt) + count > max_context:
     raise ValueError(f"{len(prompt)} prompt tokens + {count} new ones is more than the context ({max_context})")
@@ -66,14 +66,17 @@ def generate(step, vocab: int, max_context: int, prompt: list[int], count: int, 
   rng = np.random.default_rng(seed)
   tokens, times = list(prompt), []
   start_pos, token = Variable("start_pos", 0, max_context - 1), Variable("token", 0, vocab - 1)
-  for pos in range(len(prompt) + count - 1):
-    t0 = time.perf_counter()
-    noise = Tensor(rng.gumbel(size=(1, vocab)).astype(np.float32)) if temperature > 0 else None
-    nxt = int(step(token.bind(tokens[pos]), start_pos.bind(pos), temperature, noise).item())
-    times.append(time.perf_counter() - t0)
-    if pos + 1 >= len(prompt):
-      tokens.append(nxt)
-      if on_token is not None: on_token(nxt)
+  # (no gradient is taken: without no_grad the KV-cache writes would keep, for autograd, the graph of what each
+  # step wrote (engine/tensor/inplace.py), and a copy of the first cache before each write)
+  with no_grad():
+    for pos in range(len(prompt) + count - 1):
+      t0 = time.perf_counter()
+      noise = Tensor(rng.gumbel(size=(1, vocab)).astype(np.float32)) if temperature > 0 else None
+      nxt = int(step(token.bind(tokens[pos]), start_pos.bind(pos), temperature, noise).item())
+      times.append(time.perf_counter() - t0)
+      if pos + 1 >= len(prompt):
+        tokens.append(nxt)
+        if on_token is not None: on_token(nxt)
   return tokens, times
 
 
