@@ -35,7 +35,7 @@ def _root(t: TensorBase) -> UOp:
   from. A loss that holds a write not carried out yet, or reads a buffer with one pending, is realized first, so
   that every graph read is a value (a write's old contents and its value) and not a buffer that is about to
   change; a buffer that still has a write pending is read through a copy (engine/tensor/inplace.py)."""
-  if _inplace.unsettled(t.uop): t.realize()
+  if _inplace.unsettled(t.uop): t._realize()
   h = history(t.uop)
   return _inplace.pinned(_unrealized(t.uop if h is None else h))
 
@@ -100,11 +100,11 @@ class AutogradMixin:
     if isinstance(value, TensorBase) and value.uop.op is Ops.ASSIGN and value.uop.src[0] is view.uop:
       # `b[i] += x`: Python calls setitem with what `b[i].__iadd__(x)` returned, which holds that very write
       _writes.note(value.uop, tracked)
-      value.realize()
+      value._realize()
       return
     view.assign(value)
     _writes.note(view.uop, tracked, reads_in_place)
-    view.realize()
+    view._realize()
 
   def requires_grad_(self, requires_grad: bool = True) -> Tensor:
     """Mark this tensor as needing a gradient (True) or as a constant for autograd (False); returns self."""

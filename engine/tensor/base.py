@@ -107,6 +107,7 @@ def is_advanced_index(it: Any) -> bool:
 _LIVE: weakref.WeakSet = weakref.WeakSet()
 # (the histories keep only what can still lead a gradient to one of these: engine/tensor/history.py's prune)
 _history.live_values = lambda: [t.uop for t in list(_LIVE)]
+_history.grad_values = lambda: [t.uop for t in list(_LIVE) if t.requires_grad is True]
 
 
 
@@ -251,7 +252,23 @@ class TensorBase:
   def realize(self, *others: Tensor) -> Tensor:
     """Compute this tensor (and others: `Tensor.realize(a, b, c)`) into buffers; returns self.
 
-    Writes through views pending on a buffer these read are carried out first (engine/tensor/writes.py)."""
+    Writes through views pending on a buffer these read are carried out first (engine/tensor/writes.py).
+
+    A write realized here (`cache[:, pos].assign(kv).realize()`) into a realized tensor, where no gradient could
+    flow through it to a tensor that requires one (requires_grad True), is carried out as a constant for autograd:
+    tinygrad's realize cuts the graph there too. Otherwise a loop that writes a buffer from weights nobody trains
+    (a decoder's KV cache) would keep each step's graph as the buffer's history, and copy the buffer before every
+    write for the histories that read it (engine/tensor/inplace.py). Writes realized any other way (setitem,
+    reading a value) keep their history, as before."""
+    for t in (self, *others):
+      u = t.uop if isinstance(t, TensorBase) else None
+      if (u is not None and u.op is Ops.ASSIGN and u.src[0].base.op is Ops.BUFFER and _writes.noted(u) is not None
+          and not _history.leads_to_gradient(u)):
+        _writes.note(u, False)
+    return self._realize(*others)
+
+  def _realize(self, *others: Tensor) -> Tensor:
+    """realize() for the front end's own uses: every write keeps the history it was noted with."""
     ts = (self, *others)
     for t in ts:
       if not isinstance(t, TensorBase): raise TypeError(f"realize() takes Tensors, got {type(t).__name__}")
@@ -290,7 +307,7 @@ class TensorBase:
 
   def numpy(self) -> np.ndarray:
     """The value as a new numpy array (realizes the tensor)."""
-    self.realize()
+    self._realize()
     if self.uop.op is Ops.MSTACK: return np.array(_multi.host_value(self.uop), copy=True).reshape(self.shape)
     a = np.array(_engine.host_value(self.uop), copy=True)
     return a if self.uop.sizes is not None else a.reshape(self.shape)   # (a size that is a Variable's: its value)
@@ -339,7 +356,7 @@ class TensorBase:
     (as in tinygrad) a write through a slice or transpose is also made, in
     the order the writes were made, as soon as anything that reads the buffer
     is realized; otherwise the tensor gets a fresh buffer."""
-    if self.uop.base.op is Ops.ASSIGN or _multi.holds_assign(self.uop): self.realize()   # an earlier assign is carried out first, not lost
+    if self.uop.base.op is Ops.ASSIGN or _multi.holds_assign(self.uop): self._realize()   # an earlier assign is carried out first, not lost
     if isinstance(x, TensorBase): self._same_device(x); v = x
     elif is_py_scalar(x) or isinstance(x, np.generic):
       v = self._new(const(cast_scalar(x, self.dtype), self.dtype, ()))
@@ -387,7 +404,7 @@ class TensorBase:
     realized without any, so it is made contiguous first)."""
     if self.uop.base.op is Ops.BUFFER: return
     if self.uop.base.op is Ops.CONST: self.uop = self.uop.contiguous()
-    self.realize()
+    self._realize()
 
   def __setitem__(self, idx: Any, value: Any) -> None:
     """t[idx] = value: writes value into this tensor's storage through the view t[idx] (realizes at once)."""

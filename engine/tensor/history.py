@@ -33,6 +33,8 @@ _HISTORY: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 # dropped, however many live ones there are; a pruning costs a walk over the kept histories' graphs.
 # `live_values` is set by the Tensor class: the nodes of every live tensor.
 live_values = None
+# and the nodes of every live tensor that requires a gradient (requires_grad True): `leads_to_gradient`
+grad_values = None
 PRUNE_EVERY = 16
 _PRUNE_AT = [PRUNE_EVERY]
 
@@ -96,6 +98,26 @@ def prune(live) -> None:
       if not reaches[user]: reaches[user] = True; todo.append(user)
   for node, ok in reaches.items():
     if not ok: _HISTORY.pop(node, None)
+
+
+def leads_to_gradient(graph: UOp) -> bool:
+  """graph can lead a gradient to a live tensor that requires one (requires_grad True): it holds one's node or the
+  graph that node was realized from, or a realized node whose history, followed down, does."""
+  if grad_values is None: return True
+  wanted = set()
+  for n in grad_values():
+    wanted.add(n)
+    if (h := history(n)) is not None: wanted.add(h)
+  if not wanted: return False
+  seen: set[UOp] = set()
+  todo = [graph]
+  while todo:
+    for u in todo.pop().toposort(lambda u: u not in seen):
+      if u in seen: continue
+      seen.add(u)
+      if u in wanted: return True
+      if u in _HISTORY and (h := history(u)) is not None and h not in seen: todo.append(h)
+  return False
 
 
 def history(node: UOp) -> UOp | None:

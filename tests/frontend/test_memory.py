@@ -73,3 +73,52 @@ def test_pruning_drops_only_histories_that_reach_no_live_tensor():
 class _nothing:
   def __enter__(self): return self
   def __exit__(self, *a): return False
+
+
+def _decode_like_loop(w: Tensor, steps: int) -> Tensor:
+  """A KV-cache-like loop: each step writes one row of a realized cache from weights and from what the cache held,
+  and realizes the write (as tinygrad's model files do)."""
+  cache = Tensor.zeros(16, 8).contiguous().realize()
+  x = Tensor.ones(1, 8)
+  for i in range(steps):
+    row = (x @ w + cache[(i - 1) % 16:(i - 1) % 16 + 1] * 0.5).tanh()
+    cache[i % 16:i % 16 + 1].assign(row).realize()
+    x = cache[i % 16:i % 16 + 1] * 1.0
+  return cache
+
+
+def test_a_write_loop_from_untrained_weights_keeps_no_history():
+  # requires_grad None (tinygrad's default): a realized write is a constant for autograd, as tinygrad's realize cuts
+  # the graph; before, the cache's history took in every step's graph (quadratic time, every buffer kept)
+  w = Tensor(np.random.default_rng(0).standard_normal((8, 8)).astype(np.float32) * 0.3)
+  cache = _decode_like_loop(w, 5)
+  base = live_buffers()
+  cache = _decode_like_loop(w, 200)
+  assert history.history(cache.uop) is None
+  assert live_buffers() <= base + 20
+  # the values are those of the same loop in numpy
+  c, x, wn = np.zeros((16, 8), np.float32), np.ones((1, 8), np.float32), w.numpy()
+  for i in range(200):
+    c[i % 16] = np.tanh(x @ wn + c[(i - 1) % 16] * 0.5)
+    x = c[i % 16:i % 16 + 1]
+  np.testing.assert_allclose(cache.numpy(), c, rtol=1e-4, atol=1e-5)
+
+
+def test_a_write_loop_from_trained_weights_keeps_its_gradient():
+  # with requires_grad=True the writes keep their history: the gradient through three writes equals numpy's chain
+  rng = np.random.default_rng(1)
+  wn = rng.standard_normal((8, 8)).astype(np.float64) * 0.3
+  w = Tensor(wn, requires_grad=True)
+  cache = Tensor.zeros(16, 8, dtype=w.dtype).contiguous().realize()
+  for i in range(3): cache[i:i + 1].assign((cache[max(i - 1, 0):max(i - 1, 0) + 1] + 1.0) @ w).realize()
+  g, = cache.sum().gradient(w)
+  def loss(wm):
+    c = np.zeros((16, 8))
+    for i in range(3): c[i] = (c[max(i - 1, 0)] + 1.0) @ wm
+    return c.sum()
+  eps, fd = 1e-6, np.zeros_like(wn)
+  for j in range(8):
+    for k in range(8):
+      d = np.zeros_like(wn); d[j, k] = eps
+      fd[j, k] = (loss(wn + d) - loss(wn - d)) / (2 * eps)
+  np.testing.assert_allclose(g.numpy(), fd, rtol=1e-5, atol=1e-7)
