@@ -138,14 +138,17 @@ def needs_staging_before_store(target: UOp, value: UOp) -> bool:
   through elementwise ops and reshapes over the target view itself, or over the whole buffer when the target
   is the whole buffer in order. Anything else (a reduce, a broadcast, a permute, a flip, a pad, a shrink over
   the target, or the buffer read through any view other than the target's: `t.flip(0).assign(t)`) makes the
-  value be realized first."""
+  value be realized first. A value stored before this one (a CONTIGUOUS, another buffer's write: ASSIGN, AFTER)
+  is read from its buffer: what it read of the target does not count (an optimizer's update reads its state, just
+  written from a gradient that reduced over the parameter; that write runs first, kernels are ordered so)."""
   base = target.base
   if base not in value.toposort(): return False
   whole = all(m.op is Ops.RESHAPE for m in target.toposort() if m.op in MOVEMENT)
+  stored = (Ops.CONTIGUOUS, Ops.ASSIGN, Ops.AFTER)
   reaches: dict[UOp, bool] = {}
-  for u in value.toposort(gate=lambda u: u.op is not Ops.CONTIGUOUS and u is not target):
+  for u in value.toposort(gate=lambda u: u.op not in stored and u is not target):
     if u is target or u is base: reaches[u] = True
-    else: reaches[u] = u.op is not Ops.CONTIGUOUS and any(reaches.get(s, False) for s in u.src)
+    else: reaches[u] = u.op not in stored and any(reaches.get(s, False) for s in u.src)
     if u is base and not whole: return True
     if reaches[u] and ((u.op in MOVEMENT and u.op is not Ops.RESHAPE) or u.op is Ops.REDUCE_AXIS): return True
   return False

@@ -191,22 +191,27 @@ def snapshot_overwritten_reads(sink: UOp) -> UOp:
   snaps: dict[UOp, UOp] = {}
   done: dict[UOp, UOp] = {}
 
-  def read(site: UOp, s: UOp) -> UOp | None:
-    """The source s of site, when it is a view of a written buffer read raw in a kernel after the write."""
-    chain = []
-    x = s
-    while x.op in MOVEMENT:
-      chain.append(x)
-      x = x.src[0]
-    if x.op is not Ops.BUFFER or x not in afters: return None
-    out = snaps.setdefault(x, UOp(Ops.STAGE, x.dtype, (x,), x.arg[1], tag="snapshot"))
-    for m in reversed(chain): out = m.replace(src=(out,))
-    return out
+  def reader(written: frozenset):
+    def read(site: UOp, s: UOp) -> UOp | None:
+      """The source s of site, when it is a view of a buffer read raw in a kernel that runs after that buffer's
+      write (`written`: the buffers whose written contents the kernel depends on). A raw read of another written
+      buffer stays: order_kernels runs the kernel before that write (an optimizer's update reads its parameter
+      raw, and the parameter's gradient too, in the realize that overwrites it: no copy is needed)."""
+      chain = []
+      x = s
+      while x.op in MOVEMENT:
+        chain.append(x)
+        x = x.src[0]
+      if x.op is not Ops.BUFFER or x not in written: return None
+      out = snaps.setdefault(x, UOp(Ops.STAGE, x.dtype, (x,), x.arg[1], tag="snapshot"))
+      for m in reversed(chain): out = m.replace(src=(out,))
+      return out
+    return read
 
   for root in order:
     if not (root.op in _KERNEL_ROOTS or root.op is Ops.AFTER or root is sink): continue
-    needs = root.op in _KERNEL_ROOTS and any(b in after_of[root] for b in afters)
-    done[root] = _rebuild_region(root, done, read if needs else None)
+    written = after_of[root] & afters.keys() if root.op in _KERNEL_ROOTS else frozenset()
+    done[root] = _rebuild_region(root, done, reader(written) if written else None)
   return done[sink]
 
 

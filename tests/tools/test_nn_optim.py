@@ -245,3 +245,29 @@ def test_batchnorm_running_stats_ride_with_the_step():
   np.testing.assert_allclose(bn.running_mean.numpy(), 0.5 * h.mean(0), rtol=1e-5, atol=1e-6)
   np.testing.assert_allclose(bn.running_var.numpy(), 0.5 + 0.5 * h.var(0, ddof=1), rtol=1e-5)
   assert bn.num_batches_tracked.item() == 1
+
+
+@pytest.mark.parametrize("name", ["sgd_momentum", "adam", "adamw"])
+def test_a_step_with_its_gradient_updates_parameters_in_place(name):
+  # the step realizes the gradient (which reads the parameters) with the writes: each parameter is written by one
+  # kernel reading it raw, neither copied first (a snapshot) nor computed into a buffer and copied back
+  make, ref = CASES[name]
+  ws = [Tensor(w.copy()) for w in W0]
+  opt = make(ws)
+  seen = []
+  with Tensor.train():
+    for _ in range(STEPS):
+      opt.zero_grad()
+      loss = sum(((w * Tensor(a)).sum() + (w * w * Tensor(b)).sum()) for w, a, b in zip(ws, A, B))
+      loss.backward()
+      seen.clear()
+      rulec.engine.realize.RUN_HOOKS.append(lambda k, dt: seen.append(k))
+      try: opt.step()
+      finally: rulec.engine.realize.RUN_HOOKS.pop()
+  params = {w.uop.base for w in ws}
+  for k in seen:
+    inputs = {k.bufs[i] for i in k.inputs}
+    written = {k.bufs[i] for i in k.outputs}
+    assert not (inputs <= params and len(inputs) == 1 and not written & params), f"a copy of a parameter: {k}"
+    assert not (written <= params and len(k.bufs) == 2), f"a parameter copied back from a buffer: {k}"
+  for got, want in zip([w.numpy() for w in ws], ref()[-1]): np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
