@@ -177,7 +177,7 @@ class _Captured:
       subs = tuple((p, where[b]) for p, b in enumerate(k.bufs) if b in where)
       launch = launcher(k, k.bufs[0].arg[1]) if k.bufs else None
       buffers = [None if b in where else buffer_of(b) for b in k.bufs] if launch is not None else None
-      self.plan.append((k, subs, launch, buffers))
+      self.plan.append((k, subs, launch, buffers, k.vars))
     self.names, self.infos, self.statics, self.ret = names, infos, statics, ret
     # buffers the replay writes that are not inputs: an input that is one of them is copied first
     self.written = {k.bufs[s] for k in kernels for s in k.outputs} - set(in_bufs)
@@ -207,15 +207,17 @@ class _Captured:
     """Run the kernels on this call's input buffers; var_vals: the bound values of this call (a capture that
     serves every value: each kernel with Variables runs with them)."""
     bufs = [_copy(b) if b in self.written else b for b in bufs]
-    for k, subs, launch, buffers in self.plan:
+    for k, subs, launch, buffers, variables in self.plan:
+      vals = tuple(var_vals[v] for v in variables) if var_vals and variables else k.vals
       if subs:
         new = list(k.bufs)
         for p, j in subs: new[p] = bufs[j]
-        k = Kernel(k.ast, new, k.vals)
+        k = Kernel(k.ast, new, vals)
         if launch is not None:
           buffers = list(buffers)
           for p, j in subs: buffers[p] = buffer_of(bufs[j])
-      _realize._run(k.with_vals(var_vals) if var_vals and k.vars else k, launch, buffers)
+      elif vals is not k.vals: k = Kernel(k.ast, k.bufs, vals)
+      _realize._run(k, launch, buffers)
     for t, v, j in self.outs:
       if var_vals and has_symbolic_args([v]): v = rebind(unbind_graph([v])[0][0], var_vals)
       t.uop = v if j is None else substitute(v, {v.base: bufs[j]})

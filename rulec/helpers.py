@@ -18,7 +18,6 @@ import functools
 import os
 import re
 import time
-import weakref
 from collections import defaultdict
 from typing import Any, Callable, ClassVar, Iterable, TypeVar
 
@@ -233,16 +232,13 @@ class Context(contextlib.ContextDecorator):
 
 # *** counters ***
 
-_ESTIMATES: "weakref.WeakKeyDictionary[Any, tuple[int, int]]" = weakref.WeakKeyDictionary()   # ast -> (ops, bytes)
 
 
 def _estimate(kernel: Any) -> tuple[int, int]:
   """(ALU operations, bytes) of one run of a kernel, kept per AST (a JIT replay runs the same ASTs on other
   buffers; a PARAM's arg holds its buffer's size, so equal ASTs have equal sizes)."""
-  hit = _ESTIMATES.get(kernel.ast)
-  if hit is None:
-    hit = _ESTIMATES[kernel.ast] = (_ops_estimate(kernel.ast), sum(b.arg[2] * b.dtype.itemsize for b in kernel.bufs))
-  return hit
+  return kernel.ast.memo_root("kernel_estimate",
+                              lambda ast: (_ops_estimate(ast), sum(b.arg[2] * b.dtype.itemsize for b in kernel.bufs)))
 
 
 def _ops_estimate(ast: Any) -> int:

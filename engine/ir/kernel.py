@@ -16,7 +16,6 @@ ValueError naming every problem it finds.
 from __future__ import annotations
 
 import re
-import weakref
 from typing import Iterable
 
 import attrs
@@ -52,8 +51,6 @@ def _range_name(r: UOp) -> str:
   return f"r{axis}[{_range_size(r)}]"
 
 
-_OUTPUTS: "weakref.WeakKeyDictionary[UOp, tuple[int, ...]]" = weakref.WeakKeyDictionary()
-_VARS: weakref.WeakKeyDictionary[UOp, tuple[UOp, ...]] = weakref.WeakKeyDictionary()
 
 
 def _var_name(v: UOp) -> str:
@@ -92,14 +89,13 @@ class Kernel:
   @property
   def outputs(self) -> tuple[int, ...]:
     """The slots the STOREs write, in store order, each once (asked on every launch: memoised per AST)."""
-    hit = _OUTPUTS.get(self.ast)
-    if hit is None:
+    def written(ast: UOp) -> tuple[int, ...]:
       out: list[int] = []
       for st in self.stores:
         slot = st.src[0].src[0].arg[0]
         if slot not in out: out.append(slot)
-      hit = _OUTPUTS[self.ast] = tuple(out)
-    return hit
+      return tuple(out)
+    return self.ast.memo_root("kernel_outputs", written)
 
   @property
   def inputs(self) -> tuple[int, ...]:
@@ -122,11 +118,10 @@ class Kernel:
   def vars(self) -> tuple[UOp, ...]:
     """The distinct DEFINE_VAR nodes, sorted by name: the order of their values at launch (`var_vals`). Asked on
     every launch: memoised per AST."""
-    hit = _VARS.get(self.ast)
-    if hit is None:
-      vs = {id(u): u for u in self.ast.toposort() if u.op is Ops.DEFINE_VAR}
-      hit = _VARS[self.ast] = tuple(sorted(vs.values(), key=lambda u: (_var_name(u), repr(u.arg), u.dtype.name)))
-    return hit
+    def variables(ast: UOp) -> tuple[UOp, ...]:
+      vs = {id(u): u for u in ast.toposort() if u.op is Ops.DEFINE_VAR}
+      return tuple(sorted(vs.values(), key=lambda u: (_var_name(u), repr(u.arg), u.dtype.name)))
+    return self.ast.memo_root("kernel_vars", variables)
 
   def check_var_vals(self, var_vals=()) -> tuple[int, ...]:
     """`var_vals` (one int per var, in `vars` order) as a tuple of ints; ValueError naming the variable when a value

@@ -221,6 +221,15 @@ class UOp:
     if m is None: object.__setattr__(self, "_memo", m := {})
     return m
 
+  def memo_root(self, key: str, fn: Callable[[UOp], Any]) -> Any:
+    """fn(self), computed once and kept with this node (a value of the node alone, such as a kernel AST's variables
+    or written slots: asked on every launch, so a dict lookup on the node rather than a weak mapping keyed by it)."""
+    m = self._memo
+    if m is not None and key in m: return m[key]
+    v = fn(self)
+    self._get_memo()[key] = v
+    return v
+
   def _derive(self, key: str, fn: Callable[[UOp], Any]) -> Any:
     """A per-node derived value, computed for this node and any sources that lack it.
 
