@@ -1,4 +1,4 @@
-"""The `rulec` command: check, compile --emit, explain, demo, trace, verify, fmt, lsp; `rulec --version`.
+"""The `rulec` command: check, compile --emit, explain, demo, trace, verify, prove, fmt, lsp; `rulec --version`.
 
 Every command takes `--rules PATH` (repeatable): a directory (or file) of .rules layered over the shipped
 rules, as RULEC_RULES=PATH does (docs/rules.md, "Your own rules directory").
@@ -238,6 +238,61 @@ def _verify_with_progress(lib, names: list[str], examples: int, verify_library):
     return verify_library(lib, names, examples=examples, progress=step)
 
 
+def _cmd_prove(args) -> int:
+  import importlib.util
+  if importlib.util.find_spec("z3") is None:
+    print("rulec prove needs z3-solver: pip install 'rulec[prove]'", file=sys.stderr)
+    return 2
+  try:
+    from rulec.engine.verify.prove import format_human, format_json, format_sarif, prove_library
+  except ImportError as e:   # the verifier's generator, which prove builds its instances with, needs hypothesis
+    print(f"rulec prove needs hypothesis ({e}): pip install hypothesis", file=sys.stderr)
+    return 2
+  if args.timeout <= 0:
+    print("rulec prove: --timeout must be a positive number of milliseconds", file=sys.stderr)
+    return 2
+  base, where = _default_rules()
+  print(f"rulec prove: {where}", file=sys.stderr)
+  if args.format == "sarif":
+    from rulec.engine.lang.loader import load_library, user_rules_paths
+    from rulec.engine.lang.sarif import sarif_log, tool_version
+    if _missing("prove", args.rules or user_rules_paths()): return 2
+    errors = load_library([base], user=args.rules or user_rules_paths() or None).checked.errors
+    if errors:   # a library that does not load is reported in the log too, so CI shows where
+      print(json.dumps(sarif_log(errors, tool_version=tool_version()), indent=2))
+      return 1
+  lib = _library_with("prove", args.rules, args.ruleset, [base])
+  if isinstance(lib, int): return lib
+  names = args.ruleset or lib.user_ruleset_names()
+  results = _prove_with_progress(lib, names, args.timeout, prove_library)
+  if args.format == "sarif":
+    from rulec.engine.lang.sarif import tool_version
+    print(json.dumps(format_sarif(lib, results, tool_version=tool_version()), indent=2))
+  elif args.format == "json": print(json.dumps(format_json(results), indent=2))
+  else: print(format_human(results))
+  refuted = any(r.status == "refuted" for rs in results for r in rs.rules)
+  cycles = any(rs.termination is not None and rs.termination.cycles for rs in results)
+  return 1 if refuted or cycles else 0
+
+
+def _prove_with_progress(lib, names: list[str], timeout_ms: int, prove_library):
+  """prove_library, with a progress line on stderr on a terminal: the rule set being proven and the rules done."""
+  from rulec.engine.verify import expand_rulesets
+  from rulec.runtime import progress
+  sets = expand_rulesets(lib, list(names))
+  total, done = sum(len(lib.checked.rulesets[n].rules) for n in sets), [0]
+  current = [""]
+
+  def text() -> str: return f"ruleset {current[0]}, {done[0]}/{total} rules"
+
+  with progress.job("prove", text=text) as job:
+    def step(result) -> None:
+      done[0] += 1
+      current[0] = result.ruleset
+      job.advance()
+    return prove_library(lib, names, timeout_ms=timeout_ms, progress=step)
+
+
 def _cmd_fmt(args) -> int:
   import difflib
   from rulec.engine.lang.fmt import FormatError, format_source
@@ -346,6 +401,15 @@ def main(argv: list[str] | None = None) -> int:
   _rules_option(v)
   v.add_argument("--format", choices=("human", "json", "sarif"), default="human")
   v.set_defaults(fn=_cmd_verify)
+  pv = sub.add_parser("prove", help="prove every rule with z3 for all values of its leaves, and that each rule set "
+                                    "terminates (needs z3-solver: pip install 'rulec[prove]')")
+  pv.add_argument("ruleset", nargs="*", help="rule sets to prove, with the sets they include (default: all; with --rules or "
+                                             "RULEC_RULES: the sets they define)")
+  pv.add_argument("--timeout", type=int, default=3000, metavar="MS", help="z3's time limit per query, in milliseconds "
+                                                                         "(default: 3000)")
+  _rules_option(pv)
+  pv.add_argument("--format", choices=("human", "json", "sarif"), default="human")
+  pv.set_defaults(fn=_cmd_prove)
   f = sub.add_parser("fmt", help="rewrite .rules files in the canonical layout (docs/editors.md)")
   f.add_argument("paths", nargs="*", help="files or directories (default: the shipped rules); - reads stdin, writes stdout")
   f.add_argument("--check", action="store_true", help="change nothing; exit 1 if a file would be reformatted")

@@ -31,6 +31,33 @@ def fold_constants(alu: UOp) -> UOp | None:
 
 
 @rule_helper
+def zero_identity(x: UOp, c: UOp, add: bool) -> UOp | None:
+  """x for x + c (add) or x - c when c is a zero that leaves every x as it is: any integer 0; for floats -0.0 added,
+  +0.0 subtracted (x + 0.0 turns -0.0 into +0.0, and so does x - (-0.0)). None otherwise."""
+  if not isinstance(c.arg, (int, float)) or c.arg != 0 or x.dtype != c.dtype: return None
+  if not c.dtype.is_float: return x
+  return x if math.copysign(1.0, c.arg) == (-1.0 if add else 1.0) else None
+
+
+def exact_bounds(u: UOp) -> tuple[int, int] | None:
+  """Bounds of the value an integer expression of ADD, SUB and MUL by constants holds, when none of its steps can
+  wrap around (each step's bounds fit its dtype); None when one might, or for a non-integer. Leaves (anything
+  else) contribute their vmin/vmax, which hold whatever they compute."""
+  if not u.dtype.is_int: return None
+  if u.op is Ops.CONST: return (u.arg, u.arg) if isinstance(u.arg, int) else None
+  if u.op in (Ops.ADD, Ops.SUB) or (u.op is Ops.MUL and Ops.CONST in (u.src[0].op, u.src[1].op)):
+    a, b = exact_bounds(u.src[0]), exact_bounds(u.src[1])
+    if a is None or b is None: return None
+    if u.op is Ops.ADD: lo, hi = a[0] + b[0], a[1] + b[1]
+    elif u.op is Ops.SUB: lo, hi = a[0] - b[1], a[1] - b[0]
+    else: lo, hi = min(p := (a[0] * b[0], a[0] * b[1], a[1] * b[0], a[1] * b[1])), max(p)
+  else:
+    lo, hi = u.vmin, u.vmax
+    if not (isinstance(lo, int) and isinstance(hi, int)): return None
+  return (lo, hi) if u.dtype.min() <= lo and hi <= u.dtype.max() else None
+
+
+@rule_helper
 def bounds_const(x: UOp) -> UOp | None:
   """An integer expression whose bounds meet is that constant."""
   if x.op is Ops.CONST or not x.dtype.is_int: return None
@@ -142,7 +169,9 @@ def invariant_to_right(s: UOp, c: UOp) -> UOp | None:
     k = c.arg - y.src[0].arg
     right = y.src[1] if k == 0 else y.src[1] + k
   else: right = c - y
-  return x.lt(right) if no_wrap(s, x, right) else None
+  # every step exact: s = x + y as computed, and the new right side (its SUB or ADD could wrap where s did not:
+  # `rulec prove` found r0 + 16*b*c < 16 turned into r0 < 16 - 16*b*c, which wraps near 2**63)
+  return x.lt(right) if exact_bounds(s) is not None and exact_bounds(right) is not None else None
 
 
 def _conjuncts(c: UOp) -> list[UOp]:
