@@ -113,7 +113,8 @@ PYTHON_ALU: dict[Ops, Callable[..., Any]] = {
 def wrap(value: Any, dtype: DType) -> Any:
   """value as dtype holds it: ints wrap around, bools are bools, floats are floats."""
   if dtype.kind == "b": return bool(value)
-  if dtype.kind in "iu" or (dtype.kind == "x" and isinstance(value, int)):
+  # (index is 64-bit: a float cast to it truncates as to int64, as the devices' casts do)
+  if dtype.kind in "iu" or (dtype.kind == "x" and isinstance(value, (int, float)) and not isinstance(value, bool)):
     if isinstance(value, float):
       if not math.isfinite(value): return 0
       value = int(value)

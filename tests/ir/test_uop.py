@@ -78,3 +78,13 @@ def test_negative_zero_is_its_own_constant():
   pos, neg = UOp.const(dtypes.float32, 0.0), UOp.const(dtypes.float32, -0.0)
   assert pos is not neg and str(neg.arg) == "-0.0"
   assert UOp.const(dtypes.float32, -0.0) is neg
+
+
+def test_a_float_cast_to_index_truncates_like_the_devices():
+  # the reference evaluator and constant folding kept 2.75 as an index value; the devices (and int64) truncate
+  from rulec.engine.ir.alu import wrap
+  from rulec.engine.ir.dtypes import dtypes as D
+  from rulec.engine.verify.evaluate import eval_scalar
+  assert wrap(2.75, D.index) == 2 and wrap(-2.75, D.index) == -2 and wrap(float("nan"), D.index) == 0
+  assert wrap(True, D.index) is True   # (a bool is not a float: left as it is)
+  assert eval_scalar(UOp.const(D.float32, -7.5).cast(D.index), {}) == -7
