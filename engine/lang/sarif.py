@@ -117,6 +117,19 @@ def _result(code: str, level: str, message: str, file: str, region: dict, index:
           "locations": [{"physicalLocation": {"artifactLocation": loc, "region": region}}]}
 
 
+def span_result(code: str, index: int, message: str, span, level: str = "error", root: str | None = None) -> dict:
+  """A SARIF result at a source span (file, line, col, end_line, end_col)."""
+  return _result(code, level, message, span.file, _region(span.line, span.col, span.end_line, span.end_col), index, root)
+
+
+def refutation_message(name: str, c: dict) -> str:
+  """The message of a refuted rule (`rulec verify` V001, `rulec prove` P001) from its counterexample."""
+  parts = [f"rule '{name}' is refuted: {c.get('why', 'the rewrite changes a value')}"]
+  parts += [f"{k}: {c[k]}" for k in ("before", "after", "at", "values", "note") if c.get(k)]
+  if c.get("where"): parts.append(f"where: {'; '.join(c['where'])}")
+  return "\n".join(parts)
+
+
 def sarif_log(diags: list[Diagnostic], verify_results: list[tuple[str, str, object]] = (), *, verify: bool = False,
               root: str | None = None, tool_version: str | None = None) -> dict:
   """A SARIF log of checker diagnostics and, from `rulec verify`, refuted rules: (code, message, span) triples."""
@@ -128,9 +141,7 @@ def sarif_log(diags: list[Diagnostic], verify_results: list[tuple[str, str, obje
     text = d.message + (f"\n{d.note}" if d.note else "")
     results.append(_result(d.code, "error" if d.is_error else "warning", text, s.file,
                            _region(s.line, s.col, s.end_line, s.end_col), order.index(d.code), root))
-  for code, message, s in verify_results:
-    results.append(_result(code, "error", message, s.file, _region(s.line, s.col, s.end_line, s.end_col),
-                           order.index(code), root))
+  for code, message, s in verify_results: results.append(span_result(code, order.index(code), message, s, root=root))
   root_uri = Path(root or os.getcwd()).resolve().as_uri().rstrip("/") + "/"
   driver = {"name": "rulec", "rules": [_descriptor(c, codes[c]) for c in order]}
   if tool_version: driver["version"] = driver["semanticVersion"] = tool_version
@@ -147,11 +158,7 @@ def verify_findings(lib, results) -> list[tuple[str, str, object]]:
     spans = {r.name: r.span for r in lib.checked.rulesets[rs.name].rules}
     for r in rs.rules:
       if r.status != "refuted": continue
-      c = r.counterexample or {}
-      parts = [f"rule '{r.name}' is refuted: {c.get('why', 'the rewrite changes a value')}"]
-      parts += [f"{k}: {c[k]}" for k in ("before", "after", "at", "values", "note") if c.get(k)]
-      if c.get("where"): parts.append(f"where: {'; '.join(c['where'])}")
-      out.append(("V001", "\n".join(parts), spans[r.name]))
+      out.append(("V001", refutation_message(r.name, r.counterexample or {}), spans[r.name]))
   return out
 
 

@@ -10,7 +10,8 @@ import attrs
 from rulec.engine.lang.loader import RuleLibrary
 from rulec.engine.verify.core import RuleResult, _location, verify_rule
 
-__all__ = ["RuleResult", "RulesetResult", "verify_rule", "verify_library", "format_human", "format_json"]
+__all__ = ["RuleResult", "RulesetResult", "verify_rule", "verify_library", "format_human", "format_json",
+           "counterexample_lines"]
 
 
 @attrs.define
@@ -54,18 +55,22 @@ def verify_library(lib: RuleLibrary, names: list[str] | None = None, examples: i
   return out
 
 
+def counterexample_lines(c: dict) -> list[str]:
+  """The indented lines under a REFUTED rule (`rulec verify` and `rulec prove`): the graphs before and after, the
+  leaves, where the values differ, the names' values (prove), the two values and a note."""
+  lines = [f"      {key + ':':8} {c[key]}" for key in ("before", "after") if key in c]
+  if c.get("where"): lines.append(f"      where:   {'; '.join(c['where'])}")
+  if "at" in c: lines.append(f"      at:      {c['at']}")
+  if c.get("names"): lines.append(f"      so:      {', '.join(f'{k} = {v}' for k, v in c['names'].items())}")
+  lines += [f"      {key + ':':8} {c[key]}" for key in ("values", "note") if key in c]
+  return lines
+
+
 def format_rule(r: RuleResult) -> list[str]:
   if r.status == "verified": return [f"  verified       {r.name} ({r.location}): {r.examples} examples"]
   if r.status == "not checkable": return [f"  not checkable  {r.name} ({r.location}): {r.reason}"]
   c = r.counterexample or {}
-  lines = [f"  REFUTED        {r.name} ({r.location}): {c.get('why', '')}"]
-  for key, label in (("before", "before"), ("after", "after")):
-    if key in c: lines.append(f"      {label + ':':8} {c[key]}")
-  if c.get("where"): lines.append(f"      where:   {'; '.join(c['where'])}")
-  if "at" in c: lines.append(f"      at:      {c['at']}")
-  if "values" in c: lines.append(f"      values:  {c['values']}")
-  if "note" in c: lines.append(f"      note:    {c['note']}")
-  return lines
+  return [f"  REFUTED        {r.name} ({r.location}): {c.get('why', '')}"] + counterexample_lines(c)
 
 
 def format_human(results: list[RulesetResult]) -> str:

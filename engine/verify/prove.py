@@ -36,7 +36,7 @@ from rulec.engine.lang.compiler import pattern_ops
 from rulec.engine.lang.loader import RuleLibrary
 from rulec.engine.lang.runtime import RuleAbort, RuleRuntimeError
 from rulec.engine.sched import early
-from rulec.engine.verify import expand_rulesets
+from rulec.engine.verify import counterexample_lines, expand_rulesets
 from rulec.engine.verify.core import SPLIT_THRESHOLD, _attrs_read, _graph_text, _location, _uses_ctx, modes_for, static_reason
 from rulec.engine.verify.evaluate import NoValue, NotModelled, TensorEval, compiled_rule, eval_scalar, free_leaves
 from rulec.engine.verify.generate import ALL, DEVICES, MAX_LEAVES, Gen, Reject, dtypes_of
@@ -772,15 +772,8 @@ def format_rule(r: ProofResult) -> list[str]:
   if r.status == "proven": return [f"  proven         {r.name} ({r.location}): {r.instances} instances"]
   if r.status == "not provable": return [f"  not provable   {r.name} ({r.location}): {r.reason}"]
   c = r.counterexample or {}
-  lines = [f"  REFUTED        {r.name} ({r.location}): {c.get('why', '')}"]
-  for key in ("before", "after"):
-    if key in c: lines.append(f"      {key + ':':8} {c[key]}")
-  if c.get("where"): lines.append(f"      where:   {'; '.join(c['where'])}")
-  if c.get("at"): lines.append(f"      at:      {c['at']}")
-  if c.get("names"): lines.append(f"      so:      {', '.join(f'{k} = {v}' for k, v in c['names'].items())}")
-  for key in ("values", "note"):
-    if key in c: lines.append(f"      {key + ':':8} {c[key]}")
-  return lines
+  # (a refuted rule's "at", when there is one, is never empty: counterexample_lines prints it as verify does)
+  return [f"  REFUTED        {r.name} ({r.location}): {c.get('why', '')}"] + counterexample_lines(c)
 
 
 def format_termination(t: Termination) -> list[str]:
@@ -834,7 +827,7 @@ PROVE_CODES = {"P001": "rule refuted: z3 found values of its leaves on which the
 def format_sarif(lib: RuleLibrary, results: list[ProveSetResult], tool_version: str | None = None) -> dict:
   """A SARIF 2.1.0 log: each refuted rule at its file:line:col (P001, with the counterexample), each termination
   cycle at its first rule (P002)."""
-  from rulec.engine.lang.sarif import sarif_log
+  from rulec.engine.lang.sarif import refutation_message, sarif_log, span_result
   log = sarif_log([], tool_version=tool_version)
   run = log["runs"][0]
   rules_meta = run["tool"]["driver"]["rules"]
@@ -847,24 +840,8 @@ def format_sarif(lib: RuleLibrary, results: list[ProveSetResult], tool_version: 
   for rs in results:
     for r in rs.rules:
       if r.status != "refuted": continue
-      c = r.counterexample or {}
-      parts = [f"rule '{r.name}' is refuted: {c.get('why', 'the rewrite changes a value')}"]
-      parts += [f"{k}: {c[k]}" for k in ("before", "after", "at", "values", "note") if c.get(k)]
-      if c.get("where"): parts.append(f"where: {'; '.join(c['where'])}")
-      run["results"].append(_sarif_result("P001", base, "\n".join(parts), r.span))
+      run["results"].append(span_result("P001", base, refutation_message(r.name, r.counterexample or {}), r.span))
     for cycle in (rs.termination.cycles if rs.termination else ()):
       msg = f"rule set '{rs.name}' may not terminate: {_loop_text(cycle)}"
-      run["results"].append(_sarif_result("P002", base + 1, msg, spans[cycle[0]]))
+      run["results"].append(span_result("P002", base + 1, msg, spans[cycle[0]]))
   return log
-
-
-def _sarif_result(code: str, index: int, message: str, span) -> dict:
-  from rulec.engine.lang.sarif import artifact_uri
-  uri, base = artifact_uri(span.file)
-  line, col = max(1, span.line), max(1, span.col)
-  end_line = max(line, span.end_line)
-  end_col = max(1, span.end_col) if end_line > line else max(col, span.end_col)
-  return {"ruleId": code, "ruleIndex": index, "level": "error", "message": {"text": message},
-          "locations": [{"physicalLocation": {"artifactLocation": {"uri": uri, **({"uriBaseId": base} if base else {})},
-                                              "region": {"startLine": line, "startColumn": col, "endLine": end_line,
-                                                         "endColumn": end_col}}}]}
