@@ -62,7 +62,8 @@ def fold_constant_reduce(red: UOp, x: UOp) -> UOp | None:
   while v.op in MOVEMENT:
     if v.op is Ops.PAD: return None
     v = v.src[0]
-  if v.op is not Ops.CONST or not red._shape or prod(red.shape) == 0: return None
+  # (a reduce over nothing is its identity, not the constant: reduce_empty_* answer it)
+  if v.op is not Ops.CONST or not red._shape or prod(red.shape) == 0 or prod(x.shape) == 0: return None
   n, c, op = prod(x.shape) // prod(red.shape), v.arg, red.arg[0]
   if op is Ops.MAX or red.dtype is dtypes.bool: return red.const_like(c)
   if op is Ops.MUL: return red.const_like(c) if c in (0, 1) else None

@@ -54,6 +54,34 @@ def test_relu_of_matmul_plus_bias_is_one_kernel():
   np.testing.assert_allclose(out.numpy(), np.maximum(a.numpy() @ b.numpy() + c.numpy(), 0), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("how", ["sum", "max", "prod", "pool", "mean_keepdim"])
+def test_a_reduce_over_axes_of_size_one_is_no_kernel(how):
+  # a squeeze-excite pool over a 1x1 image (EfficientNet at 32x32): the reduce combines nothing, so it is the
+  # values reshaped and fuses into its consumer (rules/early.rules reduce_unit_axes), as tinygrad builds it
+  x, w = T(2, 6, 1, 1), T(3, 6)
+  r = {"sum": lambda: x.sum((2, 3)), "max": lambda: x.max((2, 3)), "prod": lambda: x.prod((2, 3)),
+       "pool": lambda: x.avg_pool2d(kernel_size=(1, 1)).reshape(2, 6),
+       "mean_keepdim": lambda: x.mean((2, 3), keepdim=True).reshape(2, 6)}[how]()
+  out = (r @ w.T).relu()
+  assert len(kernels(out)) == 1
+  np.testing.assert_allclose(out.numpy(), np.maximum(x.numpy().reshape(2, 6) @ w.numpy().T, 0), rtol=1e-5, atol=1e-6)
+  # a reduce over unit axes and a real one together still reduces the real one
+  both = x.reshape(2, 3, 2, 1).sum((1, 3))
+  np.testing.assert_allclose(both.numpy(), x.numpy().reshape(2, 3, 2, 1).sum((1, 3)), rtol=1e-5)
+
+
+def test_a_constant_reduced_over_nothing_is_the_identity_not_the_constant():
+  # fold_constant_reduce alone (rulec verify checks each rule alone) answered the constant for an empty max
+  from rulec.engine.ir.uop import UOp
+  from rulec.engine.ir.dtypes import dtypes
+  from rulec.engine.sched.early import fold_constant_reduce
+  x = UOp.const(dtypes.int64, 0).reshape((1, 1)).expand((0, 2))
+  red = UOp(Ops.REDUCE_AXIS, dtypes.int64, (x,), (Ops.MAX, (0,)))
+  assert fold_constant_reduce(red, x) is None
+  full = UOp.const(dtypes.int64, 3).reshape((1, 1)).expand((4, 2))
+  assert fold_constant_reduce(UOp(Ops.REDUCE_AXIS, dtypes.int64, (full,), (Ops.ADD, (0,))), full).base.arg == 12
+
+
 @pytest.mark.parametrize("op, most", [("softmax", 3), ("layernorm", 3), ("log_softmax", 3)])
 def test_normalisations_take_at_most_as_many_kernels_as_tinygrad(op, most):
   x = T(6, 33)
