@@ -11,7 +11,9 @@ reference evaluator (engine/verify/evaluate.py) must confirm before the rule is 
 
 A rule is proven when every instance is; refuted with the first confirmed counterexample; else not
 provable, with the reason (a decision rule reading ctx, an op the translation has no meaning for, a
-timeout, a pattern no instance satisfies). `termination()` checks that no rule set can rewrite forever.
+timeout, a pattern no instance satisfies). A gradient rule gives derivatives, not a value equal to its node's:
+it is proven by the adjoint identity in real arithmetic instead (engine/verify/adjoint.py), on the instances
+`rulec verify` draws for it. `termination()` checks that no rule set can rewrite forever.
 """
 from __future__ import annotations
 
@@ -543,8 +545,6 @@ DEVICE_DEFINED_NOTE = ("the rewrite replaces an op each device computes its own 
 
 def _static(rule: A.Rule) -> str | None:
   """Why no instance of this rule can be proven, when that is clear before building any."""
-  if rule.grad is not None:
-    return "a gradient rule gives derivatives, not a value equal to its node's: rulec verify checks it against finite differences"
   if _uses_ctx(rule):
     called = {e.func.id for e in A.iter_exprs(rule.replacement) if isinstance(e, A.ECall) and isinstance(e.func, A.EName)}
     if called & {"exp2_bits", "log2_bits"}:
@@ -574,6 +574,7 @@ def prove_rule(rule: A.Rule, helpers_of, timeout_ms: int = DEFAULT_TIMEOUT_MS, t
 
 def _prove_rule(rule: A.Rule, helpers_of, timeout_ms: int, tries: int, max_instances: int, earlier) -> ProofResult:
   res = ProofResult(rule.name, _location(rule.span), rule.ruleset, "not provable", span=rule.span)
+  if rule.grad is not None: return _prove_gradient_rule(rule, helpers_of, timeout_ms, res)
   if (why := _static(rule)) is not None:
     res.reason = why
     return res
@@ -599,6 +600,31 @@ def _prove_rule(rule: A.Rule, helpers_of, timeout_ms: int, tries: int, max_insta
     res.status = "proven"
     return res
   res.reason = _why_not(outcomes, len(picked))
+  return res
+
+
+def _prove_gradient_rule(rule: A.Rule, helpers_of, timeout_ms: int, res: ProofResult) -> ProofResult:
+  """A gradient rule, by the adjoint identity in real arithmetic (engine/verify/adjoint.py), on the instances the
+  gradient verifier draws."""
+  from rulec.engine.verify import adjoint
+  picked, why_not, failures = adjoint.collect(rule, compiled(rule, helpers_of)[0])
+  for node, why in failures[:1]:
+    res.status, res.counterexample = "refuted", {"why": why, "before": _graph_text(node)}
+    return res
+  if not picked:
+    top = ", ".join(f"{k} x{n}" for k, n in why_not.most_common(2))
+    res.reason = f"the generator could not satisfy the pattern/guard ({top})"
+    return res
+  outcomes = collections.defaultdict(list)
+  for node, g, grads in picked:
+    out = adjoint.prove_gradient_instance(node, g, grads, timeout_ms)
+    if out.status == "refuted":
+      res.status, res.counterexample, res.instances = "refuted", out.counterexample, len(outcomes["proven"])
+      return res
+    outcomes[out.status].append((node, out))
+  res.instances = len(outcomes["proven"])
+  if outcomes["proven"] and len(outcomes["proven"]) + len(outcomes["vacuous"]) == len(picked): res.status = "proven"
+  else: res.reason = _why_not(outcomes, len(picked))
   return res
 
 
