@@ -118,11 +118,11 @@ class FusionFacts:
 
   def needed_below(self, x: UOp) -> bool:
     """A reduce inside x's epilogue is used more often than x, or an epilogue value below x at least as often."""
-    return _needed_below(x, self._epilogues, self._uses)
+    return _needed_below(x, self._epilogues, self._uses, stored=self.staged, users=self._users)
 
   def needed_more_below(self, x: UOp) -> bool:
     """A reduce or an epilogue value inside x's epilogue is used more often than x: something besides x reads it."""
-    return _needed_below(x, self._epilogues, self._uses, strict=True)
+    return _needed_below(x, self._epilogues, self._uses, strict=True, stored=self.staged, users=self._users)
 
   def _sole_chain(self, x: UOp, ops) -> tuple[UOp, set]:
     """The end of the ops (of `ops`) that are x's only consumers, one after the other, and which ops they are."""
@@ -229,18 +229,93 @@ def choose_stages(sink: UOp, rule_sets, hoists: bool = False, hoists_rows: bool 
   return facts.staged
 
 
-def _needed_below(u: UOp, epilogues: set[UOp], uses: dict[UOp, float], strict: bool = False) -> bool:
+def _dominating_values(u: UOp, epilogues: set[UOp], stored: set[UOp] | frozenset[UOp]) -> set[UOp]:
+  """The values below u (in its epilogue: through epilogue values, under views, to the reduces it computes; stored
+  values are buffers) that every path from u to one of those reduces passes through: storing one of them leaves u
+  nothing but elementwise work over buffers. Dominators of the reduces in that graph, rooted at u."""
+  def below(n: UOp) -> list[UOp]:
+    if n is not u and (n.op is Ops.REDUCE_AXIS or n not in epilogues): return []
+    out = []
+    for s in n.src:
+      v = _under_views(s)
+      if v not in stored and (v.op is Ops.REDUCE_AXIS or v in epilogues): out.append(v)
+    return out
+  # depth-first postorder, then reverse postorder (a topological order from u)
+  post, seen, stack = [], {u}, [(u, iter(below(u)))]
+  while stack:
+    n, it = stack[-1]
+    for v in it:
+      if v not in seen:
+        seen.add(v); stack.append((v, iter(below(v)))); break
+    else:
+      post.append(n); stack.pop()
+  rpo = post[::-1]
+  num = {n: i for i, n in enumerate(rpo)}
+  preds: dict[UOp, list[UOp]] = {}
+  for n in rpo:
+    for v in below(n): preds.setdefault(v, []).append(n)
+  idom: dict[UOp, UOp] = {u: u}
+  def meet(a: UOp, b: UOp) -> UOp:
+    while a is not b:
+      while num[a] > num[b]: a = idom[a]
+      while num[b] > num[a]: b = idom[b]
+    return a
+  for n in rpo[1:]:
+    ps = [p for p in preds[n] if p in idom]
+    d = ps[0]
+    for q in ps[1:]: d = meet(d, q)
+    idom[n] = d
+  reduces = [n for n in rpo if n.op is Ops.REDUCE_AXIS]
+  if not reduces: return set(rpo) - {u}
+  low = reduces[0]
+  for r in reduces[1:]: low = meet(low, r)
+  out = set()
+  while low is not u: out.add(low); low = idom[low]
+  return out
+
+
+def _read_besides(v: UOp, u: UOp, users: dict[UOp, list[UOp]]) -> bool:
+  """Something that is not u, nor below u, reads v (through reshapes and permutes): gelu's `h * 0.5` reads the
+  matmul h beside `erf(h / sqrt(2))`, in the same kernel. Storing u would not spare computing v then."""
+  below, todo = set(), [u]
+  while todo:
+    n = todo.pop()
+    if n in below or n is v: continue
+    below.add(n)
+    todo += n.src
+  todo, seen = [v], set()
+  while todo:
+    n = todo.pop()
+    for w in users.get(n, []):
+      if w in seen: continue
+      seen.add(w)
+      if w.op in (Ops.RESHAPE, Ops.PERMUTE): todo.append(w)
+      elif w not in below: return True
+  return False
+
+
+def _needed_below(u: UOp, epilogues: set[UOp], uses: dict[UOp, float], strict: bool = False,
+                  stored: frozenset[UOp] | set[UOp] = frozenset(), users: dict[UOp, list[UOp]] | None = None) -> bool:
   """A reduce inside u's epilogue is used more often than u, or an epilogue value below u at least as often (more
   often, when `strict`: something besides u reads it): then that value is the one to store, and u is recomputed
-  from it."""
+  from it. Only a value that every path from u to its reduces passes through counts (storing it leaves u only
+  elementwise work over buffers): storing a residual stream's previous value (x + attn(ln(x)), read by the next
+  layer's norm too) would leave this layer's matmul to compute, in a kernel of its own, and u in one more; a
+  gradient that sums two products over two matmuls (gelu's) would be stored in pieces. u is better stored then,
+  with its reduces in its kernel, as tinygrad does."""
   seen, todo = set(), [s for s in u.src]
+  doms: set[UOp] | None = None
   while todo:
     v = _under_views(todo.pop())   # (as _reduce_epilogues sees its sources)
     if v in seen or not (v in epilogues or v.op is Ops.REDUCE_AXIS): continue
     seen.add(v)
     # (an elementwise value below that is needed as often is stored instead: the one nearest the reduce is)
-    if uses.get(v, 0) > uses.get(u, 0) or (not strict and v.op is not Ops.REDUCE_AXIS and uses.get(v, 0) >= uses.get(u, 0)):
-      return True
+    # (a value needed as often as u but read beside it too is needed more: u's kernel would not spare it)
+    nv, nu = uses.get(v, 0), uses.get(u, 0)
+    if nv > nu or (nv >= nu and ((not strict and v.op is not Ops.REDUCE_AXIS)
+                                 or (users is not None and nu > 1 and _read_besides(v, u, users)))):
+      if doms is None: doms = _dominating_values(u, epilogues, stored)
+      if v in doms: return True
     if v.op is not Ops.REDUCE_AXIS: todo += v.src
   return False
 

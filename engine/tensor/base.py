@@ -265,7 +265,13 @@ class TensorBase:
       if (u is not None and u.op is Ops.ASSIGN and u.src[0].base.op is Ops.BUFFER and _writes.noted(u) is not None
           and not _history.leads_to_gradient(u)):
         _writes.note(u, False)
-    return self._realize(*others)
+    self._realize(*others)
+    # a value that folded to a constant while scheduling (a matmul over an empty axis: zeros) was realized as that
+    # constant; asked for by realize(), it gets storage as a constant does, so that a view of it can be written
+    # through (`v = (a @ b).realize(); v.reshape(3).assign(5)` changes v, as in tinygrad). One fill kernel.
+    folded = [t for t in (self, *others) if t.uop.base.op is Ops.CONST and not isinstance(t.device, tuple)]
+    if folded: folded[0]._realize(*folded[1:])
+    return self
 
   def _realize(self, *others: Tensor) -> Tensor:
     """realize() for the front end's own uses: every write keeps the history it was noted with."""

@@ -29,6 +29,23 @@ def test_a_write_through_a_view_shows_in_the_base():
   assert b.sum().item() == 57.0
 
 
+def test_a_realized_value_that_folds_to_a_constant_has_storage_to_write_through():
+  # an empty matmul is zeros; the scheduler folds it to a constant (found by the fuzzer, seed 1601): realize()
+  # still gives it a buffer, so a write through a view of it changes it (tinygrad 0.14: [5, 5, 5], then [0, 1, 2])
+  a, b = Tensor(np.ones((3, 0), np.float32)), Tensor(np.ones((0, 1), np.float32))
+  v = (a @ b).realize()
+  v.reshape(3).assign(Tensor(np.full(3, 5, np.float32))).realize()
+  assert v.tolist() == [[5.0]] * 3
+  assert (a @ b).realize().tolist() == [[0.0]] * 3
+  w = (Tensor(np.arange(3, dtype=np.int32)) * 0).realize()   # integer x * 0 folds too
+  w[1:].assign(Tensor(np.array([1, 2], np.int32))).realize()
+  assert w.tolist() == [0, 1, 2]
+  # reading a folded value needs no storage: still no kernel
+  from rulec import GlobalCounters
+  n = GlobalCounters.kernel_count
+  assert (a @ b).sum().item() == 0.0 and GlobalCounters.kernel_count == n
+
+
 def test_lazy_readers_see_pending_writes_when_they_are_realized():
   b = fresh(); c = b * 1; w = b[1:3]              # both made before the write
   b[1:2].assign(Tensor(ONES))

@@ -82,6 +82,42 @@ def test_a_constant_reduced_over_nothing_is_the_identity_not_the_constant():
   assert fold_constant_reduce(UOp(Ops.REDUCE_AXIS, dtypes.int64, (full,), (Ops.ADD, (0,))), full).base.arg == 12
 
 
+def _np_layernorm(x): return (x - x.mean(-1, keepdims=True)) / np.sqrt(x.var(-1, keepdims=True) + 1e-5)
+
+
+@pytest.mark.parametrize("blocks", [1, 2, 4])
+def test_a_residual_stream_is_stored_once_per_block(blocks):
+  # x = x + relu(ln(x) @ w), block after block (a pre-norm transformer's stream): each sum is stored with its own
+  # matmul in its kernel; recomputed from the previous block's stored sum, it cost its matmul a kernel of its own
+  # and itself one more, growing with depth (3, 7, 13, 20 kernels for 1..4 blocks; tinygrad: 3 a block)
+  x0, ws = T(8, 16), [T(16, 16) for _ in range(blocks)]
+  x, want = x0, x0.numpy()
+  for w in ws:
+    x = x + (x.layernorm() @ w).relu()
+    want = want + np.maximum(_np_layernorm(want) @ w.numpy(), 0)
+  assert len(kernels(x)) == 3 * blocks
+  np.testing.assert_allclose(x.numpy(), want, rtol=1e-4, atol=1e-4)
+
+
+def test_gelu_backward_recomputes_its_pieces_in_the_gradient_matmuls():
+  # BERT's gelu (x * 0.5 * (1 + erf(x / 1.41421))).contiguous() in a training step: its gradient sums two products
+  # over two matmuls; stored in pieces it took two kernels more than tinygrad's 7
+  x, w1, w2 = (Tensor(rng.standard_normal(s).astype(np.float32), requires_grad=True) for s in ((16, 8), (8, 32), (32, 8)))
+  h = x @ w1
+  g = (h * 0.5 * (1.0 + (h / 1.41421).erf())).contiguous()
+  loss = (g @ w2).sum()
+  loss.backward()
+  assert len(kernels(loss, x.grad, w1.grad, w2.grad)) == 7
+  from math import erf
+  hn = x.numpy() @ w1.numpy()
+  dg = np.ones((16, 8), np.float32) @ w2.numpy().T
+  erfv = np.vectorize(erf)(hn / 1.41421)
+  dh = dg * (0.5 * (1 + erfv) + hn * 0.5 * 2 / np.sqrt(np.pi) * np.exp(-(hn / 1.41421) ** 2) / 1.41421)
+  np.testing.assert_allclose(x.grad.numpy(), dh @ w1.numpy().T, rtol=2e-3, atol=2e-3)
+  np.testing.assert_allclose(w1.grad.numpy(), x.numpy().T @ dh, rtol=2e-3, atol=2e-3)
+  np.testing.assert_allclose(w2.grad.numpy(), (hn * 0.5 * (1 + erfv)).T @ np.ones((16, 8)), rtol=2e-3, atol=2e-3)
+
+
 @pytest.mark.parametrize("op, most", [("softmax", 3), ("layernorm", 3), ("log_softmax", 3)])
 def test_normalisations_take_at_most_as_many_kernels_as_tinygrad(op, most):
   x = T(6, 33)
