@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import collections
 import math
+import os
 import time
 import zlib
 from typing import Any
@@ -39,9 +40,10 @@ from rulec.engine.lang.loader import RuleLibrary
 from rulec.engine.lang.runtime import RuleAbort, RuleRuntimeError
 from rulec.engine.sched import early
 from rulec.engine.verify import counterexample_lines, expand_rulesets
-from rulec.engine.verify.core import SPLIT_THRESHOLD, _attrs_read, _graph_text, _location, _uses_ctx, modes_for, static_reason
+from rulec.engine.verify.core import (SPLIT_THRESHOLD, _attrs_read, _graph_text, _location, _node_patterns, _uses_ctx, modes_for,
+                                     static_reason)
 from rulec.engine.verify.evaluate import NoValue, NotModelled, TensorEval, compiled_rule, eval_scalar, free_leaves
-from rulec.engine.verify.generate import ALL, DEVICES, MAX_LEAVES, Gen, Reject, dtypes_of
+from rulec.engine.verify.generate import ALL, DEVICES, MAX_LEAVES, Gen, Reject, const_values, dtypes_of
 from rulec.engine.verify.smt import REDUCE_LIMIT, IntTerms, Terms, TensorTerms, Untranslatable, python_value
 
 DEFAULT_TIMEOUT_MS = 3000   # per z3 query (the quicker attempts before the exact one get a fraction of it)
@@ -49,6 +51,7 @@ TRIES_PER_DTYPE = 10        # hypothesis examples per preferred dtype and mode
 MORE_TRIES = 6              # with fewer than WANTED instances, this many times more (for the dtypes that built a graph)
 WANTED = 4
 MAX_INSTANCES = 24          # distinct instances proven per rule
+RULE_BUDGET_S = 8           # seconds per rule past which, once an instance is not proven, the rest are not asked
 KERNEL = "kernel"           # the mode of INDEX(value, i..) instances (rules/rangeify.rules' index algebra)
 
 
@@ -64,6 +67,9 @@ def bound_choices(dt: DType) -> list[tuple[int, int]]:
 
 
 RANGE_SIZES = (1 << 31, 8, 1, 16, 1000)
+MULTI_OPS = frozenset({Ops.MSTACK, Ops.MSELECT})
+# the device sets of multi-device instances: plain and indexed names (CPU:n keep their memory apart, docs/multi.md)
+MULTI_DEVICES = (("CPU", "CPU:1"), ("CPU:1", "CPU:2", "CPU:3"), ("CPU", "CPU:1", "CPU:2"))
 
 
 class ProveGen(Gen):
@@ -72,11 +78,13 @@ class ProveGen(Gen):
   choice takes when it may (the root's, or its operands' for a comparison), so that each run of one preferred
   dtype covers that dtype. In the KERNEL mode the root is INDEX(value, i..) (rules/rangeify.rules)."""
 
-  def __init__(self, draw, mode: str, prefer: DType | None, tags: bool = False):
+  def __init__(self, draw, mode: str, prefer: DType | None, tags: bool = False, multi: bool = False):
     super().__init__(draw, "tensor" if mode == KERNEL else mode, tags=tags)
-    self.prefer, self.kernel = prefer, mode == KERNEL
+    self.prefer, self.kernel, self.multi = prefer, mode == KERNEL, multi and mode == "tensor"
+    self.devices: tuple | None = None   # (multi) the devices every stack of the graph is spread over
 
   def root(self, p) -> UOp:
+    if self.multi: self.devices = self.pick(MULTI_DEVICES)
     if not self.kernel: return super().root(p)
     # INDEX(x, i..): x a tensor-level value (its pattern), each index a variable over its axis
     if not (isinstance(p, A.PNode) and p.srcs and len(p.srcs) == 1): raise Reject("an INDEX pattern with index patterns")
@@ -98,11 +106,47 @@ class ProveGen(Gen):
     return u
 
   def _pnode(self, p: A.PNode, want, shape) -> UOp:
+    if self.devices is not None and pattern_ops(p) & MULTI_OPS: return self._multi(p, want, shape)
     if self.kernel and pattern_ops(p) == {Ops.DEFINE_VAR}:   # a Variable used as a value (a kernel's argument)
       if shape: raise Reject("a Variable is a scalar")
       return self.leaf(self._dtype(want, None, [d for d in ALL if d.is_int]), "var")
     if self.mode == "tensor" and pattern_ops(p) == {Ops.BITCAST}: return self._bitcast(p, want, shape)
     return super()._pnode(p, want, shape)
+
+  # *** values spread over devices (rules/multi.rules, docs/multi.md) ***
+
+  def _multi(self, p: A.PNode, want, shape) -> UOp:
+    """MSTACK: a value spread over the graph's devices (stack); MSELECT(v)[(i, axis, n)]: device i's part of v, v of
+    the shape whose part along axis is `shape`."""
+    op = self.pick(sorted(pattern_ops(p) & MULTI_OPS, key=int))
+    dt = self._dtype(want, dtypes_of(p.dtypes), ALL)
+    if op is Ops.MSTACK:
+      if p.srcs or p.each is not None or p.has_arg: raise Reject("an MSTACK pattern with sources or an argument")
+      return self.stack(dt, shape)
+    if p.has_arg: raise Reject("an MSELECT pattern with an argument")
+    n = len(self.devices)
+    axis = self.pick([None] + list(range(len(shape))))
+    whole = shape if axis is None else shape[:axis] + (shape[axis] * n,) + shape[axis + 1:]
+    child = p.srcs[0] if p.srcs else A.PName(p.span, "_")
+    return UOp(Ops.MSELECT, dt, (self.node(child, dt, whole),), (self.pick(range(n)), axis, n))
+
+  def stack(self, dt: DType, shape) -> UOp:
+    """MSTACK(x_0..x_n-1)[(axis, devices)], x_i a buffer on devices[i]: split along an axis that n divides, or
+    replicated (axis None: every part holds the whole value, which prove_instance takes as a precondition)."""
+    n = len(self.devices)
+    axis = self.pick([None] + [a for a, d in enumerate(shape) if d > 0 and d % n == 0])
+    part = shape if axis is None else shape[:axis] + (shape[axis] // n,) + shape[axis + 1:]
+    return UOp(Ops.MSTACK, dt, tuple(self.on_device(dt, part, d) for d in self.devices), (axis, self.devices))
+
+  def on_device(self, dt: DType, shape, device: str) -> UOp:
+    b = UOp.new_buffer(device, math.prod(shape), dt)
+    self.buffers.append(b)
+    return b.reshape(shape)
+
+  def _layout(self, op, p: A.PNode, dt: DType, shape):
+    if self.devices is not None and op is Ops.COPY and not p.has_arg:   # (to one of the devices, another, or all of them)
+      return self.pick(DEVICES + self.devices + (self.devices,)), [(dt, shape)]
+    return super()._layout(op, p, dt, shape)
 
   def _bitcast(self, p: A.PNode, want, shape) -> UOp:
     """BITCAST(x) to a dtype of another item size (the generator builds none): the last axis holds the same bytes."""
@@ -136,6 +180,12 @@ class ProveGen(Gen):
     return (rop, axes), [(dt, tuple(src))]
 
   def _tensor_filler(self, dt: DType, shape, broadcast: bool, depth: int) -> UOp:
+    if self.devices is not None:   # a value spread over the devices, a constant (on none), or a value on one of them
+      kind = self.pick(("stack", "const", "one device"))
+      if kind == "stack": return self.stack(dt, shape)
+      if kind == "one device": return self.on_device(dt, shape, self.pick(self.devices))
+      c = UOp.const(dt, self.pick(const_values(dt)))
+      return c.reshape((1,) * len(shape)).expand(shape) if shape else c
     # (kernel-level graphs have every elementwise source in its op's shape: rules/early.rules expand_broadcast)
     return super()._tensor_filler(dt, shape, broadcast and not self.kernel, depth)
 
@@ -181,7 +231,7 @@ class Collector:
 
   def once(self, data, mode: str, prefer: DType | None) -> None:
     self.tries += 1
-    try: node = ProveGen(data.draw, mode, prefer, tags=self.tags).root(self.rule.pattern)
+    try: node = ProveGen(data.draw, mode, prefer, tags=self.tags, multi=self.multi).root(self.rule.pattern)
     except Reject as e:
       self.why_not[f"generator: {e}"] += 1
       return
@@ -212,6 +262,16 @@ class Collector:
 
   @property
   def tags(self) -> bool: return "tag" in _attrs_read(self.rule)   # (only a rule that reads tags sees tagged roots)
+
+  @property
+  def multi(self) -> bool: return _multi_rule(self.rule)
+
+
+def _multi_rule(rule: A.Rule) -> bool:
+  """A rule of values spread over devices: its pattern or its replacement has MSTACK / MSELECT, or it is of the multi
+  rule set (rules/multi.rules: a copy between devices): its instances are built on a set of devices (ProveGen.stack)."""
+  named = any(isinstance(e, A.EName) and e.id in ("MSTACK", "MSELECT") for e in A.iter_exprs((rule.guard, rule.replacement)))
+  return named or rule.ruleset == "multi" or any(pattern_ops(p) & MULTI_OPS for p in _node_patterns(rule.pattern))
 
 
 def _assigns_into_a_broadcast(node: UOp) -> bool:
@@ -257,6 +317,7 @@ TENSOR_ONLY = frozenset({Ops.BUFFER, Ops.RESHAPE, Ops.PERMUTE, Ops.EXPAND, Ops.P
 
 def prove_modes(rule: A.Rule) -> list[str]:
   if _kernel_pattern(rule.pattern): return [KERNEL]
+  if _multi_rule(rule): return ["tensor"]
   modes = modes_for(rule)
   if not modes and isinstance(rule.pattern, A.PNode) and Ops.BITCAST in pattern_ops(rule.pattern): modes = ["tensor"]
   return modes
@@ -362,7 +423,8 @@ def generalized(before: UOp, after: UOp) -> frozenset:
   """The largest subgraphs the rewrite keeps as they are (a name of the pattern, usually): proving the rule for
   any value of them (any function of the index, for a tensor) proves it for the values they have, and spares z3
   what is inside (a * a + b)."""
-  shared = {u for u in before.toposort() if u.src and u.op not in (Ops.RANGE, Ops.DEFINE_VAR, Ops.CONST, Ops.BUFFER)}
+  # (not a stack: the rewrite reads its parts, which an opaque value of the whole would not tie to it)
+  shared = {u for u in before.toposort() if u.src and u.op not in (Ops.RANGE, Ops.DEFINE_VAR, Ops.CONST, Ops.BUFFER, Ops.MSTACK)}
   shared &= set(after.toposort())
   top = {g for g in (before, after) if g in shared}
   for g in (before, after):
@@ -382,6 +444,19 @@ def prove_instance(before: UOp, after: UOp, mode: str, timeout_ms: int, pattern=
     if shapes[0] != shapes[1]:
       return Outcome("refuted", counterexample={"why": f"the shape changed: {shapes[0]} -> {shapes[1]}", **graphs})
     if 0 in shapes[0]: return Outcome("proven")   # (no elements: equal shapes and dtypes are all there is)
+    if after.op is Ops.MSTACK and after.arg[0] is None and before.op is not Ops.MSTACK:
+      # a replicated result: every device holds the whole value, so each part must be it (the value of a replicated
+      # stack is its first part; the others are what the other devices compute)
+      first = None
+      for device, x in zip(after.arg[1], after.src):
+        out = prove_instance(before, x, mode, timeout_ms, pattern)
+        if out.status not in ("proven", "vacuous"):
+          if out.counterexample is not None:
+            note = out.counterexample.get("note")
+            out.counterexample["note"] = f"on device {device} (its part of the replicated result)" + (f"; {note}" if note else "")
+          return out
+        first = first or out
+      return first
   leaves = free_leaves(before)
   new = [x for x in free_leaves(after) if x not in leaves and not _reduced(x, after)]
   if new:
@@ -554,7 +629,7 @@ def _static(rule: A.Rule) -> str | None:
       return ("it settles whether a MULACC marked fma rounds once or twice (the device's choice, from ctx): the two "
               "roundings differ by design, no equality holds to prove")
     return "reads ctx (the state of its pass): a decision rule, whose rewrite depends on what the pass knows"
-  if _kernel_pattern(rule.pattern): return None
+  if _kernel_pattern(rule.pattern) or _multi_rule(rule): return None
   why = static_reason(rule)
   # (BITCAST: ProveGen builds it, where the verifier's generator does not)
   return None if why is not None and why.startswith("the pattern needs BITCAST nodes") else why
@@ -565,11 +640,23 @@ def prove_rule(rule: A.Rule, helpers_of, timeout_ms: int = DEFAULT_TIMEOUT_MS, t
   """Prove one rule; `earlier`: the rules its set tries first (an instance one of them rewrites is not this rule's)."""
   saved = early.REDUCE_SPLIT_THRESHOLD
   early.REDUCE_SPLIT_THRESHOLD = SPLIT_THRESHOLD   # (as the verifier: small generated reduces reach the split)
+  # (likewise the ring allreduce, which the engine picks for more than 256k elements on more than two devices: its
+  # rule is proven on small values with RULEC_RING=2, always the ring; the other rules see the default)
+  ring = os.environ.get("RULEC_RING")
+  if _calls(rule, "ring_wanted"): os.environ["RULEC_RING"] = "2"
   start = time.perf_counter()
   try: res = _prove_rule(rule, helpers_of, timeout_ms, tries, max_instances, earlier)
-  finally: early.REDUCE_SPLIT_THRESHOLD = saved
+  finally:
+    early.REDUCE_SPLIT_THRESHOLD = saved
+    if ring is None: os.environ.pop("RULEC_RING", None)
+    else: os.environ["RULEC_RING"] = ring
   res.seconds = time.perf_counter() - start
   return res
+
+
+def _calls(rule: A.Rule, name: str) -> bool:
+  return any(isinstance(e, A.ECall) and isinstance(e.func, A.EName) and e.func.id == name
+             for e in A.iter_exprs((rule.guard, rule.replacement)))
 
 
 def _prove_rule(rule: A.Rule, helpers_of, timeout_ms: int, tries: int, max_instances: int, earlier) -> ProofResult:
@@ -589,8 +676,14 @@ def _prove_rule(rule: A.Rule, helpers_of, timeout_ms: int, tries: int, max_insta
     res.reason = f"the generator could not satisfy the pattern/guard in {col.tries} tries ({top})"
     return res
   outcomes = collections.defaultdict(list)
-  for before, after, mode in picked:
-    out = prove_instance(before, after, mode, timeout_ms, rule.pattern)
+  start = time.perf_counter()
+  for k, (before, after, mode) in enumerate(picked):
+    failed = any(st not in ("proven", "vacuous") for st in outcomes)
+    if failed and time.perf_counter() - start > RULE_BUDGET_S:
+      outcomes["not asked"] = [(b, None) for b, _, _ in picked[k:]]
+      break
+    # (once an instance is not proven, the rule is not: the rest can only refute it, which z3 does quickly if at all)
+    out = prove_instance(before, after, mode, max(1, timeout_ms // 8) if failed else timeout_ms, rule.pattern)
     if out.status == "refuted":
       res.status, res.counterexample, res.instances = "refuted", out.counterexample, len(outcomes["proven"])
       return res
@@ -645,7 +738,9 @@ def _why_not(outcomes: dict, total: int) -> str:
     parts.append(f"{text} ({len(got)} of {total} instances, e.g. {render(before, depth=4)})")
   proven = len(outcomes.get("proven") or [])
   if not parts: return f"no values satisfy the bounds of any of its {total} instances: nothing was proven"
-  return "; ".join(parts) + (f"; the other {proven} instances are proven" if proven else "")
+  skipped = len(outcomes.get("not asked") or [])
+  return "; ".join(parts) + (f"; the other {proven} instances are proven" if proven else "") + \
+    (f"; {skipped} were not asked (past the rule's {RULE_BUDGET_S} s, once it was not provable)" if skipped else "")
 
 
 # *** termination ***

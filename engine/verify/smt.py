@@ -533,7 +533,10 @@ class TensorTerms(Terms):
   proven, and one that regroups them (split_reduce) is not. AFTER(buffer, STORE(view, value), ..) is the buffer
   with each store's elements written in turn (the view's elements enumerated, at most STORE_LIMIT); INDEX(x, i..)
   is x at the indices i (scalar terms), and anything (a fresh variable: poison) where they fall outside x.
-  Values spread over devices (MSTACK, MSELECT) are untranslatable. Shapes are concrete, so index arithmetic is
+  A value spread over devices is its whole value (engine/tensor_eval.py's meaning): MSTACK(x_0..x_n-1)[(axis, ..)]
+  the parts joined along axis, or its first part when replicated (axis None; `replicated` gives the engine's
+  guarantee that the parts are equal, a precondition of the graph before a rewrite), MSELECT(v)[(i, axis, n)] part
+  i of v split n ways along axis. Shapes are concrete, so index arithmetic is
   done on bit-vectors just wide enough that nothing in it wraps; a root of at most ENUMERATE_LIMIT elements is
   compared at each index in turn (its index arithmetic folds to constants), a larger one at a symbolic index."""
 
@@ -553,8 +556,9 @@ class TensorTerms(Terms):
     self.buffers: list[UOp] = []
     self.index_bounds: list = []
     self.points: list = []
+    self.preconditions: list = []   # what the engine guarantees of the graph before (replicated parts are equal)
 
-  def constraints(self) -> list: return super().constraints() + self.index_bounds
+  def constraints(self) -> list: return super().constraints() + self.index_bounds + self.preconditions
 
   def _i(self, v: int): return z3.BitVecVal(v, self.index_bits)
 
@@ -580,6 +584,7 @@ class TensorTerms(Terms):
     """The values differ at some index of the root's shape: at each index in turn when there are few (the index
     arithmetic then folds to constants, and what is left is the values'), else at one symbolic index."""
     shape, self.root_dtype = self.shape(before), before.dtype
+    self.preconditions = self.replicated(before)
     if math.prod(shape) <= ENUMERATE_LIMIT:
       self.points = []
       for point in np.ndindex(*shape):
@@ -641,6 +646,11 @@ class TensorTerms(Terms):
       v = self.at(src[0], inner)
       return v if valid is None else z3.If(valid, v, const_term(0, u.dtype))
     if op is Ops.REDUCE_AXIS: return self._reduce(u, idx)
+    if op is Ops.MSTACK: return self._stack(u, idx)
+    if op is Ops.MSELECT:   # device i's part of src split n ways along axis: the whole value, shifted to part i
+      i, axis, _ = u.arg
+      if axis is None: return self.at(src[0], idx)
+      return self.at(src[0], idx[:axis] + (idx[axis] + self._i(i * self.shape(u)[axis]),) + idx[axis + 1:])
     if op is Ops.AFTER: return self._after(u, idx)
     if op is Ops.BITCAST and u.dtype.itemsize != src[0].dtype.itemsize: return self._resize(u, idx)
     if op is Ops.INDEX: return self._index(u)
@@ -649,6 +659,31 @@ class TensorTerms(Terms):
       shape = self.shape(u)
       return self._node(u, [self.at(x, _broadcast(idx, shape, self.shape(x), self._i(0))) for x in src])
     raise Untranslatable(f"{op.name} in a tensor graph")
+
+  def _stack(self, u: UOp, idx: tuple):
+    """MSTACK(x_0..x_n-1)[(axis, devices)]: the parts joined along axis (part k holds the elements from k * size on),
+    the first part when replicated (axis None: the parts are equal, `replicated` below)."""
+    axis, parts = u.arg[0], u.src
+    if axis is None: return self.at(parts[0], idx)
+    size = self.shape(parts[0])[axis]
+    def read(k): return self.at(parts[k], idx[:axis] + (idx[axis] - self._i(k * size),) + idx[axis + 1:])
+    if z3.is_bv_value(z3.simplify(idx[axis])): return read(min(z3.simplify(idx[axis]).as_long() // max(size, 1), len(parts) - 1))
+    out = read(len(parts) - 1)
+    for k in reversed(range(len(parts) - 1)): out = z3.If(z3.ULT(idx[axis], self._i((k + 1) * size)), read(k), out)
+    return out
+
+  def replicated(self, graph: UOp) -> list:
+    """The engine's guarantee for a replicated stack (MSTACK with axis None) of the graph: its parts are copies of
+    one value, equal bit for bit (any NaN for a NaN), at every element."""
+    out = []
+    for m in graph.toposort():
+      if m.op is not Ops.MSTACK or m.arg[0] is not None: continue
+      shape = self.shape(m.src[0])
+      if math.prod(shape) > STORE_LIMIT: raise Untranslatable(f"a replicated MSTACK of more than {STORE_LIMIT} elements")
+      for point in np.ndindex(*shape):
+        idx = tuple(self._i(int(k)) for k in point)
+        out += [same_value(self.at(m.src[0], idx), self.at(x, idx), m.dtype) for x in m.src[1:]]
+    return out
 
   def _resize(self, u: UOp, idx: tuple):
     """A bitcast to another item size, little-endian as numpy: a wider item is `rate` source items, the first in
