@@ -67,6 +67,7 @@ def bound_choices(dt: DType) -> list[tuple[int, int]]:
 
 
 RANGE_SIZES = (1 << 31, 8, 1, 16, 1000)
+LOAD_SIZES = (4, 1, 16, 1000)   # elements of a PARAM (a kernel's buffer argument) a load reads
 MULTI_OPS = frozenset({Ops.MSTACK, Ops.MSELECT})
 # the device sets of multi-device instances: plain and indexed names (CPU:n keep their memory apart, docs/multi.md)
 MULTI_DEVICES = (("CPU", "CPU:1"), ("CPU:1", "CPU:2", "CPU:3"), ("CPU", "CPU:1", "CPU:2"))
@@ -86,6 +87,7 @@ class ProveGen(Gen):
   def root(self, p) -> UOp:
     if self.multi: self.devices = self.pick(MULTI_DEVICES)
     if not self.kernel: return super().root(p)
+    if _load_pattern(p): return self._load(p)
     # INDEX(x, i..): x a tensor-level value (its pattern), each index a variable over its axis
     if not (isinstance(p, A.PNode) and p.srcs and len(p.srcs) == 1): raise Reject("an INDEX pattern with index patterns")
     shape = () if p.tail is None else self.shape()
@@ -95,6 +97,18 @@ class ProveGen(Gen):
     if 0 in shape: raise Reject("an empty value has no element to index")
     idxs = [UOp.variable(f"i{k}", 0, d - 1) for k, d in enumerate(shape)]
     return x.index(*idxs, arg=p.arg if p.has_arg else None)
+
+  def _load(self, p: A.PNode) -> UOp:
+    """INDEX(PARAM, idx): a kernel's load from its buffer argument (PARAM[(slot, size)]) at an index expression, of
+    the leaves this generator draws (bounds as a guard may want them, inside the buffer or not)."""
+    if p.tail is not None or len(p.srcs) != 2: raise Reject("a load pattern with other than one index")
+    dt = self._dtype(None, dtypes_of(p.srcs[0].dtypes), [d for d in ALL if d is not dtypes.index])
+    param = UOp(Ops.PARAM, dt, (), (0, self.pick(LOAD_SIZES)))
+    if p.srcs[0].name is not None: self.env[p.srcs[0].name] = param
+    self.mode = "scalar"   # (the index is an index-level expression)
+    try: idx = self.node(p.srcs[1], dtypes.index, None)
+    finally: self.mode = "tensor"
+    return param.index(idx, arg=p.arg if p.has_arg else None)
 
   def node(self, p, want, shape) -> UOp:
     u = super().node(p, want, shape)
@@ -107,6 +121,7 @@ class ProveGen(Gen):
 
   def _pnode(self, p: A.PNode, want, shape) -> UOp:
     if self.devices is not None and pattern_ops(p) & MULTI_OPS: return self._multi(p, want, shape)
+    if self.mode == "tensor" and pattern_ops(p) == {Ops.STORE}: return self._store(p, shape)
     if self.kernel and pattern_ops(p) == {Ops.DEFINE_VAR}:   # a Variable used as a value (a kernel's argument)
       if shape: raise Reject("a Variable is a scalar")
       return self.leaf(self._dtype(want, None, [d for d in ALL if d.is_int]), "var")
@@ -147,6 +162,19 @@ class ProveGen(Gen):
     if self.devices is not None and op is Ops.COPY and not p.has_arg:   # (to one of the devices, another, or all of them)
       return self.pick(DEVICES + self.devices + (self.devices,)), [(dt, shape)]
     return super()._layout(op, p, dt, shape)
+
+  def _store(self, p: A.PNode, shape) -> UOp:
+    """STORE(view, value): a value written through a view of a buffer (a reshape, maybe permuted or flipped: never
+    padded or expanded, which the front end refuses to write through)."""
+    if p.srcs is None or len(p.srcs) != 2 or p.tail is not None: raise Reject("a STORE pattern with other than two sources")
+    dt = self._dtype(None, dtypes_of(p.srcs[1].dtypes) if isinstance(p.srcs[1], A.PName) else None, ALL)
+    view = self.buffer(dt, math.prod(shape)).reshape(shape)
+    how = self.pick(("as it is", "permuted", "flipped"))
+    if how == "permuted" and len(shape) > 1: view = view.reshape(shape[::-1]).permute(tuple(reversed(range(len(shape)))))
+    if how == "flipped": view = view.flip(tuple(self.flag() for _ in shape))
+    if isinstance(p.srcs[0], A.PName) and p.srcs[0].name != "_": self.env[p.srcs[0].name] = view
+    elif not isinstance(p.srcs[0], A.PName): raise Reject("a STORE pattern with a target pattern")
+    return view.store(self.node(p.srcs[1], dt, shape))
 
   def _bitcast(self, p: A.PNode, want, shape) -> UOp:
     """BITCAST(x) to a dtype of another item size (the generator builds none): the last axis holds the same bytes."""
@@ -293,6 +321,12 @@ def _structure(*graphs: UOp) -> tuple:
   return tuple(out)
 
 
+def _load_pattern(p) -> bool:
+  """INDEX(PARAM, idx): a kernel's load from a buffer argument (rules/decomp.rules clamp_load)."""
+  return (isinstance(p, A.PNode) and pattern_ops(p) == {Ops.INDEX} and p.srcs is not None and len(p.srcs) >= 1
+          and isinstance(p.srcs[0], A.PNode) and pattern_ops(p.srcs[0]) == {Ops.PARAM})
+
+
 def _kernel_pattern(p) -> bool:
   """INDEX(value, ..): an element of a tensor-level value (a kernel-level INDEX of a PARAM is not one)."""
   return (isinstance(p, A.PNode) and pattern_ops(p) == {Ops.INDEX} and p.srcs is not None and len(p.srcs) == 1
@@ -311,12 +345,56 @@ def example_instances(rule: A.Rule, col: Collector) -> None:
     col.add(node, mode, "example")
 
 
+_PROGRAM_NODES: dict[str, list[UOp]] | None = None
+PROGRAM_INSTANCES = 4   # nodes kept per rule from the programs below
+
+
+def _programs() -> None:
+  """A few small programs whose schedules reach kernel-level patterns the generator does not build: Tensor.arange's
+  iota (a sum of digit patterns) and a gather's one-hot sum, of integers and of floats (an Embedding). (A strided
+  convolution's gradient reaches where_affine's guarded loads, where z3 runs past the time limit on 64-bit division
+  by constants: it is left out, for the time it would take.)"""
+  from rulec import Tensor
+  Tensor.arange(8).schedule()
+  for dt in (np.int32, np.float32):
+    Tensor(np.arange(12, dtype=dt).reshape(4, 3))[Tensor([1, 3, 0])].schedule()
+
+
+def program_nodes(rule: A.Rule) -> list[UOp]:
+  """The nodes the rule rewrote while the programs above were scheduled (engine/trace.py records every rewrite,
+  with the nodes in its table): real instances, of rules the generator builds no instance for."""
+  global _PROGRAM_NODES
+  if _PROGRAM_NODES is None:
+    from rulec.engine.trace import tracing
+    nodes: dict[str, dict[UOp, None]] = collections.defaultdict(dict)
+    with tracing("rulec prove") as tr: _programs()
+    for rec in tr.passes:
+      node_of = {i: u for u, i in rec.table.ids.items()}
+      for rw in rec.rewrites:
+        if rw["before"] in node_of: nodes[rw["rule"]].setdefault(node_of[rw["before"]])
+    _PROGRAM_NODES = {k: list(v)[:PROGRAM_INSTANCES] for k, v in nodes.items()}
+  return _PROGRAM_NODES.get(rule.name, [])
+
+
+def program_instances(rule: A.Rule, col: Collector) -> None:
+  from rulec.engine.verify.generate import SCALAR_OPS
+  for node in program_nodes(rule):
+    ops = {u.op for u in node.toposort()}
+    col.add(node, KERNEL if node.op is Ops.INDEX else "scalar" if ops <= SCALAR_OPS else "tensor", "program")
+
+
 TENSOR_ONLY = frozenset({Ops.BUFFER, Ops.RESHAPE, Ops.PERMUTE, Ops.EXPAND, Ops.PAD, Ops.SHRINK, Ops.FLIP, Ops.REDUCE_AXIS,
                          Ops.CONTIGUOUS, Ops.COPY, Ops.ASSIGN, Ops.STAGE, Ops.AFTER, Ops.STORE})
 
 
+def _store_pattern(p) -> bool:
+  """STORE(target, value) at the tensor level (rules/rangeify.rules store_loops)."""
+  return isinstance(p, A.PNode) and pattern_ops(p) == {Ops.STORE}
+
+
 def prove_modes(rule: A.Rule) -> list[str]:
-  if _kernel_pattern(rule.pattern): return [KERNEL]
+  if _kernel_pattern(rule.pattern) or _load_pattern(rule.pattern): return [KERNEL]
+  if _store_pattern(rule.pattern): return ["tensor"]
   if _multi_rule(rule): return ["tensor"]
   modes = modes_for(rule)
   if not modes and isinstance(rule.pattern, A.PNode) and Ops.BITCAST in pattern_ops(rule.pattern): modes = ["tensor"]
@@ -354,6 +432,7 @@ def collect(rule: A.Rule, helpers_of, tries: int, earlier: list[A.Rule] = ()) ->
     if len(col.instances) < WANTED:
       for prefer in [d for d in ALL if col.built[d]]: run(mode, prefer, tries * MORE_TRIES)
     if col.instances: break   # (as the verifier: the first mode whose graphs the rule fires on)
+  if not col.instances: program_instances(rule, col)
   return col
 
 
@@ -436,6 +515,7 @@ def generalized(before: UOp, after: UOp) -> frozenset:
 def prove_instance(before: UOp, after: UOp, mode: str, timeout_ms: int, pattern=None) -> Outcome:
   """Whether before and after have the same value for every value of the leaves (within their bounds)."""
   graphs = {"before": _graph_text(before), "after": _graph_text(after)}
+  if before.op is Ops.STORE: return _prove_writes(before, after, timeout_ms)
   if after.dtype is not before.dtype:
     return Outcome("refuted", counterexample={"why": f"the dtype changed: {before.dtype.name} -> {after.dtype.name}", **graphs})
   if mode == "tensor":
@@ -490,6 +570,22 @@ def prove_instance(before: UOp, after: UOp, mode: str, timeout_ms: int, pattern=
       return Outcome("unknown", f"z3 gave no answer within {timeout_ms} ms ({solver.reason_unknown()})")
     return _counterexample(before, after, mode, terms, solver.model(), pattern)
   raise AssertionError("unreachable")
+
+
+def _prove_writes(before: UOp, after: UOp, timeout_ms: int) -> Outcome:
+  """A store rewritten (into a loop of element stores): the buffers it writes hold the same contents afterwards, for
+  any contents they held before and any value stored."""
+  try:
+    terms = TensorTerms(False, [before, after])
+    goal = terms.differ_writes(before, after)
+    result, solver = _solve(terms, goal, timeout_ms)
+  except Untranslatable as e: return Outcome("untranslatable", str(e))
+  except z3.Z3Exception as e: return Outcome("untranslatable", f"z3: {e}")
+  if result == z3.unsat: return Outcome("proven")
+  if result == z3.unknown: return Outcome("unknown", f"z3 gave no answer within {timeout_ms} ms ({solver.reason_unknown()})")
+  (buf, k), _, _ = terms.witness(solver.model())
+  return Outcome("unconfirmed", f"z3 finds element {k} of buffer {buf} different after the stores: kernel-level stores "
+                 "have no reference evaluator to confirm it")
 
 
 def _reduced(leaf: UOp, graph: UOp) -> bool:
@@ -629,7 +725,11 @@ def _static(rule: A.Rule) -> str | None:
       return ("it settles whether a MULACC marked fma rounds once or twice (the device's choice, from ctx): the two "
               "roundings differ by design, no equality holds to prove")
     return "reads ctx (the state of its pass): a decision rule, whose rewrite depends on what the pass knows"
-  if _kernel_pattern(rule.pattern) or _multi_rule(rule): return None
+  if _kernel_pattern(rule.pattern) or _load_pattern(rule.pattern) or _store_pattern(rule.pattern) or _multi_rule(rule):
+    return None
+  if isinstance(rule.pattern, A.PNode) and pattern_ops(rule.pattern) == {Ops.AFTER}:
+    return ("it makes AFTER(buffer, stores) the buffer itself: a kernel's reference to memory, read once the stores are "
+            "done (the schedule orders them), not a value: no equality of values to prove")
   why = static_reason(rule)
   # (BITCAST: ProveGen builds it, where the verifier's generator does not)
   return None if why is not None and why.startswith("the pattern needs BITCAST nodes") else why
@@ -662,7 +762,7 @@ def _calls(rule: A.Rule, name: str) -> bool:
 def _prove_rule(rule: A.Rule, helpers_of, timeout_ms: int, tries: int, max_instances: int, earlier) -> ProofResult:
   res = ProofResult(rule.name, _location(rule.span), rule.ruleset, "not provable", span=rule.span)
   if rule.grad is not None: return _prove_gradient_rule(rule, helpers_of, timeout_ms, res)
-  if (why := _static(rule)) is not None:
+  if (why := _static(rule)) is not None and not (why.startswith("the pattern needs") and program_nodes(rule)):
     res.reason = why
     return res
   col = collect(rule, helpers_of, tries, earlier)

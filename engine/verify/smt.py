@@ -337,11 +337,27 @@ class Terms:
       self.bound_ranges.add(r)
     count = math.prod(sizes)
     if count > REDUCE_LIMIT: raise Untranslatable(f"a REDUCE over {count} points (more than {REDUCE_LIMIT})")
-    term = self.value(value)
-    variables = [self.leaf(r) for r in ranges]
-    parts = [z3.substitute(term, *[(v, z3.BitVecVal(int(k), 64)) for v, k in zip(variables, point)])
-             for point in np.ndindex(*sizes)]
+    parts = self.at_points(value, ranges, sizes, lambda: self.value(value))
     return combine(u.arg, u.dtype, parts, self.reduce_function)
+
+  def at_points(self, graph: UOp, ranges: tuple, sizes: list, term) -> list:
+    """term() at every point of the ranges, each range a constant there: the nodes of graph that read a range are
+    translated again at each point (not a term of the range substituted afterwards: a division's quotient and
+    remainder are variables whose definitions read their operands, and each point needs its own)."""
+    reads = set(ranges)
+    for n in graph.toposort():
+      if any(x in reads for x in n.src): reads.add(n)
+    saved = {n: self.memo.pop(n) for n in reads if n in self.memo}
+    out = []
+    at_memo = getattr(self, "at_memo", {})   # (TensorTerms: elements of values, by node and index)
+    for point in np.ndindex(*sizes):
+      for n in reads: self.memo.pop(n, None)
+      for key in [key for key in at_memo if key[0] in reads]: del at_memo[key]
+      for r, k in zip(ranges, point): self.memo[r] = const_term(int(k), r.dtype)
+      out.append(term())
+    for n in reads: self.memo.pop(n, None)
+    self.memo.update(saved)
+    return out
 
   def _node(self, u: UOp, xs: list):
     op, dt = u.op, u.dtype
@@ -550,6 +566,7 @@ class TensorTerms(Terms):
         if u.op in (Ops.PAD, Ops.SHRINK) and isinstance(u.arg, tuple):
           biggest = max([biggest] + [abs(x) for pair in u.arg for x in pair if isinstance(x, int)])
         if u.op is Ops.BUFFER: biggest = max(biggest, u.arg[-1])
+        if u.op is Ops.PARAM: biggest = max(biggest, u.arg[1])
     self.index_bits = (4 * biggest).bit_length() + 2
     self.at_memo: dict[tuple, object] = {}
     self.shapes: dict[UOp, tuple] = {}
@@ -570,14 +587,16 @@ class TensorTerms(Terms):
         try: self.shapes[u] = tuple(np.broadcast_shapes(*(self.shape(x) for x in u.src)))
         except ValueError as e: raise Untranslatable(f"sources that do not broadcast: {e}") from None
       elif u.op in (Ops.INDEX, Ops.REDUCE): self.shapes[u] = ()   # (one element of a value)
+      elif u.op is Ops.PARAM: self.shapes[u] = (u.arg[1],)   # (a kernel's buffer argument: its elements)
       else: self.shapes[u] = tuple(u._shape or ())
     return self.shapes[u]
 
   def buffer_element(self, b: UOp, k):
-    if b not in self.buffers: self.buffers.append(b)
+    if b not in self.buffers and b.op is Ops.BUFFER: self.buffers.append(b)
     f = self.functions.get(("buffer", b))
     if f is None:
-      f = self.functions[("buffer", b)] = z3.Function(f"buffer{b.arg[0]}", z3.BitVecSort(self.index_bits), sort_of(b.dtype))
+      name = f"buffer{b.arg[0]}" if b.op is Ops.BUFFER else f"param{b.arg[0]}"
+      f = self.functions[("buffer", b)] = z3.Function(name, z3.BitVecSort(self.index_bits), sort_of(b.dtype))
     return f(self._i(k) if isinstance(k, int) else k)
 
   def differ(self, before: UOp, after: UOp):
@@ -594,7 +613,11 @@ class TensorTerms(Terms):
       index = tuple(z3.BitVec(f"i{k}", self.index_bits) for k in range(len(shape)))
       self.index_bounds = [z3.ULT(i, self._i(d)) for i, d in zip(index, shape)]
       self.points = [(index, self.at(before, index), self.at(after, index))]
-    return z3.Or([z3.Not(same_value(b, a, before.dtype)) for _, b, a in self.points])
+    differ = z3.Or([z3.Not(same_value(b, a, before.dtype)) for _, b, a in self.points])
+    # a read outside its value (poison) may give anything: after is right where it gives a value before may give,
+    # so the values before's poison takes are quantified (after's stay free: any of them must do)
+    poison = _poisons([b for _, b, _ in self.points])
+    return z3.ForAll(poison, differ) if poison else differ
 
   def witness(self, model) -> tuple[tuple, object, object]:
     def concrete(index): return tuple(i if isinstance(i, int) else model.eval(i, model_completion=True).as_long() for i in index)
@@ -637,7 +660,7 @@ class TensorTerms(Terms):
       if f is None:
         f = self.functions[("opaque", u)] = z3.Function(f"value!{len(self.functions)}", *[i.sort() for i in idx], sort_of(u.dtype))
       return f(*idx)
-    if op is Ops.BUFFER: return self.buffer_element(u, idx[0])
+    if op in (Ops.BUFFER, Ops.PARAM): return self.buffer_element(u, idx[0])
     if op in (Ops.CONST, Ops.DEFINE_VAR, Ops.RANGE): return self.value(u)
     if op in IDENTITY_OPS: return self.at(src[0], idx)
     if op is Ops.ASSIGN: return self.at(src[1], idx)   # (its value's value, as engine/tensor_eval.py)
@@ -726,6 +749,55 @@ class TensorTerms(Terms):
     if view.op is not Ops.BUFFER: raise Untranslatable(f"a STORE into {view.op.name}")
     return view, idx[0]
 
+  # *** stores: what a STORE root writes (rules/rangeify.rules store_loops) ***
+
+  def writes(self, root: UOp) -> list[tuple]:
+    """The writes of a store, in order, as (buffer, element number, value): STORE(view, value) writes each element of
+    the view (at most STORE_LIMIT); STORE(INDEX(view, i..), INDEX(value, i..)) one element, at index terms; END(that,
+    r..) that store at every point of its ranges (constant sizes, at most STORE_LIMIT points)."""
+    if root.op is Ops.END:
+      st, ranges = root.src[0], root.src[1:]
+      sizes = []
+      for r in ranges:
+        if r.op is not Ops.RANGE or r.src[0].op is not Ops.CONST: raise Untranslatable("an END of something else than a RANGE of constant size")
+        sizes.append(r.src[0].arg)
+        self.bound_ranges.add(r)
+      if math.prod(sizes) > STORE_LIMIT: raise Untranslatable(f"a loop of more than {STORE_LIMIT} stores")
+      return [w for ws in self.at_points(st, ranges, sizes, lambda: self.writes(st)) for w in ws]
+    if root.op is not Ops.STORE: raise Untranslatable(f"the writes of {root.op.name}")
+    target, value = root.src
+    if target.op is Ops.INDEX:   # one element, at index terms (64-bit, as INDEX's sources are)
+      idx = tuple(z3.Extract(self.index_bits - 1, 0, self.value(i)) for i in target.src[1:])
+      buf, addr = self.address(target.src[0], idx)
+      return [(buf, addr, self.value(value))]
+    shape = self.shape(target)
+    if math.prod(shape) > STORE_LIMIT: raise Untranslatable(f"a STORE of more than {STORE_LIMIT} elements")
+    out = []
+    for point in np.ndindex(*shape):
+      j = tuple(self._i(int(k)) for k in point)
+      buf, addr = self.address(target, j)
+      out.append((buf, addr, self.at(value, _broadcast(j, shape, self.shape(value), self._i(0)))))
+    return out
+
+  def differ_writes(self, before: UOp, after: UOp):
+    """The contents of some written buffer differ once the two stores are done (each element: the last write to it,
+    else what the buffer held)."""
+    wb, wa = self.writes(before), self.writes(after)
+    self.points, differ = [], []
+    for buf in dict.fromkeys([b for b, _, _ in wb + wa]):
+      if buf.arg[-1] > STORE_LIMIT: raise Untranslatable(f"a buffer of more than {STORE_LIMIT} elements")
+      for k in range(buf.arg[-1]):
+        vals = []
+        for writes in (wb, wa):
+          v = self.buffer_element(buf, k)
+          for b, addr, x in writes:
+            if b is buf: v = z3.If(addr == self._i(k), x, v)
+          vals.append(v)
+        self.points.append(((buf.arg[0], k), *vals))
+        differ.append(z3.Not(same_value(*vals, buf.dtype)))
+    self.root_dtype = wb[0][0].dtype if wb else before.dtype
+    return z3.Or(differ)
+
   def _after(self, u: UOp, idx: tuple):
     """AFTER(buffer, STORE(view, value), ..) at element idx of the buffer: what the last store writing it wrote."""
     buf = u.src[0]
@@ -768,6 +840,18 @@ def _strides(shape: tuple[int, ...]) -> list[int]:
     out.append(acc)
     acc *= d
   return out[::-1]
+
+
+def _poisons(terms: list) -> list:
+  """The poison variables (reads outside a value, TensorTerms._index) the terms read."""
+  out, seen, todo = {}, set(), list(terms)
+  while todo:
+    t = todo.pop()
+    if t.get_id() in seen: continue
+    seen.add(t.get_id())
+    if z3.is_const(t) and t.decl().kind() == z3.Z3_OP_UNINTERPRETED and t.decl().name().startswith("poison!"): out[t.get_id()] = t
+    todo.extend(t.children())
+  return list(out.values())
 
 
 def _broadcast(idx: tuple, shape: tuple, src_shape: tuple, zero) -> tuple:

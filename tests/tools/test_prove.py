@@ -268,6 +268,51 @@ def test_the_shipped_multi_device_rules_are_proven():
     assert "-0.0" in c["values"]
 
 
+# *** kernel-level loads and stores ***
+
+def test_loads_and_stores_are_proven(tmp_path):
+  """A load outside its buffer (poison) may give anything, so clamp_load's read of element 0 there is right; a store
+  as a loop of element stores (store_loops) leaves every buffer with the same contents. A load from the next
+  element, or a store of the flipped value, is not proven (z3's counterexample; kernel-level graphs have no reference
+  evaluator to confirm it with)."""
+  from rulec.engine.verify.prove import prove_rule
+  lib = load_library()
+  for rs, name in (("decomp", "clamp_load"), ("range_creation", "store_loops")):
+    rule = next(x for x in lib.checked.rulesets[rs].rules if x.name == name)
+    r = prove_rule(rule, lib.checked.helpers_of, timeout_ms=LONG)
+    assert r.status == "proven" and r.instances > 0, (name, r.reason)
+  _, lib = _lib(tmp_path, """
+    ruleset wrong:
+      rule next_element: i:INDEX(p:PARAM, idx) if i.arg is None => p.index(idx + 1, arg="clamped")
+      rule flipped: STORE(t, v) if t.op is not INDEX and len(t.shape) == 1 and t.shape[0] > 1 => t.store(v.flip((True,)))
+  """)
+  res = _proofs(lib)
+  for name, r in res.items(): assert r.status == "not provable" and "z3 finds" in r.reason, (name, r.reason)
+
+
+def test_a_reduce_over_ranges_translates_each_point():
+  """REDUCE(value, r) is the value at each point of r: a division in the value has its own quotient and remainder at
+  each point (sum over r < 4 of r % 2 is 2), not one shared by all of them."""
+  r = UOp.range(4, 0)
+  red = UOp(Ops.REDUCE, dtypes.index, ((r % 2),) + (r,), Ops.ADD)
+  assert prove_instance(red, UOp.const(dtypes.index, 2), "scalar", LONG).status == "proven"
+  assert prove_instance(red, UOp.const(dtypes.index, 4), "scalar", LONG).status != "proven"
+
+
+def test_kernel_patterns_from_programs_are_proven():
+  """Patterns the generator does not build get the nodes they rewrote while small programs were scheduled:
+  Tensor.arange's iota is its range (iota_range); a gather's one-hot sum is proven for integers, and for floats
+  only some orders of the sum's additions give the picked value (a float reduce's order is the device's)."""
+  from rulec.engine.verify.prove import prove_rule
+  lib = load_library()
+  order = lib.rules_of(("symbolic",))
+  res = {r.name: prove_rule(r, lib.checked.helpers_of, timeout_ms=LONG, earlier=order[:k])
+         for k, r in enumerate(order) if r.name in ("iota_range", "one_hot_sum")}
+  assert res["iota_range"].status == "proven" and res["iota_range"].instances > 0, res["iota_range"].reason
+  r = res["one_hot_sum"]
+  assert r.status == "not provable" and "float REDUCE" in r.reason and "the other 1 instances are proven" in r.reason, r.reason
+
+
 def test_a_shipped_rule_is_proven_through_its_helper(tmp_path):
   """fold_div_parts answers through divmod_parts (a helper): the proof covers what the helper returned."""
   lib = load_library()
