@@ -112,11 +112,14 @@ def _alu(op: Ops, a: UOp, b: UOp) -> UOp:
 
 
 def _join(pieces: list[UOp], axis: int, total: int) -> UOp:
-  """Pieces joined along axis, as the front end's cat builds it (each padded to the whole, then added)."""
+  """Pieces joined along axis: each padded to the whole, then added. A float piece is padded with -0.0 (negated,
+  padded with 0, negated back), the one value adding which changes nothing: padded with +0.0, a -0.0 element of a
+  sharded value came back +0.0 once gathered (rulec prove refuted select_resharded, move_gathered, copy_gather)."""
   out, off = None, 0
   for p in pieces:
     n = p.shape[axis]
-    q = p.pad(tuple((off, total - off - n) if a == axis else (0, 0) for a in range(p.ndim)))
+    pad = tuple((off, total - off - n) if a == axis else (0, 0) for a in range(p.ndim))
+    q = UOp(Ops.NEG, p.dtype, (UOp(Ops.NEG, p.dtype, (p,)).pad(pad),)) if p.dtype.is_float else p.pad(pad)
     out = q if out is None else _alu(Ops.ADD, out, q)
     off += n
   return out

@@ -202,7 +202,10 @@ class NNMixin:
     if self.ndim == 0: return self.reshape(1).softmax(norm_axis(axis, 1), dtype).reshape(())   # 0-d: 1.0 (tinygrad)
     x, out = self._soft_in(dtype)
     ax = norm_axis(axis, self.ndim)
-    m = self._new(x._reduce(Ops.MAX, ax, True, numpy_nan=False))  # (a NaN makes the whole slice NaN anyway)
+    # (a NaN makes the whole slice NaN anyway.) The max only keeps exp in range: softmax does not change when every
+    # input moves by one amount, so no gradient flows through it, and tinygrad detaches it too; a gradient taken
+    # through it is zero up to rounding and cost the backward pass two kernels (the max's own gradient)
+    m = self._new(x._reduce(Ops.MAX, ax, True, numpy_nan=False)).detach()
     e = (x - m).exp()
     # times the row's reciprocal, as tinygrad computes it: one divide per row, not per element (a vector divide
     # costs about what the whole exp does), at most an ulp from e / sum
@@ -213,7 +216,7 @@ class NNMixin:
     if self.ndim == 0: return self.reshape(1).log_softmax(norm_axis(axis, 1), dtype).reshape(())
     x, out = self._soft_in(dtype)
     ax = norm_axis(axis, self.ndim)
-    s = x - self._new(x._reduce(Ops.MAX, ax, True, numpy_nan=False))
+    s = x - self._new(x._reduce(Ops.MAX, ax, True, numpy_nan=False)).detach()   # (no gradient: as in softmax)
     return (s - s.exp().sum(ax, keepdim=True).log()).cast(out)
 
   def layernorm(self, axis: Any = -1, eps: float = 1e-5, weight: Any = None, bias: Any = None) -> Tensor:

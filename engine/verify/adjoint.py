@@ -52,6 +52,7 @@ from rulec.engine.lang import ast as A
 from rulec.engine.lang.runtime import RuleAbort, RuleRuntimeError
 from rulec.engine.verify.evaluate import NotModelled, NoValue
 from rulec.engine.verify.gradient import _Draw
+from rulec.engine.verify.instances import MORE_TRIES, WANTED, Outcome, graph_structure
 from rulec.engine.verify.smt import Untranslatable
 
 EXAMPLES = 16        # hypothesis draws per gradient rule
@@ -333,7 +334,6 @@ def collect(rule: A.Rule, fn, examples: int = EXAMPLES) -> tuple[list, collectio
   its argument and its sources, as buffers), with g and the rule's gradients: (at most MAX_INSTANCES distinct
   instances, why the other draws gave none, failures of the rule). With few instances (a REDUCE_AXIS rule fires on
   one reduce op of three), MORE_TRIES times as many draws again."""
-  from rulec.engine.verify.prove import MORE_TRIES, WANTED, _structure
   found: dict = {}
   why_not: collections.Counter = collections.Counter()
   failures: list = []
@@ -358,7 +358,7 @@ def collect(rule: A.Rule, fn, examples: int = EXAMPLES) -> tuple[list, collectio
       if grads is None:
         why_not["pattern/guard not satisfied"] += 1
         return
-      key = _structure(node, g, *[x for x in grads if x is not None]) + (tuple(x is None for x in grads),)
+      key = graph_structure(node, g, *[x for x in grads if x is not None]) + (tuple(x is None for x in grads),)
       found.setdefault(key, (node, g, tuple(grads)))
     try: once()
     except Unsatisfiable: pass
@@ -385,7 +385,6 @@ def _spread(instances: list) -> list:
 def prove_gradient_instance(node: UOp, g: UOp, grads: tuple, timeout_ms: int):
   """Whether the rule's gradients are the adjoint of node's forward derivative, for every value of its sources, g
   and every direction; an Outcome of engine/verify/prove.py."""
-  from rulec.engine.verify.prove import Outcome
   floats = [i for i, s in enumerate(node.src) if s.dtype.is_float]
   info = {"before": f"{render(node, depth=6)}  # shape {node._shape}"}
   if len(grads) != len(node.src):
@@ -499,7 +498,6 @@ def _confirm(node: UOp, g: UOp, grads: tuple, floats: list, rt: RealTerms, tange
   """z3's values in float64: refuted only if the rule's sum(grad_i * t_i) differs from the directional derivative of
   sum(g * node) along t by central differences, at a point where that function is smooth."""
   from rulec.engine.verify.gradient import _objective, _value
-  from rulec.engine.verify.prove import Outcome
   from rulec.runtime.buffer import new_buffer, np_dtype
   values = {b: np.asarray([_number(model, v, b.dtype) for v in arr], dtype=np_dtype(b.dtype)) for b, arr in rt.buffers.items()}
   try: inputs = {f"source {i}": _value(s, values).reshape(-1).tolist() for i, s in enumerate(node.src)}

@@ -44,13 +44,10 @@ from rulec.engine.verify.core import (SPLIT_THRESHOLD, _attrs_read, _graph_text,
                                      static_reason)
 from rulec.engine.verify.evaluate import NoValue, NotModelled, TensorEval, compiled_rule, eval_scalar, free_leaves
 from rulec.engine.verify.generate import ALL, DEVICES, MAX_LEAVES, Gen, Reject, const_values, dtypes_of
+from rulec.engine.verify.instances import MAX_INSTANCES, MORE_TRIES, TRIES_PER_DTYPE, WANTED, Outcome, graph_structure
 from rulec.engine.verify.smt import REDUCE_LIMIT, IntTerms, Terms, TensorTerms, Untranslatable, python_value
 
 DEFAULT_TIMEOUT_MS = 3000   # per z3 query (the quicker attempts before the exact one get a fraction of it)
-TRIES_PER_DTYPE = 10        # hypothesis examples per preferred dtype and mode
-MORE_TRIES = 6              # with fewer than WANTED instances, this many times more (for the dtypes that built a graph)
-WANTED = 4
-MAX_INSTANCES = 24          # distinct instances proven per rule
 RULE_BUDGET_S = 8           # seconds per rule past which, once an instance is not proven, the rest are not asked
 KERNEL = "kernel"           # the mode of INDEX(value, i..) instances (rules/rangeify.rules' index algebra)
 
@@ -286,7 +283,7 @@ class Collector:
     if out is None or out is node:
       self.why_not["pattern/guard not satisfied"] += 1
       return
-    self.instances.setdefault(_structure(node, out), (node, out, mode, prefer))
+    self.instances.setdefault(graph_structure(node, out), (node, out, mode, prefer))
 
   @property
   def tags(self) -> bool: return "tag" in _attrs_read(self.rule)   # (only a rule that reads tags sees tagged roots)
@@ -307,18 +304,6 @@ def _assigns_into_a_broadcast(node: UOp) -> bool:
   (engine/verify/evaluate.py TensorEval says so too)."""
   return any(u.op is Ops.ASSIGN and any(m.op in (Ops.EXPAND, Ops.PAD) for m in u.src[0].toposort(lambda m: m.op in MOVEMENT))
              for u in node.toposort())
-
-
-def _structure(*graphs: UOp) -> tuple:
-  """The graphs up to the numbering of their buffers (each draw makes new ones): equal instances, one proof."""
-  sink = UOp(Ops.SINK, dtypes.void, graphs)
-  number: dict[UOp, int] = {}
-  out = []
-  for u in sink.toposort():
-    number[u] = len(number)
-    arg = ("buffer",) + tuple(u.arg[1:]) if u.op is Ops.BUFFER else u.arg
-    out.append((u.op, u.dtype, repr(arg), u.tag, tuple(number[x] for x in u.src)))
-  return tuple(out)
 
 
 def _load_pattern(p) -> bool:
@@ -354,7 +339,7 @@ def _programs() -> None:
   iota (a sum of digit patterns) and a gather's one-hot sum, of integers and of floats (an Embedding). (A strided
   convolution's gradient reaches where_affine's guarded loads, where z3 runs past the time limit on 64-bit division
   by constants: it is left out, for the time it would take.)"""
-  from rulec import Tensor
+  from rulec.engine.tensor import Tensor
   Tensor.arange(8).schedule()
   for dt in (np.int32, np.float32):
     Tensor(np.arange(12, dtype=dt).reshape(4, 3))[Tensor([1, 3, 0])].schedule()
@@ -457,18 +442,10 @@ def pick_instances(col: Collector, limit: int) -> list[tuple[UOp, UOp, str]]:
 
 
 def _untyped(before: UOp, after: UOp) -> tuple:
-  return tuple((op, arg, src) for op, _, arg, _, src in _structure(before, after))
+  return tuple((op, arg, src) for op, _, arg, _, src in graph_structure(before, after))
 
 
 # *** one instance ***
-
-@attrs.define
-class Outcome:
-  status: str   # "proven" | "refuted" | "unknown" (timeout) | "untranslatable" | "unconfirmed" | "vacuous" (no values)
-  reason: str | None = None
-  counterexample: dict | None = None
-  device_defined: tuple = ()    # what the device decides that the instance depends on (EXP2, a float reduce's order)
-
 
 def _strict_equal(a, b) -> bool:
   if isinstance(a, float) and isinstance(b, float):

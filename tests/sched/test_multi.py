@@ -96,6 +96,15 @@ def test_shard_layout_and_gather():
   assert Tensor(x).shard([D2[0]]).device == canon(D2)[0]   # one device: that device
 
 
+def test_a_gathered_value_keeps_the_sign_of_zero():
+  # a sharded value gathered onto one device (an elementwise op with another axis's shards, a copy to one device):
+  # the parts were padded with +0.0 and added, so a -0.0 came back +0.0 (rulec prove refuted the gathering rules)
+  x = np.array([[-0.0, 1.0, -0.0, 4.0], [2.0, -0.0, -3.0, -0.0]], np.float32)
+  t = Tensor(x).shard(D2, axis=0).realize()
+  for got in (t.to(D2[1]).numpy(), (t + Tensor(np.full((2, 4), -0.0, np.float32)).shard(D2, axis=1)).numpy()):
+    assert np.array_equal(np.signbit(got), np.signbit(x)) and np.array_equal(got, x)
+
+
 def test_errors_are_tinygrads():
   x = Tensor(rand(5, 4))
   with pytest.raises(RuntimeError, match="uneven"): x.shard(D2, axis=0)

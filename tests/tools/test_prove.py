@@ -243,11 +243,11 @@ def test_planted_wrong_multi_device_rules_are_refuted(tmp_path):
   assert c["note"].startswith("on device ") and c["values"]
 
 
-# the rules that gather a sharded value (engine/sched/multi.py gathered: the parts padded to the whole and added) turn
-# a -0.0 element into +0.0, as -0.0 + 0.0 is +0.0; the reduces over the shard axis add in another order than one
-# reduce (a float reduce's order is the device's)
-GATHERING = {"select_resharded", "move_gathered", "copy_gather"}
+# the reduces over the shard axis add in another order than one reduce (a float reduce's order is the device's)
 ALLREDUCE = {"reduce_ring", "reduce_naive"}
+# the rules that gather a sharded value (engine/sched/multi.py gathered) turned a -0.0 element into +0.0, while the
+# parts were padded with +0.0 and added: refuted by prove's first run over them, proven since (-0.0 padding)
+GATHERING = {"select_resharded", "move_gathered", "copy_gather"}
 
 
 def test_the_shipped_multi_device_rules_are_proven():
@@ -259,13 +259,9 @@ def test_the_shipped_multi_device_rules_are_proven():
   res = {}
   for k, rule in enumerate(order):
     if rule.name not in ALLREDUCE: res[rule.name] = prove_rule(rule, lib.checked.helpers_of, timeout_ms=LONG, earlier=order[:k])
+  assert GATHERING <= set(res)
   for name, r in res.items():
-    if name in GATHERING: continue
     assert r.status == "proven" and r.instances > 0, (name, r.reason, r.counterexample)
-  for name in GATHERING:
-    c = res[name].counterexample or {}
-    assert res[name].status == "refuted" and "sign of zero" in c.get("note", ""), (name, res[name].reason, c)
-    assert "-0.0" in c["values"]
 
 
 # *** kernel-level loads and stores ***
