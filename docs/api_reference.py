@@ -214,17 +214,17 @@ DEV=NULL, or for one step of the small config where the model reads values back)
   | file | runs unchanged | compared (all equal to tinygrad) | kernels (rulec, tinygrad) |
   |---|---|---|---|
   | extra/models/resnet.py | yes (ResNet18) | logits | 19, 19 (224x224) |
-  | extra/models/efficientnet.py | yes (B0) | logits | 99, 99 (224x224); 99, 93 at 32x32 |
-  | extra/models/vit.py | yes (ViT-Ti) | logits | 235, 198 |
-  | extra/models/bert.py | yes (BertForPretraining) | LM and NSP logits; one SGD step on the file's loss: loss, weights | 68, 76 forward; 345, 317 step (4 layers of 256) |
-  | extra/models/transformer.py | yes, trained by extra/training.py on examples/transformer.py's data | log-probs; 3 jitted Adam steps: losses, accuracies, weights (`embed` is_param False: untouched); evaluate()'s predictions | 34, 37 forward; 287, 311 step |
+  | extra/models/efficientnet.py | yes (B0) | logits | 99, 99 (224x224); 93, 93 at 32x32 |
+  | extra/models/vit.py | yes (ViT-Ti) | logits | 172, 198 |
+  | extra/models/bert.py | yes (BertForPretraining) | LM and NSP logits; one SGD step on the file's loss: loss, weights | 66, 76 forward; 295, 317 step (4 layers of 256) |
+  | extra/models/transformer.py | yes, trained by extra/training.py on examples/transformer.py's data | log-probs; 3 jitted Adam steps: losses, accuracies, weights (`embed` is_param False: untouched); evaluate()'s predictions | 33, 37 forward; 197, 311 step |
   | extra/models/llama.py | yes: jit=False, and the default TinyJit path with start_pos a bound Variable | prompt logits, 5 greedy tokens, the KV cache | 34, 35 prompt; 31, 32 decode step; 31, 34 jitted decode step (2 layers) |
-  | examples/gpt2.py | yes: Transformer.forward, and GPT2.generate (TinyJit, the token and start_pos bound Variables; any object with encode/decode for tiktoken) | greedy tokens, the KV cache | 36, 50 prompt; 33, 47 decode step; 33, 48 generate step |
-  | examples/mamba.py | yes (it imports `transformers` at the top, for its tokenizer: a stand-in module) | generate(): the prompt, then 4 one-token steps under its TinyJit; the SSM state | 175, 200 |
-  | examples/mixtral.py | yes (MixtureFeedForward in llama.Transformer; start_pos an int, or a bound Variable as its __main__ passes it) | greedy tokens | 47, 57 prompt; 44, 54 decode step |
-  | extra/models/unet.py | yes, weights float16 as stable_diffusion.py --fp16 | output (tinygrad's PYTHON device has no float16 in supported_dtypes(), so the file kept its activations float32 there) | 200, 209 |
-  | extra/models/convnext.py | yes (ConvNeXt-T) | logits | 114, 128 |
-  | examples/beautiful_mnist.py | yes (`tinygrad.nn.datasets` now exists; `@function`) | 3 train steps (plain, captured, replayed) under TinyJit and Context(TRAINING=1), Adam: losses, weights; the jitted test accuracy (a fixed batch for `Tensor.randint`) | 104, 147 step; 104, 114 replayed |
+  | examples/gpt2.py | yes: Transformer.forward, and GPT2.generate (TinyJit, the token and start_pos bound Variables; any object with encode/decode for tiktoken) | greedy tokens, the KV cache | 36, 50 prompt; 33, 47 decode step; 32, 48 generate step |
+  | examples/mamba.py | yes (it imports `transformers` at the top, for its tokenizer: a stand-in module) | generate(): the prompt, then 4 one-token steps under its TinyJit; the SSM state | 147, 200 |
+  | examples/mixtral.py | yes (MixtureFeedForward in llama.Transformer; start_pos an int, or a bound Variable as its __main__ passes it) | greedy tokens | 39, 57 prompt; 36, 54 decode step |
+  | extra/models/unet.py | yes, weights float16 as stable_diffusion.py --fp16 | output (tinygrad's PYTHON device has no float16 in supported_dtypes(), so the file kept its activations float32 there) | 176, 209 |
+  | extra/models/convnext.py | yes (ConvNeXt-T) | logits | 105, 128 |
+  | examples/beautiful_mnist.py | yes (`tinygrad.nn.datasets` now exists; `@function`) | 3 train steps (plain, captured, replayed) under TinyJit and Context(TRAINING=1), Adam: losses, weights; the jitted test accuracy (a fixed batch for `Tensor.randint`) | 95, 147 step; 95, 114 replayed |
 
 Where rulec differs, and why:
 
@@ -245,12 +245,11 @@ Where rulec differs, and why:
   `Context(TRAINING=1)`, which sets the same switch in rulec (an optimizer step outside it raises in both).
 - `fetch` and the dataset loaders read nothing from the network: pass paths (`torch_load(path)`,
   `mnist(path=...)`); the examples' `__main__` blocks that download weights stop there.
-- Kernel counts (bench/results/models-zoo-2026-12-05b.txt; MNIST after the in-place optimizer update of session
-  16): rulec runs as many kernels as tinygrad or fewer on 9 of the 12, and more on three: ViT-Ti (235 against
-  198: the LayerNorm before each attention and MLP is not computed per row ahead of the matmul that reads it),
-  BERT's training step (345 against 317: the backward of gelu, of the attention's softmax and of the sparse
-  cross-entropy), and EfficientNet-B0 at the 32x32 value config (99 against 93, the squeeze-excite pool kept in a
-  kernel of its own; equal at 224x224). These are fusion decisions (rules/), not values.
+- Kernel counts (bench/results/models-zoo-2026-12-05c.txt): rulec runs as many kernels as tinygrad or fewer on
+  all 12, at both configs. The last three above tinygrad were fusion decisions (rules/): EfficientNet's
+  squeeze-excite pool over a 1x1 image is its values (rules/early.rules reduce_unit_axes), ViT's pre-norm residual
+  stream is stored with each block's matmul (docs/fusion.md, `needed_below`), and BERT's training step keeps its
+  gelu and layernorm gradients in their consumers and takes no gradient through softmax's max.
 """
 
 
