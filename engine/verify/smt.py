@@ -330,15 +330,20 @@ class Terms:
   def _reduce_ranges(self, u: UOp):
     """A kernel's REDUCE(value, *ranges)[op]: the value at every point of its ranges (constant sizes), combined."""
     value, ranges = u.src[0], u.src[1:]
-    sizes = []
-    for r in ranges:
-      if r.op is not Ops.RANGE or r.src[0].op is not Ops.CONST: raise Untranslatable("a REDUCE over something else than a RANGE of constant size")
-      sizes.append(r.src[0].arg)
-      self.bound_ranges.add(r)
+    sizes = self._range_sizes(ranges, "a REDUCE")
     count = math.prod(sizes)
     if count > REDUCE_LIMIT: raise Untranslatable(f"a REDUCE over {count} points (more than {REDUCE_LIMIT})")
     parts = self.at_points(value, ranges, sizes, lambda: self.value(value))
     return combine(u.arg, u.dtype, parts, self.reduce_function)
+
+  def _range_sizes(self, ranges: tuple, what: str) -> list[int]:
+    """The constant sizes of the RANGEs a REDUCE or an END runs over (they bind them: no free leaves)."""
+    sizes = []
+    for r in ranges:
+      if r.op is not Ops.RANGE or r.src[0].op is not Ops.CONST: raise Untranslatable(f"{what} over something else than a RANGE of constant size")
+      sizes.append(r.src[0].arg)
+      self.bound_ranges.add(r)
+    return sizes
 
   def at_points(self, graph: UOp, ranges: tuple, sizes: list, term) -> list:
     """term() at every point of the ranges, each range a constant there: the nodes of graph that read a range are
@@ -757,11 +762,7 @@ class TensorTerms(Terms):
     r..) that store at every point of its ranges (constant sizes, at most STORE_LIMIT points)."""
     if root.op is Ops.END:
       st, ranges = root.src[0], root.src[1:]
-      sizes = []
-      for r in ranges:
-        if r.op is not Ops.RANGE or r.src[0].op is not Ops.CONST: raise Untranslatable("an END of something else than a RANGE of constant size")
-        sizes.append(r.src[0].arg)
-        self.bound_ranges.add(r)
+      sizes = self._range_sizes(ranges, "an END")
       if math.prod(sizes) > STORE_LIMIT: raise Untranslatable(f"a loop of more than {STORE_LIMIT} stores")
       return [w for ws in self.at_points(st, ranges, sizes, lambda: self.writes(st)) for w in ws]
     if root.op is not Ops.STORE: raise Untranslatable(f"the writes of {root.op.name}")
