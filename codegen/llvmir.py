@@ -502,6 +502,7 @@ class LLVMRenderer(ScopedEmitter):
       self.b.position_at_end(taken)
       self.scopes.append({})   # (what the taken branch computes is not visible after the join)
       v = self.value(value.src[1])
+      if wide: v = self._h2f(v)   # (a float16 value is its 16 bits; the sum is in float)
       self.b.store(self.b.fadd(self.b.load(accs[0]), v, flags=("reassoc", "contract")), accs[0])
       self.scopes.pop()
       self.b.branch(join)

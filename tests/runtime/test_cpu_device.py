@@ -327,6 +327,17 @@ def test_half_of_a_float64_sum_of_int_and_float():
   same_bits(t.half().numpy(), (a + f).astype(np.float16))
 
 
+def test_a_guarded_float16_sum_converts_its_terms():
+  # sum(where(c, inner sum, 0)) branches around the inner loop (a padded pool's |x| summed); in float16 the guarded
+  # path added the 16 bits of each term to the float accumulator: LLVM refused it (found by tests/fuzz_programs.py,
+  # seed 1601, program 1916)
+  x = np.array([[[-1.5, -3.25, 1.75, -2.75], [2.75, 2.75, 3.25, -1.25]]], np.float16)
+  got = Tensor(x, device="CPU").avg_pool2d((1, 2), stride=(1, 2), padding=(0, 1)).abs().sum(axis=(0, 1)).numpy()
+  p = np.pad(x, ((0, 0), (0, 0), (1, 1))).astype(np.float32)
+  pooled = ((p[..., 0::2] + p[..., 1::2]) / 2).astype(np.float16)
+  np.testing.assert_array_equal(got, np.abs(pooled).astype(np.float32).sum((0, 1)).astype(np.float16))
+
+
 def test_float16_kernels_call_no_runtime_conversion_routines(monkeypatch):
   # LLVM turns `half` operations into calls to compiler-rt's __truncdfhf2, __extendhfsf2, ... on CPUs without
   # native conversions, which the JIT cannot resolve (a call to address 0): the IR must never contain a `half`
