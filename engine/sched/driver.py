@@ -181,6 +181,9 @@ def schedule_keeping(targets: list[UOp], default_device: str = "NUMPY", devices:
   # (values spread over devices are regrouped per target: what they keep is not handed back)
   one_device = tuple(targets) == originals.src and all(isinstance(t.device, str) for t in targets)
   kept = _kept_values(originals, became, staged, sink) if keep and one_device else []
+  # (a value of constants alone lives on no device: it would be kept in a buffer placed nowhere, and costs nothing
+  # to compute again; `x.all()` of an empty x, made contiguous, is one)
+  kept = [(o, x) for o, x in kept if x.device is not None]
   if kept:
     first_kept = len(sink.src)
     sink = UOp.sink(*sink.src, *(x for _, x in kept))

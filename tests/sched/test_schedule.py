@@ -181,6 +181,15 @@ def test_already_realized_needs_no_kernel_and_constants_fold():
   assert z.tolist() == [[1.0] * 3] * 3
 
 
+def test_a_contiguous_value_of_constants_is_not_kept_in_a_buffer_placed_nowhere():
+  # x.all() over an empty x folds to the constant True while scheduling; its contiguous copy, read by the output,
+  # was kept (handed back to the live graph) in a buffer with no device, and running it crashed (found by
+  # tests/fuzz_programs.py, seed 1601, program 5161)
+  v = Tensor(np.zeros((1, 0, 2), np.float32)).all()
+  out = v ** v.contiguous().clip(False)
+  assert out.numpy() == np.array(True) and out.dtype.name == "bool"
+
+
 def test_assign_runs_after_the_reads_of_the_old_value():
   a = Tensor([1.0, 2.0, 3.0]).realize()
   old_plus = a + 10            # reads a's old contents
