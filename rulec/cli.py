@@ -186,23 +186,29 @@ def _cmd_trace(args) -> int:
     return trace_program(args.program, args.args, args.output)
 
 
+def _sarif_load_failure(cmd: str, rules: list[str] | None, base: Path, verify: bool = False) -> int | None:
+  """`rulec verify|prove --format sarif`: the exit code when the rules named are missing (2) or the library does
+  not load (1: its errors are printed as the SARIF log, so CI shows where); None when it loads."""
+  from rulec.engine.lang.loader import load_library, user_rules_paths
+  from rulec.engine.lang.sarif import sarif_log, tool_version
+  if _missing(cmd, rules or user_rules_paths()): return 2
+  errors = load_library([base], user=rules or user_rules_paths() or None).checked.errors
+  if not errors: return None
+  print(json.dumps(sarif_log(errors, verify=verify, tool_version=tool_version()), indent=2))
+  return 1
+
+
 def _cmd_verify(args) -> int:
   try:
     from rulec.engine.verify import format_human, format_json, verify_library
   except ImportError as e:
     print(f"rulec verify needs hypothesis ({e}): pip install hypothesis", file=sys.stderr)
     return 2
-  from rulec.engine.lang.loader import load_library, user_rules_paths
   base, where = _default_rules()
   print(f"rulec verify: {where}", file=sys.stderr)
   if args.format == "sarif":
     from rulec.engine.lang.sarif import sarif_log, tool_version, verify_findings
-    if _missing("verify", args.rules or user_rules_paths()): return 2
-    errors = load_library([base], user=args.rules or user_rules_paths() or None).checked.errors
-    # a library that does not load is reported in the log too, so CI shows where
-    if errors:
-      print(json.dumps(sarif_log(errors, verify=True, tool_version=tool_version()), indent=2))
-      return 1
+    if (code := _sarif_load_failure("verify", args.rules, base, verify=True)) is not None: return code
   lib = _library_with("verify", args.rules, args.ruleset, [base])
   if isinstance(lib, int): return lib
   # with a user's rules and no set named: the sets the user's layer defines, replaces or extends
@@ -254,13 +260,7 @@ def _cmd_prove(args) -> int:
   base, where = _default_rules()
   print(f"rulec prove: {where}", file=sys.stderr)
   if args.format == "sarif":
-    from rulec.engine.lang.loader import load_library, user_rules_paths
-    from rulec.engine.lang.sarif import sarif_log, tool_version
-    if _missing("prove", args.rules or user_rules_paths()): return 2
-    errors = load_library([base], user=args.rules or user_rules_paths() or None).checked.errors
-    if errors:   # a library that does not load is reported in the log too, so CI shows where
-      print(json.dumps(sarif_log(errors, tool_version=tool_version()), indent=2))
-      return 1
+    if (code := _sarif_load_failure("prove", args.rules, base)) is not None: return code
   lib = _library_with("prove", args.rules, args.ruleset, [base])
   if isinstance(lib, int): return lib
   names = args.ruleset or lib.user_ruleset_names()

@@ -99,6 +99,7 @@ class FusionFacts:
     self.hoisted: set[UOp] = set()
     self._epilogues = _reduce_epilogues(self.order)
     self._users: dict[UOp, list[UOp]] = {}
+    self._position = {u: i for i, u in enumerate(self.order)}
     for u in self.order:
       for x in u.src: self._users.setdefault(x, []).append(u)
     self._recount()
@@ -123,11 +124,12 @@ class FusionFacts:
 
   def needed_below(self, x: UOp) -> bool:
     """A reduce inside x's epilogue is used more often than x, or an epilogue value below x at least as often."""
-    return _needed_below(x, self._epilogues, self._uses, stored=self.staged, users=self._users)
+    return _needed_below(x, self._epilogues, self._uses, stored=self.staged, users=self._users, position=self._position)
 
   def needed_more_below(self, x: UOp) -> bool:
     """A reduce or an epilogue value inside x's epilogue is used more often than x: something besides x reads it."""
-    return _needed_below(x, self._epilogues, self._uses, strict=True, stored=self.staged, users=self._users)
+    return _needed_below(x, self._epilogues, self._uses, strict=True, stored=self.staged, users=self._users,
+                        position=self._position)
 
   def _sole_chain(self, x: UOp, ops) -> tuple[UOp, set]:
     """The end of the ops (of `ops`) that are x's only consumers, one after the other, and which ops they are."""
@@ -246,19 +248,20 @@ def _dominating_values(u: UOp, epilogues: set[UOp], stored: set[UOp] | frozenset
       if v not in stored and (v.op is Ops.REDUCE_AXIS or v in epilogues): out.append(v)
     return out
   # depth-first postorder, then reverse postorder (a topological order from u)
-  post, seen, stack = [], {u}, [(u, iter(below(u)))]
+  kids = {u: below(u)}
+  post, stack = [], [(u, iter(kids[u]))]
   while stack:
     n, it = stack[-1]
     for v in it:
-      if v not in seen:
-        seen.add(v); stack.append((v, iter(below(v)))); break
+      if v not in kids:
+        kids[v] = below(v); stack.append((v, iter(kids[v]))); break
     else:
       post.append(n); stack.pop()
   rpo = post[::-1]
   num = {n: i for i, n in enumerate(rpo)}
   preds: dict[UOp, list[UOp]] = {}
   for n in rpo:
-    for v in below(n): preds.setdefault(v, []).append(n)
+    for v in kids[n]: preds.setdefault(v, []).append(n)
   idom: dict[UOp, UOp] = {u: u}
   def meet(a: UOp, b: UOp) -> UOp:
     while a is not b:
@@ -279,13 +282,15 @@ def _dominating_values(u: UOp, epilogues: set[UOp], stored: set[UOp] | frozenset
   return out
 
 
-def _read_besides(v: UOp, u: UOp, users: dict[UOp, list[UOp]]) -> bool:
+def _read_besides(v: UOp, u: UOp, users: dict[UOp, list[UOp]], position: dict[UOp, int]) -> bool:
   """Something that is not u, nor below u, reads v (through reshapes and permutes): gelu's `h * 0.5` reads the
-  matmul h beside `erf(h / sqrt(2))`, in the same kernel. Storing u would not spare computing v then."""
-  below, todo = set(), [u]
+  matmul h beside `erf(h / sqrt(2))`, in the same kernel. Storing u would not spare computing v then.
+  (A reader of v comes after v in the graph's order, and so does every node on a path from u down to it: the walk
+  below u leaves out everything before v.)"""
+  floor, below, todo = position[v], set(), [u]
   while todo:
     n = todo.pop()
-    if n in below or n is v: continue
+    if n in below or position[n] <= floor: continue
     below.add(n)
     todo += n.src
   todo, seen = [v], set()
@@ -300,7 +305,8 @@ def _read_besides(v: UOp, u: UOp, users: dict[UOp, list[UOp]]) -> bool:
 
 
 def _needed_below(u: UOp, epilogues: set[UOp], uses: dict[UOp, float], strict: bool = False,
-                  stored: frozenset[UOp] | set[UOp] = frozenset(), users: dict[UOp, list[UOp]] | None = None) -> bool:
+                  stored: frozenset[UOp] | set[UOp] = frozenset(), users: dict[UOp, list[UOp]] | None = None,
+                  position: dict[UOp, int] | None = None) -> bool:
   """A reduce inside u's epilogue is used more often than u, or an epilogue value below u at least as often (more
   often, when `strict`: something besides u reads it): then that value is the one to store, and u is recomputed
   from it. Only a value that every path from u to its reduces passes through counts (storing it leaves u only
@@ -318,7 +324,7 @@ def _needed_below(u: UOp, epilogues: set[UOp], uses: dict[UOp, float], strict: b
     # (a value needed as often as u but read beside it too is needed more: u's kernel would not spare it)
     nv, nu = uses.get(v, 0), uses.get(u, 0)
     if nv > nu or (nv >= nu and ((not strict and v.op is not Ops.REDUCE_AXIS)
-                                 or (users is not None and nu > 1 and _read_besides(v, u, users)))):
+                                 or (users is not None and nu > 1 and _read_besides(v, u, users, position)))):
       if doms is None: doms = _dominating_values(u, epilogues, stored)
       if v in doms: return True
     if v.op is not Ops.REDUCE_AXIS: todo += v.src

@@ -119,7 +119,7 @@ def _join(pieces: list[UOp], axis: int, total: int) -> UOp:
   for p in pieces:
     n = p.shape[axis]
     pad = tuple((off, total - off - n) if a == axis else (0, 0) for a in range(p.ndim))
-    q = UOp(Ops.NEG, p.dtype, (UOp(Ops.NEG, p.dtype, (p,)).pad(pad),)) if p.dtype.is_float else p.pad(pad)
+    q = -(-p).pad(pad) if p.dtype.is_float else p.pad(pad)
     out = q if out is None else _alu(Ops.ADD, out, q)
     off += n
   return out

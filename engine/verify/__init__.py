@@ -66,11 +66,16 @@ def counterexample_lines(c: dict) -> list[str]:
   return lines
 
 
+def refuted_lines(name: str, location: str, c: dict | None) -> list[str]:
+  """A REFUTED rule's lines (`rulec verify` and `rulec prove`): why, then its counterexample."""
+  c = c or {}
+  return [f"  REFUTED        {name} ({location}): {c.get('why', '')}"] + counterexample_lines(c)
+
+
 def format_rule(r: RuleResult) -> list[str]:
   if r.status == "verified": return [f"  verified       {r.name} ({r.location}): {r.examples} examples"]
   if r.status == "not checkable": return [f"  not checkable  {r.name} ({r.location}): {r.reason}"]
-  c = r.counterexample or {}
-  return [f"  REFUTED        {r.name} ({r.location}): {c.get('why', '')}"] + counterexample_lines(c)
+  return refuted_lines(r.name, r.location, r.counterexample)
 
 
 def format_human(results: list[RulesetResult]) -> str:

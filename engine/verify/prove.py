@@ -39,7 +39,7 @@ from rulec.engine.lang.compiler import pattern_ops
 from rulec.engine.lang.loader import RuleLibrary
 from rulec.engine.lang.runtime import RuleAbort, RuleRuntimeError
 from rulec.engine.sched import early
-from rulec.engine.verify import counterexample_lines, expand_rulesets
+from rulec.engine.verify import expand_rulesets, refuted_lines
 from rulec.engine.verify.core import (SPLIT_THRESHOLD, _attrs_read, _graph_text, _location, _node_patterns, _uses_ctx, modes_for,
                                      static_reason)
 from rulec.engine.verify.evaluate import NoValue, NotModelled, TensorEval, compiled_rule, eval_scalar, free_leaves
@@ -969,9 +969,8 @@ def prove_library(lib: RuleLibrary, names: list[str] | None = None, timeout_ms: 
 def format_rule(r: ProofResult) -> list[str]:
   if r.status == "proven": return [f"  proven         {r.name} ({r.location}): {r.instances} instances"]
   if r.status == "not provable": return [f"  not provable   {r.name} ({r.location}): {r.reason}"]
-  c = r.counterexample or {}
   # (a refuted rule's "at", when there is one, is never empty: counterexample_lines prints it as verify does)
-  return [f"  REFUTED        {r.name} ({r.location}): {c.get('why', '')}"] + counterexample_lines(c)
+  return refuted_lines(r.name, r.location, r.counterexample)
 
 
 def format_termination(t: Termination) -> list[str]:
