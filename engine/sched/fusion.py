@@ -23,36 +23,88 @@ from rulec.engine.ir.uop import UOp, prod
 # though they are a row's worth; a cost in bytes is #34's.)
 MAX_RECOMPUTE_READS = int(os.environ.get("RULEC_MAX_RECOMPUTE_READS", "7"))
 
+# The ops a recomputation counts as costly (ctx.transcendentals): each is a polynomial of several multiplies and
+# adds, a range reduction, or a division, on every device (codegen's EXP2 and SIN are polynomials on the CPU; a
+# GPU's special-function unit runs them at a fraction of its FMA rate).
+TRANSCENDENTAL = frozenset({Ops.EXP2, Ops.LOG2, Ops.SIN, Ops.SQRT, Ops.RECIPROCAL, Ops.FDIV, Ops.POW})
+# What one of them costs in ordinary ALU ops (ctx.cost), a rough count of the operations codegen emits for one.
+TRANSCENDENTAL_OPS = 16
+# What a kernel of its own costs, in ALU ops (ctx.launch_cost): the launch, the threads' start and join, the
+# pass through memory. About 20 us on this project's CPU and GPU hosts (bench/cl_launch_cost.py: 17 us per
+# launch on the H200's host), some two million ALU ops at a 2-core CPU's vector rate. A store that saves less
+# recomputation than this is not worth a kernel (a decoding step's softmax over a few positions).
+LAUNCH_COST = int(os.environ.get("RULEC_LAUNCH_COST", str(1 << 21)))
+# How many outputs of a reduction share one computed element of what it reads (ctx.tile): the kernel optimizer
+# upcasts a matmul's output columns by 32 on the CPU (codegen/opt), and a GPU's work-group tile shares a loaded
+# element as widely, so a value a reduction reads repeats/tile times is computed repeats/tile times.
+OUTPUT_TILE = 32
 
-def _uses(sink: UOp, staged: set[UOp], contexts: dict[UOp, int] | None = None) -> dict[UOp, float]:
+
+def _uses(sink: UOp, staged: set[UOp], contexts: dict[UOp, int] | None = None,
+          repeats: dict[UOp, float] | None = None) -> dict[UOp, float]:
   """How many times each node's value would be computed: distinct index contexts, weighted by expansion.
 
   Elementwise users index a value exactly as they are indexed, so they share
   one context; a movement op or a reduce starts a new one; an EXPAND repeats
   its source once per element it adds. A realized node starts afresh.
-  `contexts`, if given, receives each node's number of contexts, unweighted."""
+  `contexts`, if given, receives each node's number of contexts, unweighted. `repeats` receives how many
+  times a reduction recomputes each element, in the node's most repeated context: the expansions between a
+  reduce and the node along axes the reduce keeps (a matmul's reduction reads its left operand once per output
+  column). Other expansions are not counted there: a reduce's own loop is its innermost, so a value broadcast
+  along the reduced axes only is computed outside it (a pool over a batchnorm's output: the channel's scale
+  once per channel), and an elementwise consumer's loops over a broadcast axis are inside the value's loops."""
   order = sink.toposort()
   outputs = set(sink.src)
   ctxs: dict[UOp, dict[Any, float]] = {u: {} for u in order}
-  ctxs[sink] = {(): 1.0}
+  # per context: (0, None) while no reduce is above the node in it, else (the expansion since the reduce along
+  # axes it keeps, at least 1; the reduce's axes and input shape while only elementwise ops came between)
+  reps: dict[UOp, dict[Any, tuple]] = {u: {} for u in order}
+  ctxs[sink], reps[sink] = {(): 1.0}, {(): (0.0, None)}
   out: dict[UOp, float] = {}
   for u in reversed(order):
-    mine = ctxs[u]
+    mine, mine_r = ctxs[u], reps[u]
     # (each output is computed by a kernel of its own: a context of its own, as a stored value)
-    if u in staged or u.op in (Ops.CONTIGUOUS, Ops.STORE) or u is sink or u in outputs: own = {(u,): 1.0}
-    else: own = mine
-    if len(own) > 16: own = {(u,): float(sum(own.values()))}   # too many paths to track: collapse them
+    if u in staged or u.op in (Ops.CONTIGUOUS, Ops.STORE) or u is sink or u in outputs:
+      own, own_r = {(u,): 1.0}, {(u,): (0.0, None)}
+    else: own, own_r = mine, mine_r
+    if len(own) > 16:   # too many paths to track: collapse them
+      own, own_r = {(u,): float(sum(own.values()))}, {(u,): (max(r for r, _ in own_r.values()), None)}
     out[u] = sum(mine.values())
     if contexts is not None: contexts[u] = len(mine)
+    if repeats is not None: repeats[u] = max((r for r, _ in mine_r.values()), default=0.0)
     for s in u.src:
-      if u.op in ALU or u.op in (Ops.CAST, Ops.BITCAST): add = own
+      if u.op in ALU or u.op in (Ops.CAST, Ops.BITCAST): add, add_r = own, own_r
       elif u.op in MOVEMENT or u.op is Ops.REDUCE_AXIS:
         f = prod(u.shape) / max(1, prod(s.shape)) if u.op is Ops.EXPAND and s._shape else 1.0
         add = {(k, u): w * f for k, w in own.items()}
-      else: add = {(k, u): w for k, w in own.items()}
-      tgt = ctxs[s]
+        if u.op is Ops.REDUCE_AXIS: add_r = {(k, u): (max(r, 1.0), (u.arg[1], s.shape)) for k, (r, _) in own_r.items()}
+        elif u.op is Ops.EXPAND:
+          add_r = {(k, u): (r * _kept_expansion(u, s, axes, f) if r else 0.0, None) for k, (r, axes) in own_r.items()}
+        else: add_r = {(k, u): (r, _through(u, s, axes)) for k, (r, axes) in own_r.items()}
+      else: add, add_r = {(k, u): w for k, w in own.items()}, {(k, u): (r, None) for k, (r, _) in own_r.items()}
+      tgt, tgt_r = ctxs[s], reps[s]
       for k, w in add.items(): tgt[k] = max(tgt.get(k, 0.0), w)
+      for k, r in add_r.items():
+        if r[0] >= tgt_r.get(k, (0.0, None))[0]: tgt_r[k] = r
   return out
+
+
+def _kept_expansion(u: UOp, s: UOp, axes, f: float) -> float:
+  """The part of an EXPAND's factor f along axes the reduce above it keeps, where only elementwise ops and
+  permutes came between (`axes`: the reduce's axes and the shape they index): the product of the expanded sizes
+  outside the reduced axes. Where other movement ops came between (a pool's windows, built by reshapes and
+  shrinks) which axes the reduce loops over is not known here: 0, not counted."""
+  if u.op is not Ops.EXPAND or axes is None or axes[1] != u.shape or len(s.shape) != len(u.shape): return 0.0
+  reduced = set(axes[0])
+  return float(prod(n for i, (n, m) in enumerate(zip(u.shape, s.shape)) if n != m and i not in reduced))
+
+
+def _through(u: UOp, s: UOp, axes):
+  """The reduce's axes (as `_kept_expansion` reads them) in the coordinates of s, u's source: through an
+  elementwise op unchanged, through a permute mapped, through any other op unknown (None)."""
+  if axes is None: return None
+  if u.op is Ops.PERMUTE and axes[1] == u.shape: return (tuple(u.arg[i] for i in axes[0]), s.shape)
+  return None
 
 
 def _under_views(x: UOp) -> UOp:
@@ -94,6 +146,7 @@ class FusionFacts:
     self.hoists_rows = hoists if hoists_rows is None else hoists_rows
     self._outputs = set(sink.src)
     self.max_reads = MAX_RECOMPUTE_READS
+    self.launch_cost, self.tile = LAUNCH_COST, OUTPUT_TILE
     self.order = sink.toposort()
     self.staged: set[UOp] = set()
     self.hoisted: set[UOp] = set()
@@ -106,8 +159,10 @@ class FusionFacts:
 
   def _recount(self) -> None:
     self._contexts: dict[UOp, int] = {}
-    self._uses = _uses(self.sink, self.staged | self.hoisted, self._contexts)
+    self._repeats: dict[UOp, float] = {}
+    self._uses = _uses(self.sink, self.staged | self.hoisted, self._contexts, self._repeats)
     self._regions: dict[UOp, tuple[int, bool]] = {}
+    self._costs: dict[UOp, tuple[int, int]] = {}
 
   # *** facts ***
   def uses(self, x: UOp) -> float:
@@ -117,6 +172,28 @@ class FusionFacts:
   def contexts(self, x: UOp) -> int:
     """How many distinct index contexts read x (unweighted)."""
     return self._contexts.get(x, 0)
+
+  def repeats(self, x: UOp) -> float:
+    """How many times a reduction would compute each element of x on its trips: the expansions between a reduce
+    and x in the most repeated context (a matmul recomputes its left operand once per output column); 1 for a
+    reduce reading x as it is (a sum of x), 0 where no reduce reads x in its kernel (an elementwise consumer
+    computes a broadcast value outside the loop over the broadcast axes)."""
+    return self._repeats.get(x, 0)
+
+  def cost(self, x: UOp) -> int:
+    """ALU ops recomputing one element of x runs, each transcendental or division counted as TRANSCENDENTAL_OPS:
+    its elementwise ops down to the buffers, the stored and hoisted values, the reduces and the broadcast values
+    it reads."""
+    return self._own_cost(x)[1]
+
+  def transcendentals(self, x: UOp) -> int:
+    """Transcendentals and divisions (exp2, log2, sin, sqrt, reciprocal, division, pow) among the ops ctx.cost
+    counts."""
+    return self._own_cost(x)[0]
+
+  def bytes(self, x: UOp) -> int:
+    """Bytes storing x writes (each consumer that reads it back reads as many)."""
+    return x.size * x.dtype.itemsize
 
   def epilogue(self, x: UOp) -> bool:
     """x is elementwise over reduce results at the reduced shape (a mean's `sum * 1/n`, a NaN-aware max)."""
@@ -193,6 +270,7 @@ class FusionFacts:
     return x in self.staged or x in self.hoisted
 
   def _region(self, u: UOp) -> tuple[int, bool]:
+    """(buffers read, a reduce is run) of recomputing u."""
     hit = self._regions.get(u)
     if hit is None:
       reads, reduce = set(), False
@@ -204,6 +282,23 @@ class FusionFacts:
         elif x is not u and x in self.hoisted: reads.update(b for b in x.toposort() if stop(b))
         elif x.op is Ops.REDUCE_AXIS: reduce = True
       hit = self._regions[u] = (len(reads), reduce)
+    return hit
+
+  def _own_cost(self, u: UOp) -> tuple[int, int]:
+    """(transcendentals, ALU cost) of recomputing one element of u: its elementwise ops down to the buffers and
+    stored or hoisted values it reads, the reduces below it (a reduce is ctx.reduces_inside's, and is decided on
+    its own) and the broadcasts (a layernorm's rsqrt(var + eps), expanded along a row: the same for every element
+    of the row, it is decided on its own, and a loop over the row computes it once)."""
+    hit = self._costs.get(u)
+    if hit is None:
+      costly, ops = 0, 0
+      edge = lambda x: (x in self.staged or x in self.hoisted  # noqa: E731
+                        or x.op in (Ops.CONTIGUOUS, Ops.BUFFER, Ops.REDUCE_AXIS, Ops.EXPAND))
+      for x in u.toposort(gate=lambda x: x is u or not edge(x)):
+        if x is not u and edge(x): continue
+        if x.op in TRANSCENDENTAL: costly, ops = costly + 1, ops + TRANSCENDENTAL_OPS
+        elif x.op in ALU: ops += 1
+      hit = self._costs[u] = (costly, ops)
     return hit
 
   # *** decisions: each returns a marker node (so the rule counts as having fired), or None when x is decided ***

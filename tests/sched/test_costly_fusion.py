@@ -1,0 +1,167 @@
+"""Fusion by cost (rules/fusion.rules store_costly_epilogue and store_costly_value; engine/sched/fusion.py's
+repeats, cost, transcendentals, tile and launch_cost facts): a transcendental that a reduction would recompute on
+every trip is stored once when that is cheaper, and a cheap or small one is left where it is read. Kernels are
+counted and their operations read, never timed; values are checked against numpy."""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from rulec.engine.ir.ops import Ops
+from rulec.engine.sched import cache as schedule_cache
+from rulec.engine.sched.fusion import FusionFacts
+from rulec.engine.tensor import Tensor
+
+
+def _rand(rng, *shape, scale=0.1):
+  return Tensor((rng.standard_normal(shape) * scale).astype(np.float32))
+
+
+def _np_gelu(h):
+  return 0.5 * h * (1 + np.tanh(math.sqrt(2 / math.pi) * (h + 0.044715 * h ** 3)))
+
+
+def _mlp(rng, n=64, c=96, hidden=384):
+  x, w1, b1, w2 = _rand(rng, n, c, scale=1.0), _rand(rng, c, hidden), _rand(rng, hidden), _rand(rng, hidden, c)
+  return x, w1, b1, w2
+
+
+def _computes_exp(kernel) -> bool:
+  return any(u.op is Ops.EXP2 for u in kernel.ast.toposort())
+
+
+def test_gelu_read_by_a_matmul_is_stored_not_recomputed():
+  """GPT-2's MLP: gelu(x @ w1 + b1) @ w2. The second matmul reads gelu once per output column (96 here): gelu is
+  stored in the first matmul's kernel instead of its input, the same number of kernels, and no kernel computes
+  an exp inside the second matmul's loop."""
+  schedule_cache.clear()
+  x, w1, b1, w2 = _mlp(np.random.default_rng(0))
+  out = (x @ w1 + b1).gelu() @ w2
+  kernels = Tensor.schedule(out)
+  assert len(kernels) == 2
+  last = kernels[-1]
+  assert not _computes_exp(last)   # the second matmul reads gelu, stored
+  assert _computes_exp(kernels[0])  # the first computes it once per element
+  want = _np_gelu(x.numpy() @ w1.numpy() + b1.numpy()) @ w2.numpy()
+  np.testing.assert_allclose(out.numpy(), want, rtol=1e-4, atol=1e-5)
+
+
+def test_a_user_rules_dir_can_turn_the_cost_rules_off(tmp_path, monkeypatch):
+  """The decision is a rule: a directory whose fuse_reduces and fuse_values leave the cost rules out gets the
+  old schedule back (h stored, gelu recomputed inside the second matmul), and the same values."""
+  src = (Path(__file__).resolve().parents[2] / "rules" / "fusion.rules").read_text()
+  keep, skip = [], False
+  for line in src.splitlines():
+    if line.startswith("  rule "): skip = line.split()[1].rstrip(":") in ("store_costly_epilogue", "store_costly_value")
+    elif not line.startswith("    "): skip = False
+    if not skip: keep.append(line)
+  (tmp_path / "fusion.rules").write_text("\n".join(keep) + "\n")
+  x, w1, b1, w2 = _mlp(np.random.default_rng(1))
+  want = ((x @ w1 + b1).gelu() @ w2).numpy()
+  monkeypatch.setenv("RULEC_RULES", str(tmp_path))
+  schedule_cache.clear()
+  out = (x @ w1 + b1).gelu() @ w2
+  kernels = Tensor.schedule(out)
+  assert len(kernels) == 2 and _computes_exp(kernels[-1])
+  np.testing.assert_allclose(out.numpy(), want, rtol=1e-4, atol=1e-5)
+  monkeypatch.delenv("RULEC_RULES")
+  schedule_cache.clear()
+
+
+def test_training_stores_gelu_beside_what_the_backward_reads():
+  """Forward and backward: the backward reads h = x @ w1 + b1 too, so h stays stored (lower_value_first) and gelu
+  is stored beside it (store_costly_value, one kernel more) rather than recomputed in the second matmul's loop.
+  Gradients match numpy's."""
+  schedule_cache.clear()
+  rng = np.random.default_rng(2)
+  x, w1, b1, w2 = _mlp(rng)
+  for t in (w1, b1, w2): t.requires_grad = True
+  out = (x @ w1 + b1).gelu() @ w2
+  out.square().sum().backward()
+  grads = [w1.grad, b1.grad, w2.grad]
+  kernels = Tensor.schedule(*grads)
+  # the two matmuls that read gelu, y @ w2 (a loop over its 384 columns) and dW2 = y.T @ dout (a loop over the
+  # 64 rows), read it stored: neither computes an exp (with the cost rules off both do, on every trip)
+  readers = [k for k in kernels if "ranges (64, 96, 384)" in repr(k) or "ranges (384, 96, 64)" in repr(k)]
+  assert len(readers) == 2 and not any(_computes_exp(k) for k in readers)
+  assert sum(_computes_exp(k) for k in kernels) == 2   # gelu, and its derivative in dh's epilogue
+  g = [t.numpy() for t in grads]
+  xn, w1n, b1n, w2n = (t.numpy() for t in (x, w1, b1, w2))
+  h = xn @ w1n + b1n
+  a = math.sqrt(2 / math.pi) * (h + 0.044715 * h ** 3)
+  th = np.tanh(a)
+  y = _np_gelu(h)
+  dout = 2 * (y @ w2n)
+  dw2 = y.T @ dout
+  dy = dout @ w2n.T
+  dh = dy * (0.5 * (1 + th) + 0.5 * h * (1 - th ** 2) * math.sqrt(2 / math.pi) * (1 + 3 * 0.044715 * h ** 2))
+  np.testing.assert_allclose(g[2], dw2, rtol=2e-3, atol=1e-3)
+  np.testing.assert_allclose(g[1], dh.sum(0), rtol=2e-3, atol=1e-3)
+  np.testing.assert_allclose(g[0], xn.T @ dh, rtol=2e-3, atol=1e-3)
+
+
+def test_a_small_recomputation_is_not_worth_a_kernel():
+  """A decoding step's attention: one query over 8 positions. Its softmax is read by the weighted sum over 64
+  head dimensions, but recomputing 4 x 8 probabilities twice costs less than a kernel (ctx.launch_cost): the
+  kernel count is what it is with the cost rules off."""
+  rng = np.random.default_rng(3)
+  q, k, v = _rand(rng, 4, 1, 64), _rand(rng, 4, 8, 64), _rand(rng, 4, 8, 64)
+  def run():
+    schedule_cache.clear()
+    out = (q @ k.transpose(-1, -2) / 8).softmax(-1) @ v
+    return len(Tensor.schedule(out)), out.numpy()
+  n, got = run()
+  s = q.numpy() @ k.numpy().transpose(0, 2, 1) / 8
+  p = np.exp(s - s.max(-1, keepdims=True))
+  np.testing.assert_allclose(got, (p / p.sum(-1, keepdims=True)) @ v.numpy(), rtol=1e-4, atol=1e-5)
+  import rulec.engine.sched.fusion as fusion
+  old, fusion.LAUNCH_COST = fusion.LAUNCH_COST, 1 << 60
+  try: n_off, _ = run()
+  finally: fusion.LAUNCH_COST = old
+  assert n == n_off
+
+
+def test_a_long_attention_stores_its_probabilities():
+  """Attention over 256 positions: the probabilities exp(s - max) / sum are read by the weighted sum on every
+  trip over 64 head dimensions; they are stored once (one kernel more than with the cost rules off), and the
+  weighted sum's kernel computes no exp."""
+  rng = np.random.default_rng(4)
+  q, k, v = _rand(rng, 4, 256, 64), _rand(rng, 4, 256, 64), _rand(rng, 4, 256, 64)
+  schedule_cache.clear()
+  out = (q @ k.transpose(-1, -2) / 8).softmax(-1) @ v
+  kernels = Tensor.schedule(out)
+  assert not _computes_exp(kernels[-1])
+  s = q.numpy() @ k.numpy().transpose(0, 2, 1) / 8
+  p = np.exp(s - s.max(-1, keepdims=True))
+  np.testing.assert_allclose(out.numpy(), (p / p.sum(-1, keepdims=True)) @ v.numpy(), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("shape_a, shape_b, reduce_axes, expanded, want", [
+  ((8, 1, 16), (8, 32, 16), (2,), True, 32.0),     # a matmul's left operand: once per output column
+  ((8, 16), None, (1,), False, 1.0),               # a sum of the value as it is
+  ((8, 1), (8, 16), (1,), True, 1.0),              # broadcast along the reduced axis only: the same every trip
+])
+def test_repeats_counts_expansions_along_kept_axes(shape_a, shape_b, reduce_axes, expanded, want):
+  from rulec.engine.ir.dtypes import dtypes
+  from rulec.engine.ir.uop import UOp
+  a = Tensor(np.ones(shape_a, np.float32)).exp2()
+  v = a.expand(shape_b) if expanded else a
+  r = v.sum(reduce_axes)
+  facts = FusionFacts(UOp(Ops.SINK, dtypes.void, (r.uop,)), hoists=False)
+  node = a.uop
+  assert facts.repeats(node) == want
+  assert facts.transcendentals(node) == 1 and facts.cost(node) == 16
+
+
+def test_an_elementwise_broadcast_is_not_a_repeat():
+  """A per-channel scale broadcast over an image and added to it: no reduce reads it, so it is computed outside
+  the loops over the broadcast axes (repeats 0), whatever its expansion."""
+  from rulec.engine.ir.dtypes import dtypes
+  from rulec.engine.ir.uop import UOp
+  s = Tensor(np.ones((4, 1, 1), np.float32)).sqrt()
+  out = Tensor(np.ones((4, 8, 8), np.float32)) * s.expand(4, 8, 8)
+  facts = FusionFacts(UOp(Ops.SINK, dtypes.void, (out.uop,)), hoists=False)
+  assert facts.repeats(s.uop) == 0 and facts.uses(s.uop) == 64
