@@ -2,7 +2,7 @@
 
     python bench/cl_decode_probe.py [--layers 12] [--context 128] [--tokens 24] [--device CL]
 
-A diagnostic for bench/models.py's GPT-2 row (not a benchmark with peers). Three runs of examples/gpt2.py's step
+A diagnostic for bench/generate.py's GPT-2 row (not a benchmark with peers). Three runs of examples/gpt2.py's step
 (random weights, greedy) after its capture:
   wall     the median seconds of one step (the host waits for the token, so this is what a user sees);
   host     the seconds spent inside rulec's kernel launches of one step (enqueue only: nothing waits);

@@ -4,6 +4,8 @@
 #   bench/h200.sh tests     the CL device tests and the tensor-program suite on CL
 #   bench/h200.sh train     bench/train.py --device CL: the digits CNN's jitted train step against torch on CUDA,
 #                           then the autograd, optimizer and JIT tests on CL
+#   bench/h200.sh models    bench/models.py --device CL: real blocks and whole steps (matmul, attention, the GPT-2 MLP
+#                           and block, a ResNet block, a LLaMA decode step) at full size against torch on CUDA
 #   bench/h200.sh multi     several GPUs (the nvidia-h200-x2 kind): the multi-device tests on CL:0 + CL:1, then
 #                           bench/multi.py --kind CL on 1 and 2 GPUs beside torch (bench/multi_torch.py, NCCL)
 #   bench/h200.sh sweep     bench/cl_sweep.py: the GPU optimizer's tile shapes, vector widths and split parts
@@ -31,6 +33,9 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 python3 -c "from rulec.runtime import cl_device; print(cl_device.get_device(), cl_device.get_device().target)" || exit 1
 if [[ $what == bench || $what == all ]]; then
   python3 bench/kernels.py --device CL "$@" 2>&1 | tee "$out/bench.log"
+fi
+if [[ $what == models ]]; then
+  python3 bench/models.py --device CL "$@" 2>&1 | tee "$out/models.log"
 fi
 if [[ $what == sweep ]]; then
   python3 bench/cl_sweep.py "$@" 2>&1 | tee "$out/sweep.log"

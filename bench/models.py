@@ -1,315 +1,544 @@
-"""Whole models end to end: GPT-2 and LLaMA generation in tokens/s, rulec beside tinygrad 0.14 and torch, in one run.
+"""Real blocks and whole steps: rulec beside torch eager and tinygrad 0.14, in one run.
 
-    python bench/models.py [--model gpt2|llama] [--size gpt2] [--layers N] [--prompt 8] [--tokens 32] [--device CPU]
-                           [--tinygrad PATH] [--tg-dev CPU] [--only rulec,rulec-tgfile,tinygrad,torch]
+    python bench/models.py [--device CPU|CL] [--size tiny|small|full] [--only NAME,...] [--reps 10] [--budget 10]
+                           [--no-tinygrad] [--no-torch] [--torch-threads N] [--tg-dev CPU] [--tg-timeout 600]
 
---model llama runs examples/llama.py's model (and tinygrad's extra/models/llama.py) at a LLaMA-shaped config of
-GPT-2-small's cost: width 768, 12 layers, 12 heads over 4 KV heads, SwiGLU width 2048, a 32000-token vocabulary,
-random weights (no GGUF file is read: the bench builds the model from the arrays, as examples/llama.py's `load`
-does after reading one). torch has no LLaMA side here.
+The rows (shapes in SHAPES below; `--size` picks a column: small on CPU, full on `--device CL`; tiny is a seconds-
+long check that everything runs):
+  matmul                   a @ b, square
+  attention [causal]       (q @ k^T * scale).softmax(-1) @ v, the causal rows masking with a lower triangle built
+                           in the graph; forward, and forward+backward (the gradients of q, k, v)
+  GPT-2 MLP                ((layernorm(x) * g + b) @ w1 + b1).gelu() @ w2 + b2 + x (hidden 4C); forward and fwd+bwd
+  GPT-2 block              layernorm, qkv projection, causal attention, output projection, residual, the MLP above;
+                           forward and forward+backward (the gradients of x and of every weight)
+  ResNet block             conv3x3 - batchnorm - relu - conv3x3 - batchnorm, + x, relu (batch statistics, as in
+                           training; no conv bias); forward and forward+backward
+  LLaMA decode step        one token through examples/llama.py's model (its Blocks, weights and rotary tables; a
+                           LLaMA shape with grouped-query attention) with its KV cache filled up to `pos`: the step
+                           writes position pos and attends over 0..pos, returning the logits (no sampling). The
+                           token and the position are bound Variables, as in the example's generation loop.
 
-Every side generates greedily from the same prompt with random weights of GPT-2's shapes (124M parameters at
---size gpt2), each in a fresh process, and reports the steady rate: the median seconds of the one-token steps
-after the first three (those build and capture kernels), as tokens/s. The first step's seconds and the kernels
-built are reported beside it: they are what a user waits for before the first token.
+Every side gets the same float32 arrays (numpy, fixed seeds). A backward row passes a fixed random gradient of the
+output (its shape) and takes the gradients of every input and weight.
+  rulec     the row's function under rulec's TinyJit, inputs realized before; three warm-up calls (run, capture, a
+            replay), then timed replays, each followed by the device's synchronize() (a no-op on CPU). The kernels
+            per call are those of the JIT's capture.
+  torch     eager (no torch.compile), the same math in its own functions (F.layer_norm, F.linear with the same
+            (in, out) weight arrays, F.gelu tanh, F.conv2d, F.batch_norm with batch statistics; attention written
+            out, not F.scaled_dot_product_attention), `torch.set_num_threads(<rulec's threads>)` on CPU; with
+            `--device CL`, on cuda when there is one, TF32 off, timed up to torch.cuda.synchronize(). Forward rows
+            run under torch.no_grad(). Its outputs are the reference of the error columns.
+  tinygrad  the same function as rulec's (tinygrad 0.14 has the same Tensor API; the LLaMA row runs
+            examples/llama.py's classes with `rulec` standing for tinygrad), its TinyJit on DEV=--tg-dev (CPU by
+            default; with --device CL, its CL device), in a process of its own per row, killed after --tg-timeout
+            seconds. Its CPU device compiles with clang: put one on PATH. A row it fails or times out shows "-".
+Each timing is the median of --reps timed calls (fewer when they pass --budget seconds; at least 3), one side's
+calls after the other's (not alternating: each side's idle threads then spin into the other's calls).
 
-  rulec          examples/gpt2.py: TinyJit over a KV cache of --context positions, the position a bound Variable.
-  rulec-tgfile   tinygrad's own examples/gpt2.py (needs --tinygrad PATH, a checkout with examples/) run
-                 unchanged on rulec through rulec.tinygrad_alias: the position and the token are bound
-                 Variables, which rulec keeps symbolic (docs/api.md, "Symbolic shapes"), so its TinyJit
-                 builds the step once and replays it for every position.
-  tinygrad       tinygrad 0.14 running the same file on DEV=--tg-dev with its TinyJit (symbolic kernels, built
-                 once). Its CPU device compiles with clang: where none is installed, put a `clang` on PATH
-                 (`pip install ziglang` and a script running `python -m ziglang clang "$@"` works).
-  torch          torch eager, a KV-cache GPT-2 written here (the same math), when torch is installed.
+On a CPU whose cores are shared (a VM, a neighbour's process), torch's OpenMP threads may sleep between ops and take
+milliseconds to wake: small eager ops then run far slower at 2 threads than at 1 (a 2-core VM here: the small LLaMA
+step 14.4 ms at 1 thread, 327 ms at 2). rulec's workers poll instead (runtime/cpu_workers.py). `RULEC_THREADS=1`
+runs both at one thread; `--torch-threads N` sets torch's alone.
 
-The machine (CPU model, cores; the GPU when --device CL) is printed with the table. Ratios are each side's
-tokens/s over rulec's.
+Columns: ms per call; TFLOP/s of rulec (dense flops counted: 2*M*N*K per product, the causal rows count the full
+S*S products, a backward is 2x its forward) or GB/s (the LLaMA step: weights and the cache positions read);
+torch ms and torch ms / rulec ms (> 1: rulec is faster); the same for tinygrad; rulec's kernels per call; the max
+abs error of rulec's output against torch's, and of its gradients (the worst over all of them; in parentheses the
+worst of each gradient's max abs error over its max abs value: weight gradients summed over a batch are large).
+The machine, the commit (and whether the library's files have uncommitted changes) head the table; the last line
+gives the ratios by row and their geometric means.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
+import importlib.util
 import json
 import math
 import os
-import platform
+import statistics
 import subprocess
 import sys
 import time
+import types
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
-SIZES = {"gpt2": (12, 12, 768), "gpt2-medium": (24, 16, 1024)}
-VOCAB = 50257
-# --model llama: width, layers, heads, KV heads, SwiGLU width, vocabulary
-LLAMA = dict(dim=768, layers=12, heads=12, kv_heads=4, hidden=2048, vocab=32000)
-SEED = 1234
+sys.path[:0] = [str(ROOT), str(ROOT / "examples"), str(ROOT / "bench")]
+
+from generate import llama_weights, machine, run_json  # noqa: E402
+from workloads import fmt, print_table  # noqa: E402
+
+# one column per --size; mlp's hidden width is 4C; llama: heads over kv_heads, SwiGLU width `hidden`, the KV cache
+# holds `context` positions and the step writes position `pos`
+SHAPES = {
+  "matmul":    {"tiny": dict(N=64), "small": dict(N=1024), "full": dict(N=4096)},
+  "attention": {"tiny": dict(B=1, H=2, S=32, D=16), "small": dict(B=2, H=12, S=256, D=64),
+                "full": dict(B=4, H=12, S=1024, D=64)},
+  "mlp":       {"tiny": dict(B=1, T=16, C=32), "small": dict(B=2, T=256, C=768), "full": dict(B=4, T=1024, C=768)},
+  "gpt2":      {"tiny": dict(B=1, T=16, C=32, H=2), "small": dict(B=2, T=256, C=768, H=12),
+                "full": dict(B=8, T=1024, C=768, H=12)},
+  "resnet":    {"tiny": dict(N=2, C=8, HW=8), "small": dict(N=8, C=64, HW=56), "full": dict(N=64, C=64, HW=56)},
+  "llama":     {"tiny": dict(dim=32, layers=1, heads=4, kv_heads=2, hidden=64, vocab=128, context=16, pos=8),
+                "small": dict(dim=768, layers=4, heads=12, kv_heads=4, hidden=2048, vocab=32000, context=256, pos=128),
+                "full": dict(dim=768, layers=12, heads=12, kv_heads=4, hidden=2048, vocab=32000, context=1024, pos=512)},
+}
+WARMUP, MIN_REPS, SEED, EPS = 3, 3, 20261205, 1e-5
 
 
-def machine() -> str:
-  cpu = platform.processor() or platform.machine()
-  try:
-    cpu = next(line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-               if line.startswith("model name"))
-  except (OSError, StopIteration): pass
-  return f"{cpu}, {os.cpu_count()} cores, {platform.system()} {platform.release()}"
+@dataclass(frozen=True)
+class Row:
+  name: str
+  kind: str                # a key of SHAPES
+  backward: bool = False
+  causal: bool = False
 
 
-def prompt_tokens(n: int, vocab: int = VOCAB) -> list[int]:
-  return [int(t) for t in np.random.default_rng(SEED).integers(0, vocab, n)]
+ROWS = [
+  Row("matmul", "matmul"),
+  Row("attention", "attention"), Row("attention causal", "attention", causal=True),
+  Row("attention fwd+bwd", "attention", backward=True), Row("attention causal fwd+bwd", "attention", True, True),
+  Row("GPT-2 MLP", "mlp"), Row("GPT-2 MLP fwd+bwd", "mlp", backward=True),
+  Row("GPT-2 block", "gpt2"), Row("GPT-2 block fwd+bwd", "gpt2", backward=True),
+  Row("ResNet block", "resnet"), Row("ResNet block fwd+bwd", "resnet", backward=True),
+  Row("LLaMA decode step", "llama"),
+]
 
 
-def steady(times: list[float]) -> dict:
-  later = sorted(times[3:]) or sorted(times)
-  med = later[len(later) // 2]
-  return {"tokens_s": 1.0 / med, "ms_token": med * 1e3, "first_s": times[0], "steps": len(times)}
+def describe(kind: str, s: dict) -> str:
+  if kind == "matmul": return f"{s['N']}^3"
+  if kind == "resnet": return f"N{s['N']} C{s['C']} {s['HW']}x{s['HW']}"
+  if kind == "llama": return f"dim {s['dim']} L{s['layers']} pos {s['pos']}"
+  return " ".join(f"{k}{v}" for k, v in s.items())
+
+
+def work(row: Row, s: dict) -> tuple[float, str]:
+  """(flops or bytes, "TFLOP/s" or "GB/s") of one call."""
+  k = row.kind
+  if k == "llama":
+    kvd = s["kv_heads"] * (s["dim"] // s["heads"])
+    layer = s["dim"] * (2 * s["dim"] + 2 * kvd) + 3 * s["dim"] * s["hidden"]
+    cache = 2 * kvd * (s["pos"] + 1)
+    return 4.0 * (s["layers"] * (layer + cache) + s["vocab"] * s["dim"]), "GB/s"
+  if k == "matmul": f = 2.0 * s["N"] ** 3
+  elif k == "attention": f = 4.0 * s["B"] * s["H"] * s["S"] ** 2 * s["D"]
+  elif k == "mlp": f = 16.0 * s["B"] * s["T"] * s["C"] ** 2
+  elif k == "gpt2": f = 24.0 * s["B"] * s["T"] * s["C"] ** 2 + 4.0 * s["B"] * s["T"] ** 2 * s["C"]
+  else: f = 2 * 2.0 * s["N"] * s["C"] ** 2 * 9 * s["HW"] ** 2
+  return f * (3 if row.backward else 1), "TFLOP/s"
 
 
 # ------------------------------------------------------------------------------------------------------------
-# the sides (each runs in a process of its own and prints one JSON line)
+# the arrays every side gets: (the call's inputs, the weights), both name -> float32 array
 
 
-def _llama_weights(layers: int) -> tuple[dict, dict]:
-  """examples/llama.py's GGUF metadata and weights (GGUF names, numpy float32) for the LLAMA config, random."""
-  c, rng = LLAMA, np.random.default_rng(SEED)
-  hd = c["dim"] // c["heads"]
-  def w(*shape): return (rng.standard_normal(shape, dtype=np.float32) * 0.02)
-  weights = {"token_embd.weight": w(c["vocab"], c["dim"]), "output_norm.weight": np.ones(c["dim"], np.float32),
-             "output.weight": w(c["vocab"], c["dim"])}
-  for i in range(layers):
-    p = f"blk.{i}."
-    weights.update({p + "attn_norm.weight": np.ones(c["dim"], np.float32), p + "ffn_norm.weight": np.ones(c["dim"], np.float32),
-                    p + "attn_q.weight": w(c["heads"] * hd, c["dim"]), p + "attn_k.weight": w(c["kv_heads"] * hd, c["dim"]),
-                    p + "attn_v.weight": w(c["kv_heads"] * hd, c["dim"]), p + "attn_output.weight": w(c["dim"], c["heads"] * hd),
-                    p + "ffn_gate.weight": w(c["hidden"], c["dim"]), p + "ffn_up.weight": w(c["hidden"], c["dim"]),
-                    p + "ffn_down.weight": w(c["dim"], c["hidden"])})
-  kv = {"general.architecture": "llama", "llama.block_count": layers, "llama.embedding_length": c["dim"],
-        "llama.attention.head_count": c["heads"], "llama.attention.head_count_kv": c["kv_heads"],
-        "llama.feed_forward_length": c["hidden"], "llama.context_length": 4096}
-  return kv, weights
+def arrays(row: Row, s: dict) -> tuple[dict, dict]:
+  rng = np.random.default_rng([SEED, ROWS.index(row)])
+  def n(*shape, std=1.0, mean=0.0): return (rng.standard_normal(shape, dtype=np.float32) * std + mean).astype(np.float32)
+  k = row.kind
+  if k == "matmul": return {"a": n(s["N"], s["N"]), "b": n(s["N"], s["N"])}, {}
+  if k == "attention":
+    shape = (s["B"], s["H"], s["S"], s["D"])
+    ins, w = {"q": n(*shape), "k": n(*shape), "v": n(*shape)}, {}
+  elif k in ("mlp", "gpt2"):
+    C = s["C"]
+    ins = {"x": n(s["B"], s["T"], C)}
+    w = {"g2": n(C, std=0.1, mean=1.0), "b2": n(C, std=0.1), "w1": n(C, 4 * C, std=0.02), "c1": n(4 * C, std=0.02),
+         "w2": n(4 * C, C, std=0.02), "c2": n(C, std=0.02)}
+    if k == "gpt2":
+      w.update({"g1": n(C, std=0.1, mean=1.0), "b1": n(C, std=0.1), "wqkv": n(C, 3 * C, std=0.02),
+                "bqkv": n(3 * C, std=0.02), "wo": n(C, C, std=0.02), "bo": n(C, std=0.02)})
+  elif k == "resnet":
+    C = s["C"]
+    ins = {"x": n(s["N"], C, s["HW"], s["HW"])}
+    w = {"w1": n(C, C, 3, 3, std=math.sqrt(2 / (9 * C))), "g1": n(C, std=0.1, mean=1.0), "b1": n(C, std=0.1),
+         "w2": n(C, C, 3, 3, std=math.sqrt(2 / (9 * C))), "g2": n(C, std=0.1, mean=1.0), "b2": n(C, std=0.1)}
+  if row.backward: ins["dout"] = n(*next(iter(ins.values())).shape)
+  return ins, w
 
 
-def side_rulec(a) -> dict:
-  sys.path.insert(0, str(ROOT / "examples"))
-  sys.path.insert(0, str(ROOT))
-  import textgen
-  textgen.use_device(a.device)
-  if a.model == "llama":
-    import llama
-    kv, weights = _llama_weights(a.layers or LLAMA["layers"])
-    model, vocab = llama.Llama(llama.Config(kv, weights), weights, a.context), LLAMA["vocab"]
-  else:
-    import gpt2
-    layers, heads, dim = SIZES[a.size]
-    model, vocab = gpt2.GPT2(a.layers or layers, heads, dim, a.context), VOCAB
-    gpt2.load(model, gpt2.random_weights(model, SEED))
-  before = textgen.kernels_built(a.device)
-  # (the prompt steps are one-token steps too: all of them count, after the first three)
-  _, times = model.generate(prompt_tokens(a.prompt, vocab), a.tokens)
-  out = steady(times)
-  out["built"] = textgen.kernels_built(a.device) - before
-  return out
+def llama_arrays(s: dict) -> tuple[dict, dict, list[np.ndarray], int]:
+  """(GGUF metadata, weights, each layer's KV cache (2, 1, kv_heads, context, head_dim) filled before pos, token)."""
+  kv, weights = llama_weights(s["layers"], s)
+  rng = np.random.default_rng([SEED, len(ROWS)])
+  shape = (2, 1, s["kv_heads"], s["context"], s["dim"] // s["heads"])
+  caches = []
+  for _ in range(s["layers"]):
+    c = np.zeros(shape, np.float32)
+    c[:, :, :, :s["pos"]] = rng.standard_normal(c[:, :, :, :s["pos"]].shape, dtype=np.float32) * 0.5
+    caches.append(c)
+  return kv, weights, caches, int(rng.integers(0, s["vocab"]))
 
 
-def _tg_model(a):
-  """tinygrad's examples/gpt2.py Transformer with random weights (on whatever `tinygrad` is in this process)."""
-  sys.path.insert(0, a.tinygrad)
-  import examples.gpt2 as g
-  from tinygrad import Tensor
-  from tinygrad.nn.state import get_state_dict
-  layers, heads, dim = SIZES[a.size]
-  m = g.Transformer(dim=dim, n_heads=heads, n_layers=a.layers or layers, norm_eps=1e-5, vocab_size=VOCAB)
-  rng = np.random.default_rng(SEED)
-  for k, t in get_state_dict(m).items():
-    v = (np.ones(t.shape) if k.endswith(".weight") and "ln" in k else
-         np.zeros(t.shape) if k.endswith(".bias") else rng.standard_normal(t.shape) * 0.02)
-    t.assign(Tensor(v.astype(np.float32))).realize()
-  return g, m
+# ------------------------------------------------------------------------------------------------------------
+# the functions, once for rulec and tinygrad (one Tensor API) and once for torch
 
 
-def _tg_generate(a, g, m) -> list[float]:
-  """examples/gpt2.py's GPT2.generate loop (batch 1, greedy), timing each step: the prompt first as one tensor,
-  then one token at a time with the token and the position bound Variables."""
-  from tinygrad import Tensor
-  from tinygrad.uop.ops import UOp
-  toks, start, times = prompt_tokens(a.prompt), 0, []
-  for _ in range(a.tokens):
-    t0 = time.perf_counter()
-    if len(toks[start:]) == 1: tokens = UOp.variable("tokens", 0, VOCAB - 1).bind(toks[start])
-    else: tokens = Tensor([toks[start:]])
-    tok = m(tokens, UOp.variable("start_pos", 1 if start else 0, g.MAX_CONTEXT - 1).bind(start), 0.0).tolist()
-    times.append(time.perf_counter() - t0)
-    start = len(toks)
-    toks.append(tok[0])
-  return times
+def lib_attention(lib, q, k, v, causal: bool):
+  scores = (q @ k.transpose(-1, -2)) * (1.0 / math.sqrt(q.shape[-1]))
+  if causal:
+    S = q.shape[-2]
+    scores = lib.Tensor.ones(S, S, dtype="bool").tril().where(scores, float("-inf"))
+  return scores.softmax(-1) @ v
 
 
-def _tg_llama(a):
-  """tinygrad's extra/models/llama.py Transformer at the LLAMA config, random weights, its TinyJit on."""
-  sys.path.insert(0, a.tinygrad)
-  from extra.models.llama import Transformer
-  from tinygrad import Tensor
-  from tinygrad.nn.state import get_state_dict
-  c = LLAMA
-  m = Transformer(dim=c["dim"], hidden_dim=c["hidden"], n_heads=c["heads"], n_layers=a.layers or c["layers"],
-                  norm_eps=1e-5, vocab_size=c["vocab"], n_kv_heads=c["kv_heads"], max_context=a.context)
-  rng = np.random.default_rng(SEED)
-  for k, t in get_state_dict(m).items():
-    if "freqs_cis" in k: continue
-    v = np.ones(t.shape) if "norm" in k else rng.standard_normal(t.shape) * 0.02
-    t.assign(Tensor(v.astype(np.float32))).realize()
-  return m
+def lib_mlp(x, w):
+  return ((x.layernorm() * w["g2"] + w["b2"]) @ w["w1"] + w["c1"]).gelu() @ w["w2"] + w["c2"] + x
 
 
-def _tg_llama_generate(a, m) -> list[float]:
-  """The prompt as one step (start_pos 0), then one token a step: the file's __call__ binds start_pos to a Variable
-  and runs its TinyJit for those."""
-  from tinygrad import Tensor
-  toks, start, times = prompt_tokens(a.prompt, LLAMA["vocab"]), 0, []
-  for _ in range(a.tokens):
-    t0 = time.perf_counter()
-    tok = m(Tensor([toks[start:]]), start, 0.0).item()
-    times.append(time.perf_counter() - t0)
-    start = len(toks)
-    toks.append(int(tok))
-  return times
+def lib_bn(y, g, b):
+  mean = y.mean(axis=(0, 2, 3))
+  var = (y - mean.reshape(1, -1, 1, 1)).square().mean(axis=(0, 2, 3))
+  return y.batchnorm(g, b, mean, (var + EPS).rsqrt())
 
 
-def side_rulec_tgfile(a) -> dict:
-  sys.path.insert(0, str(ROOT))
-  os.environ["RULEC_DEVICE"] = a.device
-  import rulec.tinygrad_alias as alias
-  alias.install()
-  from rulec.runtime import cl_device, cpu_device
-  counters = cl_device.COUNTERS if a.device.startswith("CL") else cpu_device.COUNTERS
-  if a.model == "llama":
-    m = _tg_llama(a)
-    before = counters["compiled"] + counters["loaded"]
-    out = steady(_tg_llama_generate(a, m)[1:])
-    out["built"] = counters["compiled"] + counters["loaded"] - before
-    return out
-  g, m = _tg_model(a)
-  before = counters["compiled"] + counters["loaded"]
-  out = steady(_tg_generate(a, g, m)[1:])   # (the prompt step is one step over every prompt token)
-  out["built"] = counters["compiled"] + counters["loaded"] - before
-  return out
+def lib_forward(lib, row: Row, s: dict, ins: dict, w: dict):
+  k = row.kind
+  if k == "matmul": return ins["a"] @ ins["b"]
+  if k == "attention": return lib_attention(lib, ins["q"], ins["k"], ins["v"], row.causal)
+  x = ins["x"]
+  if k == "mlp": return lib_mlp(x, w)
+  if k == "gpt2":
+    B, T, C, H = s["B"], s["T"], s["C"], s["H"]
+    qkv = (x.layernorm() * w["g1"] + w["b1"]) @ w["wqkv"] + w["bqkv"]
+    q, kk, v = (qkv[:, :, i * C:(i + 1) * C].reshape(B, T, H, C // H).transpose(1, 2) for i in range(3))
+    a = lib_attention(lib, q, kk, v, True).transpose(1, 2).reshape(B, T, C)
+    return lib_mlp(x + a @ w["wo"] + w["bo"], w)
+  y = lib_bn(x.conv2d(w["w1"], padding=1), w["g1"], w["b1"]).relu()
+  return (lib_bn(y.conv2d(w["w2"], padding=1), w["g2"], w["b2"]) + x).relu()
 
 
-def side_tinygrad(a) -> dict:
-  if a.model == "llama": return steady(_tg_llama_generate(a, _tg_llama(a))[1:])
-  g, m = _tg_model(a)
-  return steady(_tg_generate(a, g, m)[1:])
-
-
-def side_torch(a) -> dict:
-  if a.model == "llama": raise SystemExit("no torch side for --model llama")
-  import torch
-  torch.manual_seed(SEED)
-  layers, heads, dim = SIZES[a.size]
-  layers = a.layers or layers
-  hd = dim // heads
-  g = torch.Generator().manual_seed(SEED)
-  def w(*s): return torch.randn(*s, generator=g) * 0.02
-  P = {"wte": w(VOCAB, dim), "wpe": w(1024, dim)}
-  blocks = [{"qkv": w(3 * dim, dim), "qkv_b": torch.zeros(3 * dim), "o": w(dim, dim), "o_b": torch.zeros(dim),
-             "fc": w(4 * dim, dim), "fc_b": torch.zeros(4 * dim), "pr": w(dim, 4 * dim), "pr_b": torch.zeros(dim)}
-            for _ in range(layers)]
-  dev = "cuda" if a.device.startswith("CL") and torch.cuda.is_available() else "cpu"
-  P = {k: v.to(dev) for k, v in P.items()}
-  blocks = [{k: v.to(dev) for k, v in b.items()} for b in blocks]
-  cache = [torch.zeros(2, heads, a.context, hd, device=dev) for _ in range(layers)]
+def torch_forward(torch, row: Row, s: dict, ins: dict, w: dict):
   F = torch.nn.functional
+  def attention(q, k, v, causal):
+    scores = (q @ k.transpose(-1, -2)) * (1.0 / math.sqrt(q.shape[-1]))
+    if causal:
+      S = q.shape[-2]
+      scores = scores.masked_fill(~torch.ones(S, S, dtype=torch.bool, device=q.device).tril(), float("-inf"))
+    return scores.softmax(-1) @ v
+  def mlp(x):
+    h = F.layer_norm(x, x.shape[-1:], w["g2"], w["b2"], EPS)
+    return F.linear(F.gelu(F.linear(h, w["w1"].T, w["c1"]), approximate="tanh"), w["w2"].T, w["c2"]) + x
+  def bn(y, g, b): return F.batch_norm(y, None, None, g, b, training=True, eps=EPS)
+  k = row.kind
+  if k == "matmul": return ins["a"] @ ins["b"]
+  if k == "attention": return attention(ins["q"], ins["k"], ins["v"], row.causal)
+  x = ins["x"]
+  if k == "mlp": return mlp(x)
+  if k == "gpt2":
+    B, T, C, H = s["B"], s["T"], s["C"], s["H"]
+    qkv = F.linear(F.layer_norm(x, (C,), w["g1"], w["b1"], EPS), w["wqkv"].T, w["bqkv"])
+    q, kk, v = (t.reshape(B, T, H, C // H).transpose(1, 2) for t in qkv.split(C, -1))
+    a = attention(q, kk, v, True).transpose(1, 2).reshape(B, T, C)
+    return mlp(x + F.linear(a, w["wo"].T, w["bo"]))
+  y = F.relu(bn(F.conv2d(x, w["w1"], padding=1), w["g1"], w["b1"]))
+  return F.relu(bn(F.conv2d(y, w["w2"], padding=1), w["g2"], w["b2"]) + x)
 
-  @torch.no_grad()
-  def step(tok: int, pos: int) -> int:
-    x = P["wte"][tok] + P["wpe"][pos]
-    for b, c in zip(blocks, cache):
-      h = F.layer_norm(x, (dim,))
-      q, k, v = F.linear(h, b["qkv"], b["qkv_b"]).view(3, heads, hd)
-      c[0, :, pos], c[1, :, pos] = k, v
-      att = torch.softmax((q[:, None] @ c[0, :, :pos + 1].transpose(-1, -2)) / math.sqrt(hd), -1) @ c[1, :, :pos + 1]
-      x = x + F.linear(att.reshape(dim), b["o"], b["o_b"])
-      x = x + F.linear(F.gelu(F.linear(F.layer_norm(x, (dim,)), b["fc"], b["fc_b"]), approximate="tanh"), b["pr"], b["pr_b"])
-    return int((F.layer_norm(x, (dim,)) @ P["wte"].T).argmax())
 
-  toks, times = prompt_tokens(a.prompt), []
-  for pos in range(a.prompt + a.tokens - 1):
+# ------------------------------------------------------------------------------------------------------------
+# rulec's and tinygrad's side: a jitted call on resident inputs
+
+
+def rulec_lib(device: str) -> types.SimpleNamespace:
+  import rulec
+  return types.SimpleNamespace(name="rulec", Tensor=rulec.Tensor, TinyJit=rulec.TinyJit, variable=rulec.Variable,
+                               no_grad=rulec.no_grad, sync=rulec.Device[device].synchronize,
+                               kernels=lambda jit: len(jit.captured.plan))
+
+
+def tinygrad_lib() -> types.SimpleNamespace:
+  from tinygrad import Device, Tensor, TinyJit
+  from tinygrad.uop.ops import UOp
+  def kernels(jit): return sum(1 for c in jit.captured.linear.src if c.src and c.src[0].op.name == "PROGRAM")
+  return types.SimpleNamespace(name="tinygrad", Tensor=Tensor, TinyJit=TinyJit, variable=UOp.variable,
+                               no_grad=contextlib.nullcontext, sync=Device[Device.DEFAULT].synchronize, kernels=kernels)
+
+
+def lib_call(lib, row: Row, s: dict):
+  """(call, jit): call() runs the jitted row once and returns its output Tensors (the output, then the gradients)."""
+  if row.kind == "llama": return lib_llama(lib, s)
+  ins_np, w_np = arrays(row, s)
+  ins = {k: lib.Tensor(v).realize() for k, v in ins_np.items()}
+  w = {k: lib.Tensor(v).realize() for k, v in w_np.items()}
+  def fn(*xs):
+    named = dict(zip(ins, xs))
+    out = lib_forward(lib, row, s, named, w)
+    if not row.backward: return out.realize()
+    targets = [t for n, t in named.items() if n != "dout"] + list(w.values())
+    grads = out.gradient(*targets, gradient=named["dout"])
+    out.realize(*grads)
+    return [out, *grads]
+  jit = lib.TinyJit(fn)
+  args = list(ins.values())
+  def call():
+    r = jit(*args)
+    return r if isinstance(r, list) else [r]
+  return call, jit
+
+
+def lib_llama(lib, s: dict):
+  """examples/llama.py's model at the shape s, its caches filled; the step returns the logits."""
+  if lib.name != "rulec":   # (the example's classes import Tensor and TinyJit from rulec: give them tinygrad's)
+    sys.modules["rulec"] = types.SimpleNamespace(Tensor=lib.Tensor, TinyJit=lib.TinyJit)
+  import llama
+  kv, weights, caches, tok = llama_arrays(s)
+  m = llama.Llama(llama.Config(kv, weights), weights, s["context"])
+  for b, c in zip(m.blocks, caches): b.cache.assign(lib.Tensor(c)).realize()
+  def step(token, pos):
+    with lib.no_grad():   # (no autograd record of the cache writes: examples/textgen.py's generate does the same)
+      cos, sin = m.cos[pos:pos + 1].reshape(1, 1, 1, -1), m.sin[pos:pos + 1].reshape(1, 1, 1, -1)
+      x = m.w["token_embd.weight"][token:token + 1].reshape(1, 1, -1)
+      for i, block in enumerate(m.blocks): x = block(x, m.w, i, cos, sin, pos)
+      return ((llama._rms(x, m.c.eps) * m.w["output_norm.weight"])[:, -1, :] @ m.w["output.weight"].T).realize()
+  jit = lib.TinyJit(step)
+  token, pos = lib.variable("token", 0, s["vocab"] - 1).bind(tok), lib.variable("start_pos", 0, s["context"] - 1).bind(s["pos"])
+  return (lambda: [jit(token, pos)]), jit
+
+
+@dataclass
+class Side:
+  """One framework's jitted (or eager) row, warmed up: call() runs it once and returns its outputs; sync() waits
+  for the device."""
+  call: Callable[[], list]
+  sync: Callable[[], None]
+  fetch: Callable[[list], list] = list    # outputs -> numpy arrays
+  build_s: float = 0.0             # the warm-up calls' seconds (rulec, tinygrad: run, capture, one replay)
+  kernels: int | None = None       # per call (the JIT's capture)
+  times: list = field(default_factory=list)
+  outs: list = field(default_factory=list)  # the outputs of a call after the timed ones, as numpy arrays
+
+  def warm(self) -> "Side":
     t0 = time.perf_counter()
-    nxt = step(toks[pos], pos)
-    times.append(time.perf_counter() - t0)
-    if pos + 1 >= a.prompt: toks.append(nxt)
-  out = steady(times)
-  out["device"] = dev
-  return out
+    for _ in range(WARMUP):
+      self.call()
+      self.sync()
+    self.build_s = time.perf_counter() - t0
+    return self
+
+  @property
+  def ms(self) -> float: return statistics.median(self.times) * 1e3
 
 
-SIDES = {"rulec": side_rulec, "rulec-tgfile": side_rulec_tgfile, "tinygrad": side_tinygrad, "torch": side_torch}
-LABELS = {"rulec": "rulec, examples/{model}.py", "rulec-tgfile": "rulec, tinygrad's {file}",
-          "tinygrad": "tinygrad 0.14, its {file}", "torch": "torch eager (KV cache, here)"}
-TG_FILES = {"gpt2": "examples/gpt2.py", "llama": "extra/models/llama.py"}
+def time_side(x: Side, reps: int, budget: float) -> None:
+  """`reps` timed calls, each synchronized (fewer once they pass `budget` seconds, MIN_REPS at least). The sides take
+  their turns one after the other, not call by call: alternating calls made each side's idle threads (rulec's
+  polling workers, torch's OpenMP threads) compete with the other's calls, slowing both."""
+  while len(x.times) < MIN_REPS or (len(x.times) < reps and sum(x.times) < budget):
+    t0 = time.perf_counter()
+    x.call()
+    x.sync()
+    x.times.append(time.perf_counter() - t0)
 
 
-def run_side(name: str, a) -> dict:
-  env = dict(os.environ)
-  if name == "tinygrad": env["DEV"] = a.tg_dev
-  cmd = [sys.executable, __file__, "--side", name] + [x for x in sys.argv[1:] if x != "--side"]
-  try:
-    p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=a.timeout)
-  except subprocess.TimeoutExpired:
-    return {"error": f"timed out after {a.timeout} s"}
-  lines = [x for x in p.stdout.splitlines() if x.startswith("{")]
-  if p.returncode or not lines:
-    return {"error": (p.stderr.strip().splitlines() or ["(no output)"])[-1][:200]}
-  return json.loads(lines[-1])
+def lib_side(lib, row: Row, s: dict) -> Side:
+  call, jit = lib_call(lib, row, s)
+  side = Side(call, lib.sync, lambda outs: [o.numpy() for o in outs]).warm()
+  side.kernels = lib.kernels(jit)
+  return side
+
+
+# ------------------------------------------------------------------------------------------------------------
+# torch's side
+
+
+def torch_llama(torch, s: dict, dev: str):
+  """The same decode step as lib_llama, in torch: RMSNorm, q/k/v, rotary pairs, the cache write at pos, grouped-query
+  attention over 0..pos, the output projection, SwiGLU, the logits."""
+  kv, weights, caches, tok = llama_arrays(s)
+  W = {k: torch.from_numpy(v).to(dev) for k, v in weights.items()}
+  caches = [torch.from_numpy(c[:, 0]).to(dev) for c in caches]     # (2, kv_heads, context, head_dim)
+  dim, heads, kvh, pos = s["dim"], s["heads"], s["kv_heads"], s["pos"]
+  hd, eps = dim // heads, float(kv.get("llama.attention.layer_norm_rms_epsilon", 1e-5))
+  inv = torch.from_numpy((1.0 / (10000.0 ** (np.arange(0, hd, 2, dtype=np.float64) / hd))).astype(np.float32)).to(dev)
+  cos, sin = (pos * inv).cos(), (pos * inv).sin()
+  def rms(x): return x * torch.rsqrt(x.square().mean(-1, keepdim=True) + eps)
+  def rope(x):
+    re, im = x[..., 0::2], x[..., 1::2]
+    return torch.stack((re * cos - im * sin, re * sin + im * cos), -1).flatten(-2)
+  @torch.no_grad()
+  def step():
+    x = W["token_embd.weight"][tok:tok + 1]
+    for i, cache in enumerate(caches):
+      p = f"blk.{i}."
+      h = rms(x) * W[p + "attn_norm.weight"]
+      q = rope((h @ W[p + "attn_q.weight"].T).view(heads, hd))
+      cache[0, :, pos] = rope((h @ W[p + "attn_k.weight"].T).view(kvh, hd))
+      cache[1, :, pos] = (h @ W[p + "attn_v.weight"].T).view(kvh, hd)
+      keys, values = (cache[j, :, :pos + 1].repeat_interleave(heads // kvh, 0) for j in (0, 1))
+      att = ((q[:, None] @ keys.transpose(-1, -2)) / math.sqrt(hd)).softmax(-1) @ values
+      x = x + att.reshape(1, dim) @ W[p + "attn_output.weight"].T
+      h = rms(x) * W[p + "ffn_norm.weight"]
+      x = x + (torch.nn.functional.silu(h @ W[p + "ffn_gate.weight"].T) * (h @ W[p + "ffn_up.weight"].T)) @ W[p + "ffn_down.weight"].T
+    return [(rms(x) * W["output_norm.weight"]) @ W["output.weight"].T]
+  return step
+
+
+def torch_call(torch, row: Row, s: dict, dev: str):
+  if row.kind == "llama": return torch_llama(torch, s, dev)
+  ins_np, w_np = arrays(row, s)
+  grad = row.backward
+  ins = {k: torch.from_numpy(v).to(dev).requires_grad_(grad and k != "dout") for k, v in ins_np.items()}
+  w = {k: torch.from_numpy(v).to(dev).requires_grad_(grad) for k, v in w_np.items()}
+  if not grad:
+    @torch.no_grad()
+    def forward(): return [torch_forward(torch, row, s, ins, w)]
+    return forward
+  targets = [t for n, t in ins.items() if n != "dout"] + list(w.values())
+  def step():
+    out = torch_forward(torch, row, s, ins, w)
+    return [out, *torch.autograd.grad(out, targets, ins["dout"])]
+  return step
+
+
+def torch_side(torch, row: Row, s: dict, dev: str) -> Side:
+  return Side(torch_call(torch, row, s, dev), torch.cuda.synchronize if dev == "cuda" else (lambda: None),
+              lambda outs: [o.detach().cpu().numpy() for o in outs]).warm()
+
+
+# ------------------------------------------------------------------------------------------------------------
+# tinygrad's side: a process per row
+
+
+def run_tinygrad_row(a, row: Row) -> dict:
+  cmd = [sys.executable, __file__, "--side-tinygrad", row.name, "--size", a.size, "--reps", str(a.reps),
+         "--budget", str(a.budget)]
+  return run_json(cmd, {**os.environ, "DEV": a.tg_dev}, a.tg_timeout)
+
+
+def side_tinygrad(a) -> None:
+  row = next(r for r in ROWS if r.name == a.side_tinygrad)
+  side = lib_side(tinygrad_lib(), row, SHAPES[row.kind][a.size])
+  time_side(side, a.reps, a.budget)
+  print(json.dumps({"ms": side.ms, "kernels": side.kernels}))
+
+
+# ------------------------------------------------------------------------------------------------------------
+
+
+def max_err(got: list[np.ndarray], want: list[np.ndarray]) -> tuple[float, float]:
+  """The max abs error over the arrays, and the largest of each array's max abs error over its max abs value."""
+  errs = [(float(np.max(np.abs(g.astype(np.float64) - w))), float(np.max(np.abs(w)))) if g.size else (0.0, 1.0)
+          for g, w in zip(got, want)]
+  return max(e for e, _ in errs), max(e / (m or 1.0) for e, m in errs)
+
+
+def group_notes(notes: list[tuple[str, str, str]]) -> list[str]:
+  """(row, side, why) -> one line per side and reason, naming its rows."""
+  by: dict[tuple[str, str], list[str]] = {}
+  for row, side, why in notes: by.setdefault((side, why), []).append(row)
+  return [f"{side} failed on {', '.join(rows) if len(rows) < 4 else f'{len(rows)} rows'}: {why}" for (side, why), rows in by.items()]
+
+
+def commit() -> str:
+  def git(*args):
+    return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True).stdout.rstrip()
+  head = git("rev-parse", "--short", "HEAD").strip() or "unknown"
+  dirty = git("status", "--porcelain", "--", "engine", "codegen", "runtime", "rules", "rulec").splitlines()
+  return head + (f" (+ uncommitted changes to {', '.join(x[3:] for x in dirty)})" if dirty else "")
+
+
+def measure(a, lib, torch, tdev: str, row: Row, notes: list) -> tuple[Side | None, Side | None, Side | None]:
+  """rulec's, torch's and tinygrad's Side of the row, timed (None: that side is missing or failed; why goes to
+  notes). rulec's and torch's outputs are left in .outs."""
+  s = SHAPES[row.kind][a.size]
+  sides: dict[str, Side | None] = {"rulec": None, "torch": None}
+  makers = {"rulec": lambda: lib_side(lib, row, s), "torch": lambda: torch_side(torch, row, s, tdev) if torch else None}
+  for name, make in makers.items():
+    try:
+      x = make()
+      if x is None: continue
+      time_side(x, a.reps, a.budget)
+      x.outs = x.fetch(x.call())
+      sides[name] = x
+    except Exception as e:   # (a row one side fails is reported, and the others still run)
+      notes.append((row.name, name, f"{type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''}"))
+  r, t = sides["rulec"], sides["torch"]
+  g = None
+  if not a.no_tinygrad:
+    res = run_tinygrad_row(a, row)
+    if "error" in res: notes.append((row.name, "tinygrad", res["error"]))
+    else: g = Side(list, lambda: None, kernels=res["kernels"], times=[res["ms"] * 1e-3])
+  return r, t, g
 
 
 def main() -> None:
   ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  ap.add_argument("--model", default="gpt2", choices=["gpt2", "llama"])
-  ap.add_argument("--size", default="gpt2", choices=sorted(SIZES), help="--model gpt2's shapes")
-  ap.add_argument("--layers", type=int, help="fewer layers than the size has (a quicker run)")
-  ap.add_argument("--prompt", type=int, default=8, help="prompt tokens")
-  ap.add_argument("--tokens", type=int, default=32, help="tokens to generate")
-  ap.add_argument("--context", type=int, default=128, help="rulec's and torch's KV-cache positions")
-  ap.add_argument("--device", default="CPU", help="rulec's device (CPU or CL); torch uses cuda for CL")
-  ap.add_argument("--tinygrad", help="a tinygrad checkout holding examples/gpt2.py (for rulec-tgfile and tinygrad)")
-  ap.add_argument("--tg-dev", default="CPU", help="tinygrad's device")
-  ap.add_argument("--only", default=",".join(SIDES))
-  ap.add_argument("--timeout", type=int, default=1800)
-  ap.add_argument("--json", help="write the results here too")
-  ap.add_argument("--side", help=argparse.SUPPRESS)
+  ap.add_argument("--device", default="CPU", help="rulec's device: CPU or CL (torch then runs on cuda if it can)")
+  ap.add_argument("--size", choices=["tiny", "small", "full"], help="the shapes (default: small on CPU, full on CL)")
+  ap.add_argument("--only", help="rows whose name contains one of these comma-separated words (case ignored)")
+  ap.add_argument("--reps", type=int, default=10, help="timed calls per side and row (the median is reported)")
+  ap.add_argument("--budget", type=float, default=10.0, help="stop timing a side after this many seconds (>= 3 calls)")
+  ap.add_argument("--no-tinygrad", action="store_true", help="leave tinygrad out")
+  ap.add_argument("--no-torch", action="store_true", help="leave torch out (as if it were not installed)")
+  ap.add_argument("--torch-threads", type=int, help="torch's CPU threads (default: rulec's, RULEC_THREADS or the cores)")
+  ap.add_argument("--tg-dev", help="tinygrad's device (default: CPU, or CL with --device CL)")
+  ap.add_argument("--tg-timeout", type=int, default=600, help="seconds tinygrad may take on one row")
+  ap.add_argument("--side-tinygrad", help=argparse.SUPPRESS)
   a = ap.parse_args()
-  if a.tinygrad: a.tinygrad = str(Path(a.tinygrad).resolve())
-  if a.prompt + a.tokens > a.context: raise SystemExit("--prompt + --tokens must fit in --context")
-  if a.side:
-    print(json.dumps(SIDES[a.side](a)))
-    return
-  if a.model == "llama":
-    layers = a.layers or LLAMA["layers"]
-    what = f"LLaMA-shaped (width {LLAMA['dim']}, {layers} layers, {LLAMA['heads']}/{LLAMA['kv_heads']} heads, vocab {LLAMA['vocab']})"
-  else:
-    layers = a.layers or SIZES[a.size][0]
-    what = f"GPT-2 ({a.size} shapes, {layers} layers)"
-  print(f"{what}, random weights, greedy; prompt {a.prompt} tokens, {a.tokens} generated; rulec on {a.device}, "
-        f"tinygrad on DEV={a.tg_dev}")
+  a.device = a.device.upper()
+  a.size = a.size or ("small" if a.device.startswith("CPU") else "full")
+  a.tg_dev = a.tg_dev or ("CPU" if a.device.startswith("CPU") else "CL")
+  if a.side_tinygrad: return side_tinygrad(a)
+
+  import textgen
+  textgen.use_device(a.device)
+  from rulec.runtime.cpu_device import threads
+  lib = rulec_lib(a.device)
+  torch, tdev, torch_note = None, "cpu", "torch: not installed (its columns are empty)"
+  if not a.no_torch:
+    try:
+      import torch
+      tdev = "cuda" if not a.device.startswith("CPU") and torch.cuda.is_available() else "cpu"
+      if tdev == "cuda": torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+      else: torch.set_num_threads(a.torch_threads or threads())
+      torch_note = f"torch {torch.__version__} eager on {tdev}" + (f", {torch.get_num_threads()} threads" if tdev == "cpu" else ", TF32 off")
+    except ImportError: torch = None
+  else: torch_note = "torch: left out (--no-torch)"
+  if not a.no_tinygrad and importlib.util.find_spec("tinygrad") is None: a.no_tinygrad, tg_note = True, "tinygrad: not installed"
+  else: tg_note = "tinygrad: left out" if a.no_tinygrad else f"tinygrad 0.14 TinyJit on DEV={a.tg_dev}, a process per row"
   print(f"machine: {machine()}")
-  rows = {}
-  for name in a.only.split(","):
-    if name in ("rulec-tgfile", "tinygrad") and not a.tinygrad:
-      rows[name] = {"error": "needs --tinygrad PATH"}
-      continue
-    rows[name] = run_side(name, a)
-  base = rows.get("rulec", {}).get("tokens_s")
-  print(f"{'side':40s} {'tokens/s':>9s} {'ms/token':>9s} {'vs rulec':>9s} {'first step s':>13s} {'built':>6s}")
-  for name, r in rows.items():
-    label = LABELS[name].format(model=a.model, file=TG_FILES[a.model])
-    if "error" in r: print(f"{label:40s} {r['error']}"); continue
-    ratio = f"{r['tokens_s'] / base:.2f}x" if base else "-"
-    print(f"{label:40s} {r['tokens_s']:9.2f} {r['ms_token']:9.1f} {ratio:>9s} {r['first_s']:13.2f} "
-          f"{r.get('built', '-'):>6}")
-  if a.json: Path(a.json).write_text(json.dumps({"machine": machine(), "args": vars(a), "rows": rows}, indent=1))
+  if a.device.startswith("CL"):
+    from rulec.runtime import cl_device
+    print(f"GPU: {cl_device.get_device()}" + (f"; torch: {torch.cuda.get_device_name(0)}" if tdev == "cuda" else ""))
+  print(f"commit {commit()}; load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+  print(f"rulec on {a.device}" + (f", {threads()} threads" if a.device.startswith("CPU") else "") +
+        f"; {torch_note}; {tg_note}; size {a.size}; median of up to {a.reps} calls (>= {MIN_REPS}, {a.budget:g} s budget)")
+  sys.stdout.flush()
+
+  rows = [r for r in ROWS if not a.only or any(w.strip().lower() in r.name.lower() for w in a.only.split(","))]
+  body, ratios, notes = [], {"torch": {}, "tinygrad": {}}, []
+  for row in rows:
+    t0 = time.perf_counter()
+    r, t, g = measure(a, lib, torch, tdev, row, notes)
+    s = SHAPES[row.kind][a.size]
+    amount, unit = work(row, s)
+    rate = amount / (r.ms * 1e-3) / (1e12 if unit == "TFLOP/s" else 1e9) if r else None
+    err = grad_err = None
+    if r and t:
+      err = f"{max_err(r.outs[:1], t.outs[:1])[0]:.1e}"
+      if row.backward: grad_err = "{:.1e} ({:.0e})".format(*max_err(r.outs[1:], t.outs[1:]))
+    for side, x in (("torch", t), ("tinygrad", g)):
+      if r and x: ratios[side][row.name] = x.ms / r.ms
+    body.append([f"{row.name} {describe(row.kind, s)}", fmt(r and r.ms), f"{fmt(rate)} {unit}" if r else "-",
+                 fmt(t and t.ms), fmt(ratios["torch"].get(row.name)), fmt(g and g.ms),
+                 fmt(ratios["tinygrad"].get(row.name)), str(r.kernels) if r else "-", err or "-",
+                 grad_err or "-"])
+    print(f"  done {row.name}: rulec {fmt(r and r.ms)} ms ({r.kernels if r else '-'} kernels, run + capture + one replay "
+          f"{fmt(r and r.build_s)} s, {len(r.times) if r else 0} timed), torch {fmt(t and t.ms)} ms, tinygrad "
+          f"{fmt(g and g.ms)} ms ({g.kernels if g else '-'} kernels) [{time.perf_counter() - t0:.0f} s]")
+    sys.stdout.flush()
+  print()
+  print_table(["row", "rulec ms", "rulec rate", "torch ms", "torch/rulec", "tinygrad ms", "tinygrad/rulec", "kernels",
+               "err out", "err grads (rel)"], body)
+  for n in group_notes(notes): print(f"note: {n}")
+  for side, by in ratios.items():
+    geo = math.exp(statistics.fmean(math.log(v) for v in by.values())) if by else float("nan")
+    print(f"ratios {side} ms / rulec ms (> 1: rulec faster): " +
+          (" ".join(f"{k.replace(' ', '_')}={v:.2f}" for k, v in by.items()) or "none") + f" geomean={geo:.3f}")
 
 
 if __name__ == "__main__":

@@ -120,7 +120,7 @@ tinygrad decodes with a KV cache by binding the position to a symbolic `Variable
 offset or a slice size stays in the graph, the scheduler takes its value out (engine/sched/variables.py), the
 kernels take it as an argument, and one schedule, one set of compiled kernels and one TinyJit capture serve every
 value. tinygrad's examples/gpt2.py and extra/models/llama.py decode on rulec with their step compiled once
-(bench/models.py `--only rulec-tgfile`).
+(bench/generate.py `--only rulec-tgfile`).
 
 - The Variable: `Variable(name, min, max)` is `UOp.variable(name, min, max)` (both spellings, as tinygrad 0.14, and
   `tinygrad.uop.ops.Variable` is the UOp type) and makes a DEFINE_VAR node. `.bind(v)` gives a BIND node; a value

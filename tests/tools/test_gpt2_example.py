@@ -2,7 +2,7 @@
 a generation loop in constant memory, weights read from Hugging Face's two file formats (written here), and the
 byte-level fallback tokenizer.
 
-The speed run is the example's own job (and bench/models.py's): python examples/gpt2.py --random
+The speed run is the example's own job (and bench/generate.py's): python examples/gpt2.py --random
 """
 from __future__ import annotations
 
