@@ -227,7 +227,12 @@ class FusionFacts:
     reshape x and do permute it (a pool's gradient is computed in the pool's axis order and read in the image's
     order): storing that view lays the value out as it is read; else None."""
     v, seen = self._sole_chain(x, (Ops.PERMUTE, Ops.RESHAPE))
-    return v if Ops.PERMUTE in seen else None
+    if Ops.PERMUTE not in seen: return None
+    # (reshapes after the last permute: stored contiguous, the permuted value has their layout already, and its
+    # kernel keeps the axes apart; attention's (B, H, T, D) -> (B, T, H * D) would loop over H * D and index with
+    # divisions, which no register tile takes)
+    while v.op is Ops.RESHAPE: v = v.src[0]
+    return v
 
   def row_value(self, x: UOp) -> bool:
     """x is read only broadcast along trailing axes of size 1 (a keepdim reduce over the last axes: a softmax row's

@@ -165,3 +165,21 @@ def test_an_elementwise_broadcast_is_not_a_repeat():
   out = Tensor(np.ones((4, 8, 8), np.float32)) * s.expand(4, 8, 8)
   facts = FusionFacts(UOp(Ops.SINK, dtypes.void, (out.uop,)), hoists=False)
   assert facts.repeats(s.uop) == 0 and facts.uses(s.uop) == 64
+
+
+def test_attention_heads_merged_for_the_projection_keep_their_axes():
+  """Attention's (B, H, T, D) output permuted to (B, T, H, D) and reshaped to (B, T, H * D) for the output
+  projection is stored permuted (store_permuted_reduce), with the kernel's loops over H and D apart: a loop over
+  H * D would index v with divisions by D, which no register tile takes (it ran 90 times slower on the CPU)."""
+  schedule_cache.clear()
+  rng = np.random.default_rng(5)
+  b, t, h, d = 2, 8, 4, 16
+  q, k, v, w = _rand(rng, b, h, t, d), _rand(rng, b, h, t, d), _rand(rng, b, h, t, d), _rand(rng, h * d, h * d)
+  a = (q @ k.transpose(-1, -2)).softmax(-1) @ v
+  out = a.transpose(1, 2).reshape(b, t, h * d) @ w
+  kernels = Tensor.schedule(out)
+  assert any(f"ranges ({b}, {t}, {h}, {d}, {t})" in repr(k) for k in kernels), kernels
+  s = q.numpy() @ k.numpy().transpose(0, 1, 3, 2)
+  p = np.exp(s - s.max(-1, keepdims=True))
+  want = ((p / p.sum(-1, keepdims=True)) @ v.numpy()).transpose(0, 2, 1, 3).reshape(b, t, h * d) @ w.numpy()
+  np.testing.assert_allclose(out.numpy(), want, rtol=1e-4, atol=1e-5)
