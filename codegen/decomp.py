@@ -89,8 +89,12 @@ def exp2_bits(x: UOp) -> UOp:
   """2**x for a float32 x, in float32 (sixteen lanes to an AVX-512 instruction, eight to AVX2: the float64 version
   this replaced held softmax's exp kernels at three times a copy's time): x = n + r with n = round(x), 2**r by a
   polynomial, times 2**n from exponent bits in two halves, so that results down in the subnormals round once."""
-  # past these every float32 result is inf or 0; both ends keep the halves of n inside float32's normal exponents
-  d = UOp.const(_F32, 129.0).lt(x).where(129.0, x.lt(-151.0).where(-151.0, x))
+  # past these every float32 result is inf or 0; both ends keep the halves of n inside float32's normal exponents.
+  # Below -151 the result is 0, selected at the end: computing it as 2**-75 * 2**-76 makes x86 cores take a
+  # microcode assist on every underflowing multiply (a causal mask's -1e9 sent half of a softmax there: 16 ms
+  # against 2.4 for the same kernel over ordinary values), so those lanes compute 2**0 instead
+  zero = x.lt(-151.0)
+  d = UOp.const(_F32, 129.0).lt(x).where(129.0, zero.where(0.0, x))
   t = d + _ROUND32
   r = d - (t - _ROUND32)                # exact: |r| <= 1/2
   p = _fma(r, _poly(r, _EXP2_Q, fuse=True), 1.0)   # six fmas where the target has them: a softmax is bound by these
@@ -99,7 +103,7 @@ def exp2_bits(x: UOp) -> UOp:
   nb = t.bitcast(_U32) - (_ROUND32_BITS - 256)
   half = nb >> 1
   res = p * ((half - 1) << 23).bitcast(_F32) * ((nb - half - 1) << 23).bitcast(_F32)
-  return x.ne(x).where(x, res)          # NaN stays the input's NaN
+  return x.ne(x).where(x, zero.where(0.0, res))   # NaN stays the input's NaN
 
 
 @rule_helper
