@@ -495,7 +495,7 @@ def main() -> None:
       tdev = "cuda" if not a.device.startswith("CPU") and torch.cuda.is_available() else "cpu"
       if tdev == "cuda": torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
       else: torch.set_num_threads(a.torch_threads or threads())
-      torch_note = f"torch {torch.__version__} eager on {tdev}" + (f", {torch.get_num_threads()} threads" if tdev == "cpu" else ", TF32 off")
+      torch_note = f"torch {torch.__version__} eager on {tdev}" + (f", {torch.get_num_threads()} thread(s)" if tdev == "cpu" else ", TF32 off")
     except ImportError: torch = None
   else: torch_note = "torch: left out (--no-torch)"
   if not a.no_tinygrad and importlib.util.find_spec("tinygrad") is None: a.no_tinygrad, tg_note = True, "tinygrad: not installed"
@@ -505,7 +505,7 @@ def main() -> None:
     from rulec.runtime import cl_device
     print(f"GPU: {cl_device.get_device()}" + (f"; torch: {torch.cuda.get_device_name(0)}" if tdev == "cuda" else ""))
   print(f"commit {commit()}; load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
-  print(f"rulec on {a.device}" + (f", {threads()} threads" if a.device.startswith("CPU") else "") +
+  print(f"rulec on {a.device}" + (f", {threads()} thread(s)" if a.device.startswith("CPU") else "") +
         f"; {torch_note}; {tg_note}; size {a.size}; median of up to {a.reps} calls (>= {MIN_REPS}, {a.budget:g} s budget)")
   sys.stdout.flush()
 
