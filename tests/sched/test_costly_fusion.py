@@ -183,3 +183,20 @@ def test_attention_heads_merged_for_the_projection_keep_their_axes():
   p = np.exp(s - s.max(-1, keepdims=True))
   want = ((p / p.sum(-1, keepdims=True)) @ v.numpy()).transpose(0, 2, 1, 3).reshape(b, t, h * d) @ w.numpy()
   np.testing.assert_allclose(out.numpy(), want, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("rows, stored", [(512, True), (1, False)])
+def test_a_layernorm_read_by_a_wide_matmul_is_stored_unless_it_is_one_row(rows, stored):
+  """ln(x) * g + b read by x @ w1 (3072 columns): recomputed on every trip of the matmul's loop it slowed that loop
+  (store_costly_value stores it: the matmul kernel then reads one buffer for its left operand); for one row (a
+  decoding step) the recomputation costs less than a kernel, and it stays in the matmul."""
+  schedule_cache.clear()
+  rng = np.random.default_rng(6)
+  x, g, b, w = _rand(rng, rows, 768, scale=1.0), _rand(rng, 768), _rand(rng, 768), _rand(rng, 768, 3072)
+  out = (x.layernorm() * g + b) @ w
+  kernels = Tensor.schedule(out)
+  matmul = kernels[-1]
+  assert ("reads p1 p2, writes" in repr(matmul)) == stored, kernels   # the normalised rows and w, or all five
+  xn = x.numpy()
+  ln = (xn - xn.mean(-1, keepdims=True)) / np.sqrt(xn.var(-1, keepdims=True) + 1e-5)
+  np.testing.assert_allclose(out.numpy(), (ln * g.numpy() + b.numpy()) @ w.numpy(), rtol=1e-4, atol=1e-4)
