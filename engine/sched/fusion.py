@@ -23,12 +23,13 @@ from rulec.engine.ir.uop import UOp, prod
 # though they are a row's worth; a cost in bytes is #34's.)
 MAX_RECOMPUTE_READS = int(os.environ.get("RULEC_MAX_RECOMPUTE_READS", "7"))
 
-# The ops a recomputation counts as costly (ctx.transcendentals): each is a polynomial of several multiplies and
-# adds, a range reduction, or a division, on every device (codegen's EXP2 and SIN are polynomials on the CPU; a
-# GPU's special-function unit runs them at a fraction of its FMA rate).
-TRANSCENDENTAL = frozenset({Ops.EXP2, Ops.LOG2, Ops.SIN, Ops.SQRT, Ops.RECIPROCAL, Ops.FDIV, Ops.POW})
-# What one of them costs in ordinary ALU ops (ctx.cost), a rough count of the operations codegen emits for one.
-TRANSCENDENTAL_OPS = 16
+# The ops a recomputation counts as costly (ctx.transcendentals), and what each costs in ordinary ALU ops (ctx.cost):
+# exp2, log2, sin and pow are polynomials of a dozen multiplies and adds after a range reduction on the CPU
+# (codegen/decomp.py's exp2: six fmas and the exponent's bits), a GPU's special-function unit runs them at a
+# fraction of its FMA rate; a division, a reciprocal or a square root is one vector instruction of several cycles.
+TRANSCENDENTAL_OPS = {Ops.EXP2: 16, Ops.LOG2: 16, Ops.SIN: 16, Ops.POW: 16, Ops.SQRT: 4, Ops.RECIPROCAL: 4,
+                      Ops.FDIV: 4}
+TRANSCENDENTAL = frozenset(TRANSCENDENTAL_OPS)
 # What a kernel of its own costs, in ALU ops (ctx.launch_cost): the launch, the threads' start and join, the
 # pass through memory. About 20 us on this project's CPU and GPU hosts (bench/cl_launch_cost.py: 17 us per
 # launch on the H200's host), some two million ALU ops at a 2-core CPU's vector rate. A store that saves less
@@ -57,7 +58,7 @@ def _uses(sink: UOp, staged: set[UOp], contexts: dict[UOp, int] | None = None,
   outputs = set(sink.src)
   ctxs: dict[UOp, dict[Any, float]] = {u: {} for u in order}
   # per context: (0, None) while no reduce is above the node in it, else (the expansion since the reduce along
-  # axes it keeps, at least 1; the reduce's axes and input shape while only elementwise ops came between)
+  # axes it keeps, at least 1; the kind of each of the node's axes for that reduce, None where not known)
   reps: dict[UOp, dict[Any, tuple]] = {u: {} for u in order}
   ctxs[sink], reps[sink] = {(): 1.0}, {(): (0.0, None)}
   out: dict[UOp, float] = {}
@@ -71,16 +72,24 @@ def _uses(sink: UOp, staged: set[UOp], contexts: dict[UOp, int] | None = None,
       own, own_r = {(u,): float(sum(own.values()))}, {(u,): (max(r for r, _ in own_r.values()), None)}
     out[u] = sum(mine.values())
     if contexts is not None: contexts[u] = len(mine)
-    if repeats is not None: repeats[u] = max((r for r, _ in mine_r.values()), default=0.0)
+    # (a node the same all along the reduce's loop, every reduced axis broadcast, is computed outside that loop)
+    if repeats is not None:
+      repeats[u] = max((r for r, m in mine_r.values() if m is None or REDUCED in m or not m), default=0.0)
     for s in u.src:
       if u.op in ALU or u.op in (Ops.CAST, Ops.BITCAST): add, add_r = own, own_r
       elif u.op in MOVEMENT or u.op is Ops.REDUCE_AXIS:
         f = prod(u.shape) / max(1, prod(s.shape)) if u.op is Ops.EXPAND and s._shape else 1.0
         add = {(k, u): w * f for k, w in own.items()}
-        if u.op is Ops.REDUCE_AXIS: add_r = {(k, u): (max(r, 1.0), (u.arg[1], s.shape)) for k, (r, _) in own_r.items()}
+        if u.op is Ops.REDUCE_AXIS and _contraction(u):
+          red = tuple(REDUCED if i in u.arg[1] else KEPT for i in range(len(s.shape)))
+          add_r = {(k, u): (max(r, 1.0), red) for k, (r, _) in own_r.items()}
+        elif u.op is Ops.REDUCE_AXIS: add_r = {(k, u): (0.0, None) for k in own_r}
         elif u.op is Ops.EXPAND:
-          add_r = {(k, u): (r * _kept_expansion(u, s, axes, f) if r else 0.0, None) for k, (r, axes) in own_r.items()}
-        else: add_r = {(k, u): (r, _through(u, s, axes)) for k, (r, axes) in own_r.items()}
+          add_r = {}
+          for k, (r, m) in own_r.items():
+            factor, below = _kept_expansion(u, s, m, f)
+            add_r[(k, u)] = (r * factor, below) if r else (0.0, None)
+        else: add_r = {(k, u): (r, _through(u, s, m)) for k, (r, m) in own_r.items()}
       else: add, add_r = {(k, u): w for k, w in own.items()}, {(k, u): (r, None) for k, (r, _) in own_r.items()}
       tgt, tgt_r = ctxs[s], reps[s]
       for k, w in add.items(): tgt[k] = max(tgt.get(k, 0.0), w)
@@ -89,22 +98,62 @@ def _uses(sink: UOp, staged: set[UOp], contexts: dict[UOp, int] | None = None,
   return out
 
 
-def _kept_expansion(u: UOp, s: UOp, axes, f: float) -> float:
-  """The part of an EXPAND's factor f along axes the reduce above it keeps, where only elementwise ops and
-  permutes came between (`axes`: the reduce's axes and the shape they index): the product of the expanded sizes
-  outside the reduced axes. Where other movement ops came between (a pool's windows, built by reshapes and
-  shrinks) which axes the reduce loops over is not known here: 0, not counted."""
-  if u.op is not Ops.EXPAND or axes is None or axes[1] != u.shape or len(s.shape) != len(u.shape): return 0.0
-  reduced = set(axes[0])
-  return float(prod(n for i, (n, m) in enumerate(zip(u.shape, s.shape)) if n != m and i not in reduced))
+# The kinds of axis a mask (_through) gives each axis of a node below a reduce: one the reduce keeps (an output's),
+# one it loops over where the node varies along it, and one it loops over where the node is the same all along it
+# (broadcast by an EXPAND between: a batchnorm's per-channel scale under a pool's window).
+KEPT, REDUCED, BROADCAST = 0, 1, 2
 
 
-def _through(u: UOp, s: UOp, axes):
-  """The reduce's axes (as `_kept_expansion` reads them) in the coordinates of s, u's source: through an
-  elementwise op unchanged, through a permute mapped, through any other op unknown (None)."""
-  if axes is None: return None
-  if u.op is Ops.PERMUTE and axes[1] == u.shape: return (tuple(u.arg[i] for i in axes[0]), s.shape)
-  return None
+def _contraction(r: UOp) -> bool:
+  """r sums products (a matmul, a convolution, attention's two): the reduce whose operands it recomputes once per
+  output of the other operand's axes. A pool, a max or a plain sum reads each element once per window or row."""
+  v = r.src[0]
+  while v.op is Ops.CAST: v = v.src[0]
+  return r.arg[0] is Ops.ADD and v.op is Ops.MUL
+
+
+def _kept_expansion(u: UOp, s: UOp, mask, f: float) -> tuple[float, tuple | None]:
+  """(the part of an EXPAND's factor f along axes the reduce above it keeps, the mask for its source): the reduced
+  axes it expands become BROADCAST. Where the mask is not known (None; a convolution's windows, made by reshaping a
+  repeated image), all of f: each element is read by as many outputs, through the window's taps."""
+  if mask is None or len(mask) != len(u.shape) or len(s.shape) != len(u.shape): return f, None
+  grown = [n != m for n, m in zip(u.shape, s.shape)]
+  factor = float(prod(n for n, g, k in zip(u.shape, grown, mask) if g and k == KEPT))
+  return factor, tuple(BROADCAST if g and k == REDUCED else k for g, k in zip(grown, mask))
+
+
+def _through(u: UOp, s: UOp, mask):
+  """The mask of u (a kind per axis: KEPT, REDUCED, BROADCAST) for u's source s, or None where it is not known:
+  through an elementwise op, a PAD or a SHRINK unchanged (the same axes), through a PERMUTE permuted, through a
+  RESHAPE where no group of axes it splits or merges mixes kept and reduced ones (a matmul's reshaped operands)."""
+  if mask is None or len(mask) != len(u.shape): return None
+  if u.op is Ops.PERMUTE:
+    out = [KEPT] * len(mask)
+    for i, j in enumerate(u.arg): out[j] = mask[i]
+    return tuple(out)
+  if u.op is Ops.RESHAPE: return _reshape_mask(tuple(s.shape), tuple(u.shape), mask)
+  return mask if len(s.shape) == len(u.shape) else None
+
+
+def _reshape_mask(old: tuple, new: tuple, mask: tuple):
+  """`mask` over the axes of `new` carried to the axes of `old` (the same elements, reshaped), or None where a
+  group of axes that the reshape splits or merges mixes kept and reduced axes, or a size is not a number. Axes of
+  size 1 are KEPT; a reduced group is REDUCED where any axis of it is, else BROADCAST."""
+  if not all(isinstance(n, int) for n in (*old, *new)): return None
+  out = [KEPT] * len(old)
+  io, jn = [i for i, n in enumerate(old) if n != 1], [j for j, n in enumerate(new) if n != 1]
+  a = b = 0
+  while a < len(io) and b < len(jn):
+    gi, gj, po, pn = [io[a]], [jn[b]], old[io[a]], new[jn[b]]
+    a, b = a + 1, b + 1
+    while po != pn:
+      if po < pn and a < len(io): gi.append(io[a]); po *= old[io[a]]; a += 1
+      elif pn < po and b < len(jn): gj.append(jn[b]); pn *= new[jn[b]]; b += 1
+      else: return None
+    kinds = {mask[j] for j in gj}
+    if KEPT in kinds and len(kinds) > 1: return None
+    for i in gi: out[i] = KEPT if kinds == {KEPT} else REDUCED if REDUCED in kinds else BROADCAST
+  return tuple(out) if a == len(io) and b == len(jn) else None
 
 
 def _under_views(x: UOp) -> UOp:
@@ -181,7 +230,7 @@ class FusionFacts:
     return self._repeats.get(x, 0)
 
   def cost(self, x: UOp) -> int:
-    """ALU ops recomputing one element of x runs, each transcendental or division counted as TRANSCENDENTAL_OPS:
+    """ALU ops recomputing one element of x runs, each transcendental or division counted as several (TRANSCENDENTAL_OPS):
     its elementwise ops down to the buffers, the stored and hoisted values, the reduces and the broadcast values
     it reads."""
     return self._own_cost(x)[1]
@@ -301,7 +350,7 @@ class FusionFacts:
                         or x.op in (Ops.CONTIGUOUS, Ops.BUFFER, Ops.REDUCE_AXIS, Ops.EXPAND))
       for x in u.toposort(gate=lambda x: x is u or not edge(x)):
         if x is not u and edge(x): continue
-        if x.op in TRANSCENDENTAL: costly, ops = costly + 1, ops + TRANSCENDENTAL_OPS
+        if x.op in TRANSCENDENTAL: costly, ops = costly + 1, ops + TRANSCENDENTAL_OPS[x.op]
         elif x.op in ALU: ops += 1
       hit = self._costs[u] = (costly, ops)
     return hit
