@@ -11,7 +11,7 @@ import math
 from dataclasses import dataclass
 
 from rulec.codegen.opt.actions import Action, OptError
-from rulec.codegen.opt.transform import apply, free_ranges, reads_what_it_writes, tiles
+from rulec.codegen.opt.transform import apply, free_ranges, reads_what_it_writes, stored_sum, tiles
 from rulec.engine.ir.dtypes import dtypes
 from rulec.engine.ir.index_expr import evaluate
 from rulec.engine.ir.ops import Ops
@@ -252,8 +252,8 @@ def _k_block(k: Kernel, end: UOp, cols: int, nbytes: int = K_BLOCK_BYTES) -> int
   its largest divisor from 16 to twice that budget instead (1024 x 1001 x 1024 here: 26 ms unblocked, 8.5-9.9 in
   blocks of 77-143); one with no divisor from 16 (a prime) the power of two, the last block shorter (1009^3: 16.7 ms
   unblocked, 8.2-8.9 in blocks of 64, 7.9-8.5 with PREFETCH; numpy 6.6-7.3)."""
-  red = end.src[0].src[1]
-  if red.op is not Ops.REDUCE or len(red.src) != 2: return 0
+  red = stored_sum(end.src[0].src[1])
+  if red is None or len(red.src) != 2: return 0
   n = red.src[1].src[0].arg
   block = 1
   while block * 2 <= n and (block * 2) * cols * red.dtype.itemsize <= nbytes and n % (block * 2) == 0: block *= 2
@@ -302,8 +302,10 @@ def cpu_actions(k: Kernel, target: CPUTarget | None = None) -> list[Action]:
   if row is not None:
     out.append(Action("UPCAST", row.arg[0], rows))
     kb = _k_block(k, end, col.src[0].arg, WIDE_K_BLOCK_BYTES if lanes >= 16 else K_BLOCK_BYTES)
-    if kb: out.append(Action("KBLOCK", end.src[0].src[1].src[1].arg[0], kb))
-    if kb and lanes >= 16 and PREFETCH_AHEAD: out.append(Action("PREFETCH", end.src[0].src[1].src[1].arg[0], PREFETCH_AHEAD))
+    if kb:
+      k_axis = stored_sum(end.src[0].src[1]).src[1].arg[0]
+      out.append(Action("KBLOCK", k_axis, kb))
+      if lanes >= 16 and PREFETCH_AHEAD: out.append(Action("PREFETCH", k_axis, PREFETCH_AHEAD))
   out.append(Action("THREAD", end.src[1].arg[0]))   # the outermost store range (its outer part if upcast)
   return out
 

@@ -17,7 +17,7 @@ from rulec.codegen.opt import choose
 from rulec.codegen.opt.actions import Action, OptError, debug_level, format_actions, parse_actions
 from rulec.codegen.version import code_digest
 from rulec.engine import diskcache
-from rulec.codegen.opt.transform import apply
+from rulec.codegen.opt.transform import apply, stored_sum
 from rulec.engine.ir.ops import Ops
 from rulec.engine.ir.kernel import Kernel, structure
 
@@ -49,7 +49,7 @@ def _cpu_candidates(k: Kernel, end, target) -> list[list[Action]]:
         if not kb:
           out.append(acts + [Action("THREAD", first)])
           continue
-        k_axis = end.src[0].src[1].src[1].arg[0]   # (a blocked sum: the store's value is the REDUCE)
+        k_axis = stored_sum(end.src[0].src[1]).src[1].arg[0]   # (a blocked sum: the REDUCE the store's value is of)
         for ahead in (0, choose.PREFETCH_AHEAD):   # with and without prefetches
           out.append(acts + [Action("KBLOCK", k_axis, kb)] + ([Action("PREFETCH", k_axis, ahead)] if ahead else [])
                      + [Action("THREAD", first)])

@@ -32,7 +32,7 @@ import math
 
 from rulec.codegen.opt.actions import Action, OptError
 from rulec.engine.ir.dtypes import dtypes
-from rulec.engine.ir.ops import Ops
+from rulec.engine.ir.ops import ALU, Ops
 from rulec.engine.ir.rewrite import substitute
 from rulec.engine.ir.uop import UOp
 from rulec.engine.ir.kernel import Kernel
@@ -84,6 +84,21 @@ def contiguous_offset(u: UOp, r: UOp) -> UOp | None:
 
 
 def size(r: UOp) -> int: return r.src[0].arg
+
+
+_COSTLY_EPILOGUE = frozenset({Ops.EXP2, Ops.LOG2, Ops.SIN, Ops.POW, Ops.FDIV, Ops.RECIPROCAL, Ops.SQRT})
+
+
+def stored_sum(value: UOp) -> UOp | None:
+  """The one REDUCE in a store's value, where the value is it or an elementwise function of it (a matmul with a
+  bias, gelu or a residual add after it) and no other reduce is inside; else None."""
+  reduces = [u for u in value.toposort() if u.op is Ops.REDUCE]
+  if len(reduces) != 1: return None
+  red = reduces[0]
+  if value is red: return red
+  # (every path from the value down to the sum is elementwise: nothing indexes it elsewhere)
+  return red if all(u.op in ALU or u.op in (Ops.CAST, Ops.BITCAST, Ops.WHERE) for u in value.toposort(gate=lambda x: x is not red)
+                    if u is not red and red in u.toposort()) else None
 
 
 def renamed_reduce(red: UOp) -> UOp:
@@ -248,18 +263,29 @@ class _Applier:
   def kblock(self, a: Action) -> None:
     end = _sole_end(self.ast, a)
     st = end.src[0]
-    (target, red), n = st.src, a.amount
-    if red.op is not Ops.REDUCE or red.arg is not Ops.ADD or red.dtype not in (dtypes.float32, dtypes.float64) \
-       or len(red.src) != 2 or red.src[1].arg[0] != a.axis:
-      raise OptError(f"{a}: takes a kernel that stores a float sum over one range, r{a.axis}, straight into its output")
-    if _aliased(self.k) or target.src[0] in red.toposort():
+    (target, stored), n = st.src, a.amount
+    red = stored_sum(stored)
+    if red is None or red.arg is not Ops.ADD or red.dtype not in (dtypes.float32, dtypes.float64) \
+       or len(red.src) != 2 or red.src[1].arg[0] != a.axis or stored.dtype != red.dtype:
+      raise OptError(f"{a}: takes a kernel that stores a float sum over one range, r{a.axis}, into its output (or an "
+                     "elementwise function of it, of the sum's dtype)")
+    if _aliased(self.k) or target.src[0] in stored.toposort():
       raise OptError(f"{a}: the sum reads the buffer it writes, so a block would see another block's partial sums")
+    if any(u.op in _COSTLY_EPILOGUE for u in stored.toposort(gate=lambda x: x is not red)):
+      # (every block computes the select's both sides: gelu's exp on each of 48 blocks held GPT-2's first MLP matmul
+      # at twice the time of the unblocked loop)
+      raise OptError(f"{a}: the epilogue computes a transcendental, which every block would compute again")
     k = red.src[1]
     block, inner, expr = self._serial_blocks(a, k, partial=True)
     part = UOp(Ops.REDUCE, red.dtype, (substitute(red.src[0], {k: expr}), inner), Ops.ADD)
     first = UOp(Ops.CMPLT, dtypes.bool, (block, UOp.const(dtypes.index, 1)))
     before = UOp(Ops.WHERE, red.dtype, (first, UOp.const(red.dtype, 0.0), target))   # what earlier blocks stored
     value = UOp(Ops.ADD, red.dtype, (before, part))
+    if stored is not red:
+      # an epilogue (a bias, gelu, a residual add): the blocks store the partial sums, the last one the epilogue of
+      # the whole sum (a matmul's epilogue kept it from KBLOCK: GPT-2's MLP ran its matmuls at half the plain speed)
+      last = UOp(Ops.CMPLT, dtypes.bool, (block, UOp.const(dtypes.index, size(block) - 1)))
+      value = UOp(Ops.WHERE, red.dtype, (last, value, substitute(stored, {red: value})))
     # a ragged UPCAST's last tile overlaps the one before, which has added this block already: those lanes store
     # back what they find
     if (twice := _overlapped(st)) is not None: value = UOp(Ops.WHERE, red.dtype, (twice, target, value))

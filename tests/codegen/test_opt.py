@@ -121,14 +121,30 @@ def test_a_forced_action_that_does_not_apply_names_the_kernel_and_why(fresh, act
   with pytest.raises(OptError, match=f"RULEC_OPT for kernel {key}: .*" + msg.format(**names)): t.numpy()
 
 
-def test_kblock_refuses_sums_that_feed_an_epilogue(fresh):
+@pytest.mark.parametrize("threads", ["1", "2"])
+def test_kblock_takes_a_cheap_epilogue(fresh, threads):
+  """A matmul with a bias, a residual add and a relu after it, in blocks of 8 along the sum: the blocks store
+  partial sums and the last one the epilogue of the whole sum (GPT-2's second MLP matmul runs blocked so)."""
+  rng = np.random.default_rng(3)
+  a, b = rng.standard_normal((40, 24)).astype(np.float32), rng.standard_normal((24, 48)).astype(np.float32)
+  bias, res = rng.standard_normal(48).astype(np.float32), rng.standard_normal((40, 48)).astype(np.float32)
+  def program(): return (Tensor(a) @ Tensor(b) + Tensor(bias) + Tensor(res)).relu()
+  key, axis = _key_and_axes(program())
+  fresh.setenv("RULEC_OPT", f"{key}=UPCAST({axis[48]},16) UPCAST({axis[40]},8) KBLOCK({axis[24]},8) THREAD({axis[40]})")
+  fresh.setenv("RULEC_THREADS", threads)
+  np.testing.assert_allclose(program().numpy(), np.maximum(a @ b + bias + res, 0), rtol=1e-5, atol=1e-5)
+
+
+def test_kblock_refuses_a_transcendental_epilogue_and_a_cast():
   x = np.random.default_rng(3).standard_normal((64, 64)).astype(np.float32)
-  for what in ((Tensor(x) @ Tensor(x)).relu(), (Tensor(x) @ Tensor(x)) * 2):
+  cases = (((Tensor(x) @ Tensor(x)).exp(), "transcendental"),
+           ((Tensor(x) @ Tensor(x)).cast("float16"), "stores a float sum over one range, r\\d+, into its output"))
+  for what, msg in cases:
     for k in what.schedule():
       low = decomposed(k)
       red = next((u for u in low.ast.toposort() if u.op.name == "REDUCE"), None)
       if red is not None: break
-    with pytest.raises(OptError, match="stores a float sum over one range, r\\d+, straight into its output"):
+    with pytest.raises(OptError, match=msg):
       apply(low, parse_actions(f"KBLOCK({red.src[1].arg[0]},16)"), "CPU")
 
 
