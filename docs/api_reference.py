@@ -215,16 +215,16 @@ DEV=NULL, or for one step of the small config where the model reads values back)
   |---|---|---|---|
   | extra/models/resnet.py | yes (ResNet18) | logits | 19, 19 (224x224) |
   | extra/models/efficientnet.py | yes (B0) | logits | 99, 99 (224x224); 93, 93 at 32x32 |
-  | extra/models/vit.py | yes (ViT-Ti) | logits | 172, 198 |
-  | extra/models/bert.py | yes (BertForPretraining) | LM and NSP logits; one SGD step on the file's loss: loss, weights | 66, 76 forward; 295, 317 step (4 layers of 256) |
+  | extra/models/vit.py | yes (ViT-Ti) | logits | 185, 198 |
+  | extra/models/bert.py | yes (BertForPretraining) | LM and NSP logits; one SGD step on the file's loss: loss, weights | 66, 76 forward; 298, 317 step (4 layers of 256) |
   | extra/models/transformer.py | yes, trained by extra/training.py on examples/transformer.py's data | log-probs; 3 jitted Adam steps: losses, accuracies, weights (`embed` is_param False: untouched); evaluate()'s predictions | 33, 37 forward; 197, 311 step |
   | extra/models/llama.py | yes: jit=False, and the default TinyJit path with start_pos a bound Variable | prompt logits, 5 greedy tokens, the KV cache | 34, 35 prompt; 31, 32 decode step; 31, 34 jitted decode step (2 layers) |
   | examples/gpt2.py | yes: Transformer.forward, and GPT2.generate (TinyJit, the token and start_pos bound Variables; any object with encode/decode for tiktoken) | greedy tokens, the KV cache | 36, 50 prompt; 33, 47 decode step; 32, 48 generate step |
   | examples/mamba.py | yes (it imports `transformers` at the top, for its tokenizer: a stand-in module) | generate(): the prompt, then 4 one-token steps under its TinyJit; the SSM state | 147, 200 |
   | examples/mixtral.py | yes (MixtureFeedForward in llama.Transformer; start_pos an int, or a bound Variable as its __main__ passes it) | greedy tokens | 39, 57 prompt; 36, 54 decode step |
-  | extra/models/unet.py | yes, weights float16 as stable_diffusion.py --fp16 | output (tinygrad's PYTHON device has no float16 in supported_dtypes(), so the file kept its activations float32 there) | 176, 209 |
-  | extra/models/convnext.py | yes (ConvNeXt-T) | logits | 105, 128 |
-  | examples/beautiful_mnist.py | yes (`tinygrad.nn.datasets` now exists; `@function`) | 3 train steps (plain, captured, replayed) under TinyJit and Context(TRAINING=1), Adam: losses, weights; the jitted test accuracy (a fixed batch for `Tensor.randint`) | 95, 147 step; 95, 114 replayed |
+  | extra/models/unet.py | yes, weights float16 as stable_diffusion.py --fp16 | output (tinygrad's PYTHON device has no float16 in supported_dtypes(), so the file kept its activations float32 there) | 191, 209 (176, 209 at the small config) |
+  | extra/models/convnext.py | yes (ConvNeXt-T) | logits | 126, 128 |
+  | examples/beautiful_mnist.py | yes (`tinygrad.nn.datasets` now exists; `@function`) | 3 train steps (plain, captured, replayed) under TinyJit and Context(TRAINING=1), Adam: losses, weights; the jitted test accuracy (a fixed batch for `Tensor.randint`) | 98, 147 step; 98, 114 replayed |
 
 Where rulec differs, and why:
 
@@ -245,8 +245,11 @@ Where rulec differs, and why:
   `Context(TRAINING=1)`, which sets the same switch in rulec (an optimizer step outside it raises in both).
 - `fetch` and the dataset loaders read nothing from the network: pass paths (`torch_load(path)`,
   `mnist(path=...)`); the examples' `__main__` blocks that download weights stop there.
-- Kernel counts (bench/results/models-zoo-2026-12-05c.txt): rulec runs as many kernels as tinygrad or fewer on
-  all 12, at both configs. The last three above tinygrad were fusion decisions (rules/): EfficientNet's
+- Kernel counts (bench/results/models-zoo-2026-12-05d.txt): rulec runs as many kernels as tinygrad or fewer on
+  all 12, at both configs. Since the fusion rules weigh what a recomputation costs (docs/fusion.md, "Recomputing
+  inside a reduction"), four store a value a matmul or a convolution would otherwise recompute on every trip of
+  its loop (a layernorm's output, a training batchnorm's activation): ViT 172 -> 185, BERT's step 295 -> 298,
+  ConvNeXt-T 105 -> 126, the UNet at its larger config 176 -> 191, MNIST's step 95 -> 98. The last three above tinygrad were fusion decisions (rules/): EfficientNet's
   squeeze-excite pool over a 1x1 image is its values (rules/early.rules reduce_unit_axes), ViT's pre-norm residual
   stream is stored with each block's matmul (docs/fusion.md, `needed_below`), and BERT's training step keeps its
   gelu and layernorm gradients in their consumers and takes no gradient through softmax's max.
