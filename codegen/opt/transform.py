@@ -32,7 +32,7 @@ import math
 
 from rulec.codegen.opt.actions import Action, OptError
 from rulec.engine.ir.dtypes import dtypes
-from rulec.engine.ir.ops import ALU, Ops
+from rulec.engine.ir.ops import ALU, TRANSCENDENTAL, Ops
 from rulec.engine.ir.rewrite import substitute
 from rulec.engine.ir.uop import UOp
 from rulec.engine.ir.kernel import Kernel
@@ -86,9 +86,6 @@ def contiguous_offset(u: UOp, r: UOp) -> UOp | None:
 def size(r: UOp) -> int: return r.src[0].arg
 
 
-_COSTLY_EPILOGUE = frozenset({Ops.EXP2, Ops.LOG2, Ops.SIN, Ops.POW, Ops.FDIV, Ops.RECIPROCAL, Ops.SQRT})
-
-
 def stored_sum(value: UOp) -> UOp | None:
   """The one REDUCE in a store's value, where the value is it or an elementwise function of it (a matmul with a
   bias, gelu or a residual add after it) and no other reduce is inside; else None."""
@@ -96,9 +93,14 @@ def stored_sum(value: UOp) -> UOp | None:
   if len(reduces) != 1: return None
   red = reduces[0]
   if value is red: return red
-  # (every path from the value down to the sum is elementwise: nothing indexes it elsewhere)
-  return red if all(u.op in ALU or u.op in (Ops.CAST, Ops.BITCAST, Ops.WHERE) for u in value.toposort(gate=lambda x: x is not red)
-                    if u is not red and red in u.toposort()) else None
+  # (every path from the value down to the sum is elementwise: nothing indexes it elsewhere). One pass, children
+  # first: which nodes reach the sum
+  reaches: set[UOp] = {red}
+  for u in value.toposort(gate=lambda x: x is not red):
+    if u is not red and any(s in reaches for s in u.src):
+      if not (u.op in ALU or u.op in (Ops.CAST, Ops.BITCAST)): return None
+      reaches.add(u)
+  return red
 
 
 def renamed_reduce(red: UOp) -> UOp:
@@ -271,7 +273,7 @@ class _Applier:
                      "elementwise function of it, of the sum's dtype)")
     if _aliased(self.k) or target.src[0] in stored.toposort():
       raise OptError(f"{a}: the sum reads the buffer it writes, so a block would see another block's partial sums")
-    if any(u.op in _COSTLY_EPILOGUE for u in stored.toposort(gate=lambda x: x is not red)):
+    if any(u.op in TRANSCENDENTAL for u in stored.toposort(gate=lambda x: x is not red)):
       # (every block computes the select's both sides: gelu's exp on each of 48 blocks held GPT-2's first MLP matmul
       # at twice the time of the unblocked loop)
       raise OptError(f"{a}: the epilogue computes a transcendental, which every block would compute again")

@@ -46,6 +46,9 @@ BINARY = frozenset({Ops.ADD, Ops.SUB, Ops.MUL, Ops.FDIV, Ops.IDIV, Ops.MOD, Ops.
                     Ops.CMPEQ, Ops.CDIV, Ops.CMOD, Ops.AND, Ops.OR, Ops.XOR, Ops.SHL, Ops.SHR, Ops.THREEFRY})
 TERNARY = frozenset({Ops.WHERE, Ops.MULACC})
 ALU = UNARY | BINARY | TERNARY
+# Ops that cost several ALU ops each: a polynomial after a range reduction (exp2, log2, sin, pow) or a division,
+# reciprocal or square root (the fusion cost facts, engine/sched/fusion.py; KBLOCK's epilogues, codegen/opt)
+TRANSCENDENTAL = frozenset({Ops.EXP2, Ops.LOG2, Ops.SIN, Ops.POW, Ops.SQRT, Ops.RECIPROCAL, Ops.FDIV})
 # MULACC's arg where its product and sum may round once (an fma, where the target has one): set by code whose error
 # budget was measured both ways (rules/decomp.rules' polynomials). The decomposition settles it per device: the mark
 # stays only where the device asks for MULACC (the CPU with FMA), which then rounds once, always; elsewhere it is

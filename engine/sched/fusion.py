@@ -9,7 +9,7 @@ import os
 from typing import Any
 
 from rulec.engine.sched.early import is_buffer_view
-from rulec.engine.ir.ops import ALU, MOVEMENT, Ops
+from rulec.engine.ir.ops import ALU, MOVEMENT, TRANSCENDENTAL, Ops
 from rulec.engine.ir.uop import UOp, prod
 
 # The buffers a recomputed value may read before it is stored instead (ctx.max_reads in rules/fusion.rules).
@@ -29,7 +29,7 @@ MAX_RECOMPUTE_READS = int(os.environ.get("RULEC_MAX_RECOMPUTE_READS", "7"))
 # fraction of its FMA rate; a division, a reciprocal or a square root is one vector instruction of several cycles.
 TRANSCENDENTAL_OPS = {Ops.EXP2: 16, Ops.LOG2: 16, Ops.SIN: 16, Ops.POW: 16, Ops.SQRT: 4, Ops.RECIPROCAL: 4,
                       Ops.FDIV: 4}
-TRANSCENDENTAL = frozenset(TRANSCENDENTAL_OPS)
+assert frozenset(TRANSCENDENTAL_OPS) == TRANSCENDENTAL
 # What a kernel of its own costs, in ALU ops (ctx.launch_cost): the launch, the threads' start and join, the
 # pass through memory. About 20 us on this project's CPU and GPU hosts (bench/cl_launch_cost.py: 17 us per
 # launch on the H200's host), some two million ALU ops at a 2-core CPU's vector rate. A store that saves less
