@@ -40,7 +40,8 @@ import struct
 import numpy as np
 from llvmlite import ir
 
-from rulec.codegen.opt.transform import prefetch_ahead, range_kind, renamed_reduce
+from rulec.codegen.online import running_max
+from rulec.codegen.opt.transform import free_ranges, prefetch_ahead, range_kind, renamed_reduce
 from rulec.codegen.scoped import ScopedEmitter
 from rulec.engine.ir.dtypes import DType, dtypes
 from rulec.engine.ir.ops import MAY_FUSE, Ops
@@ -483,6 +484,8 @@ class LLVMRenderer(ScopedEmitter):
     if bound is None and lanes == [()] and op is Ops.MAX and d in (dtypes.float32, dtypes.float64) and len(rngs) == 1 \
        and rngs[0].src[0].arg >= 2 * MAX_LANES:
       return [self._max_in_lanes(value, rngs[0], d)]
+    run = running_max(u)
+    if run is not None: return self._running_sum(u, lanes, run)
     # float16 accumulates in float: sums and products as numpy's do, rounded once at the end (max is exact either way)
     wide = d is dtypes.float16
     ad = dtypes.float32 if wide else d
@@ -527,6 +530,62 @@ class LLVMRenderer(ScopedEmitter):
     for lp in reversed(loops): self.close_loop(lp, no_vectorize=many and not along)
     outs = [self.b.load(acc) for acc in accs]
     return [self._to_half(o) for o in outs] if wide else outs
+
+  def _running_sum(self, u: UOp, asked: list[tuple[int, ...]], run: UOp) -> list:
+    """A float sum over a softmax's row with a running max (RUNMAX `run`, rules/online.rules) in one loop, together
+    with every other such sum over the same range and max (the row's sum of exponentials beside the sum of their
+    products with v: one loop computes both, a multi-accumulator reduction; ScopedEmitter.running_plan). Per step:
+    the scores t; where t exceeds the max m so far, every partial sum that shares m is multiplied by
+    exp2(a * (m - t)) and m becomes t (a branch: after a row's first steps its max seldom grows); then the
+    exponential, computed with m (0 while m is -inf: those terms are exp2(-inf) = 0, and what was summed is
+    multiplied by exp2(-inf) = 0 when m first grows), once per group of lanes with the same scores; then each
+    sum's terms. A row whose max stays -inf sums NaN, as the two-pass form does. Returns u's `asked` lanes."""
+    b, ty = self.b, lltype(u.dtype)
+    plan = self.running_plan(u, run)
+    keys, held, many = plan.keys, plan.held, plan.many
+    ninf, zero = ir.Constant(ty, -math.inf), ir.Constant(ty, 0.0)
+    accs = {s: {k: self._alloca(ty, "acc") for k in plan.groups(s)} for s in plan.sums}
+    maxes = {k: self._alloca(ty, "runmax") for k in plan.groups(run)}
+    for per in accs.values():
+      for acc in per.values(): b.store(zero, acc)
+    for m in maxes.values(): b.store(ninf, m)
+    loop = self.open_loop(u.src[1])
+    safe, factor = {}, {}
+    for k, lane in plan.groups(run).items():
+      if many: self.enter_lane(lane)
+      t = self.value(run.src[0])
+      if many: self.scopes.pop()
+      old = b.load(maxes[k])
+      rescale, join = self.fn.append_basic_block("runmax_grow"), self.fn.append_basic_block("runmax_join")
+      b.cbranch(b.fcmp_ordered(">", t, old), rescale, join)
+      b.position_at_end(rescale)
+      corr = self._intrinsic("llvm.exp2", [b.fmul(b.fsub(old, t), ir.Constant(ty, run.arg))])
+      for s in plan.sums:
+        for sk, first in plan.groups(s).items():
+          if keys[run](first) == k: b.store(b.fmul(b.load(accs[s][sk]), corr), accs[s][sk])
+      b.store(t, maxes[k])
+      b.branch(join)
+      b.position_at_end(join)
+      now = b.load(maxes[k])
+      safe[k] = b.select(b.fcmp_ordered("==", now, ninf), zero, now)
+    for k, lane in plan.groups(held).items():
+      if many: self.enter_lane(lane)
+      self.scopes[-1][run] = safe[keys[run](lane)]
+      factor[k] = self.value(held)
+      if many: self.scopes.pop()
+    for s in plan.sums:
+      for sk, lane in plan.groups(s).items():
+        if many: self.enter_lane(lane)
+        self.scopes[-1][run] = safe[keys[run](lane)]
+        self.scopes[-1][held] = factor[keys[held](lane)]
+        v = self.value(s.src[0])
+        b.store(b.fadd(b.load(accs[s][sk]), v, flags=("reassoc", "contract")), accs[s][sk])
+        if many: self.scopes.pop()
+    self.close_loop(loop, no_vectorize=many)
+    nan = ir.Constant(ty, math.nan)
+    done = {s: {sk: b.select(b.fcmp_ordered("==", b.load(maxes[keys[run](lane)]), ninf), nan, b.load(accs[s][sk]))
+                for sk, lane in plan.groups(s).items()} for s in plan.sums}
+    return self.running_results(plan, asked, done)
 
   def _guard_bound(self, red: UOp):
     """The loop end of a reduce over a Variable's size (ScopedEmitter.guard_end): min(max(e, 0), size), so the

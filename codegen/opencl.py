@@ -68,6 +68,7 @@ import numpy as np
 from rulec.engine.ir.alu import wrap
 from rulec.codegen.opt.transform import (VECTOR_DTYPES, VECTOR_WIDTHS, contiguous_offset, free_ranges, group_vector, range_kind,
                                    block_dims, renamed_reduce, staged_dims, staged_loads)
+from rulec.codegen.online import running_max
 from rulec.codegen.scoped import ScopedEmitter
 from rulec.engine.ir.dtypes import DType, dtypes
 from rulec.engine.ir.ops import Ops
@@ -585,6 +586,10 @@ class CLRenderer(ScopedEmitter):
     op, d = u.arg, u.dtype
     value, rngs = u.src[0], u.src[1:]
     ident = self.const(identity_element(op, d), d)
+    if (run := running_max(u)) is not None:
+      if self.group: raise ValueError("a running max (rules/online.rules) in a work-group reduction")
+      if self.ups: return self.lane_reduce(u, lambda x, lanes: self._running_sum(x, lanes, run))
+      return self._running_sum(u, [()], run)[0]
     if self.group: return self._group_reduce(u, ident)
     if self.ups: return self.lane_reduce(u, self._reduce_lanes)
     # a reduce inside this one that does not depend on its ranges (a row's max inside the sum of a logsumexp, fused
@@ -643,6 +648,49 @@ class CLRenderer(ScopedEmitter):
       step *= 2
     return self._reduced(op, d, accs[0])
 
+
+  def _running_sum(self, u: UOp, asked: list, run: UOp) -> list[str]:
+    """A float sum over a softmax's row with a running max (RUNMAX `run`, rules/online.rules) in one loop, with
+    every other such sum over the same range and max (the row's sum beside the products with v;
+    ScopedEmitter.running_plan): the form and its edge cases are codegen/llvmir.py's _running_sum. Returns u's
+    `asked` lanes."""
+    d, ct = u.dtype, self.ct(u.dtype)
+    plan = self.running_plan(u, run)
+    keys, held, many = plan.keys, plan.held, plan.many
+    zero, ninf = self.const(0.0, d), f"(({ct})(-INFINITY))"
+    accs = {sm: {k: self.tmp("acc") for k in plan.groups(sm)} for sm in plan.sums}
+    maxes = {k: self.tmp("runmax") for k in plan.groups(run)}
+    self.line(f"{ct} {', '.join(f'{x} = {zero}' for per in accs.values() for x in per.values())};")
+    self.line(f"{ct} {', '.join(f'{m} = {ninf}' for m in maxes.values())};")
+    self.open_loop(u.src[1])
+    safe, factor = {}, {}
+    for k, lane in plan.groups(run).items():
+      if many: self.enter_lane(lane)
+      t = self.value(run.src[0])
+      if many: self.scopes.pop()
+      m = maxes[k]
+      grown = [accs[sm][sk] for sm in plan.sums for sk, first in plan.groups(sm).items() if keys[run](first) == k]
+      corr = self.tmp("corr")
+      self.line(f"if ({t} > {m}) {{ {ct} {corr} = exp2(({m} - {t}) * {self.const(run.arg, d)}); "
+                + " ".join(f"{x} *= {corr};" for x in grown) + f" {m} = {t}; }}")
+      safe[k] = self.let(d, f"({m} == {ninf} ? {zero} : {m})")
+    for k, lane in plan.groups(held).items():
+      if many: self.enter_lane(lane)
+      self.scopes[-1][run] = safe[keys[run](lane)]
+      factor[k] = self.value(held)
+      if many: self.scopes.pop()
+    for sm in plan.sums:
+      for sk, lane in plan.groups(sm).items():
+        if many: self.enter_lane(lane)
+        self.scopes[-1][run] = safe[keys[run](lane)]
+        self.scopes[-1][held] = factor[keys[held](lane)]
+        self.line(f"{accs[sm][sk]} += {self.value(sm.src[0])};")
+        if many: self.scopes.pop()
+    self.close_loop(u.src[1])
+    nan = f"(({ct})NAN)"
+    done = {sm: {sk: self.let(d, f"({maxes[keys[run](lane)]} == {ninf} ? {nan} : {accs[sm][sk]})")
+                 for sk, lane in plan.groups(sm).items()} for sm in plan.sums}
+    return self.running_results(plan, asked, done)
 
   def _reduce_lanes(self, u: UOp, lanes: list) -> list[str]:
     """Every lane's result of u in one loop nest: an accumulator per lane, each lane's value emitted side by

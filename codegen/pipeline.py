@@ -9,6 +9,7 @@ import attrs
 
 from rulec.codegen import llvmir, opencl
 from rulec.codegen.decomp import decomposed
+from rulec.codegen.online import online
 from rulec.codegen.opt import Action, optimize
 from rulec.engine.ir.kernel import Kernel, validate
 
@@ -28,7 +29,7 @@ def lower(kernel: Kernel, device: str, target, optional: frozenset = frozenset()
   # validated again after each rewrite that can touch it: a user's rules directory may layer rules over decomp
   # (and the optimizer is large); what reaches a renderer has only the node kinds and arg types the IR allows
   validate(kernel)
-  low = decomposed(kernel, optional)          # validates what the decomp rules made
+  low = decomposed(online(kernel), optional)  # validates what the online and decomp rules made
   opt, actions = optimize(low, device, target, timer=timer)
   validate(opt)
   return Lowered(low, opt, actions)

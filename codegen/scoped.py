@@ -9,13 +9,16 @@ reused after it. Subclasses provide `emit(u)` for one node.
 Lanes (the optimizer's `upcast` ranges, codegen/opt): the value of a store is
 emitted once per lane, each lane in a scope of its own with the upcast ranges
 set to its constants (`lane_value`), and every REDUCE computes all lanes'
-results in one loop nest (`lane_reduce`), which each lane then takes its own of.
+results in one loop nest (`lane_reduce`), which each lane then takes its own of (kept, under the key ("lanes", u),
+in the scope around the lanes).
 """
 from __future__ import annotations
 
 import itertools
 from typing import Any, Callable
 
+from rulec.codegen.online import held_factor, running_max
+from rulec.codegen.opt.transform import free_ranges
 from rulec.engine.ir.alu import identity_element
 from rulec.engine.ir.ops import Ops
 from rulec.engine.ir.uop import UOp
@@ -50,7 +53,7 @@ class ScopedEmitter:
 
   # *** lanes ***
   def set_lanes(self, ups: dict[UOp, int]) -> None:
-    self.ups, self.lane_results, self.lane = dict(ups), {}, ()
+    self.ups, self.lane = dict(ups), ()
     self.lanes = list(itertools.product(*[range(n) for n in self.ups.values()])) if ups else [()]
 
   def each_lane(self):
@@ -73,12 +76,25 @@ class ScopedEmitter:
   def lane_reduce(self, u: UOp, reduce_all: Callable[[UOp, list], list]) -> Any:
     """This lane's result of REDUCE u; the first lane to ask computes every lane's with reduce_all(u, lanes),
     with the asking lane's scope set aside (what it holds may depend on the upcast ranges)."""
-    if u not in self.lane_results:
+    results = self.lookup(("lanes", u))
+    if results is None:
       outer, scope = self.lane, self.scopes.pop()
-      self.lane_results[u] = dict(zip(self.lanes, reduce_all(u, self.lanes)))
+      # (only the lanes that differ in the upcast ranges u depends on: a score that depends on a tile's row, not on
+      # its column, is one sum per row, not one per lane)
+      key = self.lane_key(u)
+      firsts = list({key(lane): lane for lane in reversed(self.lanes)}.values())[::-1]
+      got = dict(zip(map(key, firsts), reduce_all(u, firsts)))
+      # (kept in the scope around the lanes: computed inside a loop, the results are that loop's)
+      results = self.scopes[-1][("lanes", u)] = {lane: got[key(lane)] for lane in self.lanes}
       self.scopes.append(scope)
       self.set_lane(outer)
-    return self.lane_results[u][self.lane]
+    return results[self.lane]
+
+  def lane_key(self, u: UOp) -> Callable[[tuple[int, ...]], tuple[int, ...]]:
+    """A lane's indices in the upcast ranges u depends on: lanes with the same key have the same value of u."""
+    nodes = set(u.toposort())
+    dep = [i for i, r in enumerate(self.ups) if r in nodes]
+    return lambda lane: tuple(lane[i] for i in dep)
 
   def lookup(self, u: UOp) -> Any:
     for sc in reversed(self.scopes):
@@ -100,3 +116,44 @@ class ScopedEmitter:
       for s in (x.src[1:] if x.op is Ops.INDEX else x.src):   # a PARAM is a pointer, not a value
         if self.lookup(s) is None: stack.append((s, False))
     return self.lookup(u)
+
+  # *** sums with a running max (rules/online.rules): what both renderers' one-pass loops share ***
+  def running_plan(self, u: UOp, run: UOp) -> RunningPlan:
+    """The sums one loop computes with u (every sum over u's range with the same running max that no scope holds
+    yet: the row's sum beside the products with v), the factor of u's terms that holds the max, and each one's lane
+    key; the reduces in their terms that do not run over the range are computed first (every lane's), not at each
+    step of the loop. Every lane of the kernel takes part (the other sums may depend on more than u)."""
+    r, many = u.src[1], bool(self.ups)
+    lanes = self.lanes if many else [()]
+    open_ = set(self.ranges) | set(self.ups)
+    sums = [u] + [x for x in self.k.ast.toposort() if x.op is Ops.REDUCE and x is not u and len(x.src) == 2
+                  and x.src[1] is r and self.lookup(("lanes", x)) is None and self.lookup(x) is None
+                  and running_max(x) is run and free_ranges(x) <= open_]
+    held = held_factor(u.src[0], run)
+    keys = {x: (self.lane_key(x) if many else (lambda lane: ())) for x in (run, held, *sums)}
+    for x in dict.fromkeys(y for sm in sums for y in sm.src[0].toposort()):
+      if x.op is Ops.REDUCE and free_ranges(x) <= open_ and self.lookup(x) is None:
+        if many: self.enter_lane(lanes[0])
+        self.value(x)
+        if many: self.scopes.pop()
+    return RunningPlan(run, held, sums, keys, lanes, many)
+
+  def running_results(self, plan: RunningPlan, asked: list, done: dict) -> list:
+    """done: each sum's value per lane key. The other sums' values go to the current scope (per lane where there are
+    lanes); returns u's for the `asked` lanes."""
+    per_lane = {sm: {lane: done[sm][plan.keys[sm](lane)] for lane in plan.lanes} for sm in plan.sums}
+    for sm in plan.sums[1:]:
+      if plan.many: self.scopes[-1][("lanes", sm)] = per_lane[sm]
+      else: self.scopes[-1][sm] = per_lane[sm][()]   # (where u's value is kept: the same loops)
+    return [per_lane[plan.sums[0]][lane] for lane in asked]
+
+
+class RunningPlan:
+  """running_plan's answer: the running max, the factor of the terms holding it, the sums of one loop (the asked one
+  first), each one's lane key, the kernel's lanes, whether there are lanes."""
+  def __init__(self, run: UOp, held: UOp, sums: list[UOp], keys: dict, lanes: list, many: bool):
+    self.run, self.held, self.sums, self.keys, self.lanes, self.many = run, held, sums, keys, lanes, many
+
+  def groups(self, x: UOp) -> dict:
+    """x's lane key -> the first lane with it."""
+    return {self.keys[x](lane): lane for lane in reversed(self.lanes)}

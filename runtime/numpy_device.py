@@ -30,6 +30,7 @@ from typing import Iterable
 
 import numpy as np
 
+from rulec.codegen.online import running_max
 from rulec.engine.ir.alu import float_alu, wrap
 from rulec.engine.ir.dtypes import DType
 from rulec.engine.ir.ops import Ops
@@ -222,6 +223,7 @@ class _Run:
     if self.ndim > MAX_DIMS:
       raise NotImplementedError(f"the NUMPY device cannot run a kernel whose values span {self.ndim} ranges at once")
     self.val: dict[int, np.ndarray] = {}
+    self.prefix_max: dict[int, np.ndarray] = {}   # RUNMAX node -> its max so far at each step, -inf included
     self.poison: dict[int, tuple[np.ndarray, frozenset[int]]] = {}  # out-of-bounds reads: (mask, slots)
     self.reads: dict[int, frozenset[int]] = {}                       # slots a node loads from
     self.views = {slot: buffer_of(b).numpy_view() if slot in kernel.outputs else buffer_of(b).host_view()
@@ -263,6 +265,7 @@ class _Run:
     if op is Ops.INDEX: return self.load(u)
     srcs = [val[id(s)] for s in u.src]
     if op is Ops.REDUCE: return self.reduce(u, srcs[0])
+    if op is Ops.RUNMAX: return self.prefix(u, srcs[0])
     self.propagate_poison(u)
     if op is Ops.CAST: return _cast(srcs[0], u.dtype)
     if op is Ops.BITCAST: return _bitcast(srcs[0], u.dtype)
@@ -280,7 +283,36 @@ class _Run:
     if data.shape[0] == 0: return np.zeros(i.shape, dtype=data.dtype)
     return data[np.clip(i, 0, data.shape[0] - 1)]
 
+  def prefix(self, u: UOp, t: np.ndarray) -> np.ndarray:
+    """RUNMAX(t, r): at each step of r the max of t over the steps so far (a NaN never wins, as in MAX), as the
+    renderers' one-pass loop has it when it computes that step's term; 0 where that max is still -inf (the
+    renderers' stand-in; those terms are exp2(-inf) = 0). The raw prefix max is kept for the sum that rescales."""
+    r = u.src[1]
+    ax = self.axis[id(r)]
+    t = np.where(np.isnan(t), -np.inf, t)
+    if ax is not None:
+      shape = list(t.shape)
+      shape[ax] = self.size[id(r)]
+      t = np.fmax.accumulate(np.broadcast_to(t, shape), axis=ax)
+    self.prefix_max[id(u)] = t
+    return np.where(t == -np.inf, 0, t).astype(t.dtype, copy=False)
+
+  def _running_sum(self, u: UOp, run: UOp, v: np.ndarray) -> np.ndarray:
+    """A sum with a running max (rules/online.rules) as the one-pass loop computes it: each step's term was computed
+    with the max so far, m_j, and is rescaled by exp2(a * (m_j - M)) by the time the loop ends (M the last max); a
+    row whose max stays -inf is NaN."""
+    r = u.src[1]
+    ax = self.axis[id(r)]
+    prefix = self.prefix_max[id(run)]
+    last = prefix if ax is None else np.take(prefix, [-1], axis=ax)
+    with np.errstate(invalid="ignore", over="ignore"):
+      scale = np.exp2((prefix - last) * prefix.dtype.type(run.arg))
+      terms = v * scale
+      total = terms if ax is None else np.add.reduce(terms, axis=ax, keepdims=True, dtype=v.dtype)
+    return np.where(last == -np.inf, np.nan, total).astype(v.dtype, copy=False)
+
   def reduce(self, u: UOp, v: np.ndarray) -> np.ndarray:
+    if (run := running_max(u)) is not None: return self._running_sum(u, run, v)
     if len(u.src) == 1:
       if (p := self.poison.get(id(u.src[0]))) is not None: self.poison[id(u)] = p
       return v

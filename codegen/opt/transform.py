@@ -508,9 +508,22 @@ def staged_dims(load: UOp, store_ranges) -> list[UOp]:
   return [r for r in store_ranges if r in f and range_kind(r)[0] in ("local", "upcast")]
 
 
+# what a kernel with a running max (RUNMAX) does not take: actions that share every reduction with a work-group, and
+# actions on the running sum's own range
+WORKGROUP_ACTIONS = frozenset({"GROUP", "SPREAD", "GRID", "STAGE", "VECTOR"})
+RANGE_ACTIONS = frozenset({"KBLOCK", "SIMD", "PREFETCH"})
+
+
 def apply(kernel: Kernel, actions, device: str) -> Kernel:
   """The kernel with `actions` applied in order (an OptError when one does not apply)."""
   if not actions: return kernel
+  if (running := {u.src[1].arg[0] for u in kernel.ast.toposort() if u.op is Ops.RUNMAX}):
+    # (a running max is one pass over its sum's range, in order: that range is not split, shared or vectorised, and
+    # no reduction of the kernel is shared by a work-group; the other reduces' ranges (the scores' dot product) may be)
+    for a in actions:
+      if a.op in WORKGROUP_ACTIONS or (a.op in RANGE_ACTIONS and a.axis in running):
+        raise OptError(f"{a}: the kernel sums over r{min(running)} with a running max (rules/online.rules), which runs "
+                       "in one pass, in order, by one work-item")
   ap = _Applier(kernel, device)
   for a in actions: ap.apply(a)
   kinds = {range_kind(u)[0] for u in ap.ast.toposort() if u.op is Ops.RANGE}

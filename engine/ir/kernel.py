@@ -15,6 +15,7 @@ ValueError naming every problem it finds.
 """
 from __future__ import annotations
 
+import math
 import re
 from typing import Iterable
 
@@ -28,7 +29,7 @@ from rulec.engine.ir.uop import UOp, render as render_expr
 REDUCE_OPS = (Ops.ADD, Ops.MAX, Ops.MUL)
 # the ops a kernel's values may be built from (besides the SINK / END / STORE skeleton)
 VALUE_OPS = frozenset(ALU - {Ops.THREEFRY}) | {Ops.CONST, Ops.RANGE, Ops.INDEX, Ops.REDUCE, Ops.CAST, Ops.BITCAST,
-                                              Ops.DEFINE_VAR}
+                                              Ops.DEFINE_VAR, Ops.RUNMAX}
 _INT64 = (-(1 << 63), (1 << 63) - 1)
 
 
@@ -222,6 +223,9 @@ def arg_problem(u: UOp) -> str | None:
     if lo > hi: return f"DEFINE_VAR {name!r} has bounds [{lo}, {hi}]: lo > hi"
     if lo < _INT64[0] or hi > _INT64[1]: return f"DEFINE_VAR {name!r} has bounds [{lo}, {hi}], beyond int64"
     return None
+  if u.op is Ops.RUNMAX:
+    ok = type(a) is float and math.isfinite(a) and a > 0
+    return None if ok else f"RUNMAX has arg {a!r}; a RUNMAX's arg is its sum's exp2 scale, a positive finite float"
   if u.op is Ops.PARAM or a is None or isinstance(a, Ops) or (isinstance(a, str) and a in _MARKERS): return None
   return f"{u.op} has arg {a!r}; only RANGE, CONST, PARAM and DEFINE_VAR carry values in a kernel"
 
@@ -328,6 +332,9 @@ def validate(kernel: Kernel) -> None:
       for r in u.src[1:]:
         if r.op is not Ops.RANGE: err(f"REDUCE reduces over {r.op}, not a RANGE: {_desc(u)}")
       if len({id(r) for r in u.src[1:]}) != len(u.src) - 1: err(f"REDUCE lists a range twice: {_desc(u)}")
+    elif u.op is Ops.RUNMAX:
+      if len(u.src) != 2 or u.src[1].op is not Ops.RANGE: err(f"RUNMAX takes a value and a RANGE: {_desc(u)}"); continue
+      if u.dtype.kind != "f" or u.src[0].dtype is not u.dtype: err(f"RUNMAX of {u.src[0].dtype.name} has dtype {u.dtype.name}: {_desc(u)}")
     elif u.op in ALU:
       if u.op in COMPARISON:
         if u.dtype is not dtypes.bool: err(f"{u.op} has dtype {u.dtype.name}, not bool")
@@ -343,10 +350,12 @@ def validate(kernel: Kernel) -> None:
   # ranges: each store's idx and value may only depend on ranges its END or an enclosing REDUCE closes
   open_: dict[int, frozenset] = {}    # id(node) -> ids of ranges open in it
   bound: dict[int, frozenset] = {}    # id(node) -> ids of ranges some REDUCE inside it closes
+  runs: dict[int, frozenset] = {}     # id(node) -> RUNMAX nodes inside it that no float sum closes yet
   names: dict[int, UOp] = {}
   def walk(root: UOp):
     for u in root.toposort(lambda x: x.op is not Ops.PARAM):
       if id(u) in open_: continue
+      inner_runs = frozenset().union(*(runs.get(id(s), frozenset()) for s in u.src))
       if u.op is Ops.RANGE:
         names[id(u)] = u
         open_[id(u)], bound[id(u)] = frozenset({id(u)}), frozenset()
@@ -356,13 +365,21 @@ def validate(kernel: Kernel) -> None:
         if (again := red & inner_bound):
           err(f"REDUCE closes {_names(again, names)} which a REDUCE inside it already closes: {_desc(u)}")
         open_[id(u)], bound[id(u)] = inner_open - red, inner_bound | red
+        # (a running max belongs to the one-range float sum over its range: the sum it rescales)
+        mine = frozenset(m for m in inner_runs if id(m.src[1]) in red)
+        if mine and (u.arg is not Ops.ADD or len(u.src) != 2 or u.dtype.kind != "f" or len(mine) != 1):
+          err(f"a RUNMAX over {_names(red, names)} is inside a REDUCE that is not one float sum over it, with one running max: {_desc(u)}")
+        inner_runs = inner_runs - mine
       else:
         open_[id(u)] = frozenset().union(*(open_.get(id(s), frozenset()) for s in u.src))
         bound[id(u)] = frozenset().union(*(bound.get(id(s), frozenset()) for s in u.src))
+        if u.op is Ops.RUNMAX: inner_runs = inner_runs | {u}
+      runs[id(u)] = inner_runs
   for n, st, idx, value, ends in stores:
     walk(idx); walk(value)
     closed = frozenset(id(r) for r in ends)
     for what, part in (("index", idx), ("value", value)):
+      if runs[id(part)]: err(f"store {n}: its {what} holds a RUNMAX that no float sum over its range encloses")
       if (loose := open_[id(part)] - closed):
         err(f"store {n}: its {what} uses {_names(loose, names)}, which neither its END nor a REDUCE around it closes")
       if (twice := bound[id(part)] & closed):

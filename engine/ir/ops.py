@@ -36,6 +36,10 @@ class Ops(enum.IntEnum):
   STORE = enum.auto(); LOAD = enum.auto(); AFTER = enum.auto(); SINK = enum.auto(); GROUP = enum.auto()
   KERNEL = enum.auto(); CALL = enum.auto(); NOOP = enum.auto(); VECTORIZE = enum.auto(); GEP = enum.auto()
   SPECIAL = enum.auto(); IF = enum.auto(); ENDIF = enum.auto(); BARRIER = enum.auto(); CUSTOM = enum.auto()
+  # a kernel's running max: RUNMAX(t, r) with arg a (a positive float) is the max of t over range r, inside a float
+  # sum over r whose every term is exp2(-a * RUNMAX) times terms free of it (rules/online.rules): a renderer may
+  # compute that sum in one pass, rescaling what it has summed by exp2(a * (old - new)) when the max grows
+  RUNMAX = enum.auto()
 
   def __repr__(self): return f"Ops.{self.name}"
   __str__ = __repr__
@@ -80,7 +84,7 @@ FIXED_ARITY: dict[Ops, int] = {**{o: 1 for o in UNARY}, **{o: 2 for o in BINARY}
                                Ops.CAST: 1, Ops.BITCAST: 1, Ops.CONST: 0, Ops.DEFINE_GLOBAL: 0, Ops.DEFINE_VAR: 0,
                                Ops.UNIQUE: 0, Ops.DEVICE: 0, Ops.REDUCE_AXIS: 1, Ops.RANGE: 1, Ops.RESHAPE: 1,
                                Ops.PERMUTE: 1, Ops.EXPAND: 1, Ops.PAD: 1, Ops.SHRINK: 1, Ops.FLIP: 1, Ops.DETACH: 1,
-                               Ops.CONTIGUOUS_BACKWARD: 1, Ops.FUSE: 1}
+                               Ops.CONTIGUOUS_BACKWARD: 1, Ops.FUSE: 1, Ops.RUNMAX: 2}
 
 OPS_BY_NAME: dict[str, Ops] = {o.name: o for o in Ops}
 

@@ -40,7 +40,7 @@ def _facts(where: str, *names: str) -> RuleContext:
 def rule_contexts() -> dict[str, RuleContext | None]:
   """Rule set name -> what it receives as ctx; None: the pass passes no ctx (`ctx` is None in its rules)."""
   fusion = _facts("rulec.engine.sched.fusion:FusionFacts", "uses", "contexts", "repeats", "cost", "transcendentals", "bytes", "reads", "reduces_inside", "epilogue",
-                  "needed_below", "needed_more_below", "hoists", "hoists_rows", "max_reads", "launch_cost", "tile", "row_value", "shrunk_view", "permuted_view",
+                  "needed_below", "needed_more_below", "hoists", "hoists_rows", "max_reads", "launch_cost", "tile", "row_value", "online_softmax", "score_bytes", "online_bytes", "shrunk_view", "permuted_view",
                   "store", "hoist", "keep")
   return {
     "earliest": None, "prepare": None, "realize": None, "rangeify": None, "symbolic": None, "multi": None,
@@ -53,6 +53,7 @@ def rule_contexts() -> dict[str, RuleContext | None]:
     "limit_buffers": RuleContext("an int (the most buffers one kernel may read)"),
     "split_kernels": _facts("rulec.engine.sched.kernels:KernelSplit", "split"),
     "to_params": _facts("rulec.engine.sched.kernels:KernelBuilder", "param", "param_after", "renumber"),
+    "online": RuleContext("None or a frozenset of REDUCE MAX nodes (the row maxes a running max may replace)"),
     "decomp": RuleContext("None or a frozenset of ops (the optional decompositions the backend asks for)"),
   }
 

@@ -29,6 +29,7 @@ LIBRARIES: dict[str, str] = {
   "symbolic": "rulec.engine.sched.symbolic",      # rules/symbolic.rules
   "multi": "rulec.engine.sched.multi",            # rules/multi.rules
   "decomp": "rulec.codegen.decomp",               # rules/decomp.rules
+  "online": "rulec.codegen.online",               # rules/online.rules
   "gradient": "rulec.engine.autograd.gradient",   # rules/gradient.rules
 }
 

@@ -9,6 +9,7 @@ import os
 from typing import Any
 
 from rulec.engine.sched.early import is_buffer_view
+from rulec.engine.ir.dtypes import dtypes
 from rulec.engine.ir.ops import ALU, MOVEMENT, TRANSCENDENTAL, Ops
 from rulec.engine.ir.uop import UOp, prod
 
@@ -35,6 +36,12 @@ assert frozenset(TRANSCENDENTAL_OPS) == TRANSCENDENTAL
 # launch on the H200's host), some two million ALU ops at a 2-core CPU's vector rate. A store that saves less
 # recomputation than this is not worth a kernel (a decoding step's softmax over a few positions).
 LAUNCH_COST = int(os.environ.get("RULEC_LAUNCH_COST", str(1 << 21)))
+# The score matrix, in bytes, past which a softmax whose probabilities only a matmul reads is computed in the matmul's
+# kernel with a running max (ctx.online_bytes; rules/fusion.rules online_softmax): the scores are never stored, at
+# the price of a slower kernel where storing them fits. On a 2-core Xeon, B2 H12 T256 D64 at one thread: 14 ms in one
+# kernel against 7 ms in five (the scores stored, a matmul's register tiles for both products); on GPUs, unmeasured.
+# RULEC_ONLINE_SOFTMAX_BYTES=0 makes every such softmax one kernel.
+ONLINE_SOFTMAX_BYTES = int(os.environ.get("RULEC_ONLINE_SOFTMAX_BYTES", str(256 << 20)))
 # How many outputs of a reduction share one computed element of what it reads (ctx.tile): the kernel optimizer
 # upcasts a matmul's output columns by 32 on the CPU (codegen/opt), and a GPU's work-group tile shares a loaded
 # element as widely, so a value a reduction reads repeats/tile times is computed repeats/tile times.
@@ -204,6 +211,8 @@ class FusionFacts:
     self._position = {u: i for i, u in enumerate(self.order)}
     for u in self.order:
       for x in u.src: self._users.setdefault(x, []).append(u)
+    self._online = _online_softmax_nodes(self.order, self._users, set(sink.src))
+    self.online_bytes = ONLINE_SOFTMAX_BYTES
     self._recount()
 
   def _recount(self) -> None:
@@ -282,6 +291,18 @@ class FusionFacts:
     # divisions, which no register tile takes)
     while v.op is Ops.RESHAPE: v = v.src[0]
     return v
+
+  def online_softmax(self, x: UOp) -> bool:
+    """x is part of a softmax whose probabilities only a contraction over the softmax axis reads (`softmax(q @ k.T)
+    @ v`, float32 or float64): the scores and what computes them, the row's max, the exponent's chain up to exp2,
+    the row's sum and what reads it, or the probabilities. All of it left in the contraction's kernel, the kernel
+    rules (rules/online.rules running_softmax_sum) compute the sums over the row with a running max, and the
+    score matrix is never stored."""
+    return x in self._online
+
+  def score_bytes(self, x: UOp) -> int:
+    """The bytes of the score matrix of the softmax x is part of (online_softmax), 0 if none."""
+    return self._online.get(x, 0)
 
   def row_value(self, x: UOp) -> bool:
     """x is read only broadcast along trailing axes of size 1 (a keepdim reduce over the last axes: a softmax row's
@@ -370,6 +391,83 @@ class FusionFacts:
 
   def keep(self, x: UOp) -> UOp | None:
     return None if self.decided(x) else UOp(Ops.FUSE, x.dtype, (x,))
+
+
+def _online_softmax_nodes(order: list[UOp], users: dict[UOp, list[UOp]], outputs: set[UOp]) -> dict[UOp, int]:
+  """The nodes of every softmax in the graph whose probabilities only a contraction over the softmax axis reads
+  (FusionFacts.online_softmax): for m = max(x, last axis), e = exp2(f(x - m)), the probabilities p = e * g(sum(e))
+  (or e itself), read only through a reshape that inserts an axis before the last, its expand, and a multiply
+  summed over the last axis (a matmul's form); x read by m and the exponent only, e by its sum and p only.
+  Returns each node of those softmaxes (what computes x, x, m, the exponent's ops, e, the sum and p) -> the bytes
+  of its score matrix x."""
+  out: dict[UOp, int] = {}
+  only = lambda v: users.get(v, []) if v not in outputs else []  # noqa: E731
+  for m in order:
+    if m.op is not Ops.REDUCE_AXIS or m.arg[0] is not Ops.MAX or m.shape[-1:] != (1,): continue
+    x, last = m.src[0], len(m.shape) - 1
+    # (float32 and float64: rules/online.rules leaves float16 sums alone)
+    if m.arg[1] != (last,) or x.dtype not in (dtypes.float32, dtypes.float64) or not isinstance(x.shape[-1], int) or x.shape[-1] < 2: continue
+    bm = only(m)
+    if len(bm) != 1 or bm[0].op is not Ops.EXPAND or bm[0].shape != x.shape: continue
+    xu = only(x)
+    if len(xu) != 2 or m not in xu: continue
+    sub = next(u for u in xu if u is not m)
+    if sub.op is not Ops.SUB or sub.src != (x, bm[0]) or only(bm[0]) != [sub]: continue
+    # the exponent: elementwise ops with one reader each, other sources constants broadcast, up to exp2
+    chain, v = [sub], sub
+    while v.op is not Ops.EXP2:
+      nxt = only(v)
+      if len(nxt) != 1 or nxt[0].op not in (Ops.MUL, Ops.EXP2) or nxt[0].shape != x.shape: break
+      v = nxt[0]
+      if v.op is Ops.MUL and not all(s is chain[-1] or _broadcast_const(s) for s in v.src): break
+      chain.append(v)
+    if v.op is not Ops.EXP2: continue
+    e = v
+    eu = only(e)
+    sums = [u for u in eu if u.op is Ops.REDUCE_AXIS and u.arg == (Ops.ADD, (last,))]
+    probs = [u for u in eu if u not in sums]
+    if len(sums) != 1 or len(probs) != 1: continue
+    p = probs[0]
+    # p = e * (a row value over the sum): e times an EXPAND of something that reads the sum
+    if p.op is Ops.MUL and len(p.src) == 2 and (o := p.src[1] if p.src[0] is e else p.src[0]).op is Ops.EXPAND \
+       and o.src[0].shape == m.shape and sums[0] in o.src[0].toposort(): pass
+    else: continue
+    if not all(_contracted_last(u, x.shape, only) for u in only(p)) or not only(p): continue
+    # (the row's max and sum too: after the kernel rules the max is gone and the sum runs in the product's loop, on
+    # any device; left to the row-value rules, a device that does not hoist rows would store them)
+    found = {x, *chain, p, m, bm[0], *(n for n in o.toposort() if sums[0] in n.toposort())}
+    # (and what only the scores read, down to the reduce that computes them: q @ k.T, scaled, masked)
+    todo = [s for s in x.src]
+    while todo:
+      v = todo.pop()
+      if v in found or v.op in (Ops.BUFFER, Ops.CONST) or not (rd := only(v)) or not all(u in found for u in rd): continue
+      found.add(v)
+      if v.op is not Ops.REDUCE_AXIS: todo += v.src
+    for n in found: out[n] = max(out.get(n, 0), x.size * x.dtype.itemsize)
+  return out
+
+
+def _broadcast_const(x: UOp) -> bool:
+  while x.op in (Ops.EXPAND, Ops.RESHAPE): x = x.src[0]
+  return x.op is Ops.CONST
+
+
+def _contracted_last(r: UOp, shape: tuple, only) -> bool:
+  """r (a reader of the probabilities, of `shape`) reshapes them to (..., 1, T) and every way on goes through an
+  expand of that axis and a multiply whose sum reduces the last axis: a matmul of the probabilities with v."""
+  if r.op is not Ops.RESHAPE or r.shape != (*shape[:-1], 1, shape[-1]): return False
+  for ex in only(r):
+    # (no expand where v has one column)
+    if ex.op is Ops.MUL: muls = [ex]
+    elif ex.op is not Ops.EXPAND or len(ex.shape) != len(r.shape) or ex.shape[-1] != shape[-1]: return False
+    else: muls = only(ex)
+    for mul in muls:
+      if mul.op is not Ops.MUL: return False
+      for red in only(mul):
+        if red.op is not Ops.REDUCE_AXIS or red.arg != (Ops.ADD, (len(r.shape) - 1,)): return False
+      if not only(mul): return False
+    if not muls: return False
+  return True
 
 
 def choose_stages(sink: UOp, rule_sets, hoists: bool = False, hoists_rows: bool | None = None) -> set[UOp]:

@@ -200,6 +200,8 @@ def _verify_rule(rule: A.Rule, helpers_of, examples: int) -> RuleResult:
   res = RuleResult(rule.name, _location(rule.span), rule.ruleset, "not checkable")
   if rule.grad is not None:
     return verify_gradient_rule(rule, helpers_of, examples, res)
+  from rulec.engine.verify.kernels import verify_kernel_rule   # (kernel rules: checked on scheduled programs)
+  if (done := verify_kernel_rule(rule, helpers_of, examples, res)) is not None: return done
   if (why := static_reason(rule)) is not None:
     res.reason = why
     return res
