@@ -441,6 +441,29 @@ def commit() -> str:
   return head + (f" (+ uncommitted changes to {', '.join(x[3:] for x in dirty)})" if dirty else "")
 
 
+def print_kernel_times(x: Side, n: int, device: str) -> None:
+  """The n slowest kernels of one call of rulec's side: device time from each launch's OpenCL event on CL, the
+  host's time around each run on the CPU (whose kernels run while the host waits)."""
+  from rulec.engine import realize
+  seen: list = []
+  hook = lambda k, sec: seen.append((k, sec))  # noqa: E731
+  if device.startswith("CL"):
+    from rulec.runtime import cl_device
+    cl_device.EVENTS.clear()
+  realize.RUN_HOOKS.append(hook)
+  try:
+    x.call()
+    x.sync()
+  finally: realize.RUN_HOOKS.remove(hook)
+  if device.startswith("CL"):
+    from rulec.runtime import cl_device
+    times = [(e.profile.end - e.profile.start) * 1e-9 for e in cl_device.EVENTS]
+    seen = [(k, t) for (k, _), t in zip(seen, times)] if len(times) == len(seen) else seen
+  total = sum(t for _, t in seen)
+  print(f"    kernels of one call: {len(seen)}, {total * 1e3:.3f} ms in all; the slowest:")
+  for k, t in sorted(seen, key=lambda kt: -kt[1])[:n]: print(f"    {t * 1e3:9.3f} ms  {k!r}")
+
+
 def measure(a, lib, torch, tdev: str, row: Row, notes: list) -> tuple[Side | None, Side | None, Side | None]:
   """rulec's, torch's and tinygrad's Side of the row, timed (None: that side is missing or failed; why goes to
   notes). rulec's and torch's outputs are left in .outs."""
@@ -453,6 +476,7 @@ def measure(a, lib, torch, tdev: str, row: Row, notes: list) -> tuple[Side | Non
       if x is None: continue
       time_side(x, a.reps, a.budget)
       x.outs = x.fetch(x.call())
+      if name == "rulec" and a.kernel_times: print_kernel_times(x, a.kernel_times, a.device)
       sides[name] = x
     except Exception as e:   # (a row one side fails is reported, and the others still run)
       notes.append((row.name, name, f"{type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''}"))
@@ -477,9 +501,12 @@ def main() -> None:
   ap.add_argument("--torch-threads", type=int, help="torch's CPU threads (default: rulec's, RULEC_THREADS or the cores)")
   ap.add_argument("--tg-dev", help="tinygrad's device (default: CPU, or CL with --device CL)")
   ap.add_argument("--tg-timeout", type=int, default=600, help="seconds tinygrad may take on one row")
+  ap.add_argument("--kernel-times", type=int, default=0, metavar="N",
+                  help="after each row, rulec's N slowest kernels of one call (device time on CL, RULEC_CL_PROFILE)")
   ap.add_argument("--side-tinygrad", help=argparse.SUPPRESS)
   a = ap.parse_args()
   a.device = a.device.upper()
+  if a.kernel_times and a.device.startswith("CL"): os.environ["RULEC_CL_PROFILE"] = "1"   # (before the device opens)
   a.size = a.size or ("small" if a.device.startswith("CPU") else "full")
   a.tg_dev = a.tg_dev or ("CPU" if a.device.startswith("CPU") else "CL")
   if a.side_tinygrad: return side_tinygrad(a)
