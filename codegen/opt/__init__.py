@@ -20,7 +20,7 @@ import sys
 
 from rulec.codegen.opt import choose, search
 from rulec.codegen.opt.actions import Action, OptError, debug_level, format_actions, parse_actions
-from rulec.codegen.opt.transform import apply, range_kind
+from rulec.codegen.opt.transform import apply, merged_reduce_ranges, range_kind
 from rulec.engine.ir.kernel import Kernel, structure
 
 
@@ -47,6 +47,9 @@ def optimize(kernel: Kernel, device: str, target=None, timer=None) -> tuple[Kern
   RULEC_SEARCH the fastest candidate by `timer` (the runtime's: seconds for an optimized kernel; search.py), else
   the device's choice (choose.py). `target` is the CL device's rulec.codegen.opencl.Target, or the CPU's choose.CPUTarget."""
   key = kernel_key(kernel)
+  # (on CL: a reduction's ranges that its loads read as one are one range, which the GPU's matmul tiles take; the
+  # key stays the kernel's as it came, and actions name the ranges of the kernel RULEC_DEBUG=2 prints, this one)
+  if device == "CL": kernel = merged_reduce_ranges(kernel)
   want = forced().get(key)
   if want is not None: acts = want
   elif timer is not None and search.repetitions(): acts = search.best(kernel, device, target, timer, key)

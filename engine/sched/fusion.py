@@ -38,10 +38,12 @@ assert frozenset(TRANSCENDENTAL_OPS) == TRANSCENDENTAL
 LAUNCH_COST = int(os.environ.get("RULEC_LAUNCH_COST", str(1 << 21)))
 # The score matrix, in bytes, past which a softmax whose probabilities only a matmul reads is computed in the matmul's
 # kernel with a running max (ctx.online_bytes; rules/fusion.rules online_softmax): the scores are never stored, at
-# the price of a slower kernel where storing them fits. On a 2-core Xeon, B2 H12 T256 D64 at one thread: 14 ms in one
-# kernel against 7 ms in five (the scores stored, a matmul's register tiles for both products); on GPUs, unmeasured.
+# the price of a slower kernel where storing them fits. Measured: on a 2-core Xeon, B2 H12 T256 D64 at one thread,
+# 14 ms in one kernel against 7 ms in five with the scores stored; on the H200 (CL), B4 H12 S1024 D64 2.2 ms against
+# 1.2, and a GPT-2 block forward at B8 T1024 9.5 ms against 6.7 (bench/results/*session19*). So it is a way to fit
+# long sequences in memory, not yet a speed-up: 2 GiB of scores (a batch of 8 x 12 heads at T = 2400).
 # RULEC_ONLINE_SOFTMAX_BYTES=0 makes every such softmax one kernel.
-ONLINE_SOFTMAX_BYTES = int(os.environ.get("RULEC_ONLINE_SOFTMAX_BYTES", str(256 << 20)))
+ONLINE_SOFTMAX_BYTES = int(os.environ.get("RULEC_ONLINE_SOFTMAX_BYTES", str(2 << 30)))
 # How many outputs of a reduction share one computed element of what it reads (ctx.tile): the kernel optimizer
 # upcasts a matmul's output columns by 32 on the CPU (codegen/opt), and a GPU's work-group tile shares a loaded
 # element as widely, so a value a reduction reads repeats/tile times is computed repeats/tile times.

@@ -109,7 +109,7 @@ def test_nan_and_inf_scores(online, device):
 def test_small_attention_keeps_its_scores_by_default():
   """Below ctx.online_bytes the scores are stored (faster on this CPU): the kernels of before, not one."""
   rng = np.random.default_rng(0)
-  q, k, v = (Tensor(rng.standard_normal((1, 2, 16, 8)).astype(np.float32)) for _ in range(3))
+  q, k, v = (Tensor(rng.standard_normal((1, 2, 16, 8)).astype(np.float32), device="CPU") for _ in range(3))
   kernels, _ = schedule([q.scaled_dot_product_attention(k, v).uop], "CPU")
   assert len(kernels) > 1
 
@@ -127,7 +127,7 @@ def test_backward_is_not_fused(online):
 
 def _online_kernel():
   rng = np.random.default_rng(0)
-  q, k, v = (Tensor(rng.standard_normal((1, 2, 16, 8)).astype(np.float32)) for _ in range(3))
+  q, k, v = (Tensor(rng.standard_normal((1, 2, 16, 8)).astype(np.float32), device="CPU") for _ in range(3))
   kernels, _ = schedule([q.scaled_dot_product_attention(k, v).uop], "CPU")
   (kernel,) = kernels
   from rulec.codegen.online import online as online_pass
@@ -181,7 +181,31 @@ def test_a_softmax_that_reads_its_max_per_element_keeps_its_sum(op):
   """A softmax's max is read per element (exp(x - max) / sum) as well as in its sum: computed anyway, so the sum is
   not made a running one (a branchy one-pass loop, slower than the vectorised sum after the max)."""
   from rulec.codegen.online import online as online_pass
-  x = Tensor(np.random.default_rng(0).standard_normal((8, 40)).astype(np.float32))
+  x = Tensor(np.random.default_rng(0).standard_normal((8, 40)).astype(np.float32), device="CPU")
   (kernel,), _ = schedule([getattr(x, op)(-1).uop], "CPU")
   assert any(u.op is Ops.REDUCE and u.arg is Ops.MAX for u in kernel.ast.toposort())
   assert online_pass(kernel) is kernel
+
+
+@pytest.mark.parametrize("device", [d for d in DEVICES if d != "NUMPY"])
+def test_heads_merged_in_the_output(online, device):
+  """A GPT-2 block's attention: q, k, v sliced from one qkv, the output stored as (B, T, H * D). Its store range
+  merges heads and head dimension; the optimizer splits it by D into lanes (h = c // D then is the outer part, the
+  same in every lane), so each row's scores are computed once per step, not once per column; numpy's values."""
+  B, T, H, D = 2, 9, 3, 8
+  C = H * D
+  rng = np.random.default_rng(5)
+  xn = rng.standard_normal((B, T, 3 * C)).astype(np.float32)
+  qkv = Tensor(xn, device=device)
+  q, k, v = (qkv[:, :, i * C:(i + 1) * C].reshape(B, T, H, D).transpose(1, 2) for i in range(3))
+  out = q.scaled_dot_product_attention(k, v, is_causal=True).transpose(1, 2).reshape(B, T, C)
+  (kernel,), _ = schedule([out.uop], device)
+  low = pipeline.lower(kernel, device, None if device == "CPU" else __import__("rulec.runtime.cl_device", fromlist=["x"]).get_device().target)
+  assert Action("UPCAST", kernel.ast.src[0].src[-1].arg[0], D) in low.actions
+  run = next(u for u in low.kernel.ast.toposort() if u.op is Ops.RUNMAX)
+  from rulec.codegen.opt import range_kind
+  # (the column lanes, D of them; on the CPU the query rows are lanes too, and the scores do depend on those)
+  assert not any(u.op is Ops.RANGE and range_kind(u)[0] == "upcast" and u.src[0].arg == D for u in run.src[0].toposort())
+  qn, kn, vn = (xn[:, :, i * C:(i + 1) * C].reshape(B, T, H, D).transpose(0, 2, 1, 3) for i in range(3))
+  want = _reference(qn, kn, vn, 1 / np.sqrt(D), np.tril(np.ones((T, T), bool))).transpose(0, 2, 1, 3).reshape(B, T, C)
+  np.testing.assert_allclose(out.numpy(), want, rtol=2e-4, atol=2e-5)
