@@ -6,6 +6,7 @@ keyed by the source text itself, stay valid."""
 from __future__ import annotations
 
 import hashlib
+import os
 from pathlib import Path
 
 from rulec.engine import diskcache
@@ -26,4 +27,5 @@ def code_digest() -> str:
         h.update(str(f.relative_to(root)).encode())
         h.update(f.read_bytes())
     _CODE.append(h.hexdigest())
-  return diskcache.key(_CODE[0], load_library().digest)
+  # (and the switches that change what the optimizer makes of a kernel: RULEC_MERGE_REDUCE_RANGES, codegen/opt)
+  return diskcache.key(_CODE[0], load_library().digest, "merge=" + os.environ.get("RULEC_MERGE_REDUCE_RANGES", "1"))

