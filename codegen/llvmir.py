@@ -40,8 +40,7 @@ import struct
 import numpy as np
 from llvmlite import ir
 
-from rulec.codegen.online import running_max
-from rulec.codegen.opt.transform import free_ranges, prefetch_ahead, range_kind, renamed_reduce
+from rulec.codegen.opt.transform import prefetch_ahead, range_kind, renamed_reduce
 from rulec.codegen.scoped import ScopedEmitter
 from rulec.engine.ir.dtypes import DType, dtypes
 from rulec.engine.ir.ops import MAY_FUSE, Ops
@@ -484,7 +483,7 @@ class LLVMRenderer(ScopedEmitter):
     if bound is None and lanes == [()] and op is Ops.MAX and d in (dtypes.float32, dtypes.float64) and len(rngs) == 1 \
        and rngs[0].src[0].arg >= 2 * MAX_LANES:
       return [self._max_in_lanes(value, rngs[0], d)]
-    run = running_max(u)
+    run = self.running_of(u)
     if run is not None: return self._running_sum(u, lanes, run)
     # float16 accumulates in float: sums and products as numpy's do, rounded once at the end (max is exact either way)
     wide = d is dtypes.float16
@@ -542,7 +541,7 @@ class LLVMRenderer(ScopedEmitter):
     sum's terms. A row whose max stays -inf sums NaN, as the two-pass form does. Returns u's `asked` lanes."""
     b, ty = self.b, lltype(u.dtype)
     plan = self.running_plan(u, run)
-    keys, held, many = plan.keys, plan.held, plan.many
+    keys, many = plan.keys, plan.many
     ninf, zero = ir.Constant(ty, -math.inf), ir.Constant(ty, 0.0)
     accs = {s: {k: self._alloca(ty, "acc") for k in plan.groups(s)} for s in plan.sums}
     maxes = {k: self._alloca(ty, "runmax") for k in plan.groups(run)}
@@ -550,37 +549,21 @@ class LLVMRenderer(ScopedEmitter):
       for acc in per.values(): b.store(zero, acc)
     for m in maxes.values(): b.store(ninf, m)
     loop = self.open_loop(u.src[1])
-    safe, factor = {}, {}
-    for k, lane in plan.groups(run).items():
-      if many: self.enter_lane(lane)
-      t = self.value(run.src[0])
-      if many: self.scopes.pop()
+    safe = {}
+    for k, t in self.running_scores(plan):
       old = b.load(maxes[k])
       rescale, join = self.fn.append_basic_block("runmax_grow"), self.fn.append_basic_block("runmax_join")
       b.cbranch(b.fcmp_ordered(">", t, old), rescale, join)
       b.position_at_end(rescale)
       corr = self._intrinsic("llvm.exp2", [b.fmul(b.fsub(old, t), ir.Constant(ty, run.arg))])
-      for s in plan.sums:
-        for sk, first in plan.groups(s).items():
-          if keys[run](first) == k: b.store(b.fmul(b.load(accs[s][sk]), corr), accs[s][sk])
+      for s, sk in plan.rescaled(k): b.store(b.fmul(b.load(accs[s][sk]), corr), accs[s][sk])
       b.store(t, maxes[k])
       b.branch(join)
       b.position_at_end(join)
       now = b.load(maxes[k])
       safe[k] = b.select(b.fcmp_ordered("==", now, ninf), zero, now)
-    for k, lane in plan.groups(held).items():
-      if many: self.enter_lane(lane)
-      self.scopes[-1][run] = safe[keys[run](lane)]
-      factor[k] = self.value(held)
-      if many: self.scopes.pop()
-    for s in plan.sums:
-      for sk, lane in plan.groups(s).items():
-        if many: self.enter_lane(lane)
-        self.scopes[-1][run] = safe[keys[run](lane)]
-        self.scopes[-1][held] = factor[keys[held](lane)]
-        v = self.value(s.src[0])
-        b.store(b.fadd(b.load(accs[s][sk]), v, flags=("reassoc", "contract")), accs[s][sk])
-        if many: self.scopes.pop()
+    for s, sk, v in self.running_terms(plan, safe):
+      b.store(b.fadd(b.load(accs[s][sk]), v, flags=("reassoc", "contract")), accs[s][sk])
     self.close_loop(loop, no_vectorize=many)
     nan = ir.Constant(ty, math.nan)
     done = {s: {sk: b.select(b.fcmp_ordered("==", b.load(maxes[keys[run](lane)]), ninf), nan, b.load(accs[s][sk]))

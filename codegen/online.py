@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 
+from rulec.codegen.opt.transform import renamed_reduce
 from rulec.engine.ir.dtypes import dtypes
 from rulec.engine.ir.kernel import Kernel
 from rulec.engine.ir.ops import Ops
@@ -52,7 +53,7 @@ def removable_maxes(ast: UOp) -> frozenset[UOp]:
     if all(w in has_m for w in users.get(m, [])): ok.add(m)
   groups: dict[UOp, list[UOp]] = {}
   for u in order:
-    if u.op is Ops.REDUCE and u.arg is Ops.MAX: groups.setdefault(_canonical(u), []).append(u)
+    if u.op is Ops.REDUCE and u.arg is Ops.MAX: groups.setdefault(renamed_reduce(u), []).append(u)
   return frozenset(m for copies in groups.values() if all(c in ok for c in copies) for m in copies)
 
 
@@ -99,7 +100,7 @@ def _merged(red: UOp, run: UOp) -> UOp:
   max, which the renderers compute in one loop (two accumulators); otherwise red as it is."""
   value, r = red.src
   held = held_factor(value, run)
-  want = _canonical(held)
+  want = renamed_reduce(held)
   factors = _factors(value)
   outside = [f for f in factors if r not in f.toposort()]
   swap: dict[UOp, UOp] = {}
@@ -108,7 +109,7 @@ def _merged(red: UOp, run: UOp) -> UOp:
       if x.op is not Ops.REDUCE or x.arg is not Ops.ADD or len(x.src) != 2 or x.dtype is not held.dtype: continue
       other = x if running_max(x) is not None else running_sum(x)
       if other is None or (mine := running_max(other)) is None: continue
-      if _canonical(substitute(other.src[0], {other.src[1]: r, mine: substitute(mine, {mine.src[1]: r})})) is want:
+      if renamed_reduce(substitute(other.src[0], {other.src[1]: r, mine: substitute(mine, {mine.src[1]: r})})) is want:
         swap[x] = UOp(Ops.REDUCE, held.dtype, (held, r), Ops.ADD)
   if not swap: return red
   inside = [f for f in factors if f not in outside]
@@ -197,20 +198,13 @@ def _coefficient(e: UOp, m: UOp, has_m: set[UOp]) -> float | None:
   return None
 
 
-def _canonical(x: UOp) -> UOp:
-  """x with the ranges its reduces close renamed by order of appearance: two computations of the same scores over
-  loops of their own compare equal."""
-  own = [rr for u in x.toposort() if u.op is Ops.REDUCE for rr in u.src[1:]]
-  return substitute(x, {rr: UOp.range(rr.src[0], -1 - i, "canonical") for i, rr in enumerate(dict.fromkeys(own))})
-
-
 def _scores_in(e: UOp, m: UOp, r: UOp, has_m: set[UOp]) -> UOp:
   """The scores at r's step: m's own value over its range, with that range named r. Where e computes the same
   (its loops named otherwise), e's node, so that the running max and the term share one computation."""
   scores = substitute(m.src[0], {m.src[1]: r})
-  want = _canonical(scores)
+  want = renamed_reduce(scores)
   for x in e.toposort():
-    if x not in has_m and x.dtype is scores.dtype and r in x.toposort() and _canonical(x) is want: return x
+    if x not in has_m and x.dtype is scores.dtype and r in x.toposort() and renamed_reduce(x) is want: return x
   return scores
 
 

@@ -68,7 +68,6 @@ import numpy as np
 from rulec.engine.ir.alu import wrap
 from rulec.codegen.opt.transform import (VECTOR_DTYPES, VECTOR_WIDTHS, contiguous_offset, free_ranges, group_vector, range_kind,
                                    block_dims, renamed_reduce, staged_dims, staged_loads)
-from rulec.codegen.online import running_max
 from rulec.codegen.scoped import ScopedEmitter
 from rulec.engine.ir.dtypes import DType, dtypes
 from rulec.engine.ir.ops import Ops
@@ -586,7 +585,7 @@ class CLRenderer(ScopedEmitter):
     op, d = u.arg, u.dtype
     value, rngs = u.src[0], u.src[1:]
     ident = self.const(identity_element(op, d), d)
-    if (run := running_max(u)) is not None:
+    if (run := self.running_of(u)) is not None:
       if self.group: raise ValueError("a running max (rules/online.rules) in a work-group reduction")
       if self.ups: return self.lane_reduce(u, lambda x, lanes: self._running_sum(x, lanes, run))
       return self._running_sum(u, [()], run)[0]
@@ -656,36 +655,20 @@ class CLRenderer(ScopedEmitter):
     `asked` lanes."""
     d, ct = u.dtype, self.ct(u.dtype)
     plan = self.running_plan(u, run)
-    keys, held, many = plan.keys, plan.held, plan.many
+    keys = plan.keys
     zero, ninf = self.const(0.0, d), f"(({ct})(-INFINITY))"
     accs = {sm: {k: self.tmp("acc") for k in plan.groups(sm)} for sm in plan.sums}
     maxes = {k: self.tmp("runmax") for k in plan.groups(run)}
     self.line(f"{ct} {', '.join(f'{x} = {zero}' for per in accs.values() for x in per.values())};")
     self.line(f"{ct} {', '.join(f'{m} = {ninf}' for m in maxes.values())};")
     self.open_loop(u.src[1])
-    safe, factor = {}, {}
-    for k, lane in plan.groups(run).items():
-      if many: self.enter_lane(lane)
-      t = self.value(run.src[0])
-      if many: self.scopes.pop()
-      m = maxes[k]
-      grown = [accs[sm][sk] for sm in plan.sums for sk, first in plan.groups(sm).items() if keys[run](first) == k]
-      corr = self.tmp("corr")
+    safe = {}
+    for k, t in self.running_scores(plan):
+      m, corr = maxes[k], self.tmp("corr")
       self.line(f"if ({t} > {m}) {{ {ct} {corr} = exp2(({m} - {t}) * {self.const(run.arg, d)}); "
-                + " ".join(f"{x} *= {corr};" for x in grown) + f" {m} = {t}; }}")
+                + " ".join(f"{accs[sm][sk]} *= {corr};" for sm, sk in plan.rescaled(k)) + f" {m} = {t}; }}")
       safe[k] = self.let(d, f"({m} == {ninf} ? {zero} : {m})")
-    for k, lane in plan.groups(held).items():
-      if many: self.enter_lane(lane)
-      self.scopes[-1][run] = safe[keys[run](lane)]
-      factor[k] = self.value(held)
-      if many: self.scopes.pop()
-    for sm in plan.sums:
-      for sk, lane in plan.groups(sm).items():
-        if many: self.enter_lane(lane)
-        self.scopes[-1][run] = safe[keys[run](lane)]
-        self.scopes[-1][held] = factor[keys[held](lane)]
-        self.line(f"{accs[sm][sk]} += {self.value(sm.src[0])};")
-        if many: self.scopes.pop()
+    for sm, sk, v in self.running_terms(plan, safe): self.line(f"{accs[sm][sk]} += {v};")
     self.close_loop(u.src[1])
     nan = f"(({ct})NAN)"
     done = {sm: {sk: self.let(d, f"({maxes[keys[run](lane)]} == {ninf} ? {nan} : {accs[sm][sk]})")

@@ -31,6 +31,7 @@ class ScopedEmitter:
   ups: dict[UOp, int]              # upcast range -> lanes
   lanes: list[tuple[int, ...]]     # one index per upcast range, for every lane
   lane: tuple[int, ...]            # the lane being emitted
+  _running: bool | None = None     # the kernel holds a RUNMAX (None: not looked yet)
 
   def emit(self, u: UOp) -> Any: raise NotImplementedError
   def lane_value(self, i: int) -> Any: raise NotImplementedError
@@ -138,6 +139,39 @@ class ScopedEmitter:
         if many: self.scopes.pop()
     return RunningPlan(run, held, sums, keys, lanes, many)
 
+  def running_of(self, u: UOp) -> UOp | None:
+    """The RUNMAX u sums with (a one-pass sum), or None; a kernel without one is not searched per reduce."""
+    if self._running is None: self._running = any(x.op is Ops.RUNMAX for x in self.k.ast.toposort())
+    return running_max(u) if self._running else None
+
+  def running_scores(self, plan: RunningPlan):
+    """(lane key, the scores at this step) once per group of lanes with the same scores."""
+    for k, lane in plan.groups(plan.run).items():
+      if plan.many: self.enter_lane(lane)
+      t = self.value(plan.run.src[0])
+      if plan.many: self.scopes.pop()
+      yield k, t
+
+  def running_terms(self, plan: RunningPlan, safe: dict):
+    """(sum, lane key, its term at this step) for every sum of the loop: the factor holding the max computed once per
+    group of lanes with the same scores, with the max so far (`safe`, per scores' key) in the running max's place,
+    and each sum's terms with that factor."""
+    run, held, keys = plan.run, plan.held, plan.keys
+    factor = {}
+    for k, lane in plan.groups(held).items():
+      if plan.many: self.enter_lane(lane)
+      self.scopes[-1][run] = safe[keys[run](lane)]
+      factor[k] = self.value(held)
+      if plan.many: self.scopes.pop()
+    for sm in plan.sums:
+      for sk, lane in plan.groups(sm).items():
+        if plan.many: self.enter_lane(lane)
+        self.scopes[-1][run] = safe[keys[run](lane)]
+        self.scopes[-1][held] = factor[keys[held](lane)]
+        v = self.value(sm.src[0])
+        if plan.many: self.scopes.pop()
+        yield sm, sk, v
+
   def running_results(self, plan: RunningPlan, asked: list, done: dict) -> list:
     """done: each sum's value per lane key. The other sums' values go to the current scope (per lane where there are
     lanes); returns u's for the `asked` lanes."""
@@ -157,3 +191,7 @@ class RunningPlan:
   def groups(self, x: UOp) -> dict:
     """x's lane key -> the first lane with it."""
     return {self.keys[x](lane): lane for lane in reversed(self.lanes)}
+
+  def rescaled(self, k) -> list[tuple[UOp, tuple]]:
+    """(sum, lane key) of every partial sum whose scores have key k: what a growth of that max rescales."""
+    return [(sm, sk) for sm in self.sums for sk, first in self.groups(sm).items() if self.keys[self.run](first) == k]

@@ -224,6 +224,7 @@ class _Run:
       raise NotImplementedError(f"the NUMPY device cannot run a kernel whose values span {self.ndim} ranges at once")
     self.val: dict[int, np.ndarray] = {}
     self.prefix_max: dict[int, np.ndarray] = {}   # RUNMAX node -> its max so far at each step, -inf included
+    self.runs = any(u.op is Ops.RUNMAX for u in kernel.ast.toposort())   # (else no reduce is searched for one)
     self.poison: dict[int, tuple[np.ndarray, frozenset[int]]] = {}  # out-of-bounds reads: (mask, slots)
     self.reads: dict[int, frozenset[int]] = {}                       # slots a node loads from
     self.views = {slot: buffer_of(b).numpy_view() if slot in kernel.outputs else buffer_of(b).host_view()
@@ -312,7 +313,7 @@ class _Run:
     return np.where(last == -np.inf, np.nan, total).astype(v.dtype, copy=False)
 
   def reduce(self, u: UOp, v: np.ndarray) -> np.ndarray:
-    if (run := running_max(u)) is not None: return self._running_sum(u, run, v)
+    if self.runs and (run := running_max(u)) is not None: return self._running_sum(u, run, v)
     if len(u.src) == 1:
       if (p := self.poison.get(id(u.src[0]))) is not None: self.poison[id(u)] = p
       return v

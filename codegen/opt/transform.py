@@ -32,6 +32,7 @@ import math
 
 from rulec.codegen.opt.actions import Action, OptError
 from rulec.engine.ir.dtypes import dtypes
+from rulec.engine.ir.facts import terms_of
 from rulec.engine.ir.ops import ALU, TRANSCENDENTAL, Ops
 from rulec.engine.ir.rewrite import substitute
 from rulec.engine.ir.uop import UOp
@@ -104,8 +105,9 @@ def stored_sum(value: UOp) -> UOp | None:
 
 
 def renamed_reduce(red: UOp) -> UOp:
-  """red with the ranges it and the reduces inside it reduce over renamed by order of appearance: equal for two
-  reduces that compute the same value over ranges of their own (a fused softmax reads its row max twice)."""
+  """red (a reduce, or any value) with the ranges it and the reduces inside it reduce over renamed by order of
+  appearance: equal for two that compute the same value over ranges of their own (a fused softmax reads its row max
+  twice; attention's scores are computed in the max's loop and in the sum's)."""
   own = [r for u in red.toposort() if u.op is Ops.REDUCE for r in u.src[1:]]
   return substitute(red, {r: UOp.range(r.src[0], -1 - i, range_kind(r)[0]) for i, r in enumerate(dict.fromkeys(own))})
 
@@ -217,26 +219,19 @@ def _merge_pair(red: UOp, outer: UOp, inner: UOp) -> UOp | None:
   allowed = set().union(*(set(x.src[1].toposort()) for x in loads)) if loads else set()
   if not loads or not direct <= allowed: return None
   for x in loads:
-    a, b = _affine(x.src[1], outer, direct), _affine(x.src[1], inner, direct)
+    a, b = _step(x.src[1], outer), _step(x.src[1], inner)
     if a is None or b is None or a != n * b: return None
   both = UOp.range(outer.src[0].arg * n, outer.arg[0], outer.arg[1])
   fresh = substitute(value, {outer: UOp.const(outer.dtype, 0), inner: both})
   return UOp(Ops.REDUCE, red.dtype, (fresh, *(both if r is outer else r for r in red.src[1:] if r is not inner)), red.arg)
 
 
-def _affine(e: UOp, r: UOp, direct: set[UOp]) -> int | None:
-  """The constant c with e = c * r + (terms free of r), or None where e is not affine in r that way."""
-  if e is r: return 1
-  if r not in e.toposort(): return 0
-  if e.op is Ops.ADD:
-    a, b = (_affine(x, r, direct) for x in e.src)
-    return None if a is None or b is None else a + b
-  if e.op is Ops.MUL:
-    x, k = e.src if e.src[1].op is Ops.CONST else e.src[::-1]
-    if k.op is not Ops.CONST or not isinstance(k.arg, int): return None
-    a = _affine(x, r, direct)
-    return None if a is None else a * k.arg
-  return None
+def _step(idx: UOp, r: UOp) -> int | None:
+  """idx's step along r where idx is affine in it (engine/ir/facts.py terms_of: r a term of its own, no other term
+  reading it), else None."""
+  terms, _ = terms_of(idx)
+  if any(t is not r and r in t.toposort() for _, t in terms): return None
+  return sum(k for k, t in terms if t is r)
 
 
 def tiles(total: int, n: int) -> int:
@@ -344,7 +339,7 @@ class _Applier:
   def kblock(self, a: Action) -> None:
     end = _sole_end(self.ast, a)
     st = end.src[0]
-    (target, stored), n = st.src, a.amount
+    target, stored = st.src
     red = stored_sum(stored)
     if red is None or red.arg is not Ops.ADD or red.dtype not in (dtypes.float32, dtypes.float64) \
        or len(red.src) != 2 or red.src[1].arg[0] != a.axis or stored.dtype != red.dtype:
