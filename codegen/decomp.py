@@ -16,16 +16,21 @@ from rulec.engine.lang.loader import load_library
 def decomposed(kernel: Kernel, optional: frozenset = frozenset()) -> Kernel:
   """The kernel with the ops a backend lacks decomposed (rules/decomp.rules): what the renderers receive.
   `optional`: the ops whose optional decompositions the backend wants (the CPU's: EXP2 and LOG2)."""
-  matcher = load_library().matcher("decomp")
-  out = Kernel(graph_rewrite(kernel.ast, matcher, ctx=optional), kernel.bufs)
-  # a user's rules directory may extend decomp, and this is the last rewrite before the renderers print the kernel:
-  # what comes out is validated here, and a node no kernel may hold is blamed on the rule that built it
+  return checked_rewrite(kernel, "decomp", optional)
+
+
+def checked_rewrite(kernel: Kernel, ruleset: str, ctx) -> Kernel:
+  """The kernel rewritten by a codegen rule set (decomp, online) and validated. A user's rules directory may extend
+  these sets, and they run after scheduling, before the renderers print the kernel: what comes out is validated
+  here, and a node no kernel may hold is blamed on the rule that built it."""
+  matcher = load_library().matcher(ruleset)
+  out = Kernel(graph_rewrite(kernel.ast, matcher, ctx=ctx), kernel.bufs)
   try: validate(out)
-  except ValueError as e: raise _blame(matcher, optional, kernel.ast, e) from None
+  except ValueError as e: raise _blame(matcher, ctx, kernel.ast, e, ruleset) from None
   return out
 
 
-def _blame(matcher, ctx, ast: UOp, error: ValueError) -> Exception:
+def _blame(matcher, ctx, ast: UOp, error: ValueError, ruleset: str = "decomp") -> Exception:
   """The RuleRuntimeError naming the rule whose one rewrite of a node of `ast` builds a node with an arg the IR
   does not allow (`error` as it is when no single rule can be named)."""
   nodes = ast.toposort()
@@ -37,7 +42,7 @@ def _blame(matcher, ctx, ast: UOp, error: ValueError) -> Exception:
     bad = next((p for x in new.toposort() if x not in seen and (p := arg_problem(x)) is not None), None)
     if bad is not None and (hit := rule_of(matcher, ctx, u)) is not None:
       return RuleRuntimeError(rule_source(matcher, hit), ValueError(bad))
-  return ValueError(f"{error} (after the decomp rules: a rules directory layered over them may have built it)")
+  return ValueError(f"{error} (after the {ruleset} rules: a rules directory layered over them may have built it)")
 
 
 # *** exp2 and log2 of float32 (optional: the devices that ask, through `decomposed`) ***

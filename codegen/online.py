@@ -17,24 +17,24 @@ from __future__ import annotations
 
 import math
 
+from rulec.codegen.decomp import checked_rewrite
 from rulec.codegen.opt.transform import renamed_reduce
 from rulec.engine.ir.dtypes import dtypes
 from rulec.engine.ir.kernel import Kernel
 from rulec.engine.ir.ops import Ops
-from rulec.engine.ir.rewrite import graph_rewrite, substitute
+from rulec.engine.ir.rewrite import substitute
 from rulec.engine.ir.uop import UOp
 from rulec.engine.lang.capability import rule_helper
-from rulec.engine.lang.loader import load_library
 
 
 def online(kernel: Kernel) -> Kernel:
-  """The kernel after rules/online.rules (validated with the decompositions that follow it). Their ctx: the row
-  maxes a running max may replace (`removable_maxes`)."""
+  """The kernel after rules/online.rules, validated (a node no kernel may hold is blamed on the rule that built it).
+  Their ctx: the row maxes a running max may replace (`removable_maxes`)."""
   nodes = kernel.ast.toposort()
   if not any(u.op is Ops.REDUCE and u.arg is Ops.MAX for u in nodes): return kernel
   allowed = removable_maxes(kernel.ast)
   if not allowed: return kernel
-  return Kernel(graph_rewrite(kernel.ast, load_library().matcher("online"), ctx=allowed), kernel.bufs)
+  return checked_rewrite(kernel, "online", allowed)
 
 
 def removable_maxes(ast: UOp) -> frozenset[UOp]:

@@ -209,3 +209,15 @@ def test_heads_merged_in_the_output(online, device):
   qn, kn, vn = (xn[:, :, i * C:(i + 1) * C].reshape(B, T, H, D).transpose(0, 2, 1, 3) for i in range(3))
   want = _reference(qn, kn, vn, 1 / np.sqrt(D), np.tril(np.ones((T, T), bool))).transpose(0, 2, 1, 3).reshape(B, T, C)
   np.testing.assert_allclose(out.numpy(), want, rtol=2e-4, atol=2e-5)
+
+
+def test_a_strangers_online_rule_that_builds_a_bad_kernel_is_named(online, tmp_path, monkeypatch):
+  """A rules directory may extend the online set; what it builds is validated, and a node no kernel may hold is
+  blamed on the rule (file, line, column), not on the decompositions after it."""
+  from rulec.engine.ir.rewrite import RuleRuntimeError
+  kernel, _ = _online_kernel()
+  (tmp_path / "mine.rules").write_text("ruleset online:\n"
+                                       "  rule bad_run: r:REDUCE if r.arg is ADD => UOp(RUNMAX, r.dtype, (r.src[0], r.src[1]), \"x\")\n")
+  monkeypatch.setenv("RULEC_RULES", str(tmp_path))
+  from rulec.codegen.online import online as online_pass
+  with pytest.raises(RuleRuntimeError, match=r"bad_run.*mine.rules:2:3.*RUNMAX has arg"): online_pass(kernel)
