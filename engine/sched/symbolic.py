@@ -295,7 +295,16 @@ def _eval_grid(u: UOp, env: dict[UOp, np.ndarray], memo: dict[UOp, np.ndarray]) 
 def _ranges_of(u: UOp) -> list[UOp]: return [n for n in u.toposort() if n.op is Ops.RANGE]
 
 
-_FITS: dict[tuple, UOp | None] = {}
+_FITS: dict[tuple, tuple | None] = {}
+_NESTED: dict[tuple, UOp | None] = {}   # (a term, its guards, partial) -> nested's answer
+_DIVMOD: "weakref.WeakKeyDictionary[UOp, bool]" = weakref.WeakKeyDictionary()       # holds a // or %
+_RANGE_SETS: "weakref.WeakKeyDictionary[UOp, frozenset]" = weakref.WeakKeyDictionary()  # its ranges
+_ARITHMETIC: "weakref.WeakKeyDictionary[UOp, bool]" = weakref.WeakKeyDictionary()   # reads no memory
+_EXACT_GUARD: "weakref.WeakKeyDictionary[UOp, tuple]" = weakref.WeakKeyDictionary()  # cond -> (_grouped, too_big)
+_BOUNDS: dict[tuple, UOp | None] = {}   # conjuncts -> bounds_form's answer (exact: true whatever the guards)
+_FITTING = 0                            # > 0 while _Fitter.nested simplifies a part of an index
+_NESTED_REWRITES = 16                   # the most parts of indices one WHERE's fit simplifies (a QR's gradient nests
+                                        # hundreds of guarded WHEREs: each new guard would ask again)
 
 
 class _Fitter:
@@ -305,21 +314,39 @@ class _Fitter:
   def __init__(self):
     self.spent = 0
     self.memo: dict[tuple, UOp] = {}
-    self.divmod: dict[UOp, bool] = {}
+    # facts of a node alone, shared by every fit (weak: they go with their nodes)
+    self.divmod, self.range_sets, self.arithmetic = _DIVMOD, _RANGE_SETS, _ARITHMETIC
+    self.rewrites = 0    # symbolic rewrites of index parts (nested), bounded per WHERE by _NESTED_REWRITES
+    self.guards: dict[tuple, UOp] = {}
+    self.too_big = False   # a group of a guard had too many points for bounds_form
+
+  def ranges(self, u: UOp) -> frozenset:
+    if (got := self.range_sets.get(u)) is None: got = self.range_sets[u] = frozenset(_ranges_of(u))
+    return got
 
   def has_divmod(self, u: UOp) -> bool:
     for n in u.toposort(lambda m: m not in self.divmod):
       if n not in self.divmod: self.divmod[n] = n.op in (Ops.IDIV, Ops.MOD) or any(self.divmod.get(x, False) for x in n.src)
     return self.divmod[u]
 
-  @staticmethod
-  def usable(guards: tuple) -> list[UOp]:
+  def usable(self, guards: tuple) -> list[UOp]:
     """The conjuncts of the guards that are arithmetic on ranges (one that reads memory is left out: the points
     kept are then a superset of those where the value is used, which is still sound)."""
-    ok = lambda c: all(n.op in (Ops.RANGE, Ops.CONST) or (n.src and n.op not in (Ops.INDEX, Ops.REDUCE)) for n in c.toposort())
-    return [c for g in guards for c in _conjuncts(g) if ok(c)]
+    out = []
+    for g in guards:
+      for c in _conjuncts(g):
+        if (ok := self.arithmetic.get(c)) is None:
+          ok = self.arithmetic[c] = all(n.op in (Ops.RANGE, Ops.CONST) or (n.src and n.op not in (Ops.INDEX, Ops.REDUCE))
+                                        for n in c.toposort())
+        if ok: out.append(c)
+    return out
 
   def fit(self, u: UOp, conds: list[UOp]) -> UOp | None:
+    got = self.fit_bounded(u, conds)
+    return None if got is None else got[0]
+
+  def fit_bounded(self, u: UOp, conds: list[UOp]) -> tuple[UOp, int, int] | None:
+    """u as an affine expression of its ranges, with its least and greatest value where conds hold."""
     key = (u, tuple(conds))
     if key in _FITS: return _FITS[key]
     out = self._fit(u, conds)
@@ -327,25 +354,23 @@ class _Fitter:
     _FITS[key] = out
     return out
 
-  def _fit(self, u: UOp, conds: list[UOp]) -> UOp | None:
-    rs = list(dict.fromkeys(_ranges_of(u) + [r for c in conds for r in _ranges_of(c)]))
+  def grid(self, rs: list[UOp]) -> dict[UOp, np.ndarray] | None:
+    """Each range's coordinates at every point of the ranges' grid, or None past the budget (or for a range
+    whose size is not a constant)."""
     size = 1
     for r in rs: size *= r.src[0].arg if r.src and r.src[0].op is Ops.CONST else 1 << 40
     if not rs or size > _FIT_POINTS or self.spent + size > _FIT_BUDGET: return None
     self.spent += size
     grids = np.meshgrid(*[np.arange(r.src[0].arg, dtype=np.int64) for r in rs], indexing="ij")
-    env = dict(zip(rs, grids))
-    v = _eval_grid(u, env, {})
-    if v is None: return None
-    m: np.ndarray | bool = True
-    for c in conds:
-      cv = _eval_grid(c, env, {})
-      if cv is not None: m = np.logical_and(m, cv)
-    m = np.broadcast_to(m, grids[0].shape)
-    if not m.any(): return None
+    return dict(zip(rs, grids))
+
+  @staticmethod
+  def affine(u: UOp, v: np.ndarray, m: np.ndarray, env: dict[UOp, np.ndarray]) -> UOp | None:
+    """u's values v (on env's grid) as an affine expression of u's ranges at the points m, checked exactly."""
+    shape = next(iter(env.values())).shape
     own = _ranges_of(u)
     a = np.stack([np.ones(int(m.sum()))] + [env[r][m].astype(np.float64) for r in own], axis=1)
-    want = np.broadcast_to(v, grids[0].shape)[m].astype(np.float64)
+    want = np.broadcast_to(v, shape)[m].astype(np.float64)
     coef = np.rint(np.linalg.lstsq(a, want, rcond=None)[0]).astype(np.int64)
     if not np.array_equal(a.astype(np.int64) @ coef, want.astype(np.int64)): return None
     out = UOp.const(u.dtype, int(coef[0]))
@@ -353,13 +378,72 @@ class _Fitter:
       if c: out = out + (r.cast(u.dtype) if r.dtype is not u.dtype else r) * int(c)
     return out
 
-  def index(self, idx: UOp, guards: tuple) -> UOp:
-    if not idx.dtype.is_int or not self.has_divmod(idx): return idx
+  def _fit(self, u: UOp, conds: list[UOp]) -> tuple[UOp, int, int] | None:
+    rs = list(dict.fromkeys(_ranges_of(u) + [r for c in conds for r in _ranges_of(c)]))
+    if (env := self.grid(rs)) is None: return None
+    shape = next(iter(env.values())).shape
+    v = _eval_grid(u, env, {})
+    if v is None: return None
+    m: np.ndarray | bool = True
+    for c in conds:
+      cv = _eval_grid(c, env, {})
+      if cv is not None: m = np.logical_and(m, cv)
+    m = np.broadcast_to(m, shape)
+    if not m.any(): return None
+    out = self.affine(u, v, m, env)
+    if out is None: return None
+    picked = np.broadcast_to(v, shape)[m]
+    return out, int(picked.min()), int(picked.max())
+
+  def nested(self, v: UOp, conds: list[UOp], partial: bool = False) -> UOp | None:
+    """v with its innermost quotients and remainders that are affine where conds hold (each checked on the grid
+    of its own ranges alone, with the conds that read no other range) replaced, innermost first: each becomes a
+    variable bounded as it is there, the symbolic rules simplify what holds it, and the variable becomes the
+    affine expression. A whole index term of a large kernel spans too many points to evaluate at once (a
+    convolution's input gradient at 56x56 with 64 channels: millions), its parts a few hundred. None when some
+    quotient or remainder is left (unless partial): the symbolic rules could fold a partly simplified term back
+    into the form it had, and this would rewrite it again."""
+    key = (v, tuple(conds), partial)
+    if key in _NESTED: return _NESTED[key]
+    out = self._nested(v, conds, partial)
+    if len(_NESTED) > 4096: _NESTED.clear()
+    _NESTED[key] = out
+    return out
+
+  def _nested(self, v: UOp, conds: list[UOp], partial: bool) -> UOp | None:
+    cur = v
+    for _ in range(8):
+      inner = [n for n in cur.toposort() if n.op in (Ops.IDIV, Ops.MOD) and n.dtype.is_int
+               and not any(self.has_divmod(s) for s in n.src)]
+      stand: dict[UOp, UOp] = {}
+      back: dict[UOp, UOp] = {}
+      for d in inner:
+        own = self.ranges(d)
+        got = self.fit_bounded(d, [c for c in conds if self.ranges(c) <= own])
+        if got is None: continue
+        a, lo, hi = got
+        var = UOp.variable(f"fit_{len(stand)}_{id(d)}", lo, hi, d.dtype)
+        stand[d], back[var] = var, a
+      if not stand or self.rewrites >= _NESTED_REWRITES: break
+      self.rewrites += 1
+      global _FITTING
+      _FITTING += 1   # (the rewrite of an index part does not fit the WHEREs inside it again: that recursion explodes
+      try: done = graph_rewrite(substitute(cur, stand), load_library().matcher("symbolic"))   # on a QR's gradient)
+      finally: _FITTING -= 1
+      cur = substitute(done, back)
+      if not self.has_divmod(cur): return cur
+    return cur if partial and cur is not v else None
+
+  def simplified(self, idx: UOp, conds: list[UOp], partial: bool = False) -> UOp:
+    """An integer expression with each nonlinear term made affine where conds hold (as a whole, else part by
+    part), or idx itself."""
     terms, k = terms_of(idx)
-    conds = self.usable(guards)
     out, changed = [], False
     for coef, v in terms:
-      f = self.fit(v, conds) if self.has_divmod(v) else None
+      f = None
+      if self.has_divmod(v):
+        f = self.fit(v, conds)
+        if f is None: f = self.nested(v, conds, partial)
       changed |= f is not None
       out.append((coef, v if f is None else f))
     if not changed: return idx
@@ -367,13 +451,112 @@ class _Fitter:
     for coef, v in out: total = total + (v if coef == 1 else v * coef)
     return total
 
+  def guard(self, cond: UOp, guards: tuple) -> UOp:
+    """A WHERE's condition with its quotients and remainders gone where it can be: first each comparison's
+    operands simplified where the enclosing guards hold (the only points where this condition is read), then the
+    conjunction replaced by bounds on affine expressions (each quotient or remainder's affine form where the
+    conjunction holds, and each range) when those bounds hold at exactly the same points of its ranges' grid,
+    checked at every point. A convolution's input gradient is guarded by `(h + 16r + 1) % 17 < 14` and
+    `8r + h // 2 < 25` (the repeat trick): that is `0 <= h + 1 - r < 14` and `r < 3`, and `r < 3` lets the sum
+    over r drop its dead fourth iteration (narrowed_reduce)."""
+    if cond.dtype is not dtypes.bool or not self.has_divmod(cond): return cond
+    key = (cond, guards)
+    if (done := self.guards.get(key)) is None: done = self.guards[key] = self._guard(cond, guards)
+    return done
+
+  def _guard(self, cond: UOp, guards: tuple) -> UOp:
+    orig = _conjuncts(cond)
+    if (exact := _EXACT_GUARD.get(cond)) is None:
+      self.too_big = False
+      exact = (self._grouped(orig, list(orig)), self.too_big)
+      if exact[0] is not None or not self.too_big: _EXACT_GUARD[cond] = exact   # (a budget's refusal may change)
+    out = exact[0]
+    if out is None and exact[1]:
+      # too many points at once: each comparison's operands simplified where the enclosing guards and the affine
+      # conjuncts hold (a convolution's column guard reads the row's quotient, 0 there), which splits the groups
+      conj = list(orig)
+      given = self.usable(guards) + self.usable(tuple(c for c in conj if not self.has_divmod(c)))
+      for i, c in enumerate(conj):
+        if c.op in (Ops.CMPLT, Ops.CMPNE, Ops.CMPEQ) and self.has_divmod(c) and any(self.ranges(g) & self.ranges(c) for g in given):
+          src = tuple(self.simplified(s, given, True) if s.dtype.is_int and self.has_divmod(s) else s for s in c.src)
+          if any(a is not b for a, b in zip(src, c.src)): conj[i] = UOp(c.op, c.dtype, src, c.arg)
+      out = self._grouped(orig, conj, partial=True)
+    return cond if out is None else out
+
+  def _grouped(self, orig: list[UOp], conj: list[UOp], partial: bool = False) -> UOp | None:
+    """The conjunction with each group of conjuncts that share ranges (bounded apart: fewer points, a
+    convolution's rows and columns) that holds a quotient or remainder as bounds on affine forms (bounds_form);
+    None where a group has none, unless partial (that group then keeps its conjuncts as they were in orig: the
+    symbolic rules could fold a partly simplified one back), or where nothing changed."""
+    groups: list[tuple[set, list[int]]] = []
+    for i, c in enumerate(conj):
+      rs = set(self.ranges(c))
+      joined = [g for g in groups if g[0] & rs]
+      for g in joined: groups.remove(g)
+      groups.append((rs.union(*(g[0] for g in joined)), [j for g in joined for j in g[1]] + [i]))
+    out: UOp | None = None
+    changed = False
+    for _, idx in groups:
+      group = [conj[i] for i in idx]
+      if any(self.has_divmod(c) for c in group):
+        if (new := self.bounds_form(group)) is not None: group, changed = [new], True
+        elif partial: group = [orig[i] for i in idx]
+        else: return None
+      for c in group: out = c if out is None else out & c
+    return out if changed else None
+
+  def bounds_form(self, conj: list[UOp]) -> UOp | None:
+    """The conjunction conj as bounds on affine expressions, when that is exactly it on its ranges' grid."""
+    if len(self.usable(tuple(conj))) != len(conj): return None   # (a conjunct that reads memory)
+    key = tuple(conj)
+    if key in _BOUNDS: return _BOUNDS[key]
+    rs = list(dict.fromkeys(r for c in conj for r in _ranges_of(c)))
+    if (env := self.grid(rs)) is None:
+      self.too_big = True   # (not remembered: another WHERE may have points left to spend)
+      return None
+    out = self._bounds_form(conj, env)
+    if len(_BOUNDS) > 4096: _BOUNDS.clear()
+    _BOUNDS[key] = out
+    return out
+
+  def _bounds_form(self, conj: list[UOp], env: dict[UOp, np.ndarray]) -> UOp | None:
+    rs, shape = list(env), next(iter(env.values())).shape
+    m: np.ndarray | bool = True
+    for c in conj:
+      if (cv := _eval_grid(c, env, {})) is None: return None
+      m = np.logical_and(m, cv)
+    m = np.broadcast_to(m, shape)
+    if not m.any(): return UOp.const(dtypes.bool, False)
+    forms: list[tuple[UOp, np.ndarray]] = []
+    for d in dict.fromkeys(n for c in conj for n in c.toposort() if n.op in (Ops.IDIV, Ops.MOD) and n.dtype.is_int):
+      if (v := _eval_grid(d, env, {})) is None: continue
+      a = self.affine(d, v, m, env)
+      if a is not None and a.op is not Ops.CONST and all(a is not f for f, _ in forms): forms.append((a, np.broadcast_to(v, shape)))
+    forms += [(r, env[r]) for r in rs]
+    # the conjuncts that are affine already stay; each form adds the bounds it keeps where the conjunction holds
+    pieces = [c for c in conj if not self.has_divmod(c)]
+    for a, v in forms:
+      lo, hi = int(v[m].min()), int(v[m].max())
+      if a.vmin < lo: pieces.append(a.lt(lo).ne(True))
+      if a.vmax > hi: pieces.append(a.lt(hi + 1))
+    out: UOp | None = None
+    for p in pieces: out = p if out is None else out & p
+    if out is None: return None
+    got = _eval_grid(out, env, {})
+    return out if got is not None and np.array_equal(np.broadcast_to(got, shape), m) else None
+
+  def index(self, idx: UOp, guards: tuple) -> UOp:
+    if not idx.dtype.is_int or not self.has_divmod(idx): return idx
+    return self.simplified(idx, self.usable(guards))
+
   def rebuild(self, u: UOp, guards: tuple) -> UOp:
     key = (u, guards)
     if key in self.memo: return self.memo[key]
     if not _is_value(u) or u.op in (Ops.RANGE, Ops.CONST): out = u   # (shared structure: left as it is)
     else:
       if u.op is Ops.WHERE:
-        src = (self.rebuild(u.src[0], guards), self.rebuild(u.src[1], guards + (u.src[0],)), self.rebuild(u.src[2], guards))
+        cond = self.guard(self.rebuild(u.src[0], guards), guards)
+        src = (cond, self.rebuild(u.src[1], guards + (cond,)), self.rebuild(u.src[2], guards))
       elif u.op is Ops.REDUCE: src = (self.rebuild(u.src[0], guards),) + u.src[1:]
       elif u.op is Ops.INDEX: src = (u.src[0],) + tuple(self.index(s, guards) for s in u.src[1:])
       elif u.dtype.is_int: src = u.src   # (integer arithmetic outside an index is left alone)
@@ -393,15 +576,64 @@ def affine_given(w: UOp) -> UOp | None:
   expression; None when nothing changes. Proven by evaluation: the ranges involved are small (at most 2**15 points each), so
   the subexpression is evaluated at every point and the affine fit checked exactly. A convolution's gradient
   reaches its window taps through `(y + 10 r + 1) // 11` and `% 11`, which under the guards are `r` and
-  `y + 1 - r`: the load index becomes affine, as the forward's is."""
+  `y + 1 - r`: the load index becomes affine, as the forward's is. The guards themselves become bounds on affine
+  forms where that is exactly what they say (_Fitter.guard). Not inside another fit's rewrite (_FITTING)."""
+  if _FITTING: return None
   if w in _AFFINE: return _AFFINE[w]
   cond, t, f = w.src
-  out = None
-  if any(n.op is Ops.INDEX for n in _values_of(t)):
-    new = _Fitter().rebuild(t, (cond,))
-    if new is not t: out = UOp(Ops.WHERE, w.dtype, (cond, new, f))
+  fitter = _Fitter()
+  new_cond = fitter.guard(cond, ())
+  new = fitter.rebuild(t, (new_cond,)) if any(n.op is Ops.INDEX for n in _values_of(t)) else t
+  out = None if new_cond is cond and new is t else UOp(Ops.WHERE, w.dtype, (new_cond, new, f))
   _AFFINE[w] = out
   return out
+
+
+@rule_helper
+def narrowed_reduce(red: UOp) -> UOp | None:
+  """A sum (or max) over range r of WHERE(cond, v, identity) where cond says r < k, k below r's size: the same
+  reduce over a range of size k, the iterations past k only added zeros (or took the max with -inf). A
+  convolution's input gradient sums over the 4 copies of the repeat trick, and its guards keep 3
+  (affine_given writes them as `r < 3`): a quarter of its work is dead otherwise. r keeps its number (it is
+  the reduce's own: nothing outside reads it)."""
+  if red.arg not in (Ops.ADD, Ops.MAX) or len(red.src) < 2: return None
+  val, rngs = red.src[0], red.src[1:]
+  if val.op is not Ops.WHERE or val.src[2].op is not Ops.CONST: return None
+  none = val.src[2].arg
+  if red.arg is Ops.ADD and none != 0: return None
+  if red.arg is Ops.MAX and not (none == -math.inf or (val.dtype.is_int and none == val.dtype.min())): return None
+  for c in _conjuncts(val.src[0]):
+    if c.op is not Ops.CMPLT or c.src[1].op is not Ops.CONST or not any(c.src[0] is r for r in rngs): continue
+    r, k = c.src[0], c.src[1].arg
+    if r.op is not Ops.RANGE or r.src[0].op is not Ops.CONST or not 1 <= k < r.src[0].arg: continue
+    if k == 1:   # one iteration: r is 0 there, and the reduce keeps its other ranges (a range of 1 is no range)
+      rest = tuple(x for x in rngs if x is not r)
+      body = substitute(val, {r: UOp.const(r.dtype, 0)})
+      return UOp(Ops.REDUCE, red.dtype, (body, *rest), red.arg) if rest else body
+    new = UOp(Ops.RANGE, r.dtype, (UOp.const(r.src[0].dtype, k),), r.arg, r.tag)
+    return UOp(Ops.REDUCE, red.dtype, (substitute(val, {r: new}), *(new if x is r else x for x in rngs)), red.arg)
+  return None
+
+
+@rule_helper
+def merged_reduce(red: UOp) -> UOp | None:
+  """A sum over ranges A of WHERE(cond, (sum over ranges B of x), 0), cond reading no range of B: one sum over
+  A and B of WHERE(cond, x, 0) (float sums reassociate); the same with the sum in the false branch. A
+  convolution's input gradient is three nested sums (window row, window column, channels), each with its own
+  accumulators; one reduce over the three is the loop nest the forward convolution has, and the kernel optimizer
+  tiles it the same way."""
+  if red.arg is not Ops.ADD or len(red.src) < 2: return None
+  val, outer = red.src[0], red.src[1:]
+  if val.op is not Ops.WHERE: return None
+  cond, t, f = val.src
+  live = 1 if f.op is Ops.CONST and f.arg == 0 else 2 if t.op is Ops.CONST and t.arg == 0 else 0   # (either side)
+  inner = val.src[live] if live else None
+  if inner is None or inner.op is not Ops.REDUCE or inner.arg is not Ops.ADD or inner.dtype is not red.dtype or len(inner.src) < 2:
+    return None
+  rngs = inner.src[1:]
+  if any(n.op is Ops.RANGE and any(n is r for r in rngs) for n in cond.toposort()): return None
+  body = UOp(Ops.WHERE, val.dtype, tuple(inner.src[0] if i == live else s for i, s in enumerate(val.src)))
+  return UOp(Ops.REDUCE, red.dtype, (body, *outer, *rngs), red.arg)
 
 
 # *** one-hot sums: Tensor.arange's iota over a range, and a sum that picks one position (a gather, an Embedding) ***

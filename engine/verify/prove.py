@@ -336,13 +336,16 @@ PROGRAM_INSTANCES = 4   # nodes kept per rule from the programs below
 
 def _programs() -> None:
   """A few small programs whose schedules reach kernel-level patterns the generator does not build: Tensor.arange's
-  iota (a sum of digit patterns) and a gather's one-hot sum, of integers and of floats (an Embedding). (A strided
+  iota (a sum of digit patterns), a gather's one-hot sum, of integers and of floats (an Embedding), and guarded sums. (A strided
   convolution's gradient reaches where_affine's guarded loads, where z3 runs past the time limit on 64-bit division
   by constants: it is left out, for the time it would take.)"""
   from rulec.engine.tensor import Tensor
   Tensor.arange(8).schedule()
   for dt in (np.int32, np.float32):
     Tensor(np.arange(12, dtype=dt).reshape(4, 3))[Tensor([1, 3, 0])].schedule()
+  # a padded sum of sums: its guard `1 <= r < 4` ends the outer range early (narrow_reduce), and the guarded sum
+  # of a sum is one sum (merge_reduce); integers, so that regrouping the sum is exact
+  Tensor(np.arange(12, dtype=np.int32).reshape(3, 4)).sum(1).pad(((1, 1),)).sum().schedule()
 
 
 def program_nodes(rule: A.Rule) -> list[UOp]:
