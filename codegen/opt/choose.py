@@ -535,6 +535,36 @@ def cl_actions(k: Kernel, target) -> list[Action]:
       acts = gpu_tile(k, tile, GPU_LOCAL, target, GPU_STAGE, GPU_STAGE_SEVERAL, ragged=ragged, max_waste=waste,
                       ragged_groups=may)
       if acts is not None: return acts
+    if (acts := _long_sum_tile(k, end)): return acts
+  return []
+
+
+# a long sum with no column tile (its innermost store range too short: a convolution's weight gradient, whose taps are
+# innermost): LONG_SUM_TILE lanes of a store range one load reads by those of another that a second load reads,
+# unstaged, in work-groups of LONG_SUM_GROUP. H200, the ResNet block's 3x3 weight gradient (N64 C64 56x56, 8 partial
+# sums of 25088 steps each): 5.23 ms against 7.43 untiled; 4 x 4, 8 x 4, 8 x 8 and tiles over the taps 6.6-62 ms
+# (bench/results/h200-conv-weight-grad-probe-2026-12-05-session20.txt)
+LONG_SUM_TILE = (4, 8)
+LONG_SUM_GROUP = (8, 8)
+LONG_SUM_MIN = 4096    # steps of the sum, at least
+
+
+def _long_sum_tile(k: Kernel, end: UOp) -> list[Action]:
+  reduces = [x for x in end.src[0].toposort() if x.op is Ops.REDUCE]
+  if len(reduces) != 1 or reduces[0].arg is not Ops.ADD or not reduces[0].dtype.is_float: return []
+  if math.prod(r.src[0].arg for r in reduces[0].src[1:]) < LONG_SUM_MIN: return []
+  loads = [x.src[1] for x in reduces[0].src[0].toposort() if x.op is Ops.INDEX]
+  (rows, cols), (lr, lc) = LONG_SUM_TILE, LONG_SUM_GROUP
+  reads = {r: [i for i in loads if r in i.toposort()] for r in end.src[1:]}
+  for col in reversed(end.src[1:]):
+    if col.src[0].arg % cols or not reads[col] or len(reads[col]) == len(loads): continue
+    for row in reversed(end.src[1:]):
+      if row is col or row.src[0].arg % rows or not reads[row] or any(i in reads[col] for i in reads[row]): continue
+      # work-groups of up to LONG_SUM_GROUP items, as many as divide what the tiles leave
+      c, r = divisor_at_most(col.src[0].arg // cols, lc), divisor_at_most(row.src[0].arg // rows, lr)
+      acts = [Action("UPCAST", row.arg[0], rows), Action("UPCAST", col.arg[0], cols)] + \
+             ([Action("LOCAL", col.arg[0], c)] if c > 1 else []) + ([Action("LOCAL", row.arg[0], r)] if r > 1 else [])
+      return acts if _applies(k, "CL", *acts) else []
   return []
 
 

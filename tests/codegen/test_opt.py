@@ -3,6 +3,7 @@ guarantee that no action list changes what a kernel computes: it is refused with
 NUMPY reference. Register tiles in work-groups (what GPUs get) run here on PoCL."""
 from __future__ import annotations
 
+import math
 import os
 import re
 
@@ -646,6 +647,30 @@ def test_gpu_tiles_of_prime_sizes_are_ragged(m, k, n, transposed):
   assert [a.op for a in acts].count("UPCAST") == 2 and [a.op for a in acts].count("LOCAL") == 2, acts
   assert any(a.op == "STAGE" for a in acts), acts
   if k == 4099: assert any(a.op == "STAGE" and a.amount == 16 for a in acts), acts
+
+
+def test_a_conv_weight_gradient_takes_a_long_sum_tile_on_a_gpu_and_agrees_with_numpy(cl_tiles):
+  # its taps are the innermost store range (3: no column tile), its sum long: lanes of output channels by lanes of
+  # input channels, unstaged (choose._long_sum_tile)
+  from rulec.codegen.opencl import Target
+  from rulec.codegen.opt.choose import cl_actions
+  rng = np.random.default_rng(12)
+  # (8 partial sums of 8 x 24 x 24 steps each, for more outputs than a group reduction takes)
+  x = rng.standard_normal((64, 32, 24, 24)).astype(np.float32)
+  w = rng.standard_normal((32, 32, 3, 3)).astype(np.float32)
+  g = rng.standard_normal((64, 32, 24, 24)).astype(np.float32)
+  def grad(device):
+    tx, tw = Tensor(x, device=device, requires_grad=True), Tensor(w, device=device, requires_grad=True)
+    (tx.conv2d(tw, padding=1) * Tensor(g, device=device)).sum().backward()
+    return tw.grad
+  gw = grad("CL")
+  longest = max(gw.schedule(), key=lambda k: math.prod(r.src[0].arg for r in k.ast.ranges))
+  low = decomposed(longest)
+  acts = cl_actions(low, Target(group=512, vector=4, tile=256, units=132))
+  sizes = {r.arg[0]: r.src[0].arg for r in low.ranges}
+  assert [(a.op, sizes.get(a.axis), a.amount) for a in acts] == \
+    [("UPCAST", 32, 4), ("UPCAST", 32, 8), ("LOCAL", 32, 4), ("LOCAL", 32, 8)], acts   # (output, input channels)
+  np.testing.assert_allclose(gw.numpy(), grad("NUMPY").numpy(), rtol=1e-3, atol=1e-3)
 
 
 # *** RULEC_SEARCH ***

@@ -1,0 +1,77 @@
+"""Action lists for a convolution's weight gradient on the CL device: the ResNet block's 3x3 conv (N64 C64 56x56,
+bench/models.py) scheduled as rulec schedules it (a split of the batch into partial sums, then a small sum), its
+first kernel timed on the device (profiling events, resident buffers, median) with the cost model's actions and
+with register tiles over output channels, input channels and taps. Each forced list's result is checked against
+the default's.
+
+Run: python bench/cl_conv_grad_probe.py [batch] [action list ...]   (bench/h200.sh convprobe; a batch of 16 or more
+is split in 8 parts, as 64 is: the axes below)
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+import numpy as np
+
+from rulec.codegen.opt import format_actions, kernel_key, parse_actions
+from rulec.codegen.opt.choose import cl_actions
+from rulec.codegen.opt.transform import apply
+from rulec.codegen.decomp import decomposed
+from rulec.engine.tensor import Tensor
+from rulec.runtime import cl_device
+
+# axes of the first kernel: 0 the batch's part, 1 output channel, 2 input channel, 3 and 4 the taps; sums 5 (batch
+# within a part), 6 and 7 (rows, columns)
+LISTS = [
+  "UPCAST(1,4) UPCAST(2,4) LOCAL(2,16) LOCAL(1,8)",
+  "UPCAST(1,4) UPCAST(2,4) LOCAL(2,16) LOCAL(1,4)",
+  "UPCAST(1,8) UPCAST(2,4) LOCAL(2,16) LOCAL(1,4)",
+  "UPCAST(1,4) UPCAST(2,8) LOCAL(2,8) LOCAL(1,8)",
+  "UPCAST(1,8) UPCAST(2,8) LOCAL(2,8) LOCAL(1,8)",
+  "UPCAST(1,4) UPCAST(4,3) LOCAL(2,32) LOCAL(1,4)",
+  "UPCAST(1,4) UPCAST(2,2) UPCAST(4,3) LOCAL(2,32) LOCAL(1,4)",
+  "UPCAST(1,4) UPCAST(2,4) UPCAST(4,3) LOCAL(2,16) LOCAL(1,4)",
+  "UPCAST(1,2) UPCAST(2,2) UPCAST(3,3) UPCAST(4,3) LOCAL(2,32) LOCAL(1,8)",
+  "UPCAST(4,3) UPCAST(3,3) LOCAL(2,64)",
+  "UPCAST(1,4) LOCAL(2,64)",
+]
+
+
+def main():
+  n = int(sys.argv[1]) if len(sys.argv) > 1 else 64
+  lists = sys.argv[2:] or LISTS
+  dev = cl_device.get_device()
+  print(f"device: {dev.dev.name}; conv 3x3 weight gradient, N{n} C64 56x56")
+  rng = np.random.default_rng(0)
+  x = Tensor(rng.standard_normal((n, 64, 56, 56)).astype(np.float32), device="CL", requires_grad=True)
+  w = Tensor(rng.standard_normal((64, 64, 3, 3)).astype(np.float32) * 0.1, device="CL", requires_grad=True)
+  g = Tensor(rng.standard_normal((n, 64, 56, 56)).astype(np.float32), device="CL")
+  (x.conv2d(w, padding=1) * g).sum().backward()
+  kernels = w.grad.schedule()
+  first = max(kernels, key=lambda k: np.prod([r.src[0].arg for r in k.ast.ranges]))   # (the partial sums)
+  low = decomposed(first, dev.optional)
+  key = kernel_key(low)
+  os.environ.setdefault("RULEC_SEARCH", "5")   # (the timer's repetitions)
+  want = w.grad.numpy()
+  print(f"kernels: {[str(k) for k in kernels]}; first kernel key {key}")
+  rows = [("cost model: " + format_actions(cl_actions(low, dev.target)), cl_actions(low, dev.target))]
+  rows += [(text, parse_actions(text)) for text in lists]
+  for name, acts in rows:
+    try:
+      t = cl_device._time_candidate(first, apply(low, tuple(acts), "CL"), dev.target, dev)
+    except Exception as e:   # a list that does not apply, or that the device cannot build
+      print(f"  {name:70s} refused: {type(e).__name__}: {str(e)[:80]}")
+      continue
+    os.environ["RULEC_OPT"] = f"{key}={format_actions(acts)}"
+    cl_device._by_ast.clear()
+    x.grad = w.grad = None
+    (x.conv2d(w, padding=1) * g).sum().backward()
+    err = float(np.abs(w.grad.numpy() - want).max())
+    os.environ.pop("RULEC_OPT")
+    print(f"  {name:70s} {t * 1e3:8.3f} ms  max diff {err:.1e}")
+    sys.stdout.flush()
+
+
+if __name__ == "__main__":
+  main()
