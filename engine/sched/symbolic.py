@@ -354,6 +354,12 @@ class _Fitter:
     _FITS[key] = out
     return out
 
+  def points(self, u: UOp, conds: list[UOp]) -> int:
+    """The points of the grid that fitting u where conds hold evaluates (every range of them; 2**40 for a range of
+    no constant size)."""
+    rs = set(self.ranges(u)).union(*(self.ranges(c) for c in conds))
+    return math.prod(r.src[0].arg if r.src and r.src[0].op is Ops.CONST else 1 << 40 for r in rs)
+
   def grid(self, rs: list[UOp]) -> dict[UOp, np.ndarray] | None:
     """Each range's coordinates at every point of the ranges' grid, or None past the budget (or for a range
     whose size is not a constant)."""
@@ -403,6 +409,8 @@ class _Fitter:
     convolution's input gradient at 56x56 with 64 channels: millions), its parts a few hundred. None when some
     quotient or remainder is left (unless partial): the symbolic rules could fold a partly simplified term back
     into the form it had, and this would rewrite it again."""
+    own = self.ranges(v)
+    conds = [c for c in conds if self.ranges(c) <= own]   # (the only ones a part of v is fitted with)
     key = (v, tuple(conds), partial)
     if key in _NESTED: return _NESTED[key]
     out = self._nested(v, conds, partial)
@@ -443,7 +451,9 @@ class _Fitter:
       f = None
       if self.has_divmod(v):
         f = self.fit(v, conds)
-        if f is None: f = self.nested(v, conds, partial)
+        # part by part only where the whole was too large to evaluate: a term evaluated whole and not affine where
+        # conds hold has no affine parts that make it so (they would be equal there)
+        if f is None and (partial or self.points(v, conds) > _FIT_POINTS): f = self.nested(v, conds, partial)
       changed |= f is not None
       out.append((coef, v if f is None else f))
     if not changed: return idx
