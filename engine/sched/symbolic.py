@@ -110,6 +110,30 @@ def divmod_parts(x: UOp, c: int, div: bool) -> UOp | None:
   return quot + rest // c if div else rest % c
 
 
+@rule_helper
+def recombined_divmod(s: UOp) -> UOp | None:
+  """A sum holding (x // c) * (k * c) and (x % c) * k as terms, in any order and grouping: the sum with k * x in their
+  place ((x // c) * c + x % c is x for floor division, c > 0); None if it holds no such pair. A value stored
+  (B, T, H, D) and read as (B, T, H * D) is read at `(c // 64) * 64 + c % 64` among the row's other terms, which
+  is c: the load's steps are then one range's, and a weight gradient's sum over (B, T) merges into one range."""
+  terms, k = terms_of(s)
+  if len(terms) < 2: return None
+  divs = {(v.src[0], v.src[1].arg): i for i, (_, v) in enumerate(terms)
+          if v.op is Ops.IDIV and v.src[1].op is Ops.CONST and isinstance(v.src[1].arg, int) and v.src[1].arg > 0}
+  if not divs: return None
+  out, used = list(terms), set()
+  for j, (coef, v) in enumerate(terms):
+    if v.op is not Ops.MOD or v.src[1].op is not Ops.CONST or (i := divs.get((v.src[0], v.src[1].arg))) is None: continue
+    if i in used or terms[i][0] != coef * v.src[1].arg or v.src[0].dtype is not s.dtype: continue
+    used |= {i, j}
+    out[i], out[j] = (coef, v.src[0]), None
+  if not used: return None
+  total = UOp.const(s.dtype, k)
+  for t in out:
+    if t is not None: total = total + (t[1] if t[0] == 1 else t[1] * t[0])
+  return total
+
+
 # mantissa digits (with the implicit bit) of each float dtype: the integers of up to that many bits it holds exactly
 _MANTISSA = {"float16": 11, "bfloat16": 8, "float32": 24, "float64": 53}
 
