@@ -27,3 +27,12 @@ def cache_dir(tmp_path, monkeypatch):
   d = tmp_path / "cache"
   monkeypatch.setenv("RULEC_CACHE_DIR", str(d))
   return d
+
+
+@pytest.fixture
+def cl_dev():
+  """The CL device (the test is skipped, saying why, where there is none: no pyopencl, or no OpenCL device)."""
+  pytest.importorskip("pyopencl", reason="the CL device needs pyopencl: pip install pyopencl pocl-binary-distribution")
+  from rulec.runtime import cl_device
+  try: return cl_device.get_device()
+  except cl_device.CLUnavailable as e: pytest.skip(f"no OpenCL device: {e}")

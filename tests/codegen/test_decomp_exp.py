@@ -193,11 +193,9 @@ def test_max_rows_in_lanes(n):
     same_as_reference("CPU", x, dt, lambda t: t.softmax(-1).max(0))
 
 
-def test_cl_asks_on_a_cpu_device():
-  pytest.importorskip("pyopencl")
+def test_cl_asks_on_a_cpu_device(cl_dev):
   from rulec.runtime import cl_device
-  try: dev = cl_device.get_device()
-  except cl_device.CLUnavailable as e: pytest.skip(f"no OpenCL device: {e}")
+  dev = cl_dev
   on_cpu = bool(dev.dev.type & dev.cl.device_type.CPU) and dev.target.fp64
   assert dev.optional == (cpu_device.VECTOR_MATH if on_cpu else frozenset())
   source = cl_device.render(_kernel(Tensor(np.ones(16, np.float32), device="CL").exp2()), dev=dev).source

@@ -43,12 +43,8 @@ def test_strided_reads_merge_when_the_strides_agree_and_not_otherwise():
 
 
 @pytest.mark.parametrize("device", ["CPU", "CL"])
-def test_values(device):
-  if device == "CL":
-    pytest.importorskip("pyopencl")
-    from rulec.runtime import cl_device
-    try: cl_device.get_device()
-    except cl_device.CLUnavailable as e: pytest.skip(f"no OpenCL device: {e}")
+def test_values(device, request):
+  if device == "CL": request.getfixturevalue("cl_dev")   # (skipped where there is no CL device)
   rng = np.random.default_rng(0)
   xn, dyn = rng.standard_normal((3, 20, 7)).astype(np.float32), rng.standard_normal((3, 20, 5)).astype(np.float32)
   x, dy = Tensor(xn, device=device), Tensor(dyn, device=device)

@@ -412,15 +412,6 @@ def _cl_dev():
 
 
 @pytest.fixture
-def cl_dev():
-  """The CL device (the test is skipped, saying why, where there is none)."""
-  pytest.importorskip("pyopencl", reason="the CL device needs pyopencl: pip install pyopencl pocl-binary-distribution")
-  from rulec.runtime import cl_device
-  try: return cl_device.get_device()
-  except cl_device.CLUnavailable as e: pytest.skip(f"no OpenCL device: {e}")
-
-
-@pytest.fixture
 def cl_tiles(monkeypatch, cl_dev):
   """Kernels rendered for the CL device with register tiles in work-groups of up to 256, as on a GPU (and no group
   reductions, which a GPU gives small outputs of long sums instead)."""

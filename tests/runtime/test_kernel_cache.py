@@ -123,12 +123,10 @@ def test_a_second_process_compiles_nothing(tmp_path):
   assert base["ok"] and base["compiled"] == n and base["loaded"] == 0 and len(entries(tmp_path)) == 2 * n
 
 
-def test_cl_binaries_are_kept_and_checked(fresh, monkeypatch):
-  pytest.importorskip("pyopencl")
+def test_cl_binaries_are_kept_and_checked(fresh, monkeypatch, cl_dev):
   from rulec.engine.tensor import Tensor
   from rulec.runtime import cl_device
-  try: dev = cl_device.get_device()
-  except cl_device.CLUnavailable as e: pytest.skip(f"no OpenCL device: {e}")
+  dev = cl_dev
   monkeypatch.setattr(cl_device, "_unsaved", [])   # programs other tests built are not this test's to write
   monkeypatch.setattr(dev, "fetch_s", 1.0)         # a driver slow to hand out binaries (PoCL): fetched later
   c = 2.0 + random.random()
