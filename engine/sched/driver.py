@@ -25,7 +25,7 @@ import time
 
 from rulec.engine import trace as _trace
 from rulec.engine.lang.loader import load_library
-from rulec.engine.ir.ops import MOVEMENT, Ops
+from rulec.engine.ir.ops import ALU, MOVEMENT, Ops
 from rulec.engine.ir.rewrite import graph_rewrite
 from rulec.engine.sched.fusion import HOISTING_DEVICES, MAX_RECOMPUTE_READS, choose_stages  # noqa: F401 (re-exported)
 from rulec.engine.sched.kernels import KernelSplit, order_kernels
@@ -152,6 +152,12 @@ def _kept_values(originals: UOp, became: list[dict], staged: set[UOp], sink: UOp
   return [(o, x) for x, o in now.items()]
 
 
+def _computes(t: UOp) -> bool:
+  """t, under its movement ops, is a reduction or an ALU op: a value of its own, never an alias of a buffer."""
+  while t.op in MOVEMENT: t = t.src[0]
+  return t.op is Ops.REDUCE_AXIS or t.op in ALU
+
+
 def schedule_keeping(targets: list[UOp], default_device: str = "NUMPY", devices: list[str] | None = None,
                      keep: bool = True) -> tuple[list[Kernel], list[UOp], list[tuple[UOp, UOp]]]:
   """schedule(), and (node, its view) for every intermediate value of the targets' graphs the kernels store
@@ -170,6 +176,9 @@ def schedule_keeping(targets: list[UOp], default_device: str = "NUMPY", devices:
   # (what each node of the caller's graphs became in the first passes: a value the fusion rules store is handed
   # back to the caller's graphs through these)
   became: list[dict] = [{}, {}, {}]
+  # (outputs that compute a value: one the first passes fold to a view of a buffer, a sum over size-1 axes, is
+  # still stored apart, or a later assign to that buffer would show through it)
+  computed = frozenset(i for i, t in enumerate(targets) if _computes(t))
   sink = _pass("earliest", UOp.sink(*targets, *assigns), _m("earliest"), memo=became[0])
   if (copies := CopyReuse(sink)).found:
     sink = _pass("reuse_copies", sink, _m("reuse_copies"), ctx=copies, memo=became[1])
@@ -188,6 +197,9 @@ def schedule_keeping(targets: list[UOp], default_device: str = "NUMPY", devices:
     first_kept = len(sink.src)
     sink = UOp.sink(*sink.src, *(x for _, x in kept))
     devices = devices + [x.device for _, x in kept]
+  if (aliased := [i for i in computed if sink.src[i].base.op in (Ops.BUFFER, Ops.AFTER)]):
+    sink = sink.replace(src=tuple(UOp(Ops.CONTIGUOUS, x.dtype, (x,), tag="copy") if i in aliased else x
+                                  for i, x in enumerate(sink.src)))
   sink = _pass("stage", sink, _m("stage"), ctx=StagePlan(sink, staged, devices))
   if (limit := max_kernel_buffers(default_device)): sink = _pass("limit", sink, _m("limit_buffers"), ctx=limit)
   if Placement.needed(sink): sink = _pass("place", sink, _m("place"), ctx=Placement(sink, devices))

@@ -24,13 +24,18 @@ class Rebuilt:
     self._replaced: set[UOp] = set()
     self._sink = sink
     self._users: dict[UOp, list[UOp]] | None = None   # node of sink's graph -> its users there, made when first needed
+    # rebuilt node -> the rebuilt nodes over it whose keys `key` derived (not recorded): forgotten when it gains an
+    # original, since a key chosen while it stood for one original may be the wrong choice now
+    self._over: dict[UOp, list[UOp]] = {}
 
   def record(self, old: UOp, new: UOp) -> UOp:
     """`new` replaces `old`: the replacement, remembered as standing for old's original."""
     k = self.key(old)
     first = self._key.get(new)
     if first is None or self._sink is None: self._key[new] = k
-    elif k is not first: self._alts.setdefault(new, [first]).append(k)
+    elif k is not first:
+      self._alts.setdefault(new, [first]).append(k)
+      self._forget_over(new)
     self._replaced.add(k)
     return new
 
@@ -52,7 +57,20 @@ class Rebuilt:
           # node once the copy was staged): its readers pick among all of them in turn
           if len(found) > 1 and u not in self._alts: self._alts[u] = found
       self._key[u] = u if all(a is b for a, b in zip(src, u.src)) else UOp(u.op, u.dtype, src, u.arg, u.tag)
+      if self._sink is not None:
+        for s in u.src: self._over.setdefault(s, []).append(u)
     return self._key[x]
+
+  def _forget_over(self, new: UOp) -> None:
+    """Drop the derived keys of the nodes over `new`, which just gained an original: a node over it built while it
+    stood for one original (a view of x read before x's copy became the same stage) keeps that choice, and the
+    nodes above it then miss the node of the starting graph they are (an output no longer recognised as one)."""
+    stack = list(self._over.pop(new, ()))
+    while stack:
+      u = stack.pop()
+      if self._key.pop(u, None) is None: continue
+      self._alts.pop(u, None)
+      stack.extend(self._over.pop(u, ()))
 
 
   def _originals(self, u: UOp, choices: list) -> list[UOp]:
