@@ -42,6 +42,9 @@ BODY_TILE_LANES = 128
 # ... and in a kernel of little work (outputs x reduce length below this): 256 lanes of code cost more to compile
 # than they can save in running
 SMALL_TILE_WORK = 1 << 25
+# ... while a convolution of this much work or more takes the full tile over its several reduce ranges (8x64x56x56
+# 3x3, 924M: 32 output x by 8 channels, 7.5 ms against 8.2 for 16 x 16 on 16-lane registers; the 128-lane cap)
+BIG_BODY_WORK = 1 << 28
 # A range no tile width divides, and no divisor from half the width does either (a prime, 1009; 2 x 509): a tile of
 # the full width anyway, the last one overlapping the one before (a ragged UPCAST, transform.py); and columns the
 # widest width does not divide take it ragged wherever that computes little more (RAGGED_EARLY_WASTE): 1000^3 with
@@ -199,7 +202,8 @@ def divisor_at_most(n: int, most: int, least: int = 1) -> int:
 
 
 def tile_ranges(end: UOp, rows_lanes: int, col_lanes: tuple[int, ...] = column_lanes(),
-                any_stride: bool = False, cpu: bool = False, ragged: bool = False) -> tuple[UOp | None, int, UOp | None, int]:
+                any_stride: bool = False, cpu: bool = False, ragged: bool = False,
+                lanes: int = CPU_LANES) -> tuple[UOp | None, int, UOp | None, int]:
   """(row range, row lanes, column range, column lanes) of a register tile, (None, 0, None, 0) parts where none.
 
   Pays where a reduction's inner loop reads memory that neighbouring outputs share or that lies side by side
@@ -235,6 +239,11 @@ def tile_ranges(end: UOp, rows_lanes: int, col_lanes: tuple[int, ...] = column_l
     cols = cols or next((w for w in col_lanes if n % w == 0), 0)
     if cpu and ragged and cols and cols < col_lanes[0] // 2:   # (100 columns: 16 ragged rather than the 4 that divide)
       cols = next((w for w in col_lanes if w > cols and _small_overlap(n, w, RAGGED_NARROW_WASTE)), cols)
+    if cpu and ragged and cols and cols < lanes:
+      # still part of a register: the widths that fill the fewest register lanes in all, the wider on a tie (56 output
+      # x of a convolution: 8 that divide fill 7 half registers, 112 lanes; 32 ragged fill 64 and read each broadcast
+      # weight for 4 times the lanes: 11.7 -> 7.5 ms for a 3x3 conv 8x64x56x56 on 16-lane registers)
+      cols = min((w for w in col_lanes if w == cols or n > w), key=lambda w: (_register_lanes(n, w, lanes), -w))
     if not cols and cpu: cols = _odd_lanes(n, col_lanes[0], 4, ragged)
     # a range shorter than any width, a convolution's 3 taps (its weight gradient's innermost store range): all of
     # it, beside rows of output channels. 8x64x56x56 3x3's weight gradient: 408 ms without a tile, 94 ms as 8 x 3
@@ -244,6 +253,11 @@ def tile_ranges(end: UOp, rows_lanes: int, col_lanes: tuple[int, ...] = column_l
   row, rows = _tile_row(end, rows_lanes, [i for i in loads if col in i.toposort()], loads, divisor=cpu, exact=cpu,
                         ragged=ragged)
   return row, rows, col, cols
+
+
+def _register_lanes(n: int, width: int, lanes: int) -> int:
+  """Register lanes that tiles of `width` columns over n fill in all (a tile narrower than a register fills one)."""
+  return tiles(n, width) * -(-width // lanes) * lanes
 
 
 def _small_overlap(n: int, lanes: int, waste: float | None = None) -> bool:
@@ -354,15 +368,16 @@ def cpu_actions(k: Kernel, target: CPUTarget | None = None) -> list[Action]:
   accumulators = TILE_REGISTERS * lanes
   work = math.prod(r.src[0].arg for r in end.src[1:]) * max(
     (math.prod(x.src[0].arg for x in u.src[1:]) for u in end.src[0].toposort() if u.op is Ops.REDUCE), default=1)
-  if _reduce_ranges(end) > 1 or work < SMALL_TILE_WORK: accumulators = min(accumulators, BODY_TILE_LANES)
+  if (_reduce_ranges(end) > 1 and work < BIG_BODY_WORK) or work < SMALL_TILE_WORK:
+    accumulators = min(accumulators, BODY_TILE_LANES)
   widths = tuple(c for c in column_lanes(lanes) if c * UPCAST_ROWS <= accumulators) or column_lanes(lanes)[-1:]
   ragged = RAGGED_TILES and not reads_what_it_writes(k)
-  row, rows, col, cols = tile_ranges(end, UPCAST_ROWS, widths, cpu=True, ragged=ragged)
+  row, rows, col, cols = tile_ranges(end, UPCAST_ROWS, widths, cpu=True, ragged=ragged, lanes=lanes)
   if col is None:
     dot = dot_tile(k, end, lanes, ragged=ragged)
     if dot: return dot
   if col is not None and cols * UPCAST_ROWS < accumulators:
-    wider = tile_ranges(end, min(MAX_ROWS, accumulators // cols), widths, cpu=True, ragged=ragged)
+    wider = tile_ranges(end, min(MAX_ROWS, accumulators // cols), widths, cpu=True, ragged=ragged, lanes=lanes)
     if wider[0] is not None: row, rows, col, cols = wider
   # a big sum over one range with two-register columns on a machine of 32 vector registers: TALL_TILE_ROWS rows, ragged
   # where they do not divide (1024: 74 tiles, the last overlapping the one before)

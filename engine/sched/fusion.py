@@ -255,6 +255,12 @@ class FusionFacts:
     """Bytes storing x writes (each consumer that reads it back reads as many)."""
     return x.size * x.dtype.itemsize
 
+  def guards(self, x: UOp) -> int:
+    """Comparisons a read of x's padded view costs: one per padded side (a PAD's arg) that reading it through
+    its padding checks, each a compare and an and (0 for a node that is not a PAD)."""
+    if x.op is not Ops.PAD: return 0
+    return sum(1 for lo, hi in x.arg for side in (lo, hi) if side != 0)
+
   def epilogue(self, x: UOp) -> bool:
     """x is elementwise over reduce results at the reduced shape (a mean's `sum * 1/n`, a NaN-aware max)."""
     return x in self._epilogues

@@ -215,7 +215,8 @@ def test_a_convolutions_normalised_input_is_stored_when_training():
   """A residual block in training: relu(batchnorm(conv1(x))) with batch statistics is the second convolution's
   input. Recomputed there, on every trip over 64 output channels and 9 taps, it held that convolution to a third of
   the first one's speed (193 against 54 ms at 8x64x56x56 on this CPU); it is stored, and the second convolution's
-  kernel reads one buffer besides its weights, as the first does."""
+  kernel reads one buffer besides its weights, as the first does. Both inputs are stored padded
+  (store_padded_input): relu(batchnorm(..)) in the kernel that writes the second one's padded input."""
   schedule_cache.clear()
   rng = np.random.default_rng(7)
   x, w1, w2 = _rand(rng, 4, 64, 16, 16, scale=1.0), _rand(rng, 64, 64, 3, 3), _rand(rng, 64, 64, 3, 3)
@@ -224,8 +225,10 @@ def test_a_convolutions_normalised_input_is_stored_when_training():
     return (y - mean) * ((y - mean).square().mean(axis=(0, 2, 3)).reshape(1, -1, 1, 1) + 1e-5).rsqrt()
   out = bn(bn(x.conv2d(w1, padding=1)).relu().conv2d(w2, padding=1))
   kernels = Tensor.schedule(out)
-  convs = [k for k in kernels if "ranges (4, 64, 16, 16, 3, 3, 64)" in repr(k)]
+  convs = [k for k in kernels if "ranges (4, 64, 16, 16, 64, 3, 3)" in repr(k)]
   assert len(convs) == 2 and all("reads p1 p2, writes" in repr(k) for k in convs), kernels
+  padded = [k for k in kernels if "ranges (4, 64, 18, 18)" in repr(k)]
+  assert len(padded) == 2 and sum("reads p1, writes" in repr(k) for k in padded) == 1, kernels
   def np_bn(y):
     return (y - y.mean((0, 2, 3), keepdims=True)) / np.sqrt(y.var((0, 2, 3), keepdims=True) + 1e-5)
   def np_conv(a, w):

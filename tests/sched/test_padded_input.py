@@ -1,0 +1,82 @@
+"""A convolution's padded input is stored padded when checking the padding on every read costs more than a kernel
+that writes it once (rules/fusion.rules `store_padded_input`, fact `ctx.guards`), and the CPU's register tile for
+its 56-wide rows fills whole registers (codegen/opt/choose.py `tile_ranges`). Counted in kernels and checked
+against numpy, never timed."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from rulec import Tensor
+from rulec.codegen.decomp import decomposed
+from rulec.codegen.opt.choose import CPUTarget, cpu_actions
+from rulec.engine.ir.ops import Ops
+from rulec.engine.sched import cache as schedule_cache
+
+
+def np_conv(a, w, pad):
+  p = np.pad(a, ((0, 0), (0, 0), (pad, pad), (pad, pad)))
+  kh, kw = w.shape[2:]
+  win = np.lib.stride_tricks.sliding_window_view(p, (kh, kw), axis=(2, 3))
+  return np.einsum("nchwij,ocij->nohw", win.astype(np.float64), w.astype(np.float64))
+
+
+def guarded(k) -> bool:
+  return any(u.op is Ops.WHERE for u in k.ast.toposort())
+
+
+@pytest.mark.parametrize("device", ["CPU", "NUMPY"])
+def test_a_big_convolution_reads_its_input_padded_with_no_guard(device):
+  schedule_cache.clear()
+  rng = np.random.default_rng(0)
+  a = rng.standard_normal((4, 64, 16, 16)).astype(np.float32)
+  w = (rng.standard_normal((32, 64, 3, 3)) * 0.1).astype(np.float32)
+  y = Tensor(a, device=device).conv2d(Tensor(w, device=device), padding=1)
+  ks = y.schedule()
+  assert len(ks) == 2, ks
+  pad, conv = ks
+  assert "ranges (4, 64, 18, 18)" in repr(pad) and guarded(pad)
+  assert not guarded(conv), conv.ast   # every read of the stored padded input is in bounds
+  np.testing.assert_allclose(y.numpy(), np_conv(a, w, 1), rtol=1e-4, atol=1e-4)
+
+
+def test_a_small_convolution_keeps_its_guards():
+  # 8 x 3 x 32 x 32 (bench/schedule.py's conv block): the checks cost less than a kernel's launch
+  schedule_cache.clear()
+  x, w = Tensor.empty(8, 3, 32, 32), Tensor.empty(16, 3, 3, 3)
+  (k,) = x.conv2d(w, padding=1).schedule()
+  assert guarded(k)
+
+
+def test_a_pad_read_once_is_not_stored():
+  schedule_cache.clear()
+  a = np.arange(4 * 64 * 16 * 16, dtype=np.float32).reshape(4, 64, 16, 16) % 7
+  y = Tensor(a).pad(((0, 0), (0, 0), (1, 1), (1, 1))).sum(axis=(2, 3))
+  assert len(y.schedule()) == 1
+  np.testing.assert_array_equal(y.numpy(), a.sum(axis=(2, 3)))
+
+
+@settings(max_examples=12, deadline=None)
+@given(n=st.integers(1, 3), c=st.sampled_from([16, 48]), hw=st.integers(9, 20), o=st.sampled_from([8, 24]),
+       k=st.sampled_from([1, 3, 5]), pad=st.integers(0, 2))
+def test_convolutions_with_and_without_a_stored_padded_input_match_numpy(n, c, hw, o, k, pad):
+  rng = np.random.default_rng(n * 1000 + c * 10 + hw)
+  a = rng.standard_normal((n, c, hw, hw)).astype(np.float32)
+  w = (rng.standard_normal((o, c, k, k)) * 0.2).astype(np.float32)
+  got = Tensor(a).conv2d(Tensor(w), padding=pad).numpy()
+  np.testing.assert_allclose(got, np_conv(a, w, pad), rtol=1e-4, atol=1e-4)
+
+
+def test_the_cpu_tile_of_56_output_columns_fills_whole_registers():
+  # 8 that divide 56 fill half of a 16-lane register each (112 lanes in all); 32, ragged, fill 64
+  schedule_cache.clear()
+  x, w = Tensor.empty(8, 64, 56, 56), Tensor.empty(64, 64, 3, 3)
+  conv = x.conv2d(w, padding=1).schedule()[-1]
+  acts = cpu_actions(decomposed(conv, ()), CPUTarget(lanes=16))
+  ups = [(a.axis, a.amount) for a in acts if a.op == "UPCAST"]
+  col = max(r.arg[0] for r in conv.ranges if r.arg[1] == "loop")   # the store's innermost range: output x
+  assert (col, 32) in ups and len(ups) == 2 and ups[1][1] == 8, acts
+  # on 8-lane registers, 8 columns are a whole register: the divisor stays
+  acts8 = cpu_actions(decomposed(conv, ()), CPUTarget(lanes=8))
+  assert (col, 8) in [(a.axis, a.amount) for a in acts8 if a.op == "UPCAST"], acts8
