@@ -1,0 +1,222 @@
+"""How fast can NVIDIA's OpenCL run a float32 matmul at all? A hand-written SGEMM (written for this probe, a few
+tile shapes and layouts) timed beside the kernel rulec generates and torch's cuBLAS, same process, resident buffers,
+device event times, medians. This says whether the 0.9x-torch goal of issue #34 is reachable from OpenCL C, and which
+kernel shape gets there, before the code generator is taught it.
+
+Variants (macros of the one kernel below):
+  BM x BN   the work-group's output tile; each work-item holds TM x TN accumulators
+  BK        the sum's steps staged in local memory per barrier
+  SPLIT     1: a work-item's rows (and columns) are TM/4 groups of 4 spaced BM*4/TM apart, so a warp's float4 reads of
+            a staged row are consecutive (no bank conflicts); 0: its TM rows are consecutive (what rulec emits now)
+  NBUF      2: two local buffers, one barrier per step (the next block is stored while the other is read); 1: two
+
+Run: python bench/cl_sgemm_probe.py [n]   (bench/h200.sh sgemmprobe)
+"""
+from __future__ import annotations
+
+import os
+import statistics
+import sys
+
+import numpy as np
+
+SOURCE = r"""
+#define WGS ((BM / TM) * (BN / TN))
+#define NTX (BN / TN)
+#define LDA (BM * BK / 4 / WGS)
+#define LDB (BK * BN / 4 / WGS)
+#if SPLIT
+#define ROW(c) ((c) * (BM * 4 / TM) + ty * 4)
+#define COL(d) ((d) * (BN * 4 / TN) + tx * 4)
+#else
+#define ROW(c) (ty * TM + (c) * 4)
+#define COL(d) (tx * TN + (d) * 4)
+#endif
+
+__kernel __attribute__((reqd_work_group_size(WGS, 1, 1)))
+void sgemm(__global const float* restrict A, __global const float* restrict B, __global float* restrict C,
+           const int M, const int N, const int K) {
+  __local float As[NBUF][BK][BM + APAD];
+  __local float Bs[NBUF][BK][BN];
+  const int tid = get_local_id(0);
+  const int nbx = N / BN;
+  const int bx = get_group_id(0) % nbx, by = get_group_id(0) / nbx;
+  const int tx = tid % NTX, ty = tid / NTX;
+  A += (size_t)by * BM * K;
+  B += bx * BN;
+  C += (size_t)by * BM * N + bx * BN;
+  float4 ra[LDA], rb[LDB];
+  float acc[TM][TN];
+  #pragma unroll
+  for (int i = 0; i < TM; i++)
+    #pragma unroll
+    for (int j = 0; j < TN; j++) acc[i][j] = 0.0f;
+  #pragma unroll
+  for (int i = 0; i < LDA; i++) {
+    int e = tid + i * WGS;
+    ra[i] = vload4(0, A + (size_t)(e / (BK / 4)) * K + (e % (BK / 4)) * 4);
+  }
+  #pragma unroll
+  for (int i = 0; i < LDB; i++) {
+    int e = tid + i * WGS;
+    rb[i] = vload4(0, B + (size_t)(e / (BN / 4)) * N + (e % (BN / 4)) * 4);
+  }
+#define STORE(buf) \
+  _Pragma("unroll") for (int i = 0; i < LDA; i++) { \
+    int e = tid + i * WGS, r = e / (BK / 4), c = (e % (BK / 4)) * 4; \
+    As[buf][c][r] = ra[i].x; As[buf][c + 1][r] = ra[i].y; As[buf][c + 2][r] = ra[i].z; As[buf][c + 3][r] = ra[i].w; } \
+  _Pragma("unroll") for (int i = 0; i < LDB; i++) { \
+    int e = tid + i * WGS; \
+    *(__local float4*)&Bs[buf][e / (BN / 4)][(e % (BN / 4)) * 4] = rb[i]; }
+  STORE(0)
+  barrier(CLK_LOCAL_MEM_FENCE);
+  const int nk = K / BK;
+  for (int kt = 0; kt < nk; kt++) {
+    const int cur = NBUF == 2 ? (kt & 1) : 0;
+    if (kt + 1 < nk) {
+      #pragma unroll
+      for (int i = 0; i < LDA; i++) {
+        int e = tid + i * WGS;
+        ra[i] = vload4(0, A + (size_t)(e / (BK / 4)) * K + (kt + 1) * BK + (e % (BK / 4)) * 4);
+      }
+      #pragma unroll
+      for (int i = 0; i < LDB; i++) {
+        int e = tid + i * WGS;
+        rb[i] = vload4(0, B + (size_t)((kt + 1) * BK + e / (BN / 4)) * N + (e % (BN / 4)) * 4);
+      }
+    }
+    #pragma unroll
+    for (int k = 0; k < BK; k++) {
+      float a[TM], b[TN];
+      #pragma unroll
+      for (int c = 0; c < TM / 4; c++) {
+        float4 v = *(__local float4*)&As[cur][k][ROW(c)];
+        a[4 * c] = v.x; a[4 * c + 1] = v.y; a[4 * c + 2] = v.z; a[4 * c + 3] = v.w;
+      }
+      #pragma unroll
+      for (int d = 0; d < TN / 4; d++) {
+        float4 v = *(__local float4*)&Bs[cur][k][COL(d)];
+        b[4 * d] = v.x; b[4 * d + 1] = v.y; b[4 * d + 2] = v.z; b[4 * d + 3] = v.w;
+      }
+      #pragma unroll
+      for (int i = 0; i < TM; i++)
+        #pragma unroll
+        for (int j = 0; j < TN; j++) acc[i][j] = fma(a[i], b[j], acc[i][j]);
+    }
+    if (kt + 1 < nk) {
+#if NBUF == 1
+      barrier(CLK_LOCAL_MEM_FENCE);
+      STORE(0)
+#else
+      STORE(cur ^ 1)
+#endif
+    }
+    barrier(CLK_LOCAL_MEM_FENCE);
+  }
+  #pragma unroll
+  for (int c = 0; c < TM / 4; c++)
+    #pragma unroll
+    for (int i = 0; i < 4; i++)
+      #pragma unroll
+      for (int d = 0; d < TN / 4; d++)
+        vstore4((float4)(acc[4 * c + i][4 * d], acc[4 * c + i][4 * d + 1], acc[4 * c + i][4 * d + 2],
+                         acc[4 * c + i][4 * d + 3]), 0, C + (size_t)(ROW(c) + i) * N + COL(d));
+}
+"""
+
+# (BM, BN, BK, TM, TN, SPLIT, NBUF, APAD)
+VARIANTS = [
+  (64, 128, 16, 8, 8, 0, 1, 0),     # rulec's shape today, hand-written
+  (64, 128, 16, 8, 8, 1, 1, 0),
+  (64, 128, 16, 8, 8, 1, 2, 0),
+  (128, 128, 8, 8, 8, 0, 2, 0),
+  (128, 128, 8, 8, 8, 1, 1, 0),
+  (128, 128, 8, 8, 8, 1, 2, 0),
+  (128, 128, 16, 8, 8, 1, 2, 0),
+  (128, 128, 16, 8, 8, 1, 1, 0),
+  (128, 64, 16, 8, 8, 1, 2, 0),
+  (128, 128, 8, 8, 8, 1, 2, 4),
+  (128, 256, 8, 8, 16, 1, 2, 0),
+  (256, 128, 8, 16, 8, 1, 2, 0),
+]
+
+
+def median_ms(events) -> float:
+  return statistics.median((e.profile.end - e.profile.start) * 1e-6 for e in events)
+
+
+def main():
+  import pyopencl as cl
+  n = int(sys.argv[1]) if len(sys.argv) > 1 else 4096
+  reps = 10
+  from rulec.runtime import cl_device
+  dev = cl_device.get_device()
+  ctx = dev.ctx
+  queue = cl.CommandQueue(ctx, properties=cl.command_queue_properties.PROFILING_ENABLE)
+  print(f"device: {dev.dev.name}; sgemm {n}^3 float32; medians of {reps} event times")
+  rng = np.random.default_rng(0)
+  a = rng.standard_normal((n, n)).astype(np.float32)
+  b = rng.standard_normal((n, n)).astype(np.float32)
+  check = 128
+  want = a[:check].astype(np.float64) @ b.astype(np.float64)
+  mf = cl.mem_flags
+  da = cl.Buffer(ctx, mf.READ_ONLY | mf.COPY_HOST_PTR, hostbuf=a)
+  db = cl.Buffer(ctx, mf.READ_ONLY | mf.COPY_HOST_PTR, hostbuf=b)
+  dc = cl.Buffer(ctx, mf.READ_WRITE, size=a.nbytes)
+  flops = 2.0 * n ** 3
+  rows = []
+  for bm, bn, bk, tm, tn, split, nbuf, apad in VARIANTS:
+    name = f"{bm}x{bn} BK{bk} {tm}x{tn} {'split' if split else 'contig'} NBUF{nbuf}" + (f" pad{apad}" if apad else "")
+    opts = [f"-DBM={bm}", f"-DBN={bn}", f"-DBK={bk}", f"-DTM={tm}", f"-DTN={tn}", f"-DSPLIT={split}",
+            f"-DNBUF={nbuf}", f"-DAPAD={apad}", "-cl-mad-enable"]
+    try:
+      prg = cl.Program(ctx, SOURCE).build(options=opts)
+    except Exception as e:
+      print(f"  {name:44s} build failed: {str(e)[:200]}")
+      continue
+    wgs = (bm // tm) * (bn // tn)
+    knl = prg.sgemm
+    args = (da, db, dc, np.int32(n), np.int32(n), np.int32(n))
+    glob = ((n // bm) * (n // bn) * wgs,)
+    knl(queue, glob, (wgs,), *args).wait()
+    out = np.empty_like(a)
+    cl.enqueue_copy(queue, out, dc).wait()
+    err = float(np.abs(out[:check] - want).max())
+    evs = [knl(queue, glob, (wgs,), *args) for _ in range(reps)]
+    queue.finish()
+    ms = median_ms(evs)
+    rows.append((name, ms))
+    print(f"  {name:44s} {ms:7.3f} ms  {flops / ms * 1e-9:6.1f} TFLOP/s  max err {err:.1e}")
+    sys.stdout.flush()
+  # rulec's own kernel for the same matmul, as the cost model tiles it
+  from rulec.engine.tensor import Tensor
+  ta, tb = Tensor(a, device="CL"), Tensor(b, device="CL")
+  ta.realize(), tb.realize()
+  c = (ta @ tb)
+  c.realize()
+  dev.queue.finish()
+  import time
+  t = []
+  for _ in range(reps):
+    t0 = time.perf_counter(); (ta @ tb).realize(); dev.queue.finish(); t.append((time.perf_counter() - t0) * 1e3)
+  print(f"  {'rulec (Tensor @, wall, cost model tiles)':44s} {statistics.median(t):7.3f} ms  "
+        f"{flops / statistics.median(t) * 1e-9:6.1f} TFLOP/s  max err {float(np.abs(c.numpy()[:check] - want).max()):.1e}")
+  try:
+    import torch
+    torch.backends.cuda.matmul.allow_tf32 = False
+    xa, xb = torch.from_numpy(a).cuda(), torch.from_numpy(b).cuda()
+    torch.mm(xa, xb); torch.cuda.synchronize()
+    ts = []
+    for _ in range(reps):
+      s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+      s.record(); torch.mm(xa, xb); e.record(); torch.cuda.synchronize(); ts.append(s.elapsed_time(e))
+    tms = statistics.median(ts)
+    print(f"  {'torch.mm (cuBLAS, TF32 off)':44s} {tms:7.3f} ms  {flops / tms * 1e-9:6.1f} TFLOP/s")
+    for name, ms in sorted(rows, key=lambda r: r[1])[:4]:
+      print(f"    torch/{name}: {tms / ms:.2f}")
+  except Exception as e:   # no torch or no CUDA on this machine
+    print(f"  torch: {type(e).__name__}: {e}")
+
+
+if __name__ == "__main__":
+  main()
