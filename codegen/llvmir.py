@@ -43,7 +43,7 @@ from llvmlite import ir
 from rulec.codegen.opt.transform import prefetch_ahead, range_kind, renamed_reduce
 from rulec.codegen.scoped import ScopedEmitter
 from rulec.engine.ir.dtypes import DType, dtypes
-from rulec.engine.ir.ops import MAY_FUSE, Ops
+from rulec.engine.ir.ops import MAY_FUSE, TRANSCENDENTAL, Ops
 from rulec.engine.ir.rewrite import substitute
 from rulec.engine.ir.alu import identity_element
 from rulec.engine.ir.uop import UOp
@@ -269,14 +269,47 @@ class LLVMRenderer(ScopedEmitter):
         st = st.src[0]
       target, value = st.src
       p, idx = target.src
-      for _ in self.each_lane():
-        v = self.value(value)
-        self._store(p, self.value(idx), v, value.dtype)
+      if self._uniform_select(value):
+        self._branched_store(p, idx, value)
+      else:
+        for _ in self.each_lane():
+          v = self.value(value)
+          self._store(p, self.value(idx), v, value.dtype)
       for lp in reversed(loops): self.close_loop(lp)
     self.b.ret_void()
     return _with_loop_metadata(str(self.module))
 
   def lane_value(self, i: int): return ir.Constant(_I64, i)
+
+  def _uniform_select(self, value: UOp) -> bool:
+    """value is WHERE(c, a, b) whose c is the same for every lane (it reads no upcast range, no buffer and no
+    reduce: KBLOCK's `not the last block`) and a side of which computes a transcendental (gelu's exp after a blocked
+    matmul): worth a branch around all lanes' stores, so only the side taken is computed."""
+    if value.op is not Ops.WHERE: return False
+    cond = value.src[0].toposort()
+    if any(u.op in (Ops.INDEX, Ops.REDUCE) or u in self.ups for u in cond): return False
+    return any(u.op in TRANSCENDENTAL for side in value.src[1:] for u in side.toposort())
+
+  def _branched_store(self, p: UOp, idx: UOp, value: UOp) -> None:
+    """Every lane's store of WHERE(c, a, b) as a branch on c: each side stores all lanes (so the SLP vectoriser
+    still packs them), the reduces the sides share computed once before it."""
+    for red in dict.fromkeys(u for u in value.toposort() if u.op is Ops.REDUCE):
+      if self.ups:
+        self.enter_lane(self.lanes[0])
+        self.value(red)   # (every lane's result, kept in the scope around the lanes)
+        self.scopes.pop()
+      else: self.value(red)
+    cond = self.value(value.src[0])
+    taken, other = self.fn.append_basic_block("uniform_taken"), self.fn.append_basic_block("uniform_other")
+    join = self.fn.append_basic_block("uniform_join")
+    self.b.cbranch(cond, taken, other)
+    for block, side in ((taken, value.src[1]), (other, value.src[2])):
+      self.b.position_at_end(block)
+      self.scopes.append({})   # (what one side computes is not visible on the other, nor after the join)
+      for _ in self.each_lane(): self._store(p, self.value(idx), self.value(side), value.dtype)
+      self.scopes.pop()
+      self.b.branch(join)
+    self.b.position_at_end(join)
 
   def _hoisted(self, red: UOp) -> None:
     """A hoisted reduce's value in the current scope: an earlier one that differs only in the names of its own

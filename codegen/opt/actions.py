@@ -12,7 +12,7 @@ applies it) by a range's axis number, the `r<axis>` of `Kernel.render()`:
                 previous one stored (the block of the second input stays in cache for every row tile: CPU).
                 Where n does not divide a's size, the last block is shorter (1009 in blocks of 64: the last of 49).
                 A ragged UPCAST must come before it. An elementwise epilogue of the sum (a bias, a residual add, a
-                relu; no transcendental, which every block would compute) is applied by the last block
+                relu, gelu) is applied by the last block alone (the CPU renderer branches on the block)
   THREAD(a)     split store range a across the CPU's threads
   BLOCK(a,n)    run store range a in blocks of n, the block loop outermost (outside the threads' loop too): what
                 one block reads stays in cache while every other store loop runs (CPU: x @ W.T's rows of W)

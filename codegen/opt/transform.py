@@ -33,7 +33,7 @@ import math
 from rulec.codegen.opt.actions import Action, OptError
 from rulec.engine.ir.dtypes import dtypes
 from rulec.engine.ir.facts import terms_of
-from rulec.engine.ir.ops import ALU, TRANSCENDENTAL, Ops
+from rulec.engine.ir.ops import ALU, Ops
 from rulec.engine.ir.rewrite import substitute
 from rulec.engine.ir.uop import UOp
 from rulec.engine.ir.kernel import Kernel
@@ -347,24 +347,24 @@ class _Applier:
                      "elementwise function of it, of the sum's dtype)")
     if _aliased(self.k) or target.src[0] in stored.toposort():
       raise OptError(f"{a}: the sum reads the buffer it writes, so a block would see another block's partial sums")
-    if any(u.op in TRANSCENDENTAL for u in stored.toposort(gate=lambda x: x is not red)):
-      # (every block computes the select's both sides: gelu's exp on each of 48 blocks held GPT-2's first MLP matmul
-      # at twice the time of the unblocked loop)
-      raise OptError(f"{a}: the epilogue computes a transcendental, which every block would compute again")
     k = red.src[1]
     block, inner, expr = self._serial_blocks(a, k, partial=True)
     part = UOp(Ops.REDUCE, red.dtype, (substitute(red.src[0], {k: expr}), inner), Ops.ADD)
     first = UOp(Ops.CMPLT, dtypes.bool, (block, UOp.const(dtypes.index, 1)))
     before = UOp(Ops.WHERE, red.dtype, (first, UOp.const(red.dtype, 0.0), target))   # what earlier blocks stored
     value = UOp(Ops.ADD, red.dtype, (before, part))
-    if stored is not red:
-      # an epilogue (a bias, gelu, a residual add): the blocks store the partial sums, the last one the epilogue of
-      # the whole sum (a matmul's epilogue kept it from KBLOCK: GPT-2's MLP ran its matmuls at half the plain speed)
-      last = UOp(Ops.CMPLT, dtypes.bool, (block, UOp.const(dtypes.index, size(block) - 1)))
-      value = UOp(Ops.WHERE, red.dtype, (last, value, substitute(stored, {red: value})))
     # a ragged UPCAST's last tile overlaps the one before, which has added this block already: those lanes store
     # back what they find
-    if (twice := _overlapped(st)) is not None: value = UOp(Ops.WHERE, red.dtype, (twice, target, value))
+    twice = _overlapped(st)
+    back = (lambda v: UOp(Ops.WHERE, red.dtype, (twice, target, v))) if twice is not None else (lambda v: v)
+    if stored is not red:
+      # an epilogue (a bias, gelu, a residual add): the blocks store the partial sums, the last one the epilogue of
+      # the whole sum (a matmul's epilogue kept it from KBLOCK: GPT-2's MLP ran its matmuls at half the plain speed).
+      # The block's test is outermost, the same for every lane: the CPU renderer branches on it rather than
+      # selecting, so only the last block computes an epilogue's transcendentals (gelu's exp)
+      last = UOp(Ops.CMPLT, dtypes.bool, (block, UOp.const(dtypes.index, size(block) - 1)))
+      value = UOp(Ops.WHERE, red.dtype, (last, back(value), back(substitute(stored, {red: value}))))
+    else: value = back(value)
     self.ast = _rebuild(self.ast, end, UOp(Ops.STORE, st.dtype, (target, value), st.arg), (block, *end.src[1:]))
     self.kblocked = True
 
