@@ -27,10 +27,12 @@ CPU_LANES = 8               # float32 lanes of a vector register, where no CPUTa
 UPCAST_ROWS = 8
 TILE_REGISTERS = 16         # accumulators, in registers: narrower columns get more rows, up to MAX_ROWS
 MAX_ROWS = 16
-# x @ W.T on the CPU (dot_tile): 8 rows of A by 2 rows of W, each output's sum in vector lanes along the reduction.
-# 1024^3 here, 2 threads: 8x2 15.4 ms, 8x4 17.2 (32 accumulators spill), 4x4 24.4, 4x2 20.9, 2x4 33.8; without
-# the tile (one output per loop, the k loop vectorised) 62-67 ms
-DOT_TILE = (8, 2)
+# x @ W.T on the CPU (dot_tile): 4 rows of A by 4 rows of W, each output's sum in vector lanes along the reduction.
+# Kernel times here (16-lane registers, 2 threads, medians of 5-7), each with its BLOCK: 1024^3 8.4 ms (8x2: 8.5-8.9),
+# 512x3072x768 11.2 (13.5), 512x768x3072 9.3 (9.9), 100x1000x1000 1.09 (1.16), GPT-2's MLP backward x @ W.T with
+# gelu's derivative after it 13.5-14.3 (18.9). (Before the blocks and the aligned buffers, 8x2 had measured best.)
+# Without the tile (one output per loop, the k loop vectorised) 62-67 ms at 1024^3
+DOT_TILE = (4, 4)
 # ... with its columns in blocks whose rows of W fill about this much (BLOCK): W stays in L2 while every row tile
 # passes over it, where one output row tile at a time streamed all of W from L3 (1024^3: 12.1-14.5 -> 11.2-11.4 ms
 # with 1 MiB, min of 21; 512 KiB 11.2-13.5, 2 MiB 11.7-13.4)

@@ -388,13 +388,13 @@ def test_x_times_w_transposed_takes_a_dot_tile_in_column_blocks(fresh):
   x = Tensor(np.ones((64, 128), np.float32)) @ Tensor(np.ones((32, 128), np.float32)).T
   low, acts = _linear_actions(x)
   axes = {r.src[0].arg: r.arg[0] for r in low.ranges}
-  assert format_actions(acts) == f"UPCAST({axes[32]},2) UPCAST({axes[64]},8) SIMD({axes[128]}) THREAD({axes[64]})"
-  # a W of 1024 rows of 1024: its column tiles in blocks of 128 (two rows each: 1 MiB of W per block)
+  assert format_actions(acts) == f"UPCAST({axes[32]},4) UPCAST({axes[64]},4) SIMD({axes[128]}) THREAD({axes[64]})"
+  # a W of 1024 rows of 1024: its column tiles in blocks of 64 (four rows each: 1 MiB of W per block)
   big = Tensor(np.ones((64, 1024), np.float32)) @ Tensor(np.ones((1024, 1024), np.float32)).T
   low, acts = _linear_actions(big)
   axes = {r.src[0].arg: r.arg[0] for r in low.ranges if r.src[0].arg != 1024 or r.arg[0] not in {x.arg[0] for x in low.ranges if x.src[0].arg == 64}}
   text = format_actions(acts)
-  assert re.fullmatch(r"UPCAST\((\d+),2\) UPCAST(\(\d+),8\) SIMD\(\d+\) BLOCK\(\1,128\) THREAD\(\d+\)", text), text
+  assert re.fullmatch(r"UPCAST\((\d+),4\) UPCAST(\(\d+),4\) SIMD\(\d+\) BLOCK\(\1,64\) THREAD\(\d+\)", text), text
   np.testing.assert_array_equal(big.numpy(), np.full((64, 1024), 1024, np.float32))
   np.testing.assert_array_equal(x.numpy(), np.full((64, 32), 128, np.float32))
 
