@@ -13,6 +13,19 @@ from rulec.engine.ir.uop import UOp
 from rulec.engine.lang.loader import load_library
 
 
+# Host buffers (runtime/buffer.py host_array) have this many zeroed bytes before and after their elements (at most
+# as many as they hold): a device that runs kernels on them says so with INDEX among its optional decompositions,
+# and a load that may fall outside its buffer but not past that slack, discarded by a WHERE, then reads where it
+# points instead of being clamped to element 0. The lanes of a register tile keep neighbouring addresses, one
+# vector load and a select (a convolution's input gradient, whose padding guards clamped each lane: a gather)
+LOAD_SLACK_BYTES = 4096
+
+
+def load_slack(size: int, itemsize: int) -> int:
+  """The slack of a host buffer of `size` elements of `itemsize` bytes, in elements, on each side."""
+  return min(size, LOAD_SLACK_BYTES // itemsize)
+
+
 def decomposed(kernel: Kernel, optional: frozenset = frozenset()) -> Kernel:
   """The kernel with the ops a backend lacks decomposed (rules/decomp.rules): what the renderers receive.
   `optional`: the ops whose optional decompositions the backend wants (the CPU's: EXP2 and LOG2)."""
@@ -87,6 +100,15 @@ def _poly(x: UOp, coeffs: tuple[float, ...], fuse: bool = False) -> UOp:
   acc = UOp.const(x.dtype, coeffs[-1])
   for c in reversed(coeffs[:-1]): acc = _fma(acc, x, c) if fuse else acc * x + c
   return acc
+
+
+@rule_helper
+def within_slack(idx: UOp, p: UOp, optional) -> bool:
+  """Every element idx can reach lies in p's buffer or its slack, on a device that gives its buffers one (INDEX among
+  `optional`, the decomp set's ctx)."""
+  if optional is None or Ops.INDEX not in optional: return False
+  slack = load_slack(p.arg[1], p.dtype.itemsize)
+  return idx.vmin >= -slack and idx.vmax < p.arg[1] + slack
 
 
 @rule_helper

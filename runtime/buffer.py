@@ -18,6 +18,7 @@ import weakref
 
 import numpy as np
 
+from rulec.codegen.decomp import load_slack
 from rulec.engine.ir.dtypes import DType, dtypes
 from rulec.engine.ir.ops import Ops
 from rulec.engine.ir.uop import UOp
@@ -38,10 +39,17 @@ ALIGN = 64
 
 
 def host_array(size: int, dtype: np.dtype, zero: bool = False) -> np.ndarray:
-  """A 1-D array of `size` elements whose data starts at an ALIGN-byte boundary."""
+  """A 1-D array of `size` elements whose data starts at an ALIGN-byte boundary, with load_slack(size) zeroed
+  elements before and after it that kernels may read but never write (codegen/decomp.py LOAD_SLACK_BYTES: a guarded
+  load a little outside the buffer reads there instead of being clamped lane by lane)."""
   nbytes = size * dtype.itemsize
-  raw = (np.zeros if zero else np.empty)(nbytes + ALIGN, dtype=np.uint8)
-  start = -raw.ctypes.data % ALIGN
+  slack = load_slack(size, dtype.itemsize) * dtype.itemsize
+  before = -(-slack // ALIGN) * ALIGN   # (the elements stay aligned)
+  raw = (np.zeros if zero else np.empty)(before + nbytes + slack + ALIGN, dtype=np.uint8)
+  start = -raw.ctypes.data % ALIGN + before
+  if not zero:
+    raw[:start] = 0
+    raw[start + nbytes:] = 0
   return raw[start:start + nbytes].view(dtype)
 
 

@@ -35,7 +35,7 @@ import llvmlite.binding as llvm
 from rulec.engine.ir.ops import Ops
 from rulec.engine.ir.uop import prod
 from rulec.engine import diskcache
-from rulec.runtime.buffer import buffer_of
+from rulec.runtime.buffer import buffer_of, host_array
 from rulec.codegen import llvmir, pipeline
 from rulec.codegen.opt import choose, format_actions, kernel_key, range_kind, transform
 from rulec.codegen.opt.search import repetitions
@@ -240,9 +240,10 @@ def _debug_level() -> int:
 def optional_decompositions() -> frozenset:
   """The optional rules of rules/decomp.rules the CPU asks for (see the module docstring), and MULACC where the
   JIT's target has FMA: exp2's polynomial steps are then fmas (one rounding each), else a multiply and an add."""
-  if os.environ.get("RULEC_CPU_LIBM", "") not in ("", "0"): return frozenset()
+  # (INDEX: the kernels run on host buffers, which have slack around them: a guarded load may stray into it)
+  if os.environ.get("RULEC_CPU_LIBM", "") not in ("", "0"): return frozenset({Ops.INDEX})
   _jit()
-  return VECTOR_MATH | {Ops.MULACC} if "+fma" in _target[1].split(",") else VECTOR_MATH
+  return (VECTOR_MATH | {Ops.MULACC, Ops.INDEX}) if "+fma" in _target[1].split(",") else VECTOR_MATH | {Ops.INDEX}
 
 
 def _aliasing(bufs) -> tuple | None:
@@ -336,7 +337,9 @@ def _time_candidate(kernel: Kernel, opt: Kernel, var_vals: tuple[int, ...] | Non
   for i, b in enumerate(kernel.bufs):
     buf = buffer_of(b)
     if i in outs:
-      if id(buf) not in scratch: scratch[id(buf)] = buf.host_view().copy()   # (a kernel may read what it overwrites)
+      if id(buf) not in scratch:   # (a kernel may read what it overwrites; a copy with the buffers' slack around it)
+        scratch[id(buf)] = host_array(buf.size, buf.host_view().dtype)
+        scratch[id(buf)][:] = buf.host_view()
       arrays.append(scratch[id(buf)])
     else: arrays.append(buf.host_view())
   ptrs = [a.ctypes.data for a in arrays]

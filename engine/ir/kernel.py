@@ -198,7 +198,7 @@ def _desc(u: UOp) -> str: return render_expr(u, depth=3)
 # a RANGE's kind: a word, then colon-separated words or numbers (e.g. "loop", "group:4:2"; codegen/opt reads them)
 _RANGE_KIND = re.compile(r"[a-z_]{1,32}(:[A-Za-z0-9_]{1,32}){0,6}")
 # the args other value ops may carry: none, an op (REDUCE, a reduction's op), or a marker a rule set leaves
-_MARKERS = frozenset({"guarded", "store", "clamped", "fma"})
+_MARKERS = frozenset({"guarded", "store", "clamped", "slack", "fma"})
 
 
 def arg_problem(u: UOp) -> str | None:
