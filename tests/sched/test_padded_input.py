@@ -107,3 +107,23 @@ def test_a_slices_gradient_padded_to_several_times_its_size_is_not_stored():
   dq, dk, dv = ds @ kn, ds.T @ qn, p.T @ np.ones((T, C))
   want = xn.T @ np.concatenate([dq, dk, dv], axis=1)
   np.testing.assert_allclose(w.grad.numpy(), want, rtol=1e-3, atol=1e-4 * np.abs(want).max())
+
+
+def test_a_weight_gradient_over_long_rows_sums_along_them_in_vector_lanes():
+  # its input stored padded, every load of the weight gradient steps by one along the image's row: the column taps
+  # by 8 output channels in lanes, the row's sum in vector lanes (SIMD); values against numpy
+  schedule_cache.clear()
+  rng = np.random.default_rng(2)
+  x = rng.standard_normal((2, 16, 40, 40)).astype(np.float32)
+  w = Tensor((rng.standard_normal((32, 16, 3, 3)) * 0.1).astype(np.float32), requires_grad=True)
+  g = rng.standard_normal((2, 32, 40, 40)).astype(np.float32)
+  Tensor(x).conv2d(w, padding=1).backward(Tensor(g))
+  (k,) = [k for k in w.grad.schedule() if "ranges (32, 16, 3, 3" in repr(k)]
+  low = decomposed(k, ())
+  acts = cpu_actions(low, CPUTarget(lanes=16))
+  inner = max(r.arg[0] for r in low.ranges if r.arg[1] == "reduce" and r.src[0].arg == 40)
+  assert [a.op for a in acts] == ["UPCAST", "UPCAST", "SIMD", "THREAD"] and acts[2].axis == inner, acts
+  assert acts[0].amount == 3 and acts[1].amount == 8, acts
+  xp = np.pad(x, ((0, 0), (0, 0), (1, 1), (1, 1))).astype(np.float64)
+  want = np.einsum("nchwij,nohw->ocij", np.lib.stride_tricks.sliding_window_view(xp, (3, 3), axis=(2, 3)), g)
+  np.testing.assert_allclose(w.grad.numpy(), want, rtol=1e-4, atol=1e-3)
