@@ -293,12 +293,7 @@ class LLVMRenderer(ScopedEmitter):
   def _branched_store(self, p: UOp, idx: UOp, value: UOp) -> None:
     """Every lane's store of WHERE(c, a, b) as a branch on c: each side stores all lanes (so the SLP vectoriser
     still packs them), the reduces the sides share computed once before it."""
-    for red in dict.fromkeys(u for u in value.toposort() if u.op is Ops.REDUCE):
-      if self.ups:
-        self.enter_lane(self.lanes[0])
-        self.value(red)   # (every lane's result, kept in the scope around the lanes)
-        self.scopes.pop()
-      else: self.value(red)
+    for red in dict.fromkeys(u for u in value.toposort() if u.op is Ops.REDUCE): self.every_lanes_reduce(red)
     cond = self.value(value.src[0])
     taken, other = self.fn.append_basic_block("uniform_taken"), self.fn.append_basic_block("uniform_other")
     join = self.fn.append_basic_block("uniform_join")

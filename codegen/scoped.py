@@ -74,6 +74,16 @@ class ScopedEmitter:
     self.scopes.append({})
     self.set_lane(lane)
 
+  def every_lanes_reduce(self, red: UOp) -> None:
+    """REDUCE red computed now for every lane, its results kept in the scope around the lanes (what lane_reduce
+    does when the first lane asks), so that code emitted later, in branches or loops of its own, shares them."""
+    if not self.ups:
+      self.value(red)
+      return
+    self.enter_lane(self.lanes[0])
+    self.value(red)
+    self.scopes.pop()
+
   def lane_reduce(self, u: UOp, reduce_all: Callable[[UOp, list], list]) -> Any:
     """This lane's result of REDUCE u; the first lane to ask computes every lane's with reduce_all(u, lanes),
     with the asking lane's scope set aside (what it holds may depend on the upcast ranges)."""
@@ -133,10 +143,7 @@ class ScopedEmitter:
     held = held_factor(u.src[0], run)
     keys = {x: (self.lane_key(x) if many else (lambda lane: ())) for x in (run, held, *sums)}
     for x in dict.fromkeys(y for sm in sums for y in sm.src[0].toposort()):
-      if x.op is Ops.REDUCE and free_ranges(x) <= open_ and self.lookup(x) is None:
-        if many: self.enter_lane(lanes[0])
-        self.value(x)
-        if many: self.scopes.pop()
+      if x.op is Ops.REDUCE and free_ranges(x) <= open_ and self.lookup(x) is None: self.every_lanes_reduce(x)
     return RunningPlan(run, held, sums, keys, lanes, many)
 
   def running_of(self, u: UOp) -> UOp | None:

@@ -300,16 +300,12 @@ def dot_tile(k: Kernel, end: UOp, lanes: int, tile: tuple[int, int] | None = Non
   reads and another does not) by tile[1] columns (the innermost store range), each output's float sum over its
   one range in vector lanes (SIMD), every load stepping by one element along it, the columns in blocks whose reads
   of the column-indexed input fill about block_bytes (BLOCK; 0: none); [] where that is not the kernel."""
-  reduces = [x for x in end.src[0].toposort() if x.op is Ops.REDUCE]
-  if len(reduces) != 1 or len(end.src) < 3: return []
-  red = reduces[0]
-  if red.arg is not Ops.ADD or len(red.src) != 2 or red.dtype not in (dtypes.float32, dtypes.float64): return []
+  red = _sum_along_loads(end)
+  if red is None or len(red.src) != 2 or len(end.src) < 3: return []
   kr, (rows, cols) = red.src[1], tile or DOT_TILE
   block_bytes = DOT_BLOCK_BYTES if block_bytes is None else block_bytes
   if kr.src[0].arg < 4 * lanes: return []
   loads = [x.src[1] for x in red.src[0].toposort() if x.op is Ops.INDEX]
-  ranges = [x for x in end.toposort() if x.op is Ops.RANGE]
-  if not loads or any(_stride(i, kr, ranges) != 1 for i in loads): return []
   col = end.src[-1]
   col_loads = [i for i in loads if col in i.toposort()]
   if not col_loads: return []
@@ -354,20 +350,28 @@ def _k_block(k: Kernel, end: UOp, cols: int, nbytes: int = K_BLOCK_BYTES) -> int
   return block if 16 <= block < n and _applies(k, "CPU", Action("KBLOCK", red.src[1].arg[0], block)) else 0
 
 
+def _sum_along_loads(end: UOp) -> UOp | None:
+  """The kernel's one REDUCE when it is a float sum whose every load steps by one element along its innermost range
+  (its vector lanes can run along that range: SIMD), else None."""
+  reduces = [x for x in end.src[0].toposort() if x.op is Ops.REDUCE]
+  if len(reduces) != 1 or reduces[0].arg is not Ops.ADD or reduces[0].dtype not in (dtypes.float32, dtypes.float64):
+    return None
+  red = reduces[0]
+  ranges = [x for x in end.toposort() if x.op is Ops.RANGE]
+  loads = [x.src[1] for x in red.src[0].toposort() if x.op is Ops.INDEX]
+  if not loads or any(_stride(i, red.src[-1], ranges) != 1 for i in loads): return None
+  return red
+
+
 def _taps_along_rows(k: Kernel, end: UOp, col: UOp, row: UOp, lanes: int) -> list[Action]:
   """A convolution's weight gradient whose sum runs innermost along its images' rows, every load stepping by one
   element there (its input stored padded, store_padded_input): the column taps and UPCAST_ROWS output channels in
   lanes, the sum along the row in vector lanes (SIMD). 8x64x56x56 3x3 here (16-lane registers): 15.8-16.3 ms against
   23.7 for the 3 x 3 taps by 16 channels, whose loads the lanes did not share; [] where that is not the kernel."""
-  reduces = [x for x in end.src[0].toposort() if x.op is Ops.REDUCE]
-  if len(reduces) != 1 or reduces[0].arg is not Ops.ADD or reduces[0].dtype not in (dtypes.float32, dtypes.float64):
-    return []
-  red = reduces[0]
+  red = _sum_along_loads(end)
+  if red is None or len(red.src) < 3: return []
   inner = red.src[-1]
-  if len(red.src) < 3 or inner.src[0].arg < 2 * lanes: return []
-  ranges = [x for x in end.toposort() if x.op is Ops.RANGE]
-  loads = [x.src[1] for x in red.src[0].toposort() if x.op is Ops.INDEX]
-  if not loads or any(_stride(i, inner, ranges) != 1 for i in loads): return []
+  if inner.src[0].arg < 2 * lanes: return []
   rows = divisor_at_most(row.src[0].arg, UPCAST_ROWS, 2)
   if not rows: return []
   acts = [Action("UPCAST", col.arg[0], col.src[0].arg), Action("UPCAST", row.arg[0], rows), Action("SIMD", inner.arg[0]),
@@ -407,14 +411,15 @@ def cpu_actions(k: Kernel, target: CPUTarget | None = None) -> list[Action]:
   if (row is not None and lanes >= 16 and cols == 2 * lanes and _reduce_ranges(end) == 1 and work >= SMALL_TILE_WORK
       and row.src[0].arg > TALL_TILE_ROWS and _applies(k, "CPU", Action("UPCAST", col.arg[0], cols), Action("UPCAST", row.arg[0], TALL_TILE_ROWS))):
     rows = TALL_TILE_ROWS
+  # a convolution's weight gradient over long rows: its sum along them in vector lanes
+  if col is not None and row is not None and cols == col.src[0].arg < 4 and (simd := _taps_along_rows(k, end, col, row, lanes)):
+    return simd
   out = []
   if col is not None:
     out.append(Action("UPCAST", col.arg[0], cols))
     # a convolution's weight gradient: its other taps range (3 x 3 in all) in lanes too, every tap reading the same
     # loads of the rows' input: 8x64x56x56's 3x3 weight gradient 52 -> 40 ms (the gradient's realize, this machine)
     taps = end.src[-2] if len(end.src) > 3 else None
-    if cols == col.src[0].arg < 4 and row is not None and (simd := _taps_along_rows(k, end, col, row, lanes)):
-      return simd
     if cols == col.src[0].arg < 4 and taps is not None and taps is not row and 1 < taps.src[0].arg < 4 and \
        _applies(k, "CPU", *out, Action("UPCAST", taps.arg[0], taps.src[0].arg)):
       out.append(Action("UPCAST", taps.arg[0], taps.src[0].arg))
