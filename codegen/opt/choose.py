@@ -65,9 +65,13 @@ RAGGED_NARROW_WASTE = 1 / 8
 # Twice the lanes of code: the kernel compiles in 0.54 s against 0.26 (once; then the disk cache has it)
 TALL_TILE_ROWS = 14
 K_BLOCK_BYTES = 512 << 10   # the block of the second matrix one block of the reduction reads: fits in L2 ...
-# ... half that with 16-lane tiles: RULEC_SEARCH chose 64-long blocks over 128 for the 1024^3 matmul in both of
-# two runs here (9.6 against 10.0 ms, 7.9 against 8.8), the block loop then re-reading C twice as often
-WIDE_K_BLOCK_BYTES = 256 << 10
+# ... with 16-lane tiles, twice that (half a core's 2 MiB L2) but blocks of at most 64: RULEC_SEARCH chose 64-long
+# blocks over 128 for the 1024^3 matmul in both of two runs here (9.6 against 10.0 ms, 7.9 against 8.8), the block
+# loop then re-reading C twice as often; and a wide second matrix wants 64 too, not the 16 a 256 KiB budget gave it:
+# 512 x 768 x 3072 (the GPT-2 MLP's first matmul) 11.4 ms in blocks of 16, 10.0 in 64, 11.2 in 128, 11.6 unblocked
+# (medians of 7, interleaved); with its gelu epilogue 12.9 -> 11.6
+WIDE_K_BLOCK_BYTES = 1 << 20
+WIDE_K_BLOCK_MAX = 64
 # ... and with 16-lane tiles the loads that step a line or more along the sum (B's rows) prefetched this many steps
 # ahead (PREFETCH): the 1024^3 matmul, bench/kernels.py, 3 runs each alternating: 7.45-7.70 ms against 7.74-8.23
 # without (numpy 6.7-7.2); 4, 6, 12 and 16 steps ahead within the noise of 8, which a C kernel of the same loops
@@ -329,24 +333,27 @@ def _applies(k: Kernel, device: str, *actions: Action) -> bool:
   return True
 
 
-def _k_block(k: Kernel, end: UOp, cols: int, nbytes: int = K_BLOCK_BYTES) -> int:
+def _k_block(k: Kernel, end: UOp, cols: int, nbytes: int = K_BLOCK_BYTES, most: int | None = None) -> int:
   """The block size a register-tiled kernel's reduction runs in (KBLOCK), or 0: the largest power of two whose
   slice of the column-indexed input (block x columns) fits in nbytes, where KBLOCK applies (a float sum over one
   range stored straight into a buffer the sum does not read). A range no power of two from 16 up divides (1001) takes
   its largest divisor from 16 to twice that budget instead (1024 x 1001 x 1024 here: 26 ms unblocked, 8.5-9.9 in
   blocks of 77-143); one with no divisor from 16 (a prime) the power of two, the last block shorter (1009^3: 16.7 ms
-  unblocked, 8.2-8.9 in blocks of 64, 7.9-8.5 with PREFETCH; numpy 6.6-7.3)."""
+  unblocked, 8.2-8.9 in blocks of 64, 7.9-8.5 with PREFETCH; numpy 6.6-7.3). `most` caps a power-of-two block (a divisor block is bounded by the budget alone: 130 runs in
+  blocks of 65)."""
   red = stored_sum(end.src[0].src[1])
   if red is None or len(red.src) != 2: return 0
   n = red.src[1].src[0].arg
+  most = n if most is None else most
   block = 1
-  while block * 2 <= n and (block * 2) * cols * red.dtype.itemsize <= nbytes and n % (block * 2) == 0: block *= 2
+  while block * 2 <= min(n, most) and (block * 2) * cols * red.dtype.itemsize <= nbytes and n % (block * 2) == 0:
+    block *= 2
   if block < 16:
     block = divisor_at_most(n, min(n - 1, 2 * nbytes // (cols * red.dtype.itemsize)), 16)
   if block < 16 and n * cols * red.dtype.itemsize > nbytes:
     # no divisor (a prime, 1009) and more than the budget: blocks of the power of two that fits, the last shorter
     block = 16
-    while block * 2 < n and (block * 2) * cols * red.dtype.itemsize <= nbytes: block *= 2
+    while block * 2 < min(n, most + 1) and (block * 2) * cols * red.dtype.itemsize <= nbytes: block *= 2
   return block if 16 <= block < n and _applies(k, "CPU", Action("KBLOCK", red.src[1].arg[0], block)) else 0
 
 
@@ -425,7 +432,8 @@ def cpu_actions(k: Kernel, target: CPUTarget | None = None) -> list[Action]:
       out.append(Action("UPCAST", taps.arg[0], taps.src[0].arg))
   if row is not None:
     out.append(Action("UPCAST", row.arg[0], rows))
-    kb = _k_block(k, end, col.src[0].arg, WIDE_K_BLOCK_BYTES if lanes >= 16 else K_BLOCK_BYTES)
+    kb = (_k_block(k, end, col.src[0].arg, WIDE_K_BLOCK_BYTES, WIDE_K_BLOCK_MAX) if lanes >= 16
+          else _k_block(k, end, col.src[0].arg, K_BLOCK_BYTES))
     if kb:
       k_axis = stored_sum(end.src[0].src[1]).src[1].arg[0]
       out.append(Action("KBLOCK", k_axis, kb))
