@@ -513,6 +513,10 @@ class LLVMRenderer(ScopedEmitter):
       return [self._max_in_lanes(value, rngs[0], d)]
     run = self.running_of(u)
     if run is not None: return self._running_sum(u, lanes, run)
+    if (bound is None and op is Ops.ADD and d in (dtypes.float32, dtypes.float64) and len(rngs) > 1
+        and range_kind(rngs[-1])[0] == "simd" and rngs[-1].src[0].arg >= SIMD_SUM_LANES and not _guarded_reduce(value)):
+      got = self._sum_in_simd_lanes(value, rngs, lanes, d)
+      if got is not None: return got
     # float16 accumulates in float: sums and products as numpy's do, rounded once at the end (max is exact either way)
     wide = d is dtypes.float16
     ad = dtypes.float32 if wide else d
@@ -605,6 +609,73 @@ class LLVMRenderer(ScopedEmitter):
                 for sk, lane in plan.groups(s).items()} for s in plan.sums}
     return self.running_results(plan, asked, done)
 
+  def _sum_in_simd_lanes(self, value: UOp, rngs: tuple, lanes: list, d: DType) -> list | None:
+    """A float sum over several ranges whose innermost, r, runs in vector lanes (SIMD: a convolution's weight
+    gradient, its sum along image rows), as explicit vectors: per upcast lane a vector of SIMD_SUM_LANES partial
+    sums (element i of r into partial i % SIMD_SUM_LANES; what is left past the last whole vector, a narrower
+    vector, into the first partials), kept across every range of the sum and added together once at the end. LLVM's loop vectoriser, given
+    the innermost loop alone, added its lanes into one scalar after every row (a horizontal sum per row and lane:
+    8x64x56x56's 3x3 weight gradient spent about as long there as in its fmas; SLP over scalar partials spilled).
+    Only for a term built of loads that step by one element along r, values that do not depend on r, + - * and
+    negation, under at most a where(c, term, 0) whose c does not depend on r; None otherwise (the caller then lets
+    the loop vectoriser have the innermost loop). Sums reassociate, as any vectorised sum does."""
+    b, r, w = self.b, rngs[-1], SIMD_SUM_LANES
+    n, many = r.src[0].arg, len(lanes) > 1
+    mask = value.src[0] if value.op is Ops.WHERE and value.src[2].op is Ops.CONST and value.src[2].arg == 0 else None
+    term = value.src[1] if mask is not None else value
+    if mask is not None and r in mask.toposort(): return None
+    rest = n % w
+    if rest & (rest - 1) or not _vector_term(term, r, d): return None   # (a tail of 8, 4, 2 or 1 lanes, or none)
+    ty = lltype(d)
+    def vec_of(width: int):
+      def emit(u: UOp):
+        if r not in u.toposort():
+          x = self.value(u)
+          return b.shuffle_vector(b.insert_element(ir.Constant(ir.VectorType(ty, 1), None), x, _I32(0)),
+                                  ir.Constant(ir.VectorType(ty, 1), None), ir.Constant(ir.VectorType(_I32, width), [0] * width))
+        if u.op is Ops.INDEX:
+          ptr = b.gep(self.ptrs[u.src[0]], [self.value(u.src[1])], inbounds=True, source_etype=memtype(d))
+          return b.load(ptr, typ=ir.VectorType(ty, width), align=d.itemsize)
+        srcs = [emit(x) for x in u.src]
+        if u.op is Ops.NEG: return b.fneg(srcs[0])
+        return {Ops.ADD: b.fadd, Ops.SUB: b.fsub, Ops.MUL: b.fmul}[u.op](*srcs, flags=("contract",))
+      return emit
+    def add(lane, acc, index, width: int) -> None:
+      if many: self.enter_lane(lane)
+      else: self.scopes.append({})
+      self.ranges[r] = index   # (the vector's first element; every value that depends on r is this step's own)
+      cur, v = b.load(acc), vec_of(width)(term)
+      if width < w:   # the tail, into the first partials (zeros above it): no accumulators of its own to keep live
+        zeros = ir.Constant(ir.VectorType(ty, width), [0.0] * width)
+        v = b.shuffle_vector(v, zeros, ir.Constant(ir.VectorType(_I32, w), list(range(width)) + [width] * (w - width)))
+      new = b.fadd(cur, v, flags=("reassoc", "contract"))
+      if mask is not None: new = b.select(self.value(mask), new, cur)
+      b.store(new, acc)
+      self.scopes.pop()
+      del self.ranges[r]
+    accs = [self._alloca(ir.VectorType(ty, w), "vacc") for _ in lanes]
+    for acc in accs: b.store(ir.Constant(ir.VectorType(ty, w), [0.0] * w), acc)
+    loops = [self.open_loop(x) for x in rngs[:-1]]
+    if n >= w:
+      blocks = UOp(Ops.RANGE, r.dtype, (UOp.const(dtypes.index, n // w),), (r.arg[0], "simdlanes"))
+      lp = self.open_loop(blocks)
+      base = b.mul(self.ranges[blocks], ir.Constant(_I64, w))
+      for lane, acc in zip(lanes, accs): add(lane, acc, base, w)
+      self.close_loop(lp, no_vectorize=True)
+    if rest:
+      for lane, acc in zip(lanes, accs): add(lane, acc, ir.Constant(_I64, n - rest), rest)
+    for lp in reversed(loops): self.close_loop(lp, no_vectorize=True)
+    outs = []
+    for acc in accs:
+      v, width = b.load(acc), w
+      while width > 1:   # halves added pairwise: the upper half of the vector onto its lower half
+        width //= 2
+        lo = b.shuffle_vector(v, v, ir.Constant(ir.VectorType(_I32, width), list(range(width))))
+        hi = b.shuffle_vector(v, v, ir.Constant(ir.VectorType(_I32, width), list(range(width, 2 * width))))
+        v = b.fadd(lo, hi, flags=("reassoc", "contract"))
+      outs.append(b.extract_element(v, _I32(0)))
+    return outs
+
   def _guard_bound(self, red: UOp):
     """The loop end of a reduce over a Variable's size (ScopedEmitter.guard_end): min(max(e, 0), size), so the
     loop stops where the guard would start to fail instead of running to the largest size; None otherwise."""
@@ -662,6 +733,7 @@ class LLVMRenderer(ScopedEmitter):
 
 
 MAX_LANES = 16  # a float max reduction's interleaved accumulators (see _max_in_lanes)
+SIMD_SUM_LANES = 16  # partial sums per lane of a SIMD sum over several ranges (see _sum_in_simd_lanes)
 LINE_BYTES = 64                 # a cache line
 MAX_PREFETCH_PER_LOAD = 8       # lines of one load prefetched per step, at most (more: none of them)
 
@@ -691,6 +763,29 @@ def prefetch_indices(load: UOp, r: UOp, ahead: int, lanes: dict) -> list[UOp]:
   if len(picked) > MAX_PREFETCH_PER_LOAD: return []
   moved = UOp(Ops.ADD, dtypes.index, (r, UOp.const(dtypes.index, ahead)))
   return [substitute(idx, {r: moved, **{x: UOp.const(dtypes.index, v) for x, v in c.items()}}) for c in picked]
+
+
+def _vector_term(u: UOp, r: UOp, d: DType) -> bool:
+  """Whether _sum_in_simd_lanes can emit u as a vector of d along r: loads of d whose index steps by one element
+  along r, values free of r, and + - * and negation of those."""
+  if r not in u.toposort(): return True
+  if u.dtype is not d: return False
+  if u.op is Ops.INDEX: return r not in u.src[0].toposort() and _step_along(u.src[1], r) == 1
+  return u.op in (Ops.ADD, Ops.SUB, Ops.MUL, Ops.NEG) and all(_vector_term(x, r, d) for x in u.src)
+
+
+def _step_along(idx: UOp, r: UOp) -> int | None:
+  """How far the index moves when r steps by one, where idx is r plus or times constants (and terms free of r);
+  None where r is under any other op (a modulo, a division, a guard: no one step)."""
+  if idx is r: return 1
+  if r not in idx.toposort(): return 0
+  if idx.op is Ops.ADD:
+    a, c = _step_along(idx.src[0], r), _step_along(idx.src[1], r)
+    return None if a is None or c is None else a + c
+  if idx.op is Ops.MUL:
+    for x, y in (idx.src, idx.src[::-1]):
+      if y.op is Ops.CONST and (a := _step_along(x, r)) is not None: return a * y.arg
+  return None
 
 
 def _guarded_reduce(value: UOp) -> bool:

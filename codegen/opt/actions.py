@@ -27,9 +27,11 @@ applies it) by a range's axis number, the `r<axis>` of `Kernel.render()`:
                 work-groups in one launch; each stores its partial result, and the last to finish (an atomic
                 counter) combines the n partials and stores the value (one kernel where the scheduler would
                 otherwise split the reduce into two)
-  SIMD(a)       the CPU's reduce range a runs in vector lanes (LLVM's loop vectoriser, a partial sum per lane, the
-                lanes added at the end) instead of the upcast lanes being the vector: a register tile whose loads
-                run along the reduction and not along the tile (x @ W.T: rows of A by rows of W)
+  SIMD(a)       the CPU's reduce range a runs in vector lanes (a partial sum per lane, the lanes added at the end:
+                LLVM's loop vectoriser for a sum over a alone; explicit vectors kept across every range of a sum
+                over several, where its terms are loads stepping along a) instead of the upcast lanes being the
+                vector: a register tile whose loads run along the reduction and not along the tile (x @ W.T: rows
+                of A by rows of W; a convolution's weight gradient: its sum along image rows)
   PREFETCH(a,n) the CPU's sum over reduce range a (or over the blocks KBLOCK made of it): each load that moves a
                 cache line or more per step of the sum's innermost range is prefetched n steps ahead, one
                 prefetch per line its lanes read (a matmul's rows of B, a page apart, which the hardware

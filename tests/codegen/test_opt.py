@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from rulec.codegen.opt import OptError, format_actions, kernel_key, optimize, parse_actions
 from rulec.codegen.opt.transform import apply
 from rulec.engine.ir.dtypes import dtypes
+from rulec.engine.ir.ops import Ops
 from rulec.engine.tensor import Tensor
 from rulec.runtime import cpu_device
 from rulec.codegen.decomp import decomposed
@@ -941,3 +942,38 @@ def test_random_tile_block_prefetch_lists_are_refused_or_compute_the_same(fresh)
     np.testing.assert_allclose(t.numpy(), a @ b, rtol=1e-4, atol=1e-4, err_msg=f"{m}x{k}x{n}: {text}")
     applied += 1
   assert applied >= 15
+
+
+@settings(max_examples=24, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.sampled_from([16, 56, 20, 18, 19, 5, 64]), st.sampled_from([1, 3]), st.sampled_from(["mul", "sub", "neg", "exp"]),
+       st.sampled_from([np.float32, np.float64]))
+def test_simd_over_the_innermost_of_several_ranges_keeps_partial_sums_and_agrees_with_numpy(fresh, q, p, form, dtype):
+  # a sum over (p, q) with q in vector lanes: 16 partial sums per output across both ranges, added once at the end
+  # (the tail past the last 16, where a power of two, into the first ones); a term the renderer cannot take as
+  # vectors (exp; a tail of 3) leaves q to the loop vectoriser: every form agrees with numpy
+  from rulec.codegen import llvmir
+  rng = np.random.default_rng(q * 10 + p)
+  wide, b = rng.standard_normal((6, p, q + 3)).astype(dtype), rng.standard_normal((p, q)).astype(dtype)
+  a = wide[:, :, :q]
+  ta, tb = Tensor(wide)[:, :, :q], Tensor(b)   # (rows q + 3 apart: p and q stay two ranges)
+  term = {"mul": lambda: ta * tb, "sub": lambda: (ta - tb) * tb, "neg": lambda: -(ta * tb) + ta, "exp": lambda: ta.exp() * tb}[form]
+  want = {"mul": a * b, "sub": (a - b) * b, "neg": -(a * b) + a, "exp": np.exp(a) * b}[form].sum(axis=(1, 2))
+  t = term().sum(axis=(1, 2))
+  (k,) = t.schedule()
+  low = decomposed(k, cpu_device.optional_decompositions())
+  red = next(u for u in low.ast.toposort() if u.op is Ops.REDUCE)
+  fresh.setenv("RULEC_OPT", f"{kernel_key(low)}=SIMD({red.src[-1].arg[0]})")
+  import tempfile
+  fresh.setenv("RULEC_CACHE_DIR", tempfile.mkdtemp(dir=os.path.dirname(os.environ["RULEC_CACHE_DIR"])))   # (no program of an earlier example)
+  cpu_device._by_ast.clear()
+  taken = []
+  original = llvmir.LLVMRenderer._sum_in_simd_lanes
+  def spy(self, *args):
+    got = original(self, *args)
+    taken.append(got is not None)
+    return got
+  fresh.setattr(llvmir.LLVMRenderer, "_sum_in_simd_lanes", spy)
+  tol = 1e-4 if dtype == np.float32 else 1e-10
+  np.testing.assert_allclose(t.numpy(), want, rtol=tol, atol=tol)
+  vectors = form != "exp" and (q % 16) & (q % 16 - 1) == 0
+  if len(red.src) > 2 and q >= 16: assert taken == [vectors], (taken, form, q)
