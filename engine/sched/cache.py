@@ -125,6 +125,7 @@ def _knobs(devices: set) -> tuple:
   return (tuple(_scheduler.max_kernel_buffers(d) for d in ds), tuple(split_parts(d) for d in ds),
           tuple(one_pass_groups(d) for d in ds), tuple(rows_shared(d) for d in ds),
           _helpers.REDUCE_SPLIT_THRESHOLD, _scheduler.MAX_RECOMPUTE_READS, _scheduler.HOISTING_DEVICES,
+          _scheduler.LANE_GUARD_DEVICES,
           _multi._ring_setting(),   # which allreduce form (RULEC_RING, RULEC_RING_THRESHOLD)
           load_library().digest)   # the rules themselves: RULEC_RULES may change between calls
 

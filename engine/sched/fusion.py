@@ -199,9 +199,10 @@ class FusionFacts:
   value computed once at the top of its one consumer's kernel, on devices that do so) or `keep(x)` (x stays
   fused into its consumers; later sets may still decide otherwise). A node no rule decides stays fused. Uses
   are counted again after each store or hoist: a realized value starts afresh."""
-  def __init__(self, sink: UOp, hoists: bool, hoists_rows: bool | None = None):
+  def __init__(self, sink: UOp, hoists: bool, hoists_rows: bool | None = None, lane_guards: bool | None = None):
     self.sink, self.hoists = sink, hoists
     self.hoists_rows = hoists if hoists_rows is None else hoists_rows
+    self.lane_guards = hoists if lane_guards is None else lane_guards
     self._outputs = set(sink.src)
     self.max_reads = MAX_RECOMPUTE_READS
     self.launch_cost, self.tile = LAUNCH_COST, OUTPUT_TILE
@@ -478,14 +479,16 @@ def _contracted_last(r: UOp, shape: tuple, only) -> bool:
   return True
 
 
-def choose_stages(sink: UOp, rule_sets, hoists: bool = False, hoists_rows: bool | None = None) -> set[UOp]:
+def choose_stages(sink: UOp, rule_sets, hoists: bool = False, hoists_rows: bool | None = None,
+                  lane_guards: bool | None = None) -> set[UOp]:
   """Nodes to realize: every node offered to each fusion rule set (a matcher) in turn, consumers first.
 
   `hoists`: the devices compute a reduce that depends on no loop around it once per kernel (CPU, NUMPY), so a
   whole-tensor value with one consumer may stay in that consumer's kernel however far it is broadcast
   (`x.argmax()`, `x - x.mean()`: one kernel, as in tinygrad). `hoists_rows` (default: `hoists`): they compute a
-  row's value once per row (CPU and NUMPY as above; a GPU's CL device in a work-group per row: codegen/opt SPREAD)."""
-  facts = FusionFacts(sink, hoists, hoists_rows)
+  row's value once per row (CPU and NUMPY as above; a GPU's CL device in a work-group per row: codegen/opt SPREAD).
+  `lane_guards` (default: `hoists`): a guarded read costs them in every vector lane (LANE_GUARD_DEVICES)."""
+  facts = FusionFacts(sink, hoists, hoists_rows, lane_guards)
   for m in rule_sets:
     for u in reversed(facts.order): m.rewrite(u, facts)
   return facts.staged
@@ -590,3 +593,9 @@ def _needed_below(u: UOp, epilogues: set[UOp], uses: dict[UOp, float], strict: b
 # renderer hoists it, the NUMPY device evaluates each value over only the ranges it depends on); OpenCL
 # work-items would each compute it (a row's value is another matter: runtime/devices.py rows_shared)
 HOISTING_DEVICES = frozenset({"CPU", "NUMPY"})
+# devices where a read that checks a padding costs the register tile in every vector lane (the CPU: a compare and a
+# mask per lane, and lanes whose guards differ break its vector loads; NUMPY: a where over the whole array), so a
+# stored padded input pays (store_padded_input). A GPU's CL work-item predicates its guard: storing the padded input
+# there cost more than the guards, the ResNet block on an H100 1.97 -> 2.30 ms forward, 16.1 -> 17.9 fwd+bwd
+# (bench/results/h100-2026-12-05-session22.txt)
+LANE_GUARD_DEVICES = frozenset({"CPU", "NUMPY"})
