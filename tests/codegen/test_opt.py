@@ -977,3 +977,22 @@ def test_simd_over_the_innermost_of_several_ranges_keeps_partial_sums_and_agrees
   np.testing.assert_allclose(t.numpy(), want, rtol=tol, atol=tol)
   vectors = form != "exp" and (q % 16) & (q % 16 - 1) == 0
   if len(red.src) > 2 and q >= 16: assert taken == [vectors], (taken, form, q)
+
+
+@pytest.mark.parametrize("rows, cols", [(1, 2), (2, 2), (4, 4), (8, 4), (3, 1), (3, 4), (6, 2)])
+@pytest.mark.parametrize("k", [64, 65, 80, 16])
+def test_a_dot_tiles_partial_sums_are_added_for_every_lane_and_agree_with_numpy(fresh, rows, cols, k):
+  # x @ W.T in a tile of rows x cols lanes, its sum in vector lanes (SIMD): each lane's 16 partial sums added
+  # together, all lanes at once where they are a power of two (4, 16, 32: fewer lanes than partials, as many,
+  # more), one by one where not (3, 12); a tail of 1 (65) or 16 (80) past the last whole vector
+  m, n = 24, 16
+  rng = np.random.default_rng(rows * 100 + cols * 10 + k)
+  a, w = rng.standard_normal((m, k)).astype(np.float32), rng.standard_normal((n, k)).astype(np.float32)
+  t = Tensor(a) @ Tensor(w).T
+  (kern,) = t.schedule()
+  low = decomposed(kern, cpu_device.optional_decompositions())
+  red = next(u for u in low.ast.toposort() if u.op is Ops.REDUCE)
+  row_axis, col_axis = (r.arg[0] for r in low.ast.src[0].src[1:])
+  ups = [f"UPCAST({ax},{amount})" for ax, amount in ((col_axis, cols), (row_axis, rows)) if amount > 1]
+  fresh.setenv("RULEC_OPT", f"{kernel_key(low)}={' '.join(ups)} SIMD({red.src[-1].arg[0]})")
+  np.testing.assert_allclose(t.numpy(), a @ w.T, rtol=1e-4, atol=1e-4)
