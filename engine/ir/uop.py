@@ -631,6 +631,11 @@ def _infer_bounds(u: UOp):
   return (lo, hi)
 
 
+def _truncated(x: int, c: int) -> int:
+  """x / c rounded toward zero (C's division), for c > 0."""
+  return x // c if x >= 0 else -(-x // c)
+
+
 def _op_bounds(u: UOp):
   op, src = u.op, u.src
   if op is Ops.CONST: return (wrap(u.arg, u.dtype),) * 2 if u.dtype.kind in "iux" and isinstance(u.arg, int) else (u.arg, u.arg)
@@ -658,6 +663,17 @@ def _op_bounds(u: UOp):
         # inside one period the remainder moves with x; otherwise it can be anything in [0, c)
         if hi - lo < c and lo % c <= hi % c: return (lo % c, hi % c)
         return (0, c - 1)
+      # the decompositions' truncating division and remainder (rules/decomp.rules writes // and % of a value that
+      # cannot be negative with them): without their bounds every load indexed through one was clamped (LLaMA's
+      # grouped-query heads, rotary pairs)
+      if op is Ops.CDIV and u.dtype.is_int and b[1][0] == b[1][1] and b[1][0] > 0:
+        c = b[1][0]
+        return (_truncated(b[0][0], c), _truncated(b[0][1], c))
+      if op is Ops.CMOD and u.dtype.is_int and b[1][0] == b[1][1] and b[1][0] > 0:
+        c, (lo, hi) = b[1][0], b[0]
+        if lo >= 0:   # (as MOD: the remainder takes the dividend's sign)
+          return (lo % c, hi % c) if hi - lo < c and lo % c <= hi % c else (0, c - 1)
+        return (max(lo, 1 - c), 0) if hi <= 0 else (max(lo, 1 - c), min(hi, c - 1))
       if op is Ops.CMPLT:
         if b[0][1] < b[1][0]: return (True, True)
         if b[0][0] >= b[1][1]: return (False, False)

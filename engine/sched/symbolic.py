@@ -103,11 +103,32 @@ def divmod_parts(x: UOp, c: int, div: bool) -> UOp | None:
   rest = sum(((v if r == 1 else v * r) for q, r, v in parts if r), UOp.const(x.dtype, rk))
   quot = sum(((v if q == 1 else v * q) for q, r, v in parts if q), UOp.const(x.dtype, qk))
   if 0 <= lo and hi < c: return quot if div else rest
+  if (split := _factor_parts(terms, k, c, div, x.dtype)) is not None: return split
   # R not provably in [0, c): (c*Q + R) // c is still Q + R // c and (c*Q + R) % c is R % c (floor division,
   # exact sums). Taken only for sums of nonnegative terms with a multiple of c to drop (index arithmetic: the
   # window offsets of a convolution's gradient), where R is then smaller than x and nonnegative
   if k < 0 or any(coef < 0 or v.vmin < 0 for coef, v in terms) or not (qk or any(q for q, _, _ in parts)): return None
   return quot + rest // c if div else rest % c
+
+
+def _factor_parts(terms: list, k: int, c: int, div: bool, dtype) -> UOp | None:
+  """x // c or x % c for x = g*Q + R, g a coefficient of x that divides c (c = g*m) and R, the terms whose coefficients
+  g does not divide, provably in [0, g): x // c is Q // m and x % c is (Q % m)*g + R. Grouped-query attention reads
+  its key head at (h*16384 + p*64 + d) // 49152, which is h // 3 (p*64 + d < 16384); without this the division stayed
+  in the sum's innermost loop. Called with x's exact value in its dtype (divmod_parts checked no_wrap's bounds)."""
+  if dtype != dtypes.index: return None   # (index arithmetic only: no partial sum of Q's terms can wrap)
+  for g in sorted({abs(coef) for coef, _ in terms if 1 < abs(coef) < c and c % abs(coef) == 0}, reverse=True):
+    m, (kq, kr) = c // g, divmod(k, g)
+    big = [(coef // g, v) for coef, v in terms if coef % g == 0]
+    small = [(coef, v) for coef, v in terms if coef % g]
+    if not small: continue   # (every coefficient a multiple of g: mul_div_factor's)
+    lo = kr + sum(min(coef * v.vmin, coef * v.vmax) for coef, v in small)
+    hi = kr + sum(max(coef * v.vmin, coef * v.vmax) for coef, v in small)
+    if not (0 <= lo and hi < g): continue
+    q = sum(((v if coef == 1 else v * coef) for coef, v in big), UOp.const(dtype, kq))
+    if div: return q // m
+    return sum(((v if coef == 1 else v * coef) for coef, v in small), (q % m) * g + kr)
+  return None
 
 
 @rule_helper

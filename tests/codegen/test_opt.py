@@ -996,3 +996,40 @@ def test_a_dot_tiles_partial_sums_are_added_for_every_lane_and_agree_with_numpy(
   ups = [f"UPCAST({ax},{amount})" for ax, amount in ((col_axis, cols), (row_axis, rows)) if amount > 1]
   fresh.setenv("RULEC_OPT", f"{kernel_key(low)}={' '.join(ups)} SIMD({red.src[-1].arg[0]})")
   np.testing.assert_allclose(t.numpy(), a @ w.T, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("n, k, kind", [(1000, 768, "norm"), (1002, 768, "norm"), (64, 256, "plain"), (9, 80, "plain"),
+                                        (512, 192, "swiglu"), (30, 64, "swiglu")])
+def test_a_matrix_vector_product_takes_a_tile_of_rows_and_agrees_with_numpy(fresh, n, k, kind):
+  # a decode step's projections: one output row, so no row tile; rows of W side by side (UPCAST), each sum in vector
+  # lanes (SIMD), the vector and an RMSNorm's scale (one value, read at index 0) shared by the tile. SwiGLU's gate and
+  # up are two sums in one kernel, both in lanes. Rows that 4 does not divide (1002, 9, 30) keep their values
+  rng = np.random.default_rng(n + k)
+  xv, wv, w2v, gv = (rng.standard_normal(s).astype(np.float32) for s in ((1, k), (n, k), (n, k), (k,)))
+  x, w, w2, g = Tensor(xv), Tensor(wv), Tensor(w2v), Tensor(gv)
+  if kind == "norm":
+    scale = (x * x).mean(-1, keepdim=True).add(1e-5).rsqrt().realize()
+    t, want = ((x * scale) * g) @ w.T, ((xv / np.sqrt((xv * xv).mean(-1, keepdims=True) + 1e-5)) * gv) @ wv.T
+  elif kind == "plain": t, want = x @ w.T, xv @ wv.T
+  else:
+    a, b = xv @ wv.T, xv @ w2v.T
+    t, want = (x @ w.T).silu() * (x @ w2.T), a / (1 + np.exp(-a)) * b
+  kernels = t.schedule()
+  low = decomposed(kernels[-1], cpu_device.optional_decompositions())
+  from rulec.codegen.opt import choose
+  text = format_actions(choose.cpu_actions(low))
+  sums = 2 if kind == "swiglu" else 1
+  if n % 4 == 0 and n >= 8 and k >= 64:
+    assert re.fullmatch(r"UPCAST\((\d+),4\)" + r" SIMD\(\d+\)" * sums + r" THREAD\(\1\)", text), text
+  np.testing.assert_allclose(t.numpy(), want, rtol=2e-5, atol=2e-5 * np.sqrt(k))
+
+
+def test_a_matrix_vector_tile_needs_something_to_share():
+  # every load moving with the output (a row-wise dot of two matrices): nothing is reused across rows, no tile
+  from rulec.codegen.opt import choose
+  a, b = Tensor(np.ones((256, 128), np.float32)), Tensor(np.ones((256, 128), np.float32))
+  (kern,) = (a * b).sum(1).schedule()
+  low = decomposed(kern, cpu_device.optional_decompositions())
+  end = choose._sole_end(low)
+  assert choose.matvec_tile(low, end, 16) == []
+  np.testing.assert_array_equal((a * b).sum(1).numpy(), np.full(256, 128, np.float32))

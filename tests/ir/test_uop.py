@@ -3,6 +3,7 @@ import gc
 import pickle
 
 import pytest
+from hypothesis import given, settings, strategies as st
 
 from rulec.engine.ir.dtypes import dtypes
 from rulec.engine.ir.ops import Ops
@@ -88,3 +89,17 @@ def test_a_float_cast_to_index_truncates_like_the_devices():
   assert wrap(2.75, D.index) == 2 and wrap(-2.75, D.index) == -2 and wrap(float("nan"), D.index) == 0
   assert wrap(True, D.index) is True   # (a bool is not a float: left as it is)
   assert eval_scalar(UOp.const(D.float32, -7.5).cast(D.index), {}) == -7
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(-40, 40), st.integers(0, 40), st.integers(1, 12), st.sampled_from([Ops.CDIV, Ops.CMOD]))
+def test_truncating_division_bounds_hold_every_value(lo, width, c, op):
+  # the decompositions' CDIV / CMOD (C's division and remainder): the bounds the clamp_load rule trusts to leave a
+  # load unclamped hold for every value of the dividend, checked one by one against the evaluator
+  from rulec.engine.verify.evaluate import eval_scalar
+  v = UOp.variable("x", lo, lo + width)
+  e = v.alu(op, UOp.const(dtypes.index, c))
+  got = [eval_scalar(e, {v: x}) for x in range(lo, lo + width + 1)]
+  assert e.vmin <= min(got) and max(got) <= e.vmax
+  if op is Ops.CDIV: assert (e.vmin, e.vmax) == (min(got), max(got))   # (monotone: the ends are reached)
+  if lo >= 0: assert (e.vmin, e.vmax) == ((v // c).vmin, (v // c).vmax) if op is Ops.CDIV else ((v % c).vmin, (v % c).vmax)

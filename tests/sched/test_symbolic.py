@@ -223,3 +223,31 @@ def test_nested_where_keeps_a_load_under_its_gate():
   gated = valid.where(load.ne(0).where(x, y), y)
   assert graph_rewrite(gated, symbolic()) is gated
   simplifies(b.where(b2.where(x, y), y), (b & b2).where(x, y))
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(-3, 3), st.integers(1, 5)), min_size=1, max_size=3), st.integers(-20, 20),
+       st.integers(2, 6), st.integers(1, 4), st.booleans())
+def test_a_sum_with_a_coefficient_dividing_the_divisor_keeps_its_value(smalls, k, g, m, div):
+  # x = g*(terms) + small terms + k, divided by c = g*m: fold_div_parts' common-factor split (grouped-query heads,
+  # (h*16384 + p*64 + d) // 49152 = h // 3) where the small terms stay in [0, g), and no rewrite where they do not
+  h = UOp.range(7, 0)
+  small = [UOp.range(n, i + 1) * coef for i, (coef, n) in enumerate(smalls)]
+  x = h * g + k
+  for t in small: x = x + t
+  c = g * m
+  e = (x // c) if div else (x % c)
+  simple = graph_rewrite(e, symbolic())
+  leaves = leaves_of(e)
+  for values in itertools.product(*(leaf_values(leaf) for leaf in leaves)):
+    env = dict(zip(leaves, values))
+    assert evaluate(simple, env) == evaluate(e, env), f"{e} => {simple} at {env}"
+
+
+def test_grouped_query_heads_are_a_division_of_the_head_alone():
+  h, p, d = UOp.range(12, 0), UOp.range(256, 1), UOp.range(64, 2)
+  x = h * 16384 + p * 64 + d
+  assert graph_rewrite(x // 49152, symbolic()) is graph_rewrite(h // 3, symbolic())
+  from rulec.engine.ir.ops import Ops
+  mods = [u for u in graph_rewrite(x % 49152, symbolic()).toposort() if u.op in (Ops.MOD, Ops.IDIV)]
+  assert mods == [h % 3]   # ((h % 3) * 16384 + p * 64 + d, in some order of its terms)
