@@ -1033,3 +1033,43 @@ def test_a_matrix_vector_tile_needs_something_to_share():
   end = choose._sole_end(low)
   assert choose.matvec_tile(low, end, 16) == []
   np.testing.assert_array_equal((a * b).sum(1).numpy(), np.full(256, 128, np.float32))
+
+
+EPILOGUES = {
+  # gelu's tanh times the sum, as GPT-2's MLP backward fuses its derivative (tanh: exp2, where, divisions)
+  "gelu_grad": lambda s, h: s * (0.5 * (1 + (0.79788456 * (h + 0.044715 * h * h * h)).tanh())),
+  "sigmoid_where": lambda s, h: (s * h).sigmoid().where(s > h, -(s * s).sqrt() - h.exp()) * 3 + h.reciprocal().abs().maximum(0.5),
+  "bits": lambda s, h: ((s * 2.5).bitcast("int32") >> 3 ^ (h * 7).bitcast("int32")).bitcast("float32").isnan().where(
+    1.0, s * h * 0.25 + s - h / 3) + (s - h).maximum(s * h) * (s + 1) / (h * h + 1) - (s < 0.1).where(s * 3, h * -2),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(EPILOGUES))
+@pytest.mark.parametrize("rows, cols, n", [(4, 4, 64), (2, 8, 48), (4, 4, 36), (1, 1, 16)])
+def test_a_dot_tiles_long_epilogue_runs_on_vectors_of_its_lanes_and_agrees_with_the_reference(fresh, kind, rows, cols, n):
+  # x @ W.T's dot tile (SIMD) followed by a long elementwise epilogue: the lanes' sums and loads gathered into one
+  # vector and the epilogue computed on it (llvmir._lanes_as_vector), against the NUMPY device's values; a 1 x 1
+  # tile (one lane) keeps the scalar path. Ragged columns (36 by 4 overlap the last tile)
+  from rulec.codegen import llvmir
+  taken = []
+  orig = llvmir.LLVMRenderer._lanes_as_vector
+  fresh.setattr(llvmir.LLVMRenderer, "_lanes_as_vector", lambda self, v: (taken.append(r := orig(self, v)), r)[1])
+  m, k = 24, 96
+  rng = np.random.default_rng(rows * 7 + n)
+  a, w = rng.standard_normal((m, k)).astype(np.float32) * 0.2, rng.standard_normal((n, k)).astype(np.float32) * 0.2
+  h = rng.standard_normal((m, n)).astype(np.float32)
+  h[0, :3] = [np.inf, -np.inf, np.nan]
+  def build(device):
+    s = Tensor(a, device=device) @ Tensor(w, device=device).T
+    return EPILOGUES[kind](s, Tensor(h, device=device))
+  want = build("NUMPY").numpy()
+  t = build("CPU")
+  (kern,) = t.schedule()
+  low = decomposed(kern, cpu_device.optional_decompositions())
+  red = next(u for u in low.ast.toposort() if u.op is Ops.REDUCE)
+  row_axis, col_axis = (r.arg[0] for r in low.ast.src[0].src[1:])
+  ups = [f"UPCAST({ax},{amount})" for ax, amount in ((col_axis, cols), (row_axis, rows)) if amount > 1]
+  fresh.setenv("RULEC_OPT", f"{kernel_key(low)}={' '.join(ups)} SIMD({red.src[-1].arg[0]})")
+  np.testing.assert_allclose(t.numpy(), want, rtol=2e-5, atol=2e-5)
+  vectors = [x for x in taken if x is not None]
+  assert bool(vectors) == (rows * cols > 1), (kind, rows, cols, taken)
