@@ -253,48 +253,77 @@ _GIVEN: "weakref.WeakKeyDictionary[UOp, UOp | None]" = weakref.WeakKeyDictionary
 
 @rule_helper
 def given_valid(w: UOp) -> UOp | None:
-  """WHERE(cond, t, f) with t simplified where cond holds, or None when that changes nothing.
+  """WHERE(cond, t, f) with t simplified where cond holds and f where it does not, or None when that changes nothing.
 
-  Each conjunct `X < n` of cond (X an integer expression with a // or % in it, n a constant) bounds X by
-  n - 1 inside t, tighter than X's own bounds. X is replaced by a variable with those bounds, the symbolic
-  rules simplify t, and the variable becomes X again. A convolution's gradient is the case: its load index is
-  full of `(w % 11) % 8` and `(... // 72)` that fold once `w % 11 < 8` is known, which the guard says.
-  Remembered per node (the scheduler meets the same WHERE in several passes; UOps are hash-consed)."""
+  Each conjunct `X < n` of cond (n a constant) bounds X by n - 1 inside t, and a negated one, `(X < n) != True`,
+  by n from below; a cond that is one such comparison bounds X the other way inside f. X is replaced by a variable
+  with those bounds, the symbolic rules simplify the branch, and the variable becomes X again. A convolution's
+  gradient is the case: its load index is full of `(w % 11) % 8` and `(... // 72)` that fold once `w % 11 < 8` is
+  known, which the guard says. So is a concatenation (GPT-2's q, k and v gradients into one (B, T, 3C) buffer):
+  `r < 1536` picks the part, and the part's load index, `((r // 64) % 12) * 64 + r % 64` and more, is affine
+  where the guard leaves r. Only an X with a // or % in it, or one a // or % of the branch reads: bounds on a plain
+  sum of ranges tell divmod_parts nothing the ranges do not. Remembered per node (the scheduler meets the same
+  WHERE in several passes; UOps are hash-consed)."""
   if w in _GIVEN: return _GIVEN[w]
   cond, t, f = w.src
-  stand: dict[UOp, UOp] = {}
-  for c in _conjuncts(cond):
-    if c.op is not Ops.CMPLT or c.src[1].op is not Ops.CONST: continue
-    x = c.src[0]
-    if not x.dtype.is_int or x.op in (Ops.RANGE, Ops.CONST, Ops.DEFINE_VAR) or x in stand: continue
-    # (a guard on a plain sum of ranges, a padding's, tells divmod_parts nothing the ranges do not: only
-    # guards on a quotient or a remainder are worth the second pass)
-    if not any(n.op in (Ops.MOD, Ops.IDIV) for n in x.toposort()): continue
-    lo, hi = x.vmin, x.vmax
-    if not (isinstance(lo, int) and isinstance(hi, int)) or c.src[1].arg - 1 >= hi or c.src[1].arg - 1 < lo: continue
-    stand[x] = UOp.variable(f"given_{len(stand)}_{id(x)}", lo, c.src[1].arg - 1, x.dtype)
-  out = None
-  if stand:
-    # the maximal integer subexpressions of the branch's values (an index, a guard) that hold a guarded X
-    values = _values_of(t)
-    inside = set(values)
-    if any(x in inside for x in stand):
-      ints = [t] if t.dtype.is_int else \
-        list(dict.fromkeys(s for n in values if not n.dtype.is_int and _is_value(n) for s in n.src
-                           if s.dtype.is_int and s.op not in (Ops.CONST, Ops.RANGE)))
-      placed = [substitute(u, stand) for u in ints]
-      pairs = [(u, p) for u, p in zip(ints, placed) if p is not u]
-      if pairs:
-        sink = UOp(Ops.SINK, dtypes.void, tuple(p for _, p in pairs))
-        done = graph_rewrite(sink, load_library().matcher("symbolic"))
-        back = {v: x for x, v in stand.items()}
-        mapping = {u: substitute(d, back) for (u, _), d in zip(pairs, done.src)}
-        mapping = {u: d for u, d in mapping.items() if d is not u}
-        if mapping:
-          new = _replace_in_values(t, mapping)
-          if new is not t: out = UOp(Ops.WHERE, w.dtype, (cond, new, f))
+  conjuncts = _conjuncts(cond)
+  new_t = _simplified_given(t, [_bound_of(c) for c in conjuncts])
+  new_f = _simplified_given(f, [_bound_of(_negated(cond))]) if len(conjuncts) == 1 else f
+  out = UOp(Ops.WHERE, w.dtype, (cond, new_t, new_f)) if new_t is not t or new_f is not f else None
   _GIVEN[w] = out
   return out
+
+
+def _negated(c: UOp) -> UOp:
+  """(x != True) for a comparison x, x for (x != True) or (x ^ True): the condition that holds where c does not."""
+  if c.op in (Ops.CMPNE, Ops.XOR) and c.src[1].op is Ops.CONST and c.src[1].arg is True: return c.src[0]
+  return UOp(Ops.CMPNE, c.dtype, (c, UOp.const(c.dtype, True)))
+
+
+def _bound_of(c: UOp) -> tuple[UOp, int, int] | None:
+  """(X, lo, hi): the bounds `X < n` (or its negation) puts on an integer X where it holds, tighter than X's own;
+  None for any other condition."""
+  neg = c.op in (Ops.CMPNE, Ops.XOR) and c.src[1].op is Ops.CONST and c.src[1].arg is True
+  if neg: c = c.src[0]
+  if c.op is not Ops.CMPLT or c.src[1].op is not Ops.CONST: return None
+  x, n = c.src[0], c.src[1].arg
+  if not x.dtype.is_int or x.op in (Ops.CONST, Ops.DEFINE_VAR): return None
+  lo, hi = x.vmin, x.vmax
+  if not (isinstance(lo, int) and isinstance(hi, int) and isinstance(n, int)): return None
+  lo, hi = (max(lo, n), hi) if neg else (lo, min(hi, n - 1))
+  if lo > hi or (lo, hi) == (x.vmin, x.vmax): return None
+  return x, lo, hi
+
+
+def _simplified_given(t: UOp, bounds: list) -> UOp:
+  """t with each bounded X standing in as a variable of its bounds while the symbolic rules simplify the maximal
+  integer subexpressions (an index, a guard) of its values that hold one; t itself where nothing changes."""
+  values = _values_of(t)
+  divs = [n for n in values if n.op in (Ops.MOD, Ops.IDIV)]
+  if not divs: return t
+  merged: dict[UOp, tuple[int, int]] = {}
+  for b in bounds:   # (r >= 768 and r < 1536: both bound r)
+    if b is None: continue
+    x, lo, hi = b
+    merged[x] = (max(lo, merged[x][0]), min(hi, merged[x][1])) if x in merged else (lo, hi)
+  stand: dict[UOp, UOp] = {}
+  for x, (lo, hi) in merged.items():
+    if lo > hi: continue
+    if x.op is Ops.RANGE and not any(x in n.toposort() for n in divs): continue
+    if x.op is not Ops.RANGE and not any(n.op in (Ops.MOD, Ops.IDIV) for n in x.toposort()): continue
+    stand[x] = UOp.variable(f"given_{len(stand)}_{id(x)}", lo, hi, x.dtype)
+  if not stand or not any(x in set(values) for x in stand): return t
+  ints = [t] if t.dtype.is_int else \
+    list(dict.fromkeys(s for n in values if not n.dtype.is_int and _is_value(n) for s in n.src
+                       if s.dtype.is_int and s.op not in (Ops.CONST, Ops.RANGE)))
+  placed = [substitute(u, stand) for u in ints]
+  pairs = [(u, p) for u, p in zip(ints, placed) if p is not u]
+  if not pairs: return t
+  done = graph_rewrite(UOp(Ops.SINK, dtypes.void, tuple(p for _, p in pairs)), load_library().matcher("symbolic"))
+  back = {v: x for x, v in stand.items()}
+  mapping = {u: substitute(d, back) for (u, _), d in zip(pairs, done.src)}
+  mapping = {u: d for u, d in mapping.items() if d is not u}
+  return _replace_in_values(t, mapping) if mapping else t
 
 
 # *** index arithmetic that is affine where it is used ***

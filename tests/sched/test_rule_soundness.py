@@ -148,3 +148,47 @@ def test_conv_input_gradient_reads_through_affine_indices():
   assert loads
   for n in loads:
     assert not any(m.op in (Ops.IDIV, Ops.MOD) for m in n.src[1].toposort()), n.src[1]
+
+
+def test_where_given_is_sound_in_both_branches_and_for_ranges():
+  # the false branch of a single comparison knows its negation; a negated conjunct bounds from below; a guard on a
+  # plain range bounds it where a // or % of the branch reads it (a concatenation's parts)
+  from hypothesis import given, settings, strategies as st
+  from rulec.engine.ir.index_expr import evaluate
+  from rulec.engine.lang.loader import load_library
+  from rulec.engine.ir.rewrite import graph_rewrite
+  sym = load_library().matcher("symbolic")
+
+  @settings(max_examples=200, derandomize=True, deadline=None, database=None)
+  @given(st.integers(4, 40), st.integers(1, 39), st.integers(1, 39), st.integers(2, 9), st.integers(1, 12),
+         st.integers(-20, 20), st.sampled_from(["true", "false", "band"]))
+  def check(n, k1, k2, m, a, off, form):
+    r, y = UOp.range(n, 0), UOp.range(3, 1)
+    body = ((r + off) // m) * a + ((r // m) % 5) * 7 + (r + y) % m + y
+    lo, hi = sorted((k1 % n, k2 % n))
+    if form == "true": w = r.lt(hi).where(body, -1)
+    elif form == "false": w = r.lt(lo).where(-1, body)
+    else: w = (r.lt(lo).ne(True) & r.lt(hi)).where(body, -1)
+    out = graph_rewrite(w, sym)
+    for rv in range(n):
+      for yv in range(3):
+        env = {r: rv, y: yv}
+        assert evaluate(out, env) == evaluate(w, env), (form, w, out, rv, yv)
+  check()
+
+
+def test_a_concatenations_parts_load_through_affine_indices():
+  """GPT-2's q, k and v gradients concatenated into one (B, T, 3C) buffer: each part's guard narrows the column,
+  and the part's load index, full of // 64, % 12 and // (T*C) through the heads' permute, is the head's plain
+  layout there, and the values are numpy's."""
+  from rulec import Tensor
+  from rulec.engine.ir.ops import Ops as O
+  rng = np.random.default_rng(3)
+  parts = [rng.standard_normal((2, 3, 8, 4)).astype(np.float32) for _ in range(3)]   # (B, H, T, D)
+  t = Tensor.cat(*[Tensor(p).permute(0, 2, 1, 3).reshape(2, 8, 12) for p in parts], dim=2)
+  (k,) = t.schedule()
+  # (the head and the column within it, c // 4 and c % 4, are the layout's own; nothing else divides)
+  divs = {u for u in k.ast.toposort() if u.op in (O.IDIV, O.MOD)}
+  assert {(u.op, u.src[0].op, u.src[1].arg) for u in divs} == {(O.IDIV, O.RANGE, 4), (O.MOD, O.RANGE, 4)}, divs
+  want = np.concatenate([p.transpose(0, 2, 1, 3).reshape(2, 8, 12) for p in parts], axis=2)
+  np.testing.assert_array_equal(t.numpy(), want)
