@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from rulec.codegen.opt import OptError, format_actions, kernel_key, optimize, parse_actions
-from rulec.codegen.opt.transform import apply
+from rulec.codegen.opt.transform import apply, merged_reduce_ranges
 from rulec.engine.ir.dtypes import dtypes
 from rulec.engine.ir.ops import Ops
 from rulec.engine.tensor import Tensor
@@ -1024,15 +1024,24 @@ def test_a_matrix_vector_product_takes_a_tile_of_rows_and_agrees_with_numpy(fres
   np.testing.assert_allclose(t.numpy(), want, rtol=2e-5, atol=2e-5 * np.sqrt(k))
 
 
-def test_a_matrix_vector_tile_needs_something_to_share():
-  # every load moving with the output (a row-wise dot of two matrices): nothing is reused across rows, no tile
+def test_one_range_sums_that_share_no_load_take_two_rows_at_a_time():
+  # every load moving with the output (a row-wise dot of two matrices; a batchnorm's per-channel sums over N x H*W,
+  # the sum over two ranges with its innermost in lanes): UNSHARED_ROWS outputs side by side, values numpy's
   from rulec.codegen.opt import choose
-  a, b = Tensor(np.ones((256, 128), np.float32)), Tensor(np.ones((256, 128), np.float32))
-  (kern,) = (a * b).sum(1).schedule()
-  low = decomposed(kern, cpu_device.optional_decompositions())
-  end = choose._sole_end(low)
-  assert choose.matvec_tile(low, end, 16) == []
-  np.testing.assert_array_equal((a * b).sum(1).numpy(), np.full(256, 128, np.float32))
+  rng = np.random.default_rng(5)
+  av, bv = rng.standard_normal((256, 128)).astype(np.float32), rng.standard_normal((256, 128)).astype(np.float32)
+  xv, gv = rng.standard_normal((4, 6, 9, 80)).astype(np.float32), rng.standard_normal((4, 6, 9, 80)).astype(np.float32)
+  x, g = Tensor(xv), Tensor(gv)
+  cases = [((Tensor(av) * Tensor(bv)).sum(1), (av * bv).sum(1), 1),
+           ((x * g).relu().sum((0, 2, 3)), np.maximum(xv * gv, 0).sum((0, 2, 3)), 2)]
+  for t, want, nranges in cases:
+    (kern,) = t.schedule()
+    low = merged_reduce_ranges(decomposed(kern, cpu_device.optional_decompositions()))
+    red = next(u for u in low.ast.toposort() if u.op is Ops.REDUCE)
+    assert len(red.src) - 1 == nranges
+    text = format_actions(choose.cpu_actions(low, choose.CPUTarget(lanes=16)))
+    assert re.fullmatch(rf"UPCAST\((\d+),{choose.UNSHARED_ROWS}\) SIMD\({red.src[-1].arg[0]}\) THREAD\(\1\)", text), text
+    np.testing.assert_allclose(t.numpy(), want, rtol=1e-5, atol=1e-4)
 
 
 EPILOGUES = {
