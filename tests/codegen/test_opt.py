@@ -979,6 +979,16 @@ def test_simd_over_the_innermost_of_several_ranges_keeps_partial_sums_and_agrees
   if len(red.src) > 2 and q >= 16: assert taken == [vectors], (taken, form, q)
 
 
+def _force_dot_tile(fresh, t, rows: int, cols: int) -> None:
+  """RULEC_OPT for t's one kernel (x @ W.T, and whatever follows it): rows x cols lanes, the sum in vector lanes."""
+  (kern,) = t.schedule()
+  low = decomposed(kern, cpu_device.optional_decompositions())
+  red = next(u for u in low.ast.toposort() if u.op is Ops.REDUCE)
+  row_axis, col_axis = (r.arg[0] for r in low.ast.src[0].src[1:])
+  ups = [f"UPCAST({ax},{amount})" for ax, amount in ((col_axis, cols), (row_axis, rows)) if amount > 1]
+  fresh.setenv("RULEC_OPT", f"{kernel_key(low)}={' '.join(ups)} SIMD({red.src[-1].arg[0]})")
+
+
 @pytest.mark.parametrize("rows, cols", [(1, 2), (2, 2), (4, 4), (8, 4), (3, 1), (3, 4), (6, 2)])
 @pytest.mark.parametrize("k", [64, 65, 80, 16])
 def test_a_dot_tiles_partial_sums_are_added_for_every_lane_and_agree_with_numpy(fresh, rows, cols, k):
@@ -989,12 +999,7 @@ def test_a_dot_tiles_partial_sums_are_added_for_every_lane_and_agree_with_numpy(
   rng = np.random.default_rng(rows * 100 + cols * 10 + k)
   a, w = rng.standard_normal((m, k)).astype(np.float32), rng.standard_normal((n, k)).astype(np.float32)
   t = Tensor(a) @ Tensor(w).T
-  (kern,) = t.schedule()
-  low = decomposed(kern, cpu_device.optional_decompositions())
-  red = next(u for u in low.ast.toposort() if u.op is Ops.REDUCE)
-  row_axis, col_axis = (r.arg[0] for r in low.ast.src[0].src[1:])
-  ups = [f"UPCAST({ax},{amount})" for ax, amount in ((col_axis, cols), (row_axis, rows)) if amount > 1]
-  fresh.setenv("RULEC_OPT", f"{kernel_key(low)}={' '.join(ups)} SIMD({red.src[-1].arg[0]})")
+  _force_dot_tile(fresh, t, rows, cols)
   np.testing.assert_allclose(t.numpy(), a @ w.T, rtol=1e-4, atol=1e-4)
 
 
@@ -1073,12 +1078,7 @@ def test_a_dot_tiles_long_epilogue_runs_on_vectors_of_its_lanes_and_agrees_with_
     return EPILOGUES[kind](s, Tensor(h, device=device))
   want = build("NUMPY").numpy()
   t = build("CPU")
-  (kern,) = t.schedule()
-  low = decomposed(kern, cpu_device.optional_decompositions())
-  red = next(u for u in low.ast.toposort() if u.op is Ops.REDUCE)
-  row_axis, col_axis = (r.arg[0] for r in low.ast.src[0].src[1:])
-  ups = [f"UPCAST({ax},{amount})" for ax, amount in ((col_axis, cols), (row_axis, rows)) if amount > 1]
-  fresh.setenv("RULEC_OPT", f"{kernel_key(low)}={' '.join(ups)} SIMD({red.src[-1].arg[0]})")
+  _force_dot_tile(fresh, t, rows, cols)
   np.testing.assert_allclose(t.numpy(), want, rtol=2e-5, atol=2e-5)
   vectors = [x for x in taken if x is not None]
   assert bool(vectors) == (rows * cols > 1), (kind, rows, cols, taken)
