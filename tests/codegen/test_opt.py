@@ -1053,6 +1053,9 @@ EPILOGUES = {
   # gelu's tanh times the sum, as GPT-2's MLP backward fuses its derivative (tanh: exp2, where, divisions)
   "gelu_grad": lambda s, h: s * (0.5 * (1 + (0.79788456 * (h + 0.044715 * h * h * h)).tanh())),
   "sigmoid_where": lambda s, h: (s * h).sigmoid().where(s > h, -(s * s).sqrt() - h.exp()) * 3 + h.reciprocal().abs().maximum(0.5),
+  # a bool stored: the vector of comparisons, each lane's element widened to a byte
+  "bool_out": lambda s, h: ((s * h).sigmoid() * (s > 0).where(s.exp(), h.abs().sqrt()) + (s > h).cast("float32")
+                            - h.abs().maximum(0.5)) > 0.7,
   "bits": lambda s, h: ((s * 2.5).bitcast("int32") >> 3 ^ (h * 7).bitcast("int32")).bitcast("float32").isnan().where(
     1.0, s * h * 0.25 + s - h / 3) + (s - h).maximum(s * h) * (s + 1) / (h * h + 1) - (s < 0.1).where(s * 3, h * -2),
 }
@@ -1079,6 +1082,8 @@ def test_a_dot_tiles_long_epilogue_runs_on_vectors_of_its_lanes_and_agrees_with_
   want = build("NUMPY").numpy()
   t = build("CPU")
   _force_dot_tile(fresh, t, rows, cols)
-  np.testing.assert_allclose(t.numpy(), want, rtol=2e-5, atol=2e-5)
+  got = t.numpy()
+  if got.dtype == np.bool_: np.testing.assert_array_equal(got, want)
+  else: np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-5)
   vectors = [x for x in taken if x is not None]
   assert bool(vectors) == (rows * cols > 1), (kind, rows, cols, taken)
