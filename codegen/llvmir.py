@@ -319,44 +319,34 @@ class LLVMRenderer(ScopedEmitter):
     n = len(self.lanes)
     if not self.ups or not 2 <= n <= VECTOR_EPILOGUE_MAX_LANES or not self._simd: return None
     leaves, inner, uniform = _epilogue_parts(value, set(self.ups))
-    if sum(u.op is not Ops.CONST for u in inner) < VECTOR_EPILOGUE_MIN_OPS: return None
+    if len(inner) < VECTOR_EPILOGUE_MIN_OPS: return None
     if any((u.op not in VECTOR_EPILOGUE_OPS and not (u.op is Ops.CAST and _vector_cast(u.src[0].dtype, u.dtype)))
-           or u.dtype is dtypes.float16 or (u.op in (Ops.NEG, Ops.MULACC) and u.dtype.kind != "f") for u in inner):
-      return None
-    if any(u.dtype is dtypes.float16 for u in leaves + uniform): return None
+           or (u.op in (Ops.NEG, Ops.MULACC) and u.dtype.kind != "f") for u in inner): return None
+    if any(u.dtype is dtypes.float16 for u in leaves + inner + uniform): return None
     b, got = self.b, {}
     def vty(d: DType): return ir.VectorType(lltype(d), n)
-    def splat(x, d: DType):
-      one = b.insert_element(ir.Constant(ir.VectorType(lltype(d), 1), None), x, _I32(0))
-      return b.shuffle_vector(one, ir.Constant(ir.VectorType(lltype(d), 1), None), ir.Constant(ir.VectorType(_I32, n), [0] * n))
     self.enter_lane(self.lanes[0])   # (a uniform value may hold a sum, which is computed from inside a lane)
-    for u in uniform: got[u] = splat(self.value(u), u.dtype)
+    for u in uniform: got[u] = self._splat(self.value(u), n)
     self.scopes.pop()
     for u in leaves:   # (a REDUCE or a load: each lane's own scalar, gathered)
       v = ir.Constant(vty(u.dtype), None)
       for i, _ in enumerate(self.each_lane()): v = b.insert_element(v, self.value(u), _I32(i))
       got[u] = v
     for u in inner:   # (in toposort order: every source is in got)
-      d = u.dtype
-      if u.op is Ops.CONST:
-        got[u] = ir.Constant(vty(d), [self.const(u.arg, d).constant] * n)
-        continue
-      srcs = [got[x] for x in u.src]
+      d, srcs = u.dtype, [got[x] for x in u.src]
       if u.op is Ops.WHERE: got[u] = b.select(*srcs)
       elif u.op is Ops.BITCAST: got[u] = b.bitcast(srcs[0], vty(d))
       elif u.op is Ops.RECIPROCAL: got[u] = b.fdiv(ir.Constant(vty(d), [1.0] * n), srcs[0])
-      elif u.op is Ops.MULACC and u.arg == MAY_FUSE: got[u] = self._vector_intrinsic("llvm.fma", srcs, d)
-      elif u.op is Ops.SQRT: got[u] = self._vector_intrinsic("llvm.sqrt", srcs, d)
+      elif u.op is Ops.MULACC and u.arg == MAY_FUSE: got[u] = self._intrinsic("llvm.fma", srcs)
       elif u.op is Ops.CAST: got[u] = getattr(b, _vector_cast(u.src[0].dtype, d))(srcs[0], vty(d))
       else: got[u] = self.alu(u.op, u.src[0].dtype, d, srcs)
     return got[value]
 
-  def _vector_intrinsic(self, name: str, args: list, d: DType):
-    """llvm.<name> on vectors of d (llvmlite names only scalar overloads)."""
-    ty = args[0].type
-    full = f"{name}.v{ty.count}f{_fbits(d)}"
-    fn = self.module.globals.get(full) or ir.Function(self.module, ir.FunctionType(ty, [ty] * len(args)), full)
-    return self.b.call(fn, args)
+  def _splat(self, x, width: int):
+    """A vector of `width` copies of the scalar x."""
+    one = ir.VectorType(x.type, 1)
+    return self.b.shuffle_vector(self.b.insert_element(ir.Constant(one, None), x, _I32(0)), ir.Constant(one, None),
+                                 ir.Constant(ir.VectorType(_I32, width), [0] * width))
 
   def _hoisted(self, red: UOp) -> None:
     """A hoisted reduce's value in the current scope: an earlier one that differs only in the names of its own
@@ -465,7 +455,11 @@ class LLVMRenderer(ScopedEmitter):
 
   def _intrinsic(self, name: str, args: list):
     ty = args[0].type
-    fn = self.module.declare_intrinsic(name, [ty], ir.FunctionType(ty, [ty] * len(args)))
+    fnty = ir.FunctionType(ty, [ty] * len(args))
+    if isinstance(ty, ir.VectorType):   # (llvmlite names only scalar overloads: llvm.fma.v16f32 by hand)
+      full = f"{name}.v{ty.count}{ty.element.intrinsic_name}"
+      fn = self.module.globals.get(full) or ir.Function(self.module, fnty, full)
+    else: fn = self.module.declare_intrinsic(name, [ty], fnty)
     return self.b.call(fn, args)
 
   def _int_pow(self, a, e, unsigned: bool):
@@ -681,10 +675,7 @@ class LLVMRenderer(ScopedEmitter):
     ty = lltype(d)
     def vec_of(width: int):
       def emit(u: UOp):
-        if r not in u.toposort():
-          x = self.value(u)
-          return b.shuffle_vector(b.insert_element(ir.Constant(ir.VectorType(ty, 1), None), x, _I32(0)),
-                                  ir.Constant(ir.VectorType(ty, 1), None), ir.Constant(ir.VectorType(_I32, width), [0] * width))
+        if r not in u.toposort(): return self._splat(self.value(u), width)
         if u.op is Ops.INDEX:
           ptr = b.gep(self.ptrs[u.src[0]], [self.value(u.src[1])], inbounds=True, source_etype=memtype(d))
           return b.load(ptr, typ=ir.VectorType(ty, width), align=d.itemsize)
@@ -816,7 +807,7 @@ class LLVMRenderer(ScopedEmitter):
 # epilogue of at least this many ops (a bias add is left to the SLP vectoriser), of these ops
 VECTOR_EPILOGUE_MAX_LANES = 64
 VECTOR_EPILOGUE_MIN_OPS = 16
-VECTOR_EPILOGUE_OPS = frozenset({Ops.CONST, Ops.ADD, Ops.SUB, Ops.MUL, Ops.FDIV, Ops.NEG, Ops.MAX, Ops.CMPLT, Ops.CMPNE,
+VECTOR_EPILOGUE_OPS = frozenset({Ops.ADD, Ops.SUB, Ops.MUL, Ops.FDIV, Ops.NEG, Ops.MAX, Ops.CMPLT, Ops.CMPNE,
                                  Ops.CMPEQ, Ops.AND, Ops.OR, Ops.XOR, Ops.SHL, Ops.SHR, Ops.WHERE, Ops.BITCAST,
                                  Ops.MULACC, Ops.SQRT, Ops.RECIPROCAL})
 
@@ -835,32 +826,24 @@ def _vector_cast(sd: DType, d: DType) -> str | None:
 
 
 def _epilogue_parts(value: UOp, ups: set) -> tuple[list[UOp], list[UOp], list[UOp]]:
-  """value's nodes above its sums, split: the leaves that differ between lanes (REDUCEs, loads: gathered lane by
-  lane), the ops that depend on them (in toposort order), and the largest values that do not depend on the lanes
-  at all (one scalar each, splatted)."""
-  lanes_dep: dict[UOp, bool] = {}
-  leaves, inner, uniform = [], [], []
+  """value's nodes above its sums, split: the leaves that differ between lanes (REDUCEs, loads, upcast ranges:
+  gathered lane by lane), the ops that depend on them (in toposort order), and the values they read that do not
+  depend on the lanes at all (constants too: one scalar each, splatted)."""
   order: list[UOp] = []
   stack, seen = [(value, False)], set()
-  while stack:   # post-order, not descending into sums, loads or values uniform across lanes
+  while stack:   # post-order, not descending into sums or loads
     x, ready = stack.pop()
     if x in seen: continue
-    if ready or x.op in (Ops.REDUCE, Ops.INDEX, Ops.CONST) or not x.src:
+    if ready or x.op in (Ops.REDUCE, Ops.INDEX) or not x.src:
       seen.add(x); order.append(x); continue
     stack.append((x, True))
     stack.extend((s, False) for s in x.src if s not in seen)
-  for x in order:
-    if x.op is Ops.CONST: lanes_dep[x] = False
-    elif x.op in (Ops.REDUCE, Ops.INDEX) or not x.src: lanes_dep[x] = any(r in ups for r in x.toposort())
-    else: lanes_dep[x] = any(lanes_dep[s] for s in x.src)
-  for x in order:
-    if x.op is Ops.CONST: inner.append(x)
-    elif not lanes_dep[x]: continue
-    elif x.op in (Ops.REDUCE, Ops.INDEX) or not x.src: leaves.append(x)
-    else: inner.append(x)
-  users = {s for x in inner if x.op is not Ops.CONST for s in x.src}
-  uniform = [x for x in order if not lanes_dep[x] and x.op is not Ops.CONST and x in users]
-  return leaves, [x for x in inner if x.op is not Ops.CONST or x in users], uniform
+  leaf = lambda x: x.op in (Ops.REDUCE, Ops.INDEX) or not x.src  # noqa: E731
+  dep: dict[UOp, bool] = {}
+  for x in order: dep[x] = any(r in ups for r in x.toposort()) if leaf(x) else any(dep[s] for s in x.src)
+  inner = [x for x in order if dep[x] and not leaf(x)]
+  used = {s for x in inner for s in x.src}
+  return [x for x in order if dep[x] and leaf(x)], inner, [x for x in order if not dep[x] and x in used]
 
 
 MAX_LANES = 16  # a float max reduction's interleaved accumulators (see _max_in_lanes)

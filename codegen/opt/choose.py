@@ -430,6 +430,7 @@ def cpu_actions(k: Kernel, target: CPUTarget | None = None) -> list[Action]:
   end = _sole_end(k)
   if end is None: return []
   if any(u.op is Ops.RUNMAX for u in end.toposort()): return _online_tile(k, end)
+  if mv := matvec_tile(k, end, lanes): return mv
   # about TILE_REGISTERS registers of accumulators: 8 rows x 2 registers for matmul; 16 output channels x 8 output x
   # for the conv2d workload (56 wide: 8 columns divide it), which runs in 99 ms that way against 218 ms with 8 x 8
   # (RULEC_SEARCH, 8-lane registers)
@@ -440,7 +441,6 @@ def cpu_actions(k: Kernel, target: CPUTarget | None = None) -> list[Action]:
     accumulators = min(accumulators, BODY_TILE_LANES)
   widths = tuple(c for c in column_lanes(lanes) if c * UPCAST_ROWS <= accumulators) or column_lanes(lanes)[-1:]
   ragged = RAGGED_TILES and not reads_what_it_writes(k)
-  if mv := matvec_tile(k, end, lanes): return mv
   row, rows, col, cols = tile_ranges(end, UPCAST_ROWS, widths, cpu=True, ragged=ragged, lanes=lanes)
   if col is None:
     dot = dot_tile(k, end, lanes, ragged=ragged)

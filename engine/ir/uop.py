@@ -654,26 +654,20 @@ def _op_bounds(u: UOp):
         vals = [x * y for x in b[0] for y in b[1]]
         return (min(vals), max(vals))
       if op is Ops.MAX: return (max(b[0][0], b[1][0]), max(b[0][1], b[1][1]))
-      # (integers only: a float // or % by c is not confined to whole steps of c)
-      if op is Ops.IDIV and u.dtype.is_int and b[1][0] == b[1][1] and b[1][0] > 0:
+      # (integers only: a float // or % by c is not confined to whole steps of c). CDIV / CMOD are C's truncating
+      # division and remainder, which rules/decomp.rules writes for // and % of a value that cannot be negative:
+      # without their bounds every load indexed through one was clamped (LLaMA's grouped-query heads, rotary pairs)
+      if op in (Ops.IDIV, Ops.CDIV) and u.dtype.is_int and b[1][0] == b[1][1] and b[1][0] > 0:
         c = b[1][0]
-        return (b[0][0] // c, b[0][1] // c)
-      if op is Ops.MOD and u.dtype.is_int and b[1][0] == b[1][1] and b[1][0] > 0:
+        div = (lambda x: x // c) if op is Ops.IDIV else (lambda x: _truncated(x, c))
+        return (div(b[0][0]), div(b[0][1]))
+      if op in (Ops.MOD, Ops.CMOD) and u.dtype.is_int and b[1][0] == b[1][1] and b[1][0] > 0:
         c, (lo, hi) = b[1][0], b[0]
+        if op is Ops.CMOD and lo < 0:   # (C's remainder takes the dividend's sign, and is smaller than c)
+          return (max(lo, 1 - c), 0) if hi <= 0 else (max(lo, 1 - c), min(hi, c - 1))
         # inside one period the remainder moves with x; otherwise it can be anything in [0, c)
         if hi - lo < c and lo % c <= hi % c: return (lo % c, hi % c)
         return (0, c - 1)
-      # the decompositions' truncating division and remainder (rules/decomp.rules writes // and % of a value that
-      # cannot be negative with them): without their bounds every load indexed through one was clamped (LLaMA's
-      # grouped-query heads, rotary pairs)
-      if op is Ops.CDIV and u.dtype.is_int and b[1][0] == b[1][1] and b[1][0] > 0:
-        c = b[1][0]
-        return (_truncated(b[0][0], c), _truncated(b[0][1], c))
-      if op is Ops.CMOD and u.dtype.is_int and b[1][0] == b[1][1] and b[1][0] > 0:
-        c, (lo, hi) = b[1][0], b[0]
-        if lo >= 0:   # (as MOD: the remainder takes the dividend's sign)
-          return (lo % c, hi % c) if hi - lo < c and lo % c <= hi % c else (0, c - 1)
-        return (max(lo, 1 - c), 0) if hi <= 0 else (max(lo, 1 - c), min(hi, c - 1))
       if op is Ops.CMPLT:
         if b[0][1] < b[1][0]: return (True, True)
         if b[0][0] >= b[1][1]: return (False, False)

@@ -100,8 +100,8 @@ def divmod_parts(x: UOp, c: int, div: bool) -> UOp | None:
     xlo, xhi = xlo + min(coef * vmin, coef * vmax), xhi + max(coef * vmin, coef * vmax)
     parts.append((q, r, v))
   if xlo < x.dtype.min() or xhi > x.dtype.max(): return None
-  rest = sum(((v if r == 1 else v * r) for q, r, v in parts if r), UOp.const(x.dtype, rk))
-  quot = sum(((v if q == 1 else v * q) for q, r, v in parts if q), UOp.const(x.dtype, qk))
+  rest = _sum_of([(r, v) for q, r, v in parts if r], UOp.const(x.dtype, rk))
+  quot = _sum_of([(q, v) for q, r, v in parts if q], UOp.const(x.dtype, qk))
   if 0 <= lo and hi < c: return quot if div else rest
   if (split := _factor_parts(terms, k, c, div, x.dtype)) is not None: return split
   # R not provably in [0, c): (c*Q + R) // c is still Q + R // c and (c*Q + R) % c is R % c (floor division,
@@ -125,10 +125,14 @@ def _factor_parts(terms: list, k: int, c: int, div: bool, dtype) -> UOp | None:
     lo = kr + sum(min(coef * v.vmin, coef * v.vmax) for coef, v in small)
     hi = kr + sum(max(coef * v.vmin, coef * v.vmax) for coef, v in small)
     if not (0 <= lo and hi < g): continue
-    q = sum(((v if coef == 1 else v * coef) for coef, v in big), UOp.const(dtype, kq))
-    if div: return q // m
-    return sum(((v if coef == 1 else v * coef) for coef, v in small), (q % m) * g + kr)
+    q = _sum_of(big, UOp.const(dtype, kq))
+    return q // m if div else _sum_of(small, (q % m) * g + kr)
   return None
+
+
+def _sum_of(terms: list[tuple[int, UOp]], start: UOp) -> UOp:
+  """start + the sum of coef * v over terms (v alone where coef is 1)."""
+  return sum(((v if coef == 1 else v * coef) for coef, v in terms), start)
 
 
 @rule_helper
@@ -267,30 +271,23 @@ def given_valid(w: UOp) -> UOp | None:
   if w in _GIVEN: return _GIVEN[w]
   cond, t, f = w.src
   conjuncts = _conjuncts(cond)
-  new_t = _simplified_given(t, [_bound_of(c) for c in conjuncts])
-  new_f = _simplified_given(f, [_bound_of(_negated(cond))]) if len(conjuncts) == 1 else f
+  new_t = _simplified_given(t, [_guard_bound(c, True) for c in conjuncts])
+  new_f = _simplified_given(f, [_guard_bound(cond, False)]) if len(conjuncts) == 1 else f
   out = UOp(Ops.WHERE, w.dtype, (cond, new_t, new_f)) if new_t is not t or new_f is not f else None
   _GIVEN[w] = out
   return out
 
 
-def _negated(c: UOp) -> UOp:
-  """(x != True) for a comparison x, x for (x != True) or (x ^ True): the condition that holds where c does not."""
-  if c.op in (Ops.CMPNE, Ops.XOR) and c.src[1].op is Ops.CONST and c.src[1].arg is True: return c.src[0]
-  return UOp(Ops.CMPNE, c.dtype, (c, UOp.const(c.dtype, True)))
-
-
-def _bound_of(c: UOp) -> tuple[UOp, int, int] | None:
-  """(X, lo, hi): the bounds `X < n` (or its negation) puts on an integer X where it holds, tighter than X's own;
-  None for any other condition."""
-  neg = c.op in (Ops.CMPNE, Ops.XOR) and c.src[1].op is Ops.CONST and c.src[1].arg is True
-  if neg: c = c.src[0]
+def _guard_bound(c: UOp, holds: bool) -> tuple[UOp, int, int] | None:
+  """(X, lo, hi): the bounds on an integer X where the comparison `X < n` (or its negation, `(X < n) != True` or
+  `^ True`) holds (holds=True) or fails, tighter than X's own; None for any other condition."""
+  if c.op in (Ops.CMPNE, Ops.XOR) and c.src[1].op is Ops.CONST and c.src[1].arg is True: c, holds = c.src[0], not holds
   if c.op is not Ops.CMPLT or c.src[1].op is not Ops.CONST: return None
   x, n = c.src[0], c.src[1].arg
   if not x.dtype.is_int or x.op in (Ops.CONST, Ops.DEFINE_VAR): return None
   lo, hi = x.vmin, x.vmax
   if not (isinstance(lo, int) and isinstance(hi, int) and isinstance(n, int)): return None
-  lo, hi = (max(lo, n), hi) if neg else (lo, min(hi, n - 1))
+  lo, hi = (lo, min(hi, n - 1)) if holds else (max(lo, n), hi)
   if lo > hi or (lo, hi) == (x.vmin, x.vmax): return None
   return x, lo, hi
 
@@ -298,21 +295,23 @@ def _bound_of(c: UOp) -> tuple[UOp, int, int] | None:
 def _simplified_given(t: UOp, bounds: list) -> UOp:
   """t with each bounded X standing in as a variable of its bounds while the symbolic rules simplify the maximal
   integer subexpressions (an index, a guard) of its values that hold one; t itself where nothing changes."""
-  values = _values_of(t)
-  divs = [n for n in values if n.op in (Ops.MOD, Ops.IDIV)]
-  if not divs: return t
   merged: dict[UOp, tuple[int, int]] = {}
   for b in bounds:   # (r >= 768 and r < 1536: both bound r)
     if b is None: continue
     x, lo, hi = b
     merged[x] = (max(lo, merged[x][0]), min(hi, merged[x][1])) if x in merged else (lo, hi)
+  if not merged: return t
+  values = _values_of(t)
+  divs = [n for n in values if n.op in (Ops.MOD, Ops.IDIV)]
+  if not divs: return t
+  inside, under_divs = set(values), {r for n in divs for r in n.toposort() if r.op is Ops.RANGE}
   stand: dict[UOp, UOp] = {}
   for x, (lo, hi) in merged.items():
-    if lo > hi: continue
-    if x.op is Ops.RANGE and not any(x in n.toposort() for n in divs): continue
+    if lo > hi or x not in inside: continue
+    if x.op is Ops.RANGE and x not in under_divs: continue
     if x.op is not Ops.RANGE and not any(n.op in (Ops.MOD, Ops.IDIV) for n in x.toposort()): continue
     stand[x] = UOp.variable(f"given_{len(stand)}_{id(x)}", lo, hi, x.dtype)
-  if not stand or not any(x in set(values) for x in stand): return t
+  if not stand: return t
   ints = [t] if t.dtype.is_int else \
     list(dict.fromkeys(s for n in values if not n.dtype.is_int and _is_value(n) for s in n.src
                        if s.dtype.is_int and s.op not in (Ops.CONST, Ops.RANGE)))
