@@ -15,6 +15,7 @@ Run: python bench/cl_sgemm_probe.py [n]   (bench/h200.sh sgemmprobe)
 from __future__ import annotations
 
 import os
+import re
 import statistics
 import sys
 
@@ -138,7 +139,32 @@ VARIANTS = [
   (128, 128, 8, 8, 8, 1, 2, 4),
   (128, 256, 8, 8, 16, 1, 2, 0),
   (256, 128, 8, 16, 8, 1, 2, 0),
+  (128, 128, 16, 8, 16, 1, 2, 0),   # 128 work-items of 128 accumulators each (more independent fma per shared read)
+  (128, 128, 16, 16, 8, 1, 2, 0),
+  (128, 128, 8, 8, 16, 1, 2, 0),
+  (128, 64, 16, 8, 8, 1, 2, 4),
 ]
+
+
+# RULEC_PROBE_VERBOSE=1: NVIDIA's build log (registers and spills per kernel, -cl-nv-verbose) for each variant, and
+# each variant's PTX under $OUT (or /tmp) to read the inner loop; RULEC_PROBE_OPTS: more build options for every variant
+# (-cl-nv-maxrregcount=N)
+VERBOSE = os.environ.get("RULEC_PROBE_VERBOSE") == "1"
+EXTRA_OPTS = os.environ.get("RULEC_PROBE_OPTS", "").split()
+
+
+def report_build(prg, device, name: str) -> None:
+  import pyopencl as cl
+  log = prg.get_build_info(device, cl.program_build_info.LOG)
+  for line in log.splitlines():
+    if "registers" in line or "spill" in line or "stack" in line: print(f"    {line.strip()}")
+  ptx = prg.get_info(cl.program_info.BINARIES)[0]
+  out = os.environ.get("OUT", "/tmp")
+  with open(os.path.join(out, "sgemm-" + re.sub(r"[^A-Za-z0-9]+", "_", name) + ".ptx"), "wb") as f: f.write(ptx)
+
+
+def prog_options(dev) -> list[str]:
+  return list(dev.options)
 
 
 def median_ms(events) -> float:
@@ -153,6 +179,7 @@ def main():
   dev = cl_device.get_device()
   ctx = dev.ctx
   queue = cl.CommandQueue(ctx, properties=cl.command_queue_properties.PROFILING_ENABLE)
+  if VERBOSE and "NVIDIA" in dev.dev.platform.name: EXTRA_OPTS.append("-cl-nv-verbose")
   print(f"device: {dev.dev.name}; sgemm {n}^3 float32; medians of {reps} event times")
   rng = np.random.default_rng(0)
   a = rng.standard_normal((n, n)).astype(np.float32)
@@ -169,8 +196,10 @@ def main():
     name = f"{bm}x{bn} BK{bk} {tm}x{tn} {'split' if split else 'contig'} NBUF{nbuf}" + (f" pad{apad}" if apad else "")
     opts = [f"-DBM={bm}", f"-DBN={bn}", f"-DBK={bk}", f"-DTM={tm}", f"-DTN={tn}", f"-DSPLIT={split}",
             f"-DNBUF={nbuf}", f"-DAPAD={apad}", "-cl-mad-enable"]
+    opts += EXTRA_OPTS
     try:
       prg = cl.Program(ctx, SOURCE).build(options=opts)
+      if VERBOSE: report_build(prg, dev.dev, name)
     except Exception as e:
       print(f"  {name:44s} build failed: {str(e)[:200]}")
       continue
@@ -199,6 +228,10 @@ def main():
   t = []
   for _ in range(reps):
     t0 = time.perf_counter(); (ta @ tb).realize(); dev.queue.finish(); t.append((time.perf_counter() - t0) * 1e3)
+  if VERBOSE:   # rulec's kernel source, built again with the same options to read its registers and PTX
+    for (_, source), prog in list(cl_device._programs.items())[-1:]:
+      report_build(cl.Program(ctx, source).build(options=prog_options(dev) + EXTRA_OPTS), dev.dev, "rulec")
+      with open(os.path.join(os.environ.get("OUT", "/tmp"), "sgemm-rulec.cl"), "w") as f: f.write(source)
   print(f"  {'rulec (Tensor @, wall, cost model tiles)':44s} {statistics.median(t):7.3f} ms  "
         f"{flops / statistics.median(t) * 1e-9:6.1f} TFLOP/s  max err {float(np.abs(c.numpy()[:check] - want).max()):.1e}")
   try:

@@ -39,6 +39,12 @@ UNSHARED_ROWS = 2           # ... or the rows of one-range sums that share no lo
 # passes over it, where one output row tile at a time streamed all of W from L3 (1024^3: 12.1-14.5 -> 11.2-11.4 ms
 # with 1 MiB, min of 21; 512 KiB 11.2-13.5, 2 MiB 11.7-13.4)
 DOT_BLOCK_BYTES = 1 << 20
+# ... and a sum longer than DOT_K_BLOCK_OVER in blocks (KBLOCK) of at most DOT_K_BLOCK steps, the vector lanes along the
+# block: a 4 x 4 tile's 8 rows of 3072 (96 KiB) overflow L1 and every step read them from L2. Interleaved rounds here
+# (2 threads, best of 24): 512 x 3072 x 768 (GPT-2's MLP backward dh @ W1.T) 12.1-12.6 -> 11.2 ms, 512 x 2304 x 768
+# 8.7 -> 8.0; a sum of 1024 gained nothing (9.6 -> 9.9) and one of 768 with gelu's derivative after it lost (13.8 -> 16.7)
+DOT_K_BLOCK_OVER = 1536
+DOT_K_BLOCK = 768
 # ... but at most this many lanes where the reduce runs over several ranges (a convolution's channels x kernel
 # window): every lane is code of its own, and a 256-lane 3x3 convolution tile doubled rulec demo's compile time of
 # its conv block (262 -> 433 ms) for no speed the demo could see
@@ -80,6 +86,15 @@ WIDE_K_BLOCK_MAX = 64
 # without (numpy 6.7-7.2); 4, 6, 12 and 16 steps ahead within the noise of 8, which a C kernel of the same loops
 # measured best (7.72 -> 7.51 ms; 4: 7.53, 16: 7.60)
 PREFETCH_AHEAD = 8
+# ... and where the output (C) is bigger than a core's L2, the columns run in blocks (BLOCK, outermost) of at most
+# COL_BLOCK_BYTES of output, the reduction in longer blocks within them (COL_BLOCK_K_BYTES of B's block, at most
+# COL_BLOCK_K_MAX steps): every KBLOCK pass re-read and re-stored all of C from L3 before; now one block's C stays in L2
+# across its passes. Interleaved rounds here (2 threads, best of 24 runs each): 512 x 768 x 3072 10.2 -> 9.5 ms, 1024^3
+# 8.15 -> 7.73-7.86, 768 x 512 x 3072 9.85 -> 9.18; 512 x 3072 x 768 (C 1.5 MiB) is not blocked (9.0 -> 9.6 when it was)
+COL_BLOCK_OVER = 2 << 20
+COL_BLOCK_BYTES = 1 << 20
+COL_BLOCK_K_BYTES = 512 << 10
+COL_BLOCK_K_MAX = 256
 
 def _online_tile(k: Kernel, end: UOp) -> list[Action]:
   """A kernel that sums with a running max (attention as one kernel, rules/online.rules): the innermost store range
@@ -320,13 +335,31 @@ def dot_tile(k: Kernel, end: UOp, lanes: int, tile: tuple[int, int] | None = Non
   row, r = _tile_row(end, rows, col_loads, loads, divisor=True, exact=False, ragged=ragged)
   if row is None: return []
   acts = [Action("UPCAST", col.arg[0], cols)] if cols > 1 else []
-  acts += [Action("UPCAST", row.arg[0], r), Action("SIMD", kr.arg[0])]
+  acts.append(Action("UPCAST", row.arg[0], r))
+  acts.append(_dot_k_block(k, acts, kr, lanes) or Action("SIMD", kr.arg[0]))
+  if acts[-1].op == "KBLOCK": acts.append(Action("SIMD", _reduce_axis(k, acts)))
   # column tiles per block, where all of them read more than block_bytes: the largest count within it dividing them
   count, per_tile = tiles(col.src[0].arg, cols), cols * kr.src[0].arg * red.dtype.itemsize
   b = divisor_at_most(count, block_bytes // per_tile, 2) if 0 < block_bytes < count * per_tile else 0
   if b >= 2 and cols > 1: acts.append(Action("BLOCK", col.arg[0], b))
   acts.append(Action("THREAD", end.src[1].arg[0]))
   return acts if _applies(k, "CPU", *acts) else []
+
+
+def _dot_k_block(k: Kernel, tile: list[Action], kr: UOp, lanes: int) -> Action | None:
+  """KBLOCK for a dot tile's sum over kr where it is longer than DOT_K_BLOCK_OVER: the largest block of whole vectors
+  up to DOT_K_BLOCK that divides it; None where it is short, none divides, or the kernel does not take it."""
+  n = kr.src[0].arg
+  if n <= DOT_K_BLOCK_OVER: return None
+  b = next((d for d in range(DOT_K_BLOCK, 4 * lanes - 1, -lanes) if n % d == 0), 0)
+  act = Action("KBLOCK", kr.arg[0], b)
+  return act if b and _applies(k, "CPU", *tile, act) else None
+
+
+def _reduce_axis(k: Kernel, actions: list[Action]) -> int:
+  """The axis of the innermost range of k's one sum once `actions` apply (KBLOCK renames the part within a block)."""
+  red = next(u for u in apply(k, tuple(actions), "CPU").ast.toposort() if u.op is Ops.REDUCE)
+  return red.src[-1].arg[0]
 
 
 def matvec_tile(k: Kernel, end: UOp, lanes: int, rows: int = MATVEC_ROWS) -> list[Action]:
@@ -384,6 +417,21 @@ def _k_block(k: Kernel, end: UOp, cols: int, nbytes: int = K_BLOCK_BYTES, most: 
     block = 16
     while block * 2 < min(n, most + 1) and (block * 2) * cols * red.dtype.itemsize <= nbytes: block *= 2
   return block if 16 <= block < n and _applies(k, "CPU", Action("KBLOCK", red.src[1].arg[0], block)) else 0
+
+
+def _column_blocks(k: Kernel, end: UOp, tile: list[Action], col: UOp, cols: int) -> Action | None:
+  """BLOCK over the column tiles of a register-tiled sum over one range whose output is over COL_BLOCK_OVER bytes: the
+  most tiles (a divisor of their count, at least 4) whose columns of every output row fit in COL_BLOCK_BYTES; None
+  where the output is small, no such count divides, or the kernel does not take it."""
+  red = stored_sum(end.src[0].src[1])
+  if red is None or len(red.src) != 2: return None
+  outputs = math.prod(r.src[0].arg for r in end.src[1:])
+  if outputs * red.dtype.itemsize <= COL_BLOCK_OVER: return None
+  rows = outputs // col.src[0].arg
+  b = divisor_at_most(tiles(col.src[0].arg, cols), COL_BLOCK_BYTES // (rows * cols * red.dtype.itemsize), 4)
+  if not b: return None
+  act = Action("BLOCK", col.arg[0], b)
+  return act if _applies(k, "CPU", *tile, act) else None
 
 
 def _sum_along_loads(end: UOp) -> UOp | None:
@@ -479,8 +527,13 @@ def cpu_actions(k: Kernel, target: CPUTarget | None = None) -> list[Action]:
       out.append(Action("UPCAST", taps.arg[0], taps.src[0].arg))
   if row is not None:
     out.append(Action("UPCAST", row.arg[0], rows))
-    kb = (_k_block(k, end, col.src[0].arg, WIDE_K_BLOCK_BYTES, WIDE_K_BLOCK_MAX) if lanes >= 16
-          else _k_block(k, end, col.src[0].arg, K_BLOCK_BYTES))
+    blocked = _column_blocks(k, end, out, col, cols) if lanes >= 16 else None
+    if blocked:
+      out.append(blocked)
+      kb = _k_block(k, end, blocked.amount * cols, COL_BLOCK_K_BYTES, COL_BLOCK_K_MAX)
+    else:
+      kb = (_k_block(k, end, col.src[0].arg, WIDE_K_BLOCK_BYTES, WIDE_K_BLOCK_MAX) if lanes >= 16
+            else _k_block(k, end, col.src[0].arg, K_BLOCK_BYTES))
     if kb:
       k_axis = stored_sum(end.src[0].src[1]).src[1].arg[0]
       out.append(Action("KBLOCK", k_axis, kb))

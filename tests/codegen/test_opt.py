@@ -163,6 +163,33 @@ def test_kblock_takes_a_transcendental_epilogue_computed_by_the_last_block_alone
   np.testing.assert_allclose(program().numpy(), want, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("threads", ["1", "2"])
+@pytest.mark.parametrize("m, k, n", [(100, 72, 256), (37, 130, 192)])   # ragged rows; a sum no power of two divides
+def test_a_big_output_runs_in_column_blocks_with_longer_sum_blocks_and_agrees_with_numpy(fresh, threads, m, k, n):
+  """Where C outgrows a core's L2 the 16-lane tile's columns run in blocks (BLOCK) with KBLOCK inside them (here
+  with the limits shrunk to these sizes): every block of columns adds its sum's blocks and the last of those applies
+  gelu(. + bias) to its own columns alone."""
+  from rulec.codegen.opt import choose
+  fresh.setattr(choose, "COL_BLOCK_OVER", 16 << 10)
+  fresh.setattr(choose, "COL_BLOCK_BYTES", m * 64 * 4)   # 64 columns in a block
+  fresh.setattr(choose, "COL_BLOCK_K_BYTES", 16 * 64 * 4)
+  rng = np.random.default_rng(m + k)
+  a, b = rng.standard_normal((m, k)).astype(np.float32), rng.standard_normal((k, n)).astype(np.float32)
+  bias = rng.standard_normal(n).astype(np.float32)
+  def program(): return (Tensor(a) @ Tensor(b) + Tensor(bias)).gelu()
+  key, axis = _key_and_axes(program())
+  (kern,) = program().schedule()
+  text = format_actions(choose.cpu_actions(decomposed(kern, cpu_device.optional_decompositions()), choose.CPUTarget(lanes=16)))
+  cols, block = _upcasts(text)[axis[n]], re.search(rf"(?<!K)BLOCK\({axis[n]},(\d+)\)", text)
+  assert block and f"KBLOCK({axis[k]}," in text, text
+  assert 2 <= int(block[1]) and int(block[1]) * cols <= 64, text
+  fresh.setenv("RULEC_OPT", f"{key}={text}")
+  fresh.setenv("RULEC_THREADS", threads)
+  h = a.astype(np.float64) @ b + bias
+  want = 0.5 * h * (1 + np.tanh(np.sqrt(2 / np.pi) * (h + 0.044715 * h ** 3)))
+  np.testing.assert_allclose(program().numpy(), want, rtol=1e-5, atol=1e-5)
+
+
 def test_kblock_refuses_a_cast_epilogue():
   x = np.random.default_rng(3).standard_normal((64, 64)).astype(np.float32)
   for k in (Tensor(x) @ Tensor(x)).cast("float16").schedule():
@@ -366,10 +393,14 @@ def _linear_actions(t):
 @settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(st.sampled_from([(), (3,)]), st.sampled_from([8, 16, 24, 40]), st.sampled_from([64, 96, 256, 65]),
        st.sampled_from([2, 6, 10, 3, 24]), st.sampled_from([np.float32, np.float64]), st.booleans(),
-       st.sampled_from([1 << 20, 1024, 3000]))
-def test_x_times_w_transposed_tiles_along_the_reduction_and_agrees_with_numpy(fresh, batch, m, k, n, dtype, bias, block):
+       st.sampled_from([1 << 20, 1024, 3000]), st.booleans())
+def test_x_times_w_transposed_tiles_along_the_reduction_and_agrees_with_numpy(fresh, batch, m, k, n, dtype, bias, block,
+                                                                              kblock):
   from rulec.codegen.opt import choose
   fresh.setattr(choose, "DOT_BLOCK_BYTES", block)   # small: W's rows in column blocks (BLOCK) at these sizes too
+  if kblock:   # the sum in blocks of 32 (KBLOCK), the lanes along each block, as sums over 1536 run
+    fresh.setattr(choose, "DOT_K_BLOCK_OVER", 48)
+    fresh.setattr(choose, "DOT_K_BLOCK", 32)
   rng = np.random.default_rng(m * k + n)
   x, w, b = rng.standard_normal((*batch, m, k)).astype(dtype), rng.standard_normal((n, k)).astype(dtype), rng.standard_normal(n).astype(dtype)
   t = Tensor(x) @ Tensor(w).T
@@ -379,6 +410,7 @@ def test_x_times_w_transposed_tiles_along_the_reduction_and_agrees_with_numpy(fr
   # the dot tile where its conditions hold: 8 rows (of 8 or more), 2 columns, a float sum of 64 or more steps
   if m > 8 and m % 8 == 0 and n % 2 == 0 and k >= 64:
     assert "SIMD(" in text and "UPCAST(" in text, text
+    if kblock and k % 32 == 0: assert "KBLOCK(" in text, text
   want = x @ w.T + (b if bias else 0)
   tol = 1e-4 if dtype == np.float32 else 1e-10
   np.testing.assert_allclose(t.numpy(), want, rtol=tol, atol=tol)
