@@ -125,6 +125,103 @@ void sgemm(__global const float* restrict A, __global const float* restrict B, _
 }
 """
 
+# The same tiles with the global -> local copies as Ampere's cp.async (inline PTX: no registers on the way, no
+# transpose), ST blocks in flight: A stays [m][k] in local memory (rows padded by APAD floats) and each work-item reads
+# four steps of a row as one float4; B is [k][n] as above. The local pointer's integer value is its .shared address.
+ASYNC_SOURCE = r"""
+#define WGS ((BM / TM) * (BN / TN))
+#define NTX (BN / TN)
+#define CA (BM * BK / 4 / WGS)
+#define CB (BK * BN / 4 / WGS)
+#define ROW(c) ((c) * (BM * 4 / TM) + ty * 4)
+#define COL(d) ((d) * (BN * 4 / TN) + tx * 4)
+
+inline void cp16(__local float* dst, __global const float* src) {
+  asm volatile("{ .reg .u32 s; cvt.u32.u64 s, %0; cp.async.cg.shared.global [s], [%1], 16; }"
+               :: "l"((ulong)dst), "l"(src) : "memory");
+}
+
+__kernel __attribute__((reqd_work_group_size(WGS, 1, 1)))
+void sgemm(__global const float* restrict A, __global const float* restrict B, __global float* restrict C,
+           const int M, const int N, const int K) {
+  __local float As[ST][BM][BK + APAD] __attribute__((aligned(16)));
+  __local float Bs[ST][BK][BN] __attribute__((aligned(16)));
+  const int tid = get_local_id(0);
+  const int nbx = N / BN;
+  const int bx = get_group_id(0) % nbx, by = get_group_id(0) / nbx;
+  const int tx = tid % NTX, ty = tid / NTX;
+  A += (size_t)by * BM * K;
+  B += bx * BN;
+  C += (size_t)by * BM * N + bx * BN;
+  float acc[TM][TN];
+  #pragma unroll
+  for (int i = 0; i < TM; i++)
+    #pragma unroll
+    for (int j = 0; j < TN; j++) acc[i][j] = 0.0f;
+  const int nk = K / BK;
+#define ISSUE(st, t) { \
+    _Pragma("unroll") for (int i = 0; i < CA; i++) { \
+      int e = tid + i * WGS, r = e / (BK / 4), c = (e % (BK / 4)) * 4; \
+      cp16(&As[st][r][c], A + (size_t)r * K + (t) * BK + c); } \
+    _Pragma("unroll") for (int i = 0; i < CB; i++) { \
+      int e = tid + i * WGS, r = e / (BN / 4), c = (e % (BN / 4)) * 4; \
+      cp16(&Bs[st][r][c], B + (size_t)((t) * BK + r) * N + c); } }
+  #pragma unroll
+  for (int s = 0; s < ST - 1; s++) {
+    if (s < nk) ISSUE(s, s)
+    asm volatile("cp.async.commit_group;" ::: "memory");
+  }
+  for (int kt = 0; kt < nk; kt++) {
+    asm volatile("cp.async.wait_group %0;" :: "n"(ST - 2) : "memory");
+    barrier(CLK_LOCAL_MEM_FENCE);
+    if (kt + ST - 1 < nk) ISSUE((kt + ST - 1) % ST, kt + ST - 1)
+    asm volatile("cp.async.commit_group;" ::: "memory");
+    const int cur = kt % ST;
+    #pragma unroll
+    for (int k4 = 0; k4 < BK / 4; k4++) {
+      float4 a[TM];
+      #pragma unroll
+      for (int c = 0; c < TM / 4; c++)
+        #pragma unroll
+        for (int i = 0; i < 4; i++) a[4 * c + i] = *(__local float4*)&As[cur][ROW(c) + i][k4 * 4];
+      #pragma unroll
+      for (int kk = 0; kk < 4; kk++) {
+        float b[TN];
+        #pragma unroll
+        for (int d = 0; d < TN / 4; d++) {
+          float4 v = *(__local float4*)&Bs[cur][k4 * 4 + kk][COL(d)];
+          b[4 * d] = v.x; b[4 * d + 1] = v.y; b[4 * d + 2] = v.z; b[4 * d + 3] = v.w;
+        }
+        #pragma unroll
+        for (int i = 0; i < TM; i++) {
+          float av = kk == 0 ? a[i].x : kk == 1 ? a[i].y : kk == 2 ? a[i].z : a[i].w;
+          #pragma unroll
+          for (int j = 0; j < TN; j++) acc[i][j] = fma(av, b[j], acc[i][j]);
+        }
+      }
+    }
+  }
+  #pragma unroll
+  for (int c = 0; c < TM / 4; c++)
+    #pragma unroll
+    for (int i = 0; i < 4; i++)
+      #pragma unroll
+      for (int d = 0; d < TN / 4; d++)
+        vstore4((float4)(acc[4 * c + i][4 * d], acc[4 * c + i][4 * d + 1], acc[4 * c + i][4 * d + 2],
+                         acc[4 * c + i][4 * d + 3]), 0, C + (size_t)(ROW(c) + i) * N + COL(d));
+}
+"""
+
+# (BM, BN, BK, TM, TN, ST, APAD): cp.async variants (local memory: ST * (BM * (BK + APAD) + BK * BN) floats, at most 48 KiB)
+ASYNC_VARIANTS = [
+  (128, 128, 8, 8, 8, 3, 4),
+  (128, 128, 8, 8, 8, 4, 4),
+  (128, 128, 16, 8, 8, 2, 4),
+  (128, 64, 16, 8, 8, 3, 4),
+  (128, 128, 8, 8, 16, 4, 4),
+  (64, 128, 16, 8, 8, 3, 4),
+]
+
 # (BM, BN, BK, TM, TN, SPLIT, NBUF, APAD)
 VARIANTS = [
   (64, 128, 16, 8, 8, 0, 1, 0),     # rulec's shape today, hand-written
@@ -192,16 +289,19 @@ def main():
   dc = cl.Buffer(ctx, mf.READ_WRITE, size=a.nbytes)
   flops = 2.0 * n ** 3
   rows = []
-  for bm, bn, bk, tm, tn, split, nbuf, apad in VARIANTS:
-    name = f"{bm}x{bn} BK{bk} {tm}x{tn} {'split' if split else 'contig'} NBUF{nbuf}" + (f" pad{apad}" if apad else "")
-    opts = [f"-DBM={bm}", f"-DBN={bn}", f"-DBK={bk}", f"-DTM={tm}", f"-DTN={tn}", f"-DSPLIT={split}",
-            f"-DNBUF={nbuf}", f"-DAPAD={apad}", "-cl-mad-enable"]
-    opts += EXTRA_OPTS
+  jobs = [(f"{bm}x{bn} BK{bk} {tm}x{tn} {'split' if split else 'contig'} NBUF{nbuf}" + (f" pad{apad}" if apad else ""),
+           SOURCE, dict(BM=bm, BN=bn, BK=bk, TM=tm, TN=tn, SPLIT=split, NBUF=nbuf, APAD=apad))
+          for bm, bn, bk, tm, tn, split, nbuf, apad in VARIANTS]
+  jobs += [(f"{bm}x{bn} BK{bk} {tm}x{tn} cp.async ST{st} pad{apad}", ASYNC_SOURCE,
+            dict(BM=bm, BN=bn, BK=bk, TM=tm, TN=tn, ST=st, APAD=apad)) for bm, bn, bk, tm, tn, st, apad in ASYNC_VARIANTS]
+  for name, source, macros in jobs:
+    bm, bn, tm, tn = macros["BM"], macros["BN"], macros["TM"], macros["TN"]
+    opts = [f"-D{k}={v}" for k, v in macros.items()] + ["-cl-mad-enable"] + EXTRA_OPTS
     try:
-      prg = cl.Program(ctx, SOURCE).build(options=opts)
+      prg = cl.Program(ctx, source).build(options=opts)
       if VERBOSE: report_build(prg, dev.dev, name)
     except Exception as e:
-      print(f"  {name:44s} build failed: {str(e)[:200]}")
+      print(f"  {name:44s} build failed: {str(e)[:600]}")
       continue
     wgs = (bm // tm) * (bn // tn)
     knl = prg.sgemm
