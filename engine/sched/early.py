@@ -95,9 +95,13 @@ def split_reduceop(red: UOp, x: UOp) -> UOp | None:
   if red.tag == "split" or 0 in x.shape or prod(x.shape) // max(1, prod(red.shape)) < REDUCE_SPLIT_THRESHOLD: return None
   if op is Ops.ADD and _one_hot_select(x): return None
   parts = split_parts(x.device)
+  whole = prod(x.shape[a] for a in axes)
   for ax in axes:
-    # at most sqrt(size) parts, so that the second reduce is no bigger than the first (and is not split again)
-    top = min(parts, max(8, math.isqrt(x.shape[ax])), max(8, (1 << 22) // max(1, prod(red.shape))))
+    # at most sqrt(size) parts, so that the second reduce is no bigger than the first (and is not split again). A
+    # device that takes thousands of parts (a GPU) bounds them by the whole reduction's size: a convolution's weight
+    # gradient over N x H x W had 8 parts of its batch of 64 (the axis' own root), 144 work-groups for 132 units
+    bound = whole if parts > 256 else x.shape[ax]
+    top = min(parts, max(8, math.isqrt(bound)), max(8, (1 << 22) // max(1, prod(red.shape))))
     for d in range(top, 7, -1):
       if x.shape[ax] % d == 0 and x.shape[ax] // d > 1: break
     else: continue

@@ -293,6 +293,19 @@ def test_kernel_buffer_limit(monkeypatch):
   np.testing.assert_allclose(s.numpy(), want, rtol=1e-5)
 
 
+@pytest.mark.parametrize("parts, want", [(256, 8), (4096, 32)])
+def test_a_device_of_thousands_of_parts_splits_a_sum_over_several_axes_by_its_whole_size(monkeypatch, parts, want):
+  """A per-channel sum over N x H x W (a batchnorm's, a convolution's weight gradient): a CPU splits the batch of 64
+  into 8 parts (its own root), a GPU into 32 (the root of the whole sum bounds it; 64 would leave parts of one)."""
+  from rulec.engine.sched import cache, early
+  for m in (early, cache): monkeypatch.setattr(m, "split_parts", lambda device: parts)
+  x = np.random.default_rng(7).standard_normal((64, 16, 32, 32)).astype(np.float32)
+  t = Tensor(x).sum((0, 2, 3))
+  first, second = t.schedule()
+  assert [r.src[0].arg for r in first.ranges][:2] == [want, 16] and [r.src[0].arg for r in second.ranges] == [16, want]
+  np.testing.assert_allclose(t.numpy(), x.astype(np.float64).sum((0, 2, 3)), rtol=1e-5, atol=1e-3)
+
+
 def test_scheduling_facts_ask_the_cl_device_the_name_says(monkeypatch):
   # "CL:1" may be another kind of device than "CL" (a GPU beside PoCL): a row's values, one-pass reductions and
   # split sizes follow its own limits
