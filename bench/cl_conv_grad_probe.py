@@ -4,8 +4,8 @@ first kernel timed on the device (profiling events, resident buffers, median) wi
 with register tiles over output channels, input channels and taps. Each forced list's result is checked against
 the default's.
 
-Run: python bench/cl_conv_grad_probe.py [batch] [action list ...]   (bench/h200.sh convprobe; a batch of 16 or more
-is split in 8 parts, as 64 is: the axes below)
+Run: python bench/cl_conv_grad_probe.py [batch] [action list ...]   (bench/h200.sh convprobe; the batch is split in
+parts (32 of 64 on a GPU, 8 on a CPU): the axes below)
 """
 from __future__ import annotations
 
@@ -57,6 +57,13 @@ def main():
   print(f"kernels: {[str(k) for k in kernels]}; first kernel key {key}")
   rows = [("cost model: " + format_actions(cl_actions(low, dev.target)), cl_actions(low, dev.target))]
   rows += [(text, parse_actions(text)) for text in lists]
+  # the cost model's tile with a row's columns staged in blocks (STAGE on the innermost sum; images and rows stay loops
+  # around the blocks)
+  base = format_actions(cl_actions(low, dev.target))
+  if not sys.argv[2:] and base:
+    rows += [(f"{base} STAGE(7,{b})", parse_actions(f"{base} STAGE(7,{b})")) for b in (4, 7, 8, 14, 28)]
+    rows += [(f"UPCAST(1,4) UPCAST(2,8) LOCAL(2,8) LOCAL(1,8) STAGE(7,{b})",
+              parse_actions(f"UPCAST(1,4) UPCAST(2,8) LOCAL(2,8) LOCAL(1,8) STAGE(7,{b})")) for b in (8, 14)]
   for name, acts in rows:
     try:
       t = cl_device._time_candidate(first, apply(low, tuple(acts), "CL"), dev.target, dev)

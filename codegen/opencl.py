@@ -67,7 +67,7 @@ import numpy as np
 
 from rulec.engine.ir.alu import wrap
 from rulec.codegen.opt.transform import (VECTOR_DTYPES, VECTOR_WIDTHS, contiguous_offset, free_ranges, group_vector, range_kind,
-                                   block_dims, renamed_reduce, staged_dims, staged_loads)
+                                   block_dims, renamed_reduce, stage_split, staged_dims, staged_loads)
 from rulec.codegen.scoped import ScopedEmitter
 from rulec.engine.ir.dtypes import DType, dtypes
 from rulec.engine.ir.ops import Ops
@@ -683,15 +683,17 @@ class CLRenderer(ScopedEmitter):
     ident = self.const(identity_element(op, d), d)
     accs = [self.tmp("acc") for _ in lanes]
     self.line(f"{self.ct(d)} {', '.join(f'{a} = {ident}' for a in accs)};")
-    staged = range_kind(rngs[0])[0] == "stage" if rngs else False
+    split = stage_split(u)
+    staged, outside = split is not None, split[0] if split is not None else ()
+    for r in outside: self.open_loop(r)
     if staged:   # (STAGE: block 0 fetched before the block loop, block b + 1 while block b is computed)
-      stage, plans = rngs[0], self._stage_plan(u)
+      stage, plans = split[1], self._stage_plan(u)
       self._stage_fetch(plans, stage, "0")
       self.open_loop(stage)
       self._stage_store(plans, stage)
       self._stage_fetch(plans, stage, f"(({self.ranges[stage]} + 1) % {stage.src[0].arg})")
       tiles = {p["x"]: (p["name"], p["layout"], p["vec"]) for p in plans}
-      rngs = rngs[1:]
+      rngs = split[2]
     for r in rngs: self.open_loop(r)
     # a float sum of products fuses each product into the sum, as the CPU device's `contract` does (the lanes are a
     # matmul's or convolution's register tile: fma doubles what a GPU computes per cycle)
@@ -706,7 +708,8 @@ class CLRenderer(ScopedEmitter):
       self.scopes.pop()
     self.lane_vecs = None
     for r in reversed(rngs): self.close_loop(r)
-    if staged: self.close_loop(u.src[1])
+    if staged: self.close_loop(split[1])
+    for r in reversed(outside): self.close_loop(r)
     return [self._reduced(op, d, acc) for acc in accs]
 
   def _stage_plan(self, u: UOp) -> list[dict]:

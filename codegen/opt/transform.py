@@ -515,9 +515,11 @@ class _Applier:
     whole = size(k) - size(k) % n
     outer = UOp.range(whole // n, a.axis, f"stage:{n}")
     inner = UOp.range(n, self.new_axis(), k.arg[1])
-    # (the block range first, then the block's part of a and the reduction's other ranges, as they were)
-    rest = [inner if r is k else r for r in red.src[1:]]
-    new = UOp(Ops.REDUCE, red.dtype, (substitute(red.src[0], {k: _joined(outer, n, inner)}), outer, *rest), red.arg)
+    # (the reduction's ranges before a stay loops outside the blocks (a weight gradient's images and rows, around
+    # blocks of a row); then the block range, the block's part of a, and the ranges after a within each block)
+    at = red.src[1:].index(k)
+    rest = [*red.src[1:at + 1], outer, inner, *red.src[at + 2:]]
+    new = UOp(Ops.REDUCE, red.dtype, (substitute(red.src[0], {k: _joined(outer, n, inner)}), *rest), red.arg)
     loads = staged_loads(new, ends)
     if not loads: raise OptError(f"{a}: no load of the reduction depends on r{a.axis} and the store ranges only")
     need = sum(math.prod(size(r) for r in staged_dims(x, ends) + block_dims(x, new)) * max(4, x.dtype.itemsize) for x in loads)
@@ -560,19 +562,27 @@ class _Applier:
     self.ast = _rebuild(self.ast, None, substitute(top, mapping), ())
 
 
+def stage_split(red: UOp) -> tuple[tuple[UOp, ...], UOp, tuple[UOp, ...]] | None:
+  """A STAGE reduction's ranges as (the loops outside its blocks, the stage:n block range, the block's own ranges),
+  or None where red is not staged."""
+  rngs = red.src[1:]
+  at = next((i for i, r in enumerate(rngs) if range_kind(r)[0] == "stage"), None)
+  return None if at is None else (rngs[:at], rngs[at], rngs[at + 1:])
+
+
 def staged_loads(red: UOp, store_ranges) -> list[UOp]:
-  """The loads of a STAGE reduction (ranges: the stage:n block range, then the block's own ranges) that its
-  work-group copies into local memory: those that depend on the block's ranges and otherwise on the store ranges
-  only (the same for every work-item of a group but for its local and upcast ranges)."""
-  inner = frozenset(red.src[2:])
-  allowed = frozenset(store_ranges) | {red.src[1]} | inner
-  return [x for x in red.src[0].toposort() if x.op is Ops.INDEX and (f := free_ranges(x)) & inner and f <= allowed]
+  """The loads of a STAGE reduction that its work-group copies into local memory: those that depend on the block's
+  ranges and otherwise on the store ranges and the loops around the blocks only (the same for every work-item of a
+  group but for its local and upcast ranges)."""
+  outside, stage, inner = stage_split(red)
+  allowed = frozenset(store_ranges) | {stage} | frozenset(inner) | frozenset(outside)
+  return [x for x in red.src[0].toposort() if x.op is Ops.INDEX and (f := free_ranges(x)) & frozenset(inner) and f <= allowed]
 
 
 def block_dims(load: UOp, red: UOp) -> list[UOp]:
-  """The ranges of a STAGE reduction's block (all but the block range) that a staged load depends on, in order."""
+  """The ranges of a STAGE reduction's block (those after the block range) that a staged load depends on, in order."""
   f = free_ranges(load)
-  return [r for r in red.src[2:] if r in f]
+  return [r for r in stage_split(red)[2] if r in f]
 
 
 def staged_dims(load: UOp, store_ranges) -> list[UOp]:
@@ -608,4 +618,4 @@ def apply(kernel: Kernel, actions, device: str) -> Kernel:
 
 
 __all__ = ["DEVICE_ACTIONS", "MAX_LANES", "merged_reduce_ranges", "apply", "contiguous_offset", "free_ranges", "group_vector", "prefetch_ahead", "range_kind",
-           "block_dims", "reads_what_it_writes", "renamed_reduce", "staged_dims", "staged_loads", "tiles"]
+           "block_dims", "reads_what_it_writes", "renamed_reduce", "stage_split", "staged_dims", "staged_loads", "tiles"]

@@ -581,6 +581,34 @@ def test_staged_convolutions_agree_with_numpy(cl_tiles, xs, ws, pad):
   np.testing.assert_allclose(t.numpy(), ref, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("block", [4, 6, 5])   # 5: 12 is two blocks and a tail of 2, summed unstaged
+def test_stage_on_a_weight_gradients_innermost_sum_keeps_the_outer_sums_as_loops_and_agrees_with_numpy(cl_tiles, block):
+  """STAGE on the last range of a sum over (images, rows, columns): the images and rows stay loops around the blocks
+  of a row, so a block holds the tile's channels by `block` columns (it held every row and image before: a ResNet
+  weight gradient's needed 1.3 MiB of local memory and was refused)."""
+  from rulec.codegen.opt.actions import Action
+  from rulec.codegen.opt.transform import stage_split
+  from rulec.runtime import cl_device
+  rng = np.random.default_rng(5)
+  x, w = rng.standard_normal((4, 16, 12, 12)).astype(np.float32), rng.standard_normal((16, 16, 3, 3)).astype(np.float32)
+  dy = rng.standard_normal((4, 16, 12, 12)).astype(np.float32)
+  def grad(device):
+    tw = Tensor(w, device=device)
+    return Tensor(x, device=device).conv2d(tw, padding=1).gradient(tw, gradient=Tensor(dy, device=device))[0]
+  k = max(grad("CL").schedule(), key=lambda k: len(k.ranges))
+  low = decomposed(k, _cl_dev().optional)
+  axes = [r.arg[0] for r in low.ranges]   # (16, 16, 3, 3 | 4, 12, 12): out channels, in channels, taps | the sum
+  acts = [*parse_actions(f"UPCAST({axes[0]},4) UPCAST({axes[1]},4) LOCAL({axes[0]},4) LOCAL({axes[1]},4)")]
+  red = next(u for u in apply(low, tuple(acts), "CL").ast.toposort() if u.op is Ops.REDUCE)
+  acts.append(Action("STAGE", red.src[-1].arg[0], block))
+  staged = next(u for u in apply(low, tuple(acts), "CL").ast.toposort() if u.op is Ops.REDUCE and stage_split(u))
+  outside, _, inner = stage_split(staged)
+  assert [r.src[0].arg for r in outside] == [4, 12] and [r.src[0].arg for r in inner] == [block]
+  cl_tiles.setenv("RULEC_OPT", f"{kernel_key(low)}={format_actions(acts)}")
+  assert cl_device.render(k).source.count("__local float tile") == 2
+  np.testing.assert_allclose(grad("CL").numpy(), grad("NUMPY").numpy(), rtol=1e-4, atol=1e-4)
+
+
 def test_gpu_tiles_of_a_convolution_agree_with_numpy(cl_tiles):
   from rulec.runtime import cl_device
   rng = np.random.default_rng(9)
