@@ -609,6 +609,25 @@ def test_stage_on_a_weight_gradients_innermost_sum_keeps_the_outer_sums_as_loops
   np.testing.assert_allclose(grad("CL").numpy(), grad("NUMPY").numpy(), rtol=1e-4, atol=1e-4)
 
 
+def test_the_gpu_cost_model_stages_a_weight_gradients_rows_and_agrees_with_numpy(cl_tiles):
+  from rulec.codegen.opt import choose
+  from rulec.codegen.opt.transform import stage_split
+  rng = np.random.default_rng(6)
+  x, w = rng.standard_normal((16, 8, 48, 40)).astype(np.float32), rng.standard_normal((16, 8, 3, 3)).astype(np.float32)
+  dy = rng.standard_normal((16, 16, 48, 40)).astype(np.float32)
+  def grad(device):
+    tw = Tensor(w, device=device)
+    return Tensor(x, device=device).conv2d(tw, padding=1).gradient(tw, gradient=Tensor(dy, device=device))[0]
+  k = max(grad("CL").schedule(), key=lambda k: len(k.ranges))
+  low = decomposed(k, _cl_dev().optional)
+  acts = choose.cl_actions(low, _cl_dev().target)
+  red = next(u for u in apply(low, tuple(acts), "CL").ast.toposort() if u.op is Ops.REDUCE and stage_split(u))
+  assert [r.src[0].arg for r in stage_split(red)[2]] == [choose.GPU_STAGE_ROW], format_actions(acts)   # 40 columns: 5 blocks
+  # (sums of 30720 products up to about 500: float32 rounding in either order is about 1e-3 where they cancel)
+  ref = grad("NUMPY").numpy()
+  np.testing.assert_allclose(grad("CL").numpy(), ref, rtol=1e-4, atol=1e-5 * np.abs(ref).max())
+
+
 def test_gpu_tiles_of_a_convolution_agree_with_numpy(cl_tiles):
   from rulec.runtime import cl_device
   rng = np.random.default_rng(9)
@@ -725,7 +744,7 @@ def test_gpu_tiles_of_prime_sizes_are_ragged(m, k, n, transposed):
 
 def test_a_conv_weight_gradient_takes_a_long_sum_tile_on_a_gpu_and_agrees_with_numpy(cl_tiles):
   # its taps are the innermost store range (3: no column tile), its sum long: lanes of output channels by lanes of
-  # input channels, unstaged (choose._long_sum_tile)
+  # input channels (choose._long_sum_tile), each image row's 24 columns staged in blocks of 8
   from rulec.codegen.opencl import Target
   from rulec.codegen.opt.choose import cl_actions
   rng = np.random.default_rng(12)
@@ -743,7 +762,7 @@ def test_a_conv_weight_gradient_takes_a_long_sum_tile_on_a_gpu_and_agrees_with_n
   acts = cl_actions(low, Target(group=512, vector=4, tile=256, units=132))
   sizes = {r.arg[0]: r.src[0].arg for r in low.ranges}
   assert [(a.op, sizes.get(a.axis), a.amount) for a in acts] == \
-    [("UPCAST", 32, 4), ("UPCAST", 32, 8), ("LOCAL", 32, 4), ("LOCAL", 32, 8)], acts   # (output, input channels)
+    [("UPCAST", 32, 4), ("UPCAST", 32, 8), ("LOCAL", 32, 4), ("LOCAL", 32, 8), ("STAGE", 24, 8)], acts
   np.testing.assert_allclose(gw.numpy(), grad("NUMPY").numpy(), rtol=1e-3, atol=1e-3)
 
 
