@@ -72,7 +72,7 @@ from rulec.codegen.scoped import ScopedEmitter
 from rulec.engine.ir.dtypes import DType, dtypes
 from rulec.engine.ir.ops import Ops
 from rulec.engine.ir.alu import identity_element
-from rulec.engine.ir.facts import multiple_of, offset_of, range_steps
+from rulec.engine.ir.facts import multiple_of, offset_of, range_steps, terms_of
 from rulec.engine.ir.rewrite import substitute
 from rulec.engine.ir.uop import UOp
 from rulec.engine.ir.kernel import Kernel
@@ -94,6 +94,8 @@ class Target:
   tile: int = 0    # the most work-items of a work-group around register tiles (matmul, convolution); 0: no tiles
   units: int = 1   # compute units (how many work-items fill the device)
   grid: int = 0    # work-groups sharing one reduction of a single value in one launch (GRID); 0: never
+  async_copy: int = 0   # STAGE's blocks in flight at once (a ring of local buffers, copies issued ahead); 0: one
+  ptx: bool = False     # inline PTX: the ring's 16-byte copies are Ampere's cp.async (else plain float4 copies)
 
 
 GROUP_ACCS = 4                 # accumulators per work-item in a long group reduction (loads in flight)
@@ -101,6 +103,11 @@ GROUP_ACCS = 4                 # accumulators per work-item in a long group redu
 # with 8, 0.0253 with 4 (bench/results/h200-cl-2026-12-03-session9-sumprobe2.txt)
 GRID_ACCS = 8
 STAGE_MAX_REGS = 16            # STAGE prefetches a block into registers when each work-item copies at most this many
+# ... and with Target.async_copy, its blocks in a ring of that many local buffers, at most this many bytes in all (NVIDIA:
+# 48 KiB of static local memory per work-group), fewer buffers where they do not fit. Hand-written 4096^3 SGEMMs on
+# the H100 (bench/results/h100-2026-12-06-session24.txt): register-staged copies at most 30 TFLOP/s, the same tiles
+# with cp.async copies 3 blocks deep 44.4 (cuBLAS 50.0)
+ASYNC_LOCAL_BYTES = 48 << 10
 ROW_CACHE_MAX = 32             # SPREAD: a row's loads are kept in registers when each work-item has at most this many
 
 
@@ -176,6 +183,13 @@ def _ilit(v: int, d: DType) -> str:
 # float16 lives in memory as its bits (ushort). vload_half / vstore_half_rte (core OpenCL, no cl_khr_fp16) convert
 # and round to nearest even; NaNs are converted by hand, keeping sign and the top payload bits as numpy does (PoCL's
 # vstore_half turns every NaN into 0x7fff), so a half NaN loaded and stored again keeps its bits.
+# STAGE's 16-byte copies into local memory: Ampere's cp.async (the local pointer's integer value is its .shared
+# address), or a plain float4 copy where there is no inline PTX
+_CP16_PTX = """inline void rulec_cp16(__local float* dst, __global const float* src) {
+  asm volatile("{ .reg .u32 a; cvt.u32.u64 a, %0; cp.async.cg.shared.global [a], [%1], 16; }" :: "l"((ulong)dst), "l"(src) : "memory");
+}"""
+_CP16_PLAIN = """inline void rulec_cp16(__local float* dst, __global const float* src) { vstore4(vload4(0, src), 0, dst); }"""
+
 _HELPERS = {
   "h2f": "float rulec_h2f(ushort h) {\n"
          "  if ((h & 0x7c00) == 0x7c00 && (h & 0x3ff)) return as_float(((uint)(h & 0x8000) << 16) | 0x7f800000u | ((uint)(h & 0x3ff) << 13));\n"
@@ -686,13 +700,19 @@ class CLRenderer(ScopedEmitter):
     split = stage_split(u)
     staged, outside = split is not None, split[0] if split is not None else ()
     for r in outside: self.open_loop(r)
-    if staged:   # (STAGE: block 0 fetched before the block loop, block b + 1 while block b is computed)
+    if staged:
       stage, plans = split[1], self._stage_plan(u)
-      self._stage_fetch(plans, stage, "0")
-      self.open_loop(stage)
-      self._stage_store(plans, stage)
-      self._stage_fetch(plans, stage, f"(({self.ranges[stage]} + 1) % {stage.src[0].arg})")
-      tiles = {p["x"]: (p["name"], p["layout"], p["vec"]) for p in plans}
+      ring = self._ring_size(plans, stage)
+      for p in plans:
+        self.local_decls.append(f"__local {self._shared_type(p['x'].dtype)} {p['name']}[{p['size'] * max(ring, 1)}] "
+                                "__attribute__((aligned(64)));")
+      if ring: self._stage_ring(plans, stage, ring)
+      else:   # (block 0 fetched before the block loop, block b + 1 while block b is computed)
+        self._stage_fetch(plans, stage, "0")
+        self.open_loop(stage)
+        self._stage_store(plans, stage)
+        self._stage_fetch(plans, stage, f"(({self.ranges[stage]} + 1) % {stage.src[0].arg})")
+      tiles = {p["x"]: (p["name"] if not ring else f"({p['name']} + {p['buf']})", p["layout"], p["vec"]) for p in plans}
       rngs = split[2]
     for r in rngs: self.open_loop(r)
     # a float sum of products fuses each product into the sum, as the CPU device's `contract` does (the lanes are a
@@ -709,6 +729,8 @@ class CLRenderer(ScopedEmitter):
     self.lane_vecs = None
     for r in reversed(rngs): self.close_loop(r)
     if staged: self.close_loop(split[1])
+    # (a ring's last blocks are still being read when the next pass around the outer loops issues its first ones)
+    if staged and ring and outside: self.line("barrier(CLK_LOCAL_MEM_FENCE);")
     for r in reversed(outside): self.close_loop(r)
     return [self._reduced(op, d, acc) for acc in accs]
 
@@ -735,17 +757,16 @@ class CLRenderer(ScopedEmitter):
         strides[r] = st
         st *= r.src[0].arg
         if st % 32 == 0: st += n
-      name = self.tmp("tile")
-      self.local_decls.append(f"__local {self._shared_type(x.dtype)} {name}[{st}] __attribute__((aligned(64)));")
       total = math.prod(r.src[0].arg for r in dims)
       per = total // self.items if total % self.items == 0 else 0
-      plans.append(dict(x=x, name=name, layout=[(r, strides[r]) for r in layout], copy=copy, vec=vec, total=total,
-                        per=per if per <= STAGE_MAX_REGS else 0, regs=[]))
+      plans.append(dict(x=x, name=self.tmp("tile"), layout=[(r, strides[r]) for r in layout], copy=copy, vec=vec,
+                        total=total, size=-(-st // 4) * 4, per=per if per <= STAGE_MAX_REGS else 0, regs=[]))
     return plans
 
-  def _stage_element(self, p: dict, e: str, stage: UOp, block: str) -> tuple[str, str]:
-    """(the value of element e of p's block `block`, its place in the array). Emitted with nothing reused from
-    outside: values there were computed with this work-item's own range values."""
+  def _stage_element(self, p: dict, e: str, stage: UOp, block: str, index: bool = False) -> tuple[str, str]:
+    """(the value of element e of p's block `block` (with `index`: its index in the load's buffer), its place in the
+    array). Emitted with nothing reused from outside: values there were computed with this work-item's own range
+    values."""
     scopes, ranges = self.scopes, dict(self.ranges)
     self.scopes = [{}]
     self.ranges[stage] = block
@@ -754,9 +775,102 @@ class CLRenderer(ScopedEmitter):
       self.ranges[r] = f"(({self.ct(r.dtype)})(({e} / {flat}) % {r.src[0].arg}))"
       flat *= r.src[0].arg
     at = " + ".join(f"{self.ranges[r]} * {st}" for r, st in p["layout"])
-    v = self.value(p["x"])
+    v = self.value(p["x"].src[1] if index else p["x"])
     self.scopes, self.ranges = scopes, ranges
     return v, at
+
+  # *** STAGE in a ring of blocks (Target.async_copy) ***
+  def _chunked(self, p: dict) -> bool:
+    """Whether staged load p's block copies as 16-byte chunks: 4-byte elements, a plain index whose fastest copy
+    range steps by one element in memory and in the local array (a multiple of 4 long), every other step and the
+    offset multiples of 4 (aligned chunks), every other step of the array too. A matmul's B: its rows of columns."""
+    x, copy = p["x"], p["copy"]
+    if x.dtype.itemsize != 4 or x.arg == "clamped" or not copy: return False
+    c, layout = copy[-1], dict(p["layout"])
+    if c.src[0].arg % 4 or layout.get(c) != 1 or any(st % 4 for r, st in p["layout"] if r is not c): return False
+    terms, const = terms_of(x.src[1])
+    return const % 4 == 0 and sum(t is c for _, t in terms) == 1 and all(k == 1 if t is c else k % 4 == 0 for k, t in terms)
+
+  def _ring_size(self, plans: list[dict], stage: UOp) -> int:
+    """Buffers in STAGE's ring: the target's async_copy, fewer where they do not fit ASYNC_LOCAL_BYTES or there are
+    fewer blocks; 0 (one buffer, copies between two barriers) where fewer than 2 or no load copies in chunks."""
+    n = min(self.target.async_copy, stage.src[0].arg)
+    per = sum(p["size"] * max(4, p["x"].dtype.itemsize) for p in plans)
+    while n >= 2 and n * per > ASYNC_LOCAL_BYTES: n -= 1
+    if n < 2 or not any(self._chunked(p) for p in plans): return 0
+    for p in plans: p["chunks"] = self._chunked(p)
+    return n
+
+  def _copy_sync(self, what: str, n: int = 0) -> None:
+    """cp.async's commit (a group of this work-item's copies) and wait (until at most n groups are in flight);
+    nothing where the copies are plain (they are done when issued)."""
+    if not self.target.ptx: return
+    self.line('asm volatile("cp.async.commit_group;" ::: "memory");' if what == "commit" else
+              f'asm volatile("cp.async.wait_group {n};" ::: "memory");')
+
+  def _stage_issue(self, plans: list[dict], stage: UOp, block: str, slot: str, regs: bool) -> None:
+    """Block `block` of every staged load into ring buffer `slot`: chunked loads as 16-byte copies (cp.async with
+    inline PTX); the others from the registers they were fetched into where `regs`, else loaded and stored now."""
+    for p in plans:
+      buf = f"({slot}) * {p['size']}"
+      if p["chunks"]:
+        ptr, n = self.ptrs[p["x"].src[0]], p["total"] // 4
+        cp = self.helper("cp16", _CP16_PTX if self.target.ptx else _CP16_PLAIN)
+        def one(e: str) -> None:
+          idx, at = self._stage_element(p, f"({e} * 4)", stage, block, index=True)
+          self.line(f"{cp}({p['name']} + {buf} + {at}, {ptr} + {idx});")
+        if n % self.items == 0 and n // self.items <= STAGE_MAX_REGS:
+          for j in range(n // self.items): one(f"((int)lid + {j * self.items})")
+          continue
+        e = self.tmp("c")
+        self.line(f"for (int {e} = (int)lid; {e} < {n}; {e} += {self.items}) {{")
+        self.depth += 1
+        one(e)
+        self.depth -= 1
+        self.line("}")
+      elif regs and p["per"]:
+        for j, reg in enumerate(p["regs"]):
+          _, at = self._stage_element(p, f"((int)lid + {j * self.items})", stage, block)
+          self.line(f"{p['name']}[{buf} + {at}] = {reg};")
+      else:
+        e = self.tmp("e")
+        self.line(f"for (int {e} = (int)lid; {e} < {p['total']}; {e} += {self.items}) {{")
+        self.depth += 1
+        v, at = self._stage_element(p, e, stage, block)
+        self.line(f"{p['name']}[{buf} + {at}] = {v};")
+        self.depth -= 1
+        self.line("}")
+
+  def _stage_ring(self, plans: list[dict], stage: UOp, ring: int) -> None:
+    """STAGE with `ring` local buffers per load: blocks 0 .. ring - 2 issued before the block loop; at block b, once
+    its copies have landed (wait, then one barrier, which also says every work-item is done with block b - 1), block
+    b + ring - 1 is issued into the buffer block b - 1 used, then block b is computed. Loads that do not copy in
+    chunks go through registers fetched a block ahead, as without the ring. Sets each plan's `buf`, the offset of
+    block b's buffer, for the reads."""
+    nb, regs = stage.src[0].arg, [p for p in plans if not p["chunks"] and p["per"]]
+    for b in range(ring - 1):
+      self._stage_issue(plans, stage, str(b), str(b), regs=False)
+      self._copy_sync("commit")
+    self._stage_fetch(regs, stage, str(ring - 1))
+    self.open_loop(stage)
+    b = self.ranges[stage]
+    slot = self.tmp("slot")
+    self.line(f"int {slot} = {b} % {ring};")
+    self._copy_sync("wait", ring - 2)
+    self.line("barrier(CLK_LOCAL_MEM_FENCE);")
+    self.line(f"if ({b} + {ring - 1} < {nb}) {{")
+    self.depth += 1
+    self._stage_issue(plans, stage, f"({b} + {ring - 1})", f"({b} + {ring - 1}) % {ring}", regs=True)
+    if regs:
+      self.line(f"if ({b} + {ring} < {nb}) {{")
+      self.depth += 1
+      self._stage_fetch(regs, stage, f"({b} + {ring})")
+      self.depth -= 1
+      self.line("}")
+    self.depth -= 1
+    self.line("}")
+    self._copy_sync("commit")
+    for p in plans: p["buf"] = f"{slot} * {p['size']}"
 
   def _stage_fetch(self, plans: list[dict], stage: UOp, block: str) -> None:
     """Each work-item's elements of block `block` of the evenly divided staged loads into its registers (the
