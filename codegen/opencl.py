@@ -96,6 +96,8 @@ class Target:
   grid: int = 0    # work-groups sharing one reduction of a single value in one launch (GRID); 0: never
   async_copy: int = 0   # STAGE's blocks in flight at once (a ring of local buffers, copies issued ahead); 0: one
   ptx: bool = False     # inline PTX: the ring's 16-byte copies are Ampere's cp.async (else plain float4 copies)
+  async_rows: bool = False   # ... and a load contiguous along the block (a matmul's A) kept in rows of the block, so
+                             # that it copies in chunks too (its lanes then read it one element at a time)
 
 
 GROUP_ACCS = 4                 # accumulators per work-item in a long group reduction (loads in flight)
@@ -714,7 +716,9 @@ class CLRenderer(ScopedEmitter):
         self._stage_fetch(plans, stage, f"(({self.ranges[stage]} + 1) % {stage.src[0].arg})")
       tiles = {p["x"]: (p["name"] if not ring else f"({p['name']} + {p['buf']})", p["layout"], p["vec"]) for p in plans}
       rngs = split[2]
-    for r in rngs: self.open_loop(r)
+    for r in rngs:
+      if staged and ring: self.line("#pragma unroll")   # (a block's steps in one piece: neighbouring reads of a row merge)
+      self.open_loop(r)
     # a float sum of products fuses each product into the sum, as the CPU device's `contract` does (the lanes are a
     # matmul's or convolution's register tile: fma doubles what a GPU computes per cycle)
     fuse = op is Ops.ADD and d in (dtypes.float32, dtypes.float64) and value.op is Ops.MUL
@@ -752,6 +756,10 @@ class CLRenderer(ScopedEmitter):
       layout = block + [r for r in dims if r not in lanes and r not in block] + lanes
       vec = lanes[-1] if lanes and lanes[-1].src[0].arg in VECTOR_WIDTHS and x.dtype in VECTOR_DTYPES else None
       n = vec.src[0].arg if vec is not None else 1
+      if self.target.async_copy and self.target.async_rows and copy and copy[-1] in block and coef.get(copy[-1]) == 1 \
+         and x.dtype.itemsize == 4:
+        # (rows of the block, contiguous as in memory, padded by a chunk: the ring copies them 16 bytes at a time)
+        layout, vec, n = [r for r in dims if r not in block] + block, None, 4
       strides, st = {}, 1
       for r in reversed(layout):
         strides[r] = st

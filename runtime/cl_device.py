@@ -142,7 +142,8 @@ class CLDevice:
     ring = int(os.environ.get("RULEC_CL_ASYNC", "") or (3 if ptx else 0))
     self.target = Target(fp64="cl_khr_fp64" in ext, group=group_size(self.dev), vector=vector if vector in (2, 4, 8, 16) else 0,
                          tile=min(tile, self.dev.max_work_group_size) if tile > 0 else 0, units=units,
-                         grid=grid if grid >= 2 else 0, async_copy=ring if ring >= 2 else 0, ptx=ptx)
+                         grid=grid if grid >= 2 else 0, async_copy=ring if ring >= 2 else 0, ptx=ptx,
+                         async_rows=os.environ.get("RULEC_CL_ASYNC_ROWS", "") == "1")
     self.max_work_group = self.dev.max_work_group_size
     self.max_item0 = self.dev.max_work_item_sizes[0]
     self.units = units

@@ -504,15 +504,17 @@ def test_gpu_tiles_agree_with_numpy_for_any_shape(cl_tiles, m, k, n, epilogue):
   (24, 40, 16, "int32", "UPCAST(0,3) UPCAST(1,4) LOCAL(0,8) LOCAL(1,2) STAGE(2,8)"),
   (16, 32, 32, "float16", "UPCAST(0,4) UPCAST(1,4) LOCAL(0,4) LOCAL(1,8) STAGE(2,16)"),
 ])
-@pytest.mark.parametrize("ring", [0, 2, 3])
-def test_stage_puts_a_tiles_blocks_in_local_memory_and_agrees_with_numpy(cl_dev, monkeypatch, m, k, n, dtype, acts, ring):
+@pytest.mark.parametrize("ring, rows", [(0, False), (2, False), (3, False), (3, True)])
+def test_stage_puts_a_tiles_blocks_in_local_memory_and_agrees_with_numpy(cl_dev, monkeypatch, m, k, n, dtype, acts, ring,
+                                                                         rows):
   # STAGE: per block of the reduction the work-group copies A's and B's blocks into local memory (padded so that a
   # warp reading along them does not wait on one bank), then the lanes read them from there. With a ring
   # (Target.async_copy) the blocks go into `ring` buffers, B's rows as 16-byte copies issued ring - 1 blocks ahead
-  # (cp.async on NVIDIA; plain float4 copies here), one barrier per block
+  # (cp.async on NVIDIA; plain float4 copies here), one barrier per block; with `rows` A's block is kept in rows
+  # of the sum's steps, as in memory, and copies in chunks too
   import attrs
   from rulec.runtime import cl_device
-  monkeypatch.setattr(cl_dev, "target", attrs.evolve(cl_dev.target, async_copy=ring, ptx=False))
+  monkeypatch.setattr(cl_dev, "target", attrs.evolve(cl_dev.target, async_copy=ring, ptx=False, async_rows=rows))
   cl_device._by_ast.clear()
   rng = np.random.default_rng(m + k + n)
   a = (rng.standard_normal((m, k)) * 4).astype(dtype); b = (rng.standard_normal((k, n)) * 4).astype(dtype)
@@ -528,6 +530,7 @@ def test_stage_puts_a_tiles_blocks_in_local_memory_and_agrees_with_numpy(cl_dev,
   assert not (chunked and not ring) and (f"% {ring};" in src) == chunked
   assert src.count("barrier(CLK_LOCAL_MEM_FENCE)") == (1 if chunked else 2)
   if dtype != "float16": assert re.search(r"[24] tv\d+ = ", src)   # (the lanes read their neighbours with one vector read)
+  if rows and chunked: assert src.count("rulec_cp16(") > 2 * (src.count("for (int c") + 1)   # (A's copies too)
   got = t.numpy()
   ref = (Tensor(a, device="NUMPY") @ Tensor(b, device="NUMPY")).numpy()
   if dtype == "int32": np.testing.assert_array_equal(got, ref)
