@@ -97,7 +97,8 @@ class Target:
   async_copy: int = 0   # STAGE's blocks in flight at once (a ring of local buffers, copies issued ahead); 0: one
   ptx: bool = False     # inline PTX: the ring's 16-byte copies are Ampere's cp.async (else plain float4 copies)
   async_rows: bool = False   # ... and a load contiguous along the block (a matmul's A) kept in rows of the block, so
-                             # that it copies in chunks too (its lanes then read it one element at a time)
+                             # that it copies in chunks too (its lanes read it an element at a time, which the block's
+                             # unrolled loop merges)
 
 
 GROUP_ACCS = 4                 # accumulators per work-item in a long group reduction (loads in flight)
@@ -108,7 +109,8 @@ STAGE_MAX_REGS = 16            # STAGE prefetches a block into registers when ea
 # ... and with Target.async_copy, its blocks in a ring of that many local buffers, at most this many bytes in all (NVIDIA:
 # 48 KiB of static local memory per work-group), fewer buffers where they do not fit. Hand-written 4096^3 SGEMMs on
 # the H100 (bench/results/h100-2026-12-06-session24.txt): register-staged copies at most 30 TFLOP/s, the same tiles
-# with cp.async copies 3 blocks deep 44.4 (cuBLAS 50.0)
+# with cp.async copies 3 blocks deep 44.4 (cuBLAS 50.0). rulec's own, bench/models.py: 4.13 ms with one buffer, 3.83
+# with a ring of 3 copying B, 3.26 with A in rows copied too (async_rows; a ring of 2: 3.32); torch 2.71
 ASYNC_LOCAL_BYTES = 48 << 10
 ROW_CACHE_MAX = 32             # SPREAD: a row's loads are kept in registers when each work-item has at most this many
 

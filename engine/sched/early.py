@@ -13,6 +13,7 @@ from rulec.engine.ir.uop import UOp, prod
 from rulec.runtime.devices import one_pass_groups, split_parts
 
 REDUCE_SPLIT_THRESHOLD = int(os.environ.get("RULEC_REDUCE_SPLIT_THRESHOLD", 32768))
+SPLIT_MIN_PART = 4096   # on a GPU, the fewest steps a part of a split reduce keeps (see split_reduceop)
 
 
 
@@ -99,9 +100,12 @@ def split_reduceop(red: UOp, x: UOp) -> UOp | None:
   for ax in axes:
     # at most sqrt(size) parts, so that the second reduce is no bigger than the first (and is not split again). A
     # device that takes thousands of parts (a GPU) bounds them by the whole reduction's size: a convolution's weight
-    # gradient over N x H x W had 8 parts of its batch of 64 (the axis' own root), 144 work-groups for 132 units
+    # gradient over N x H x W had 8 parts of its batch of 64 (the axis' own root), 144 work-groups for 132 units.
+    # Parts beyond the axis' root keep SPLIT_MIN_PART steps each: the GPU's tile for a long sum
+    # (codegen/opt/choose.LONG_SUM_MIN)
     bound = whole if parts > 256 else x.shape[ax]
     top = min(parts, max(8, math.isqrt(bound)), max(8, (1 << 22) // max(1, prod(red.shape))))
+    if parts > 256: top = min(top, max(8, math.isqrt(x.shape[ax]), whole // SPLIT_MIN_PART))
     for d in range(top, 7, -1):
       if x.shape[ax] % d == 0 and x.shape[ax] // d > 1: break
     else: continue
