@@ -39,19 +39,8 @@ void sgemm(__global const float* restrict A, __global const float* restrict B, _
            const int M, const int N, const int K) {
   __local float As[NBUF][BK][BM + APAD];
   __local float Bs[NBUF][BK][BN];
-  const int tid = get_local_id(0);
-  const int nbx = N / BN;
-  const int bx = get_group_id(0) % nbx, by = get_group_id(0) / nbx;
-  const int tx = tid % NTX, ty = tid / NTX;
-  A += (size_t)by * BM * K;
-  B += bx * BN;
-  C += (size_t)by * BM * N + bx * BN;
+@TILE_START@
   float4 ra[LDA], rb[LDB];
-  float acc[TM][TN];
-  #pragma unroll
-  for (int i = 0; i < TM; i++)
-    #pragma unroll
-    for (int j = 0; j < TN; j++) acc[i][j] = 0.0f;
   #pragma unroll
   for (int i = 0; i < LDA; i++) {
     int e = tid + i * WGS;
@@ -114,7 +103,25 @@ void sgemm(__global const float* restrict A, __global const float* restrict B, _
     }
     barrier(CLK_LOCAL_MEM_FENCE);
   }
+@TILE_STORE@
+}
+"""
+
+# both kernels' work-group position and accumulators, and their stores of C
+_TILE_START = ('''  const int tid = get_local_id(0);
+  const int nbx = N / BN;
+  const int bx = get_group_id(0) % nbx, by = get_group_id(0) / nbx;
+  const int tx = tid % NTX, ty = tid / NTX;
+  A += (size_t)by * BM * K;
+  B += bx * BN;
+  C += (size_t)by * BM * N + bx * BN;
+  float acc[TM][TN];
   #pragma unroll
+  for (int i = 0; i < TM; i++)
+    #pragma unroll
+    for (int j = 0; j < TN; j++) acc[i][j] = 0.0f;
+''').rstrip("\n")
+_TILE_STORE = ('''  #pragma unroll
   for (int c = 0; c < TM / 4; c++)
     #pragma unroll
     for (int i = 0; i < 4; i++)
@@ -122,8 +129,8 @@ void sgemm(__global const float* restrict A, __global const float* restrict B, _
       for (int d = 0; d < TN / 4; d++)
         vstore4((float4)(acc[4 * c + i][4 * d], acc[4 * c + i][4 * d + 1], acc[4 * c + i][4 * d + 2],
                          acc[4 * c + i][4 * d + 3]), 0, C + (size_t)(ROW(c) + i) * N + COL(d));
-}
-"""
+''').rstrip("\n")
+SOURCE = SOURCE.replace("@TILE_START@", _TILE_START).replace("@TILE_STORE@", _TILE_STORE)
 
 # The same tiles with the global -> local copies as Ampere's cp.async (inline PTX: no registers on the way, no
 # transpose), ST blocks in flight: A stays [m][k] in local memory (rows padded by APAD floats) and each work-item reads
@@ -146,18 +153,7 @@ void sgemm(__global const float* restrict A, __global const float* restrict B, _
            const int M, const int N, const int K) {
   __local float As[ST][BM][BK + APAD] __attribute__((aligned(16)));
   __local float Bs[ST][BK][BN] __attribute__((aligned(16)));
-  const int tid = get_local_id(0);
-  const int nbx = N / BN;
-  const int bx = get_group_id(0) % nbx, by = get_group_id(0) / nbx;
-  const int tx = tid % NTX, ty = tid / NTX;
-  A += (size_t)by * BM * K;
-  B += bx * BN;
-  C += (size_t)by * BM * N + bx * BN;
-  float acc[TM][TN];
-  #pragma unroll
-  for (int i = 0; i < TM; i++)
-    #pragma unroll
-    for (int j = 0; j < TN; j++) acc[i][j] = 0.0f;
+@TILE_START@
   const int nk = K / BK;
 #define ISSUE(st, t) { \
     _Pragma("unroll") for (int i = 0; i < CA; i++) { \
@@ -201,16 +197,11 @@ void sgemm(__global const float* restrict A, __global const float* restrict B, _
       }
     }
   }
-  #pragma unroll
-  for (int c = 0; c < TM / 4; c++)
-    #pragma unroll
-    for (int i = 0; i < 4; i++)
-      #pragma unroll
-      for (int d = 0; d < TN / 4; d++)
-        vstore4((float4)(acc[4 * c + i][4 * d], acc[4 * c + i][4 * d + 1], acc[4 * c + i][4 * d + 2],
-                         acc[4 * c + i][4 * d + 3]), 0, C + (size_t)(ROW(c) + i) * N + COL(d));
+@TILE_STORE@
 }
 """
+
+ASYNC_SOURCE = ASYNC_SOURCE.replace("@TILE_START@", _TILE_START).replace("@TILE_STORE@", _TILE_STORE)
 
 # (BM, BN, BK, TM, TN, ST, APAD): cp.async variants (local memory: ST * (BM * (BK + APAD) + BK * BN) floats, at most 48 KiB)
 ASYNC_VARIANTS = [

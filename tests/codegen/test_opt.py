@@ -593,6 +593,18 @@ def test_staged_convolutions_agree_with_numpy(cl_tiles, xs, ws, pad):
   np.testing.assert_allclose(t.numpy(), ref, rtol=1e-4, atol=1e-4)
 
 
+def _weight_gradient(xs, ws, seed):
+  """grad(device): the gradient of a 3x3 convolution (padding 1) of random x by random w with respect to w, for a
+  random output gradient."""
+  rng = np.random.default_rng(seed)
+  x, w = rng.standard_normal(xs).astype(np.float32), rng.standard_normal(ws).astype(np.float32)
+  dy = rng.standard_normal((xs[0], ws[0], *xs[2:])).astype(np.float32)
+  def grad(device):
+    tw = Tensor(w, device=device)
+    return Tensor(x, device=device).conv2d(tw, padding=1).gradient(tw, gradient=Tensor(dy, device=device))[0]
+  return grad
+
+
 @pytest.mark.parametrize("block", [4, 6, 5])   # 5: 12 is two blocks and a tail of 2, summed unstaged
 def test_stage_on_a_weight_gradients_innermost_sum_keeps_the_outer_sums_as_loops_and_agrees_with_numpy(cl_tiles, block):
   """STAGE on the last range of a sum over (images, rows, columns): the images and rows stay loops around the blocks
@@ -601,12 +613,7 @@ def test_stage_on_a_weight_gradients_innermost_sum_keeps_the_outer_sums_as_loops
   from rulec.codegen.opt.actions import Action
   from rulec.codegen.opt.transform import stage_split
   from rulec.runtime import cl_device
-  rng = np.random.default_rng(5)
-  x, w = rng.standard_normal((4, 16, 12, 12)).astype(np.float32), rng.standard_normal((16, 16, 3, 3)).astype(np.float32)
-  dy = rng.standard_normal((4, 16, 12, 12)).astype(np.float32)
-  def grad(device):
-    tw = Tensor(w, device=device)
-    return Tensor(x, device=device).conv2d(tw, padding=1).gradient(tw, gradient=Tensor(dy, device=device))[0]
+  grad = _weight_gradient((4, 16, 12, 12), (16, 16, 3, 3), 5)
   k = max(grad("CL").schedule(), key=lambda k: len(k.ranges))
   low = decomposed(k, _cl_dev().optional)
   axes = [r.arg[0] for r in low.ranges]   # (16, 16, 3, 3 | 4, 12, 12): out channels, in channels, taps | the sum
@@ -624,12 +631,7 @@ def test_stage_on_a_weight_gradients_innermost_sum_keeps_the_outer_sums_as_loops
 def test_the_gpu_cost_model_stages_a_weight_gradients_rows_and_agrees_with_numpy(cl_tiles):
   from rulec.codegen.opt import choose
   from rulec.codegen.opt.transform import stage_split
-  rng = np.random.default_rng(6)
-  x, w = rng.standard_normal((16, 8, 48, 40)).astype(np.float32), rng.standard_normal((16, 8, 3, 3)).astype(np.float32)
-  dy = rng.standard_normal((16, 16, 48, 40)).astype(np.float32)
-  def grad(device):
-    tw = Tensor(w, device=device)
-    return Tensor(x, device=device).conv2d(tw, padding=1).gradient(tw, gradient=Tensor(dy, device=device))[0]
+  grad = _weight_gradient((16, 8, 48, 40), (16, 8, 3, 3), 6)
   k = max(grad("CL").schedule(), key=lambda k: len(k.ranges))
   low = decomposed(k, _cl_dev().optional)
   acts = choose.cl_actions(low, _cl_dev().target)
