@@ -758,10 +758,15 @@ class CLRenderer(ScopedEmitter):
       layout = block + [r for r in dims if r not in lanes and r not in block] + lanes
       vec = lanes[-1] if lanes and lanes[-1].src[0].arg in VECTOR_WIDTHS and x.dtype in VECTOR_DTYPES else None
       n = vec.src[0].arg if vec is not None else 1
-      if self.target.async_copy and self.target.async_rows and copy and copy[-1] in block and coef.get(copy[-1]) == 1 \
-         and x.dtype.itemsize == 4:
-        # (rows of the block, contiguous as in memory, padded by a chunk: the ring copies them 16 bytes at a time)
-        layout, vec, n = [r for r in dims if r not in block] + block, None, 4
+      if self.target.async_copy and copy and coef.get(copy[-1]) == 1 and x.dtype.itemsize == 4 and \
+         (copy[-1] not in block or self.target.async_rows):
+        # (laid out as in memory, padded by a chunk: the ring copies it 16 bytes at a time. A matmul's B keeps its
+        # lanes innermost, read as one vector; with async_rows A's block is rows of the sum's steps, read an element
+        # at a time. Where a tile's columns are split (UPCAST 4, LOCAL, UPCAST 2: each work-item's two groups of 4
+        # columns half a block apart), a warp's vector reads of B fall on consecutive banks)
+        layout = copy
+        vec = copy[-1] if copy[-1] in lanes and copy[-1].src[0].arg in VECTOR_WIDTHS and x.dtype in VECTOR_DTYPES else None
+        n = max(4, vec.src[0].arg if vec is not None else 1)   # (a padded step keeps both the chunks and the vector aligned)
       strides, st = {}, 1
       for r in reversed(layout):
         strides[r] = st
@@ -770,7 +775,8 @@ class CLRenderer(ScopedEmitter):
       total = math.prod(r.src[0].arg for r in dims)
       per = total // self.items if total % self.items == 0 else 0
       plans.append(dict(x=x, name=self.tmp("tile"), layout=[(r, strides[r]) for r in layout], copy=copy, vec=vec,
-                        total=total, size=-(-st // 4) * 4, per=per if per <= STAGE_MAX_REGS else 0, regs=[]))
+                        total=total, size=-(-st // max(4, n)) * max(4, n), per=per if per <= STAGE_MAX_REGS else 0,
+                        regs=[]))   # (a ring's next buffer starts aligned for the chunks and the vector reads)
     return plans
 
   def _stage_element(self, p: dict, e: str, stage: UOp, block: str, index: bool = False) -> tuple[str, str]:
