@@ -719,7 +719,8 @@ class CLRenderer(ScopedEmitter):
       tiles = {p["x"]: (p["name"] if not ring else f"({p['name']} + {p['buf']})", p["layout"], p["vec"]) for p in plans}
       rngs = split[2]
     for r in rngs:
-      if staged and ring: self.line("#pragma unroll")   # (a block's steps in one piece: neighbouring reads of a row merge)
+      # (a block's steps in one piece: the four steps of a row's float4 (_row_read) pick constant components)
+      if staged and self.target.async_copy: self.line("#pragma unroll")
       self.open_loop(r)
     # a float sum of products fuses each product into the sum, as the CPU device's `contract` does (the lanes are a
     # matmul's or convolution's register tile: fma doubles what a GPU computes per cycle)
@@ -921,12 +922,30 @@ class CLRenderer(ScopedEmitter):
   def _staged_read(self, x: UOp, name: str, strides: list, vec: UOp | None) -> str:
     """This lane's element of staged load x: with a vector range, one aligned vector read of the array made by the
     first of its lanes to ask (the others lanes' coordinates the same), each lane taking its component."""
+    if vec is None and (rows := self._row_read(x, name, strides)) is not None: return rows
     if vec is None: return f"{name}[{' + '.join(f'{self.ranges[r]} * {st}' for r, st in strides)}]"
     mine = {r for r, _ in strides}
     n, t = vec.src[0].arg, self._shared_type(x.dtype)
     base = lambda: " + ".join(f"{self.ranges[r]} * {st}" for r, st in strides if r is not vec)
     return self._lane_component((x, tuple(i for r, i in zip(self.ups, self.lane) if r in mine and r is not vec)), vec,
                                 "tv", lambda: f"{t}{n}", lambda: f"((__local {t}{n}*){name})[({base()}) / {n}]")
+
+  def _row_read(self, x: UOp, name: str, strides: list) -> str | None:
+    """A float block kept in rows of a sum's steps (async_rows: a matmul's A): this lane's element out of the aligned
+    float4 of four neighbouring steps, read once per row (the lanes of one row share it) and picked by the step's low
+    bits, which the block's unrolled loop makes constants: one 16-byte read per four steps where there were four.
+    None where the block is not such rows."""
+    if not self.target.async_rows or x.dtype is not dtypes.float32 or not strides: return None
+    step, one = strides[-1]
+    if one != 1 or step.src[0].arg % 4 or any(st % 4 for _, st in strides[:-1]): return None
+    k = self.ranges[step]
+    base = " + ".join(f"{self.ranges[r]} * {st}" for r, st in strides[:-1]) or "0"
+    key = (x, "rows", base)
+    v = self.lane_vecs.get(key)
+    if v is None:
+      v = self.lane_vecs[key] = self.tmp("tr")
+      self.line(f"float4 {v} = *(__local float4*)({name} + {base} + ({k} & ~3));")
+    return f"(({k} & 3) == 0 ? {v}.x : ({k} & 3) == 1 ? {v}.y : ({k} & 3) == 2 ? {v}.z : {v}.w)"
 
   def _lane_component(self, key, vec: UOp, prefix: str, vtype, load) -> str:
     """This lane's component of a vector shared by the lanes of upcast range `vec` (the other lanes' coordinates

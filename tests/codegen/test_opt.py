@@ -533,7 +533,10 @@ def test_stage_puts_a_tiles_blocks_in_local_memory_and_agrees_with_numpy(cl_dev,
   assert not (chunked and not ring) and (f"% {ring};" in src) == chunked
   assert src.count("barrier(CLK_LOCAL_MEM_FENCE)") == (1 if chunked else 2)
   if dtype != "float16": assert re.search(r"(2|4|8|16) tv\d+ = ", src)   # (the lanes read their neighbours with one vector read)
-  if rows and chunked: assert src.count("rulec_cp16(") > 2 * (src.count("for (int c") + 1)   # (A's copies too)
+  if rows and chunked:   # (A's copies too, and its reads one float4 per row and four steps)
+    block = int(re.search(r"STAGE\(\d+,(\d+)\)", acts)[1])
+    assert src.count("rulec_cp16(") > 2 * (src.count("for (int c") + 1)
+    assert ("float4 tr" in src) == (dtype == "float32" and block % 4 == 0)
   got = t.numpy()
   ref = (Tensor(a, device="NUMPY") @ Tensor(b, device="NUMPY")).numpy()
   if dtype == "int32": np.testing.assert_array_equal(got, ref)
