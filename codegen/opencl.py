@@ -97,8 +97,8 @@ class Target:
   async_copy: int = 0   # STAGE's blocks in flight at once (a ring of local buffers, copies issued ahead); 0: one
   ptx: bool = False     # inline PTX: the ring's 16-byte copies are Ampere's cp.async (else plain float4 copies)
   async_rows: bool = False   # ... and a load contiguous along the block (a matmul's A) kept in rows of the block, so
-                             # that it copies in chunks too (its lanes read it an element at a time, which the block's
-                             # unrolled loop merges)
+                             # that it copies in chunks too (its lanes read it an element at a time)
+  row_vectors: bool = False  # ... and those rows read as a float4 per four steps (_row_read; not yet run on a GPU)
 
 
 GROUP_ACCS = 4                 # accumulators per work-item in a long group reduction (loads in flight)
@@ -719,8 +719,9 @@ class CLRenderer(ScopedEmitter):
       tiles = {p["x"]: (p["name"] if not ring else f"({p['name']} + {p['buf']})", p["layout"], p["vec"]) for p in plans}
       rngs = split[2]
     for r in rngs:
-      # (a block's steps in one piece: the four steps of a row's float4 (_row_read) pick constant components)
-      if staged and self.target.async_copy: self.line("#pragma unroll")
+      # (a block's steps in one piece: neighbouring reads of a row may merge, and the four steps of a row's float4
+      # (_row_read) pick constant components)
+      if staged and (ring or self.target.row_vectors): self.line("#pragma unroll")
       self.open_loop(r)
     # a float sum of products fuses each product into the sum, as the CPU device's `contract` does (the lanes are a
     # matmul's or convolution's register tile: fma doubles what a GPU computes per cycle)
@@ -935,7 +936,7 @@ class CLRenderer(ScopedEmitter):
     float4 of four neighbouring steps, read once per row (the lanes of one row share it) and picked by the step's low
     bits, which the block's unrolled loop makes constants: one 16-byte read per four steps where there were four.
     None where the block is not such rows."""
-    if not self.target.async_rows or x.dtype is not dtypes.float32 or not strides: return None
+    if not (self.target.async_rows and self.target.row_vectors) or x.dtype is not dtypes.float32 or not strides: return None
     step, one = strides[-1]
     if one != 1 or step.src[0].arg % 4 or any(st % 4 for _, st in strides[:-1]): return None
     k = self.ranges[step]

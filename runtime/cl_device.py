@@ -138,14 +138,17 @@ class CLDevice:
     # STAGE's blocks in a ring of 3 local buffers, copied with cp.async (inline PTX), a matmul's A kept in rows too,
     # on NVIDIA GPUs of compute capability 8 or more (codegen/opencl.ASYNC_LOCAL_BYTES says what it measured);
     # RULEC_CL_ASYNC=n overrides the ring (0 turns it off; tests turn it on for PoCL, whose copies are then plain
-    # float4 ones) and RULEC_CL_ASYNC_ROWS=0/1 the rows
+    # float4 ones) and RULEC_CL_ASYNC_ROWS=0/1 the rows; RULEC_CL_ROW_VECTORS=1 reads those rows a float4 per four
+    # steps (codegen/opencl._row_read: NVIDIA's compiler left them as scalar loads, 128 per 16 steps of the 4096^3
+    # matmul; not measured on a GPU yet, so off)
     ptx = is_gpu and "NVIDIA" in self.dev.platform.name and _nv_major(self.dev) >= 8
     ring = int(os.environ.get("RULEC_CL_ASYNC", "") or (3 if ptx else 0))
     rows = os.environ.get("RULEC_CL_ASYNC_ROWS", "")
     self.target = Target(fp64="cl_khr_fp64" in ext, group=group_size(self.dev), vector=vector if vector in (2, 4, 8, 16) else 0,
                          tile=min(tile, self.dev.max_work_group_size) if tile > 0 else 0, units=units,
                          grid=grid if grid >= 2 else 0, async_copy=ring if ring >= 2 else 0, ptx=ptx,
-                         async_rows=rows == "1" if rows else ptx)
+                         async_rows=rows == "1" if rows else ptx,
+                         row_vectors=os.environ.get("RULEC_CL_ROW_VECTORS", "") == "1")
     self.max_work_group = self.dev.max_work_group_size
     self.max_item0 = self.dev.max_work_item_sizes[0]
     self.units = units

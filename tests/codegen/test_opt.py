@@ -517,7 +517,8 @@ def test_stage_puts_a_tiles_blocks_in_local_memory_and_agrees_with_numpy(cl_dev,
   # of the sum's steps, as in memory, and copies in chunks too
   import attrs
   from rulec.runtime import cl_device
-  monkeypatch.setattr(cl_dev, "target", attrs.evolve(cl_dev.target, async_copy=ring, ptx=False, async_rows=rows))
+  monkeypatch.setattr(cl_dev, "target", attrs.evolve(cl_dev.target, async_copy=ring, ptx=False, async_rows=rows,
+                                                    row_vectors=rows))
   cl_device._by_ast.clear()
   rng = np.random.default_rng(m + k + n)
   a = (rng.standard_normal((m, k)) * 4).astype(dtype); b = (rng.standard_normal((k, n)) * 4).astype(dtype)
