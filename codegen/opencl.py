@@ -183,10 +183,6 @@ def _ilit(v: int, d: DType) -> str:
   return f"(({t}){v}{'UL' if d.kind == 'u' else 'L'})"
 
 
-# helper functions, emitted once per kernel that uses them (after the helpers they call).
-# float16 lives in memory as its bits (ushort). vload_half / vstore_half_rte (core OpenCL, no cl_khr_fp16) convert
-# and round to nearest even; NaNs are converted by hand, keeping sign and the top payload bits as numpy does (PoCL's
-# vstore_half turns every NaN into 0x7fff), so a half NaN loaded and stored again keeps its bits.
 # STAGE's 16-byte copies into local memory: Ampere's cp.async (the local pointer's integer value is its .shared
 # address), or a plain float4 copy where there is no inline PTX
 _CP16_PTX = """inline void rulec_cp16(__local float* dst, __global const float* src) {
@@ -194,6 +190,10 @@ _CP16_PTX = """inline void rulec_cp16(__local float* dst, __global const float* 
 }"""
 _CP16_PLAIN = """inline void rulec_cp16(__local float* dst, __global const float* src) { vstore4(vload4(0, src), 0, dst); }"""
 
+# helper functions, emitted once per kernel that uses them (after the helpers they call).
+# float16 lives in memory as its bits (ushort). vload_half / vstore_half_rte (core OpenCL, no cl_khr_fp16) convert
+# and round to nearest even; NaNs are converted by hand, keeping sign and the top payload bits as numpy does (PoCL's
+# vstore_half turns every NaN into 0x7fff), so a half NaN loaded and stored again keeps its bits.
 _HELPERS = {
   "h2f": "float rulec_h2f(ushort h) {\n"
          "  if ((h & 0x7c00) == 0x7c00 && (h & 0x3ff)) return as_float(((uint)(h & 0x8000) << 16) | 0x7f800000u | ((uint)(h & 0x3ff) << 13));\n"
@@ -815,8 +815,9 @@ class CLRenderer(ScopedEmitter):
     n = min(self.target.async_copy, stage.src[0].arg)
     per = sum(p["size"] * max(4, p["x"].dtype.itemsize) for p in plans)
     while n >= 2 and n * per > ASYNC_LOCAL_BYTES: n -= 1
-    if n < 2 or not any(self._chunked(p) for p in plans): return 0
-    for p in plans: p["chunks"] = self._chunked(p)
+    chunks = [self._chunked(p) for p in plans]
+    if n < 2 or not any(chunks): return 0
+    for p, c in zip(plans, chunks): p["chunks"] = c
     return n
 
   def _copy_sync(self, what: str, n: int = 0) -> None:
@@ -826,17 +827,18 @@ class CLRenderer(ScopedEmitter):
     self.line('asm volatile("cp.async.commit_group;" ::: "memory");' if what == "commit" else
               f'asm volatile("cp.async.wait_group {n};" ::: "memory");')
 
-  def _stage_issue(self, plans: list[dict], stage: UOp, block: str, slot: str, regs: bool) -> None:
-    """Block `block` of every staged load into ring buffer `slot`: chunked loads as 16-byte copies (cp.async with
-    inline PTX); the others from the registers they were fetched into where `regs`, else loaded and stored now."""
+  def _stage_issue(self, plans: list[dict], stage: UOp, block: str, slot: str | None, regs: bool) -> None:
+    """Block `block` of every staged load into ring buffer `slot` (None: the one buffer there is): chunked loads as
+    16-byte copies (cp.async with inline PTX); the others from the registers they were fetched into where `regs`,
+    else loaded and stored now."""
     for p in plans:
-      buf = f"({slot}) * {p['size']}"
-      if p["chunks"]:
+      buf = "" if slot is None else f"({slot}) * {p['size']} + "
+      if p.get("chunks"):
         ptr, n = self.ptrs[p["x"].src[0]], p["total"] // 4
         cp = self.helper("cp16", _CP16_PTX if self.target.ptx else _CP16_PLAIN)
         def one(e: str) -> None:
           idx, at = self._stage_element(p, f"({e} * 4)", stage, block, index=True)
-          self.line(f"{cp}({p['name']} + {buf} + {at}, {ptr} + {idx});")
+          self.line(f"{cp}({p['name']} + {buf}{at}, {ptr} + {idx});")
         if n % self.items == 0 and n // self.items <= STAGE_MAX_REGS:
           for j in range(n // self.items): one(f"((int)lid + {j * self.items})")
           continue
@@ -849,13 +851,13 @@ class CLRenderer(ScopedEmitter):
       elif regs and p["per"]:
         for j, reg in enumerate(p["regs"]):
           _, at = self._stage_element(p, f"((int)lid + {j * self.items})", stage, block)
-          self.line(f"{p['name']}[{buf} + {at}] = {reg};")
+          self.line(f"{p['name']}[{buf}{at}] = {reg};")
       else:
         e = self.tmp("e")
         self.line(f"for (int {e} = (int)lid; {e} < {p['total']}; {e} += {self.items}) {{")
         self.depth += 1
         v, at = self._stage_element(p, e, stage, block)
-        self.line(f"{p['name']}[{buf} + {at}] = {v};")
+        self.line(f"{p['name']}[{buf}{at}] = {v};")
         self.depth -= 1
         self.line("}")
 
@@ -905,19 +907,7 @@ class CLRenderer(ScopedEmitter):
     """The current block into the local arrays, between barriers (the previous block's reads are done; this
     block's writes are seen): from the registers, or where the elements do not divide evenly, loaded now."""
     self.line("barrier(CLK_LOCAL_MEM_FENCE);")
-    for p in plans:
-      if p["per"]:
-        for j, reg in enumerate(p["regs"]):
-          _, at = self._stage_element(p, f"((int)lid + {j * self.items})", stage, self.ranges[stage])
-          self.line(f"{p['name']}[{at}] = {reg};")
-        continue
-      e = self.tmp("e")
-      self.line(f"for (int {e} = (int)lid; {e} < {p['total']}; {e} += {self.items}) {{")
-      self.depth += 1
-      v, at = self._stage_element(p, e, stage, self.ranges[stage])
-      self.line(f"{p['name']}[{at}] = {v};")
-      self.depth -= 1
-      self.line("}")
+    self._stage_issue(plans, stage, self.ranges[stage], None, regs=True)
     self.line("barrier(CLK_LOCAL_MEM_FENCE);")
 
   def _staged_read(self, x: UOp, name: str, strides: list, vec: UOp | None) -> str:

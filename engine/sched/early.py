@@ -103,9 +103,9 @@ def split_reduceop(red: UOp, x: UOp) -> UOp | None:
     # gradient over N x H x W had 8 parts of its batch of 64 (the axis' own root), 144 work-groups for 132 units.
     # Parts beyond the axis' root keep SPLIT_MIN_PART steps each: the GPU's tile for a long sum
     # (codegen/opt/choose.LONG_SUM_MIN)
-    bound = whole if parts > 256 else x.shape[ax]
-    top = min(parts, max(8, math.isqrt(bound)), max(8, (1 << 22) // max(1, prod(red.shape))))
-    if parts > 256: top = min(top, max(8, math.isqrt(x.shape[ax]), whole // SPLIT_MIN_PART))
+    root = math.isqrt(x.shape[ax])
+    if parts > 256: root = max(root, min(math.isqrt(whole), whole // SPLIT_MIN_PART))
+    top = min(parts, max(8, root), max(8, (1 << 22) // max(1, prod(red.shape))))
     for d in range(top, 7, -1):
       if x.shape[ax] % d == 0 and x.shape[ax] // d > 1: break
     else: continue
