@@ -14,6 +14,7 @@
 #   bench/h200.sh linprobe  bench/cl_linear_probe.py: x @ W.T for sums of several lengths (odd ones too) beside torch
 #   bench/h200.sh stageprobe bench/cl_stage_probe.py: STAGE blocks and work-group sides for odd and prime sizes
 #   bench/h200.sh convprobe  bench/cl_conv_grad_probe.py: action lists for a convolution's weight gradient
+#   bench/h200.sh convfwd    bench/cl_conv_probe.py: action lists for a convolution (fwd) or its input gradient (dx)
 #   bench/h200.sh sgemmprobe bench/cl_sgemm_probe.py: hand-written SGEMM tiles beside rulec's and cuBLAS
 #   bench/h200.sh all       bench and tests (default)
 #   bench/h200.sh bench --only relu    (anything after the first word goes to bench/kernels.py)
@@ -47,6 +48,9 @@ if [[ $what == linprobe ]]; then
 fi
 if [[ $what == convprobe ]]; then
   python3 bench/cl_conv_grad_probe.py "$@" 2>&1 | tee "$out/convprobe.log"
+fi
+if [[ $what == convfwd ]]; then
+  python3 bench/cl_conv_probe.py "$@" 2>&1 | tee -a "$out/convfwd.log"
 fi
 if [[ $what == sgemmprobe ]]; then
   python3 bench/cl_sgemm_probe.py "$@" 2>&1 | tee "$out/sgemmprobe.log"

@@ -61,6 +61,7 @@ supported.
 from __future__ import annotations
 
 import math
+import os
 
 import attrs
 import numpy as np
@@ -112,6 +113,7 @@ STAGE_MAX_REGS = 16            # STAGE prefetches a block into registers when ea
 # with cp.async copies 3 blocks deep 44.4 (cuBLAS 50.0). rulec's own, bench/models.py: 4.13 ms with one buffer, 3.83
 # with a ring of 3 copying B, 3.26 with A in rows copied too (async_rows; a ring of 2: 3.32); torch 2.71
 ASYNC_LOCAL_BYTES = 48 << 10
+_GUARD_MODE = os.environ.get("RULEC_CL_GUARD", "select")
 ROW_CACHE_MAX = 32             # SPREAD: a row's loads are kept in registers when each work-item has at most this many
 
 
@@ -726,12 +728,25 @@ class CLRenderer(ScopedEmitter):
     # a float sum of products fuses each product into the sum, as the CPU device's `contract` does (the lanes are a
     # matmul's or convolution's register tile: fma doubles what a GPU computes per cycle)
     fuse = op is Ops.ADD and d in (dtypes.float32, dtypes.float64) and value.op is Ops.MUL
+    # ... and a guarded product, where(c, a * b, 0) (a padded convolution's input gradient: the padding guards the
+    # product, not a load): the step is kept or dropped whole, one fma and one select (a multiply, a select and an add
+    # otherwise); the same value, but for the sign of a zero sum
+    guarded = op is Ops.ADD and d in (dtypes.float32, dtypes.float64) and value.op is Ops.WHERE and \
+      value.src[1].op is Ops.MUL and value.src[2].op is Ops.CONST and value.src[2].arg == 0 and _GUARD_MODE != "off"
     self.lane_vecs = {}
     for lane, acc in zip(lanes, accs):
       self.enter_lane(lane)
       if staged:   # this lane's element of each staged block, by the same layout the copy wrote
         for x, (name, strides, vec) in tiles.items(): self.scopes[-1][x] = self._staged_read(x, name, strides, vec)
       if fuse: self.line(f"{acc} = fma({self.value(value.src[0])}, {self.value(value.src[1])}, {acc});")
+      elif guarded:
+        c, (a, b) = self.value(value.src[0]), value.src[1].src
+        if _GUARD_MODE == "load":   # (probe: the guard on the operand that reads more of its ranges)
+          cr = set(x for x in value.src[0].toposort() if x.op is Ops.RANGE)
+          a, b = sorted((a, b), key=lambda x: -len(cr & set(y for y in x.toposort() if y.op is Ops.RANGE)))
+          zero = self.const(0.0, d)
+          self.line(f"{acc} = fma({c} ? {self.value(a)} : {zero}, {self.value(b)}, {acc});")
+        else: self.line(f"{acc} = {c} ? fma({self.value(a)}, {self.value(b)}, {acc}) : {acc};")
       else: self.line(f"{acc} = {self._combine(op, d, acc, self.value(value))};")
       self.scopes.pop()
     self.lane_vecs = None

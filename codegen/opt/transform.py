@@ -18,10 +18,10 @@ kinds; they choose nothing:
   spread:n  a store range the n work-items of a group take in turn, a, a + n, ... (SPREAD)
   grid:n    the outer part of a group reduction's outermost range: which of n work-groups takes which share of
             the one reduction (GRID); the last group to finish combines their partial results
-  stage:n   the outer part of a register tile's reduce range, in blocks of n (STAGE), first among the reduction's
-            ranges: per block the work-group copies what its staged loads read (over the block's part of the range
-            and the reduction's other ranges) into local memory together, then the lanes read it from there; where n
-            does not divide the range, the steps after the last whole block are a reduction of their own, unstaged
+  stage:n   the outer part of a register tile's reduce range, in blocks of n (STAGE), after the reduction's other
+            ranges (loops around the blocks): per block the work-group copies what its staged loads read over the
+            block's part of the range into local memory together, then the lanes read it from there; where n does
+            not divide the range, the steps after the last whole block are a reduction of their own, unstaged
 
 Each action checks that it applies (an OptError says why not, naming the action and the ranges
 there are), so an action list a user forces can never change what a kernel computes.
@@ -515,10 +515,10 @@ class _Applier:
     whole = size(k) - size(k) % n
     outer = UOp.range(whole // n, a.axis, f"stage:{n}")
     inner = UOp.range(n, self.new_axis(), k.arg[1])
-    # (the reduction's ranges before a stay loops outside the blocks (a weight gradient's images and rows, around
-    # blocks of a row); then the block range, the block's part of a, and the ranges after a within each block)
-    at = red.src[1:].index(k)
-    rest = [*red.src[1:at + 1], outer, inner, *red.src[at + 2:]]
+    # (the reduction's other ranges stay loops outside the blocks, in their order: a weight gradient's images and
+    # rows around blocks of a row, a convolution's taps around blocks of its input channels, whose blocks would
+    # otherwise hold every tap's copy of the window; then the block range and the block's part of a)
+    rest = [*(r for r in red.src[1:] if r is not k), outer, inner]
     new = UOp(Ops.REDUCE, red.dtype, (substitute(red.src[0], {k: _joined(outer, n, inner)}), *rest), red.arg)
     loads = staged_loads(new, ends)
     if not loads: raise OptError(f"{a}: no load of the reduction depends on r{a.axis} and the store ranges only")

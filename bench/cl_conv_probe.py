@@ -1,0 +1,78 @@
+"""Action lists for the ResNet block's 3x3 convolutions on the CL device (N64 C64 56x56, padding 1, bench/models.py):
+the forward convolution (`fwd`) or the input gradient (`dx`, the convolution of the output's gradient by the flipped
+weights), its largest kernel timed on the device (profiling events, resident buffers, median of RULEC_SEARCH
+launches) with the cost model's actions and with the lists given or listed below; each list's result is checked
+against the cost model's. The weight gradient has its own probe, bench/cl_conv_grad_probe.py.
+
+Run: python bench/cl_conv_probe.py fwd|dx [batch] [action list ...]   (bench/h200.sh convfwd ...)
+Axes of both kernels: 0 image, 1 output channel, 2 row, 3 column; sums 4 and 5 (the taps) and 6 (channels in).
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+import numpy as np
+
+from rulec.codegen.decomp import decomposed
+from rulec.codegen.opt import format_actions, kernel_key, parse_actions
+from rulec.codegen.opt.choose import cl_actions
+from rulec.codegen.opt.transform import apply
+from rulec.engine.tensor import Tensor
+from rulec.runtime import cl_device
+
+BASE = "UPCAST(1,8) UPCAST(3,8) LOCAL(3,7) LOCAL(1,8)"   # (the cost model's tile without STAGE, session 24)
+LISTS = [
+  f"{BASE} STAGE(6,8)",
+  f"{BASE} STAGE(6,16)",
+  f"{BASE} STAGE(6,32)",
+  f"{BASE} LOCAL(2,2) STAGE(6,16)",
+  f"{BASE} LOCAL(2,4) STAGE(6,8)",
+  "UPCAST(1,8) UPCAST(3,4) LOCAL(3,14) LOCAL(1,8) STAGE(6,16)",
+  "UPCAST(1,4) UPCAST(3,8) LOCAL(3,7) LOCAL(1,16) STAGE(6,16)",
+  "UPCAST(1,8) UPCAST(2,2) UPCAST(3,4) LOCAL(3,14) LOCAL(1,8) STAGE(6,16)",
+]
+
+
+def program(which: str, x: Tensor, w: Tensor, g: Tensor) -> Tensor:
+  if which == "fwd": return x.conv2d(w, padding=1)
+  (gx,) = x.conv2d(w, padding=1).gradient(x, gradient=g)
+  return gx
+
+
+def main():
+  which = sys.argv[1] if len(sys.argv) > 1 else "fwd"
+  n = int(sys.argv[2]) if len(sys.argv) > 2 else 64
+  lists = sys.argv[3:] or LISTS
+  dev = cl_device.get_device()
+  print(f"device: {dev.dev.name}; conv 3x3 {which}, N{n} C64 56x56; RULEC_CL_GUARD={os.environ.get('RULEC_CL_GUARD', '')}")
+  rng = np.random.default_rng(0)
+  x = Tensor(rng.standard_normal((n, 64, 56, 56)).astype(np.float32), device="CL")
+  w = Tensor(rng.standard_normal((64, 64, 3, 3)).astype(np.float32) * 0.1, device="CL")
+  g = Tensor(rng.standard_normal((n, 64, 56, 56)).astype(np.float32), device="CL")
+  kernels = program(which, x, w, g).schedule()
+  big = max(kernels, key=lambda k: len(k.ast.ranges))
+  low = decomposed(big, dev.optional)
+  key = kernel_key(low)
+  os.environ.setdefault("RULEC_SEARCH", "5")   # (the timer's repetitions)
+  want = program(which, x, w, g).numpy()
+  flops = 2 * n * 64 * 56 * 56 * 64 * 9
+  print(f"kernels: {[str(k) for k in kernels]}; key {key}")
+  base = cl_actions(low, dev.target)
+  rows = [("cost model: " + format_actions(base), base)] + [(text, parse_actions(text)) for text in [BASE] + lists]
+  for name, acts in rows:
+    try:
+      t = cl_device._time_candidate(big, apply(low, tuple(acts), "CL"), dev.target, dev)
+    except Exception as e:   # a list that does not apply, or that the device cannot build
+      print(f"  {name:75s} refused: {type(e).__name__}: {str(e)[:80]}")
+      continue
+    os.environ["RULEC_OPT"] = f"{key}={format_actions(acts)}"
+    cl_device._by_ast.clear()
+    err = float(np.abs(program(which, x, w, g).numpy() - want).max())
+    os.environ.pop("RULEC_OPT")
+    print(f"  {name:75s} {t * 1e3:8.3f} ms {flops / t * 1e-12:6.1f} TFLOP/s  max diff {err:.1e}")
+    sys.stdout.flush()
+
+
+if __name__ == "__main__":
+  main()
