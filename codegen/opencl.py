@@ -113,7 +113,7 @@ STAGE_MAX_REGS = 16            # STAGE prefetches a block into registers when ea
 # with cp.async copies 3 blocks deep 44.4 (cuBLAS 50.0). rulec's own, bench/models.py: 4.13 ms with one buffer, 3.83
 # with a ring of 3 copying B, 3.26 with A in rows copied too (async_rows; a ring of 2: 3.32); torch 2.71
 ASYNC_LOCAL_BYTES = 48 << 10
-_GUARD_MODE = os.environ.get("RULEC_CL_GUARD", "select")
+_GUARD_MODE = os.environ.get("RULEC_CL_GUARD", "both")
 ROW_CACHE_MAX = 32             # SPREAD: a row's loads are kept in registers when each work-item has at most this many
 
 
@@ -741,11 +741,12 @@ class CLRenderer(ScopedEmitter):
       if fuse: self.line(f"{acc} = fma({self.value(value.src[0])}, {self.value(value.src[1])}, {acc});")
       elif guarded:
         c, (a, b) = self.value(value.src[0]), value.src[1].src
-        if _GUARD_MODE == "load":   # (probe: the guard on the operand that reads more of its ranges)
+        if _GUARD_MODE in ("load", "both"):   # (probe: the guard on the operand that reads more of its ranges)
           cr = set(x for x in value.src[0].toposort() if x.op is Ops.RANGE)
           a, b = sorted((a, b), key=lambda x: -len(cr & set(y for y in x.toposort() if y.op is Ops.RANGE)))
           zero = self.const(0.0, d)
-          self.line(f"{acc} = fma({c} ? {self.value(a)} : {zero}, {self.value(b)}, {acc});")
+          bv = f"{c} ? {self.value(b)} : {zero}" if _GUARD_MODE == "both" else self.value(b)
+          self.line(f"{acc} = fma({c} ? {self.value(a)} : {zero}, {bv}, {acc});")
         else: self.line(f"{acc} = {c} ? fma({self.value(a)}, {self.value(b)}, {acc}) : {acc};")
       else: self.line(f"{acc} = {self._combine(op, d, acc, self.value(value))};")
       self.scopes.pop()
