@@ -715,7 +715,9 @@ def cl_actions(k: Kernel, target) -> list[Action]:
 
 # a convolution's tile of 8 columns (output x) as 2 rows by 4 columns of the output image: each input row a window
 # reads then serves two output rows (and 4-wide column groups fit a 56-wide image in 14 work-items, not 7). H100,
-# the ResNet block's 3x3 convolution (N64 C64 56x56): 0.834 ms -> 0.710 (bench/cl_conv_probe.py fwd)
+# the ResNet block's 3x3 convolution (N64 C64 56x56): 0.834 ms -> 0.710 (bench/cl_conv_probe.py fwd). Its input
+# gradient, whose padding guards each product (where(c, a * b, 0): a select per lane), runs best as 4 columns of
+# one row: 1.413 ms as 8 columns, 1.337 as 2 x 4, 1.236 as 4 (bench/results/h100-2026-12-06-session25.txt)
 GPU_SPATIAL_TILE = (2, 4)
 
 
@@ -735,7 +737,10 @@ def _spatial_tile(k: Kernel, end: UOp, acts: list[Action]) -> list[Action] | Non
   loads = [x.src[1] for x in reduces[0].src[0].toposort() if x.op is Ops.INDEX]
   if not any(col in i.toposort() and outer in i.toposort() for i in loads): return None
   lc = divisor_at_most(tiles(col.src[0].arg, w), GPU_LOCAL[1])
-  out = [up_r, Action("UPCAST", outer.arg[0], h), Action("UPCAST", col.arg[0], w), Action("LOCAL", col.arg[0], lc), loc_r]
+  value = reduces[0].src[0]
+  guarded = value.op is Ops.WHERE and value.src[1].op is Ops.MUL and value.src[2].op is Ops.CONST
+  split = [] if guarded else [Action("UPCAST", outer.arg[0], h)]
+  out = [up_r, *split, Action("UPCAST", col.arg[0], w), Action("LOCAL", col.arg[0], lc), loc_r]
   return out if lc > 1 and _applies(k, "CL", *out) else None
 
 

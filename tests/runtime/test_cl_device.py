@@ -275,6 +275,40 @@ def test_bool_ops():
 
 # *** reductions and programs ***
 
+def _input_grad(device: str, x: np.ndarray, w: np.ndarray, g: np.ndarray) -> np.ndarray:
+  tx = Tensor(x, device=device, requires_grad=True)
+  (tx.conv2d(Tensor(w, device=device), padding=1) * Tensor(g, device=device)).sum().backward()
+  return tx.grad.numpy()
+
+
+@pytest.mark.parametrize("tile", [None, "UPCAST(1,4) UPCAST(3,4) LOCAL(3,2) LOCAL(1,2)"])
+def test_a_padded_convolutions_input_gradient_skips_the_padding_exactly(tile, monkeypatch):
+  """The input gradient sums where(inside, g * w, 0) (the padding guards the product; in a register tile one fma of
+  two guarded operands per lane): exact, so inf weights whose taps fall in the padding for the last image row add
+  nothing there (torch gives finite values too), as on the NUMPY device, where the guard on one operand would give
+  0 * inf = NaN; finite values agree with NUMPY to rounding, with or without the tile."""
+  rng = np.random.default_rng(5)
+  x, w = rng.standard_normal((2, 8, 6, 8)).astype(np.float32), rng.standard_normal((8, 8, 3, 3)).astype(np.float32)
+  g = rng.standard_normal((2, 8, 6, 8)).astype(np.float32)
+  w_inf, g_last = w.copy(), np.zeros_like(g)
+  w_inf[:, :, 0, :] = np.inf     # (the taps that read the row below: padding for the last row)
+  g_last[:, :, 5, :] = 1.0       # (only the last row has a gradient: its taps kh = 0 fall in the padding)
+  if tile:
+    tx = Tensor.empty(2, 8, 6, 8, device="CL", requires_grad=True)
+    (tx.conv2d(Tensor.empty(8, 8, 3, 3, device="CL"), padding=1) * Tensor.empty(2, 8, 6, 8, device="CL")).sum().backward()
+    from rulec.codegen.opt import kernel_key
+    big = max(tx.grad.schedule(), key=lambda k: len(k.ast.ranges))
+    monkeypatch.setenv("RULEC_OPT", f"{kernel_key(decomposed(big, cl_device.get_device().optional))}={tile}")
+    cl_device._by_ast.clear()
+    src = cl_device.render(big).source
+    assert re.search(r"fma\(v\d+ \? v\d+ : [^,]+, v\d+ \? v\d+ : ", src), "the tile's guarded products"
+  got, ref = _input_grad("CL", x, w, g), _input_grad("NUMPY", x, w, g)
+  np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5)
+  got, ref = _input_grad("CL", x, w_inf, g_last), _input_grad("NUMPY", x, w_inf, g_last)
+  assert np.isfinite(got[:, :, 5]).all() and not np.isfinite(got[:, :, 4]).any()
+  np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5)
+
+
 @settings(max_examples=25)
 @given(st.integers(1, 70), st.integers(1, 70))
 def test_reductions_agree_with_numpy(rows, cols):
