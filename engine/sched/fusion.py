@@ -342,6 +342,21 @@ class FusionFacts:
         todo.append(u)
     return True
 
+  def row_tail(self, x: UOp) -> bool:
+    """x is a value at its full shape over a reduce of its own rows that is not decided yet (a softmax's
+    probabilities over its max and sum, a layernorm's output over its mean): below x, through elementwise ops and
+    broadcasts only, a reduce whose shape is x's with its trailing axes reduced to 1 (not a product inside a matmul,
+    whose shape has the matmul's axis besides, nor a sum of padded gradients, whose reduces lie behind the pads)."""
+    shape = x.shape
+    if not shape or shape[-1] == 1: return False
+    stop = lambda u: u is not x and (u in self.staged or u in self.hoisted or u.op in (Ops.CONTIGUOUS, Ops.BUFFER))  # noqa: E731
+    through = lambda u: u is x or (not stop(u) and (u.op in ALU or u.op in (Ops.CAST, Ops.EXPAND)))  # noqa: E731
+    for u in x.toposort(gate=through):
+      if u.op is not Ops.REDUCE_AXIS or stop(u) or len(u.shape) != len(shape): continue
+      lead = len(shape) - len(u.arg[1])
+      if sorted(u.arg[1]) == list(range(lead, len(shape))) and u.shape[:lead] == shape[:lead]: return True
+    return False
+
   def reads(self, x: UOp) -> int:
     """How many buffers recomputing x reads (inputs, realized values, stores chosen so far)."""
     return self._region(x)[0]

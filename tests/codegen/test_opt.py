@@ -731,7 +731,8 @@ def test_vector_after_group_is_refused_where_it_cannot_apply(fresh):
 
 def test_the_gpu_tile_is_the_largest_that_still_fills_the_device():
   # 132 compute units (an H200): a 1024^2 output gets 8x4 tiles (8x8 would leave 16K work-items), the conv2d
-  # workload's 6.4M outputs 8x8; a CPU OpenCL device (tile=0) gets none
+  # workload's 6.4M outputs 8x8, its 8 columns as 2 image rows by 4 (choose._spatial_tile); a CPU OpenCL device
+  # (tile=0) gets none
   from rulec.codegen.opencl import Target
   from rulec.codegen.opt.choose import cl_actions
   gpu = Target(group=512, vector=4, tile=256, units=132)
@@ -740,7 +741,7 @@ def test_the_gpu_tile_is_the_largest_that_still_fills_the_device():
     return [a.amount for a in cl_actions(decomposed(k), target) if a.op == "UPCAST"]
   mm = Tensor.empty(1024, 1024) @ Tensor.empty(1024, 1024)
   conv = Tensor.empty(32, 32, 56, 56).conv2d(Tensor.empty(64, 32, 3, 3), padding=1)
-  assert ups(mm, gpu) == [8, 4] and ups(conv, gpu) == [8, 8]
+  assert ups(mm, gpu) == [8, 4] and ups(conv, gpu) == [8, 2, 4]
   (k,) = mm.schedule()
   assert any(a.op == "STAGE" for a in cl_actions(decomposed(k), gpu))   # the matmul's blocks staged in local memory
   assert ups(mm, Target(group=0, vector=0, tile=0)) == []
@@ -785,6 +786,37 @@ def test_a_conv_weight_gradient_takes_a_long_sum_tile_on_a_gpu_and_agrees_with_n
   assert [(a.op, sizes.get(a.axis), a.amount) for a in acts] == \
     [("UPCAST", 32, 4), ("UPCAST", 32, 8), ("LOCAL", 32, 4), ("LOCAL", 32, 8), ("STAGE", 24, 8)], acts
   np.testing.assert_allclose(gw.numpy(), grad("NUMPY").numpy(), rtol=1e-3, atol=1e-3)
+
+
+def test_a_convolution_and_its_input_gradient_take_image_tiles_on_a_gpu_and_agree_with_numpy(cl_tiles):
+  # the forward's 8 columns as 2 image rows by 4 columns, the input gradient's (its products guarded by the padding)
+  # as 4 columns of one row (choose._spatial_tile), in work-groups of 14 (56 / 4) by 4 (32 output channels / 8); both run
+  # here with the GPU target's tiles
+  from rulec.codegen.opencl import Target
+  from rulec.codegen.opt.choose import cl_actions
+  rng = np.random.default_rng(13)
+  x = rng.standard_normal((8, 32, 8, 56)).astype(np.float32)
+  w = rng.standard_normal((32, 32, 3, 3)).astype(np.float32)
+  g = rng.standard_normal((8, 32, 8, 56)).astype(np.float32)
+  def run(device):
+    tx = Tensor(x, device=device, requires_grad=True)
+    y = tx.conv2d(Tensor(w, device=device), padding=1)
+    (y * Tensor(g, device=device)).sum().backward()
+    return y, tx.grad
+  gpu = Target(group=512, vector=4, tile=256, units=4)
+  ex = Tensor.empty(8, 32, 8, 56, device="CL", requires_grad=True)
+  ey = ex.conv2d(Tensor.empty(32, 32, 3, 3, device="CL"), padding=1)
+  (egx,) = ey.gradient(ex, gradient=Tensor.empty(8, 32, 8, 56, device="CL"))
+  for t, want in ((ey, [("UPCAST", 32, 8), ("UPCAST", 8, 2), ("UPCAST", 56, 4), ("LOCAL", 56, 14), ("LOCAL", 32, 4)]),
+                  (egx, [("UPCAST", 32, 8), ("UPCAST", 56, 4), ("LOCAL", 56, 14), ("LOCAL", 32, 4)])):
+    big = max(t.schedule(), key=lambda k: len(k.ast.ranges))
+    low = decomposed(big)
+    sizes = {r.arg[0]: r.src[0].arg for r in low.ranges}
+    assert [(a.op, sizes.get(a.axis), a.amount) for a in cl_actions(low, gpu)] == want
+  y, gx = run("CL")
+  ry, rgx = run("NUMPY")
+  np.testing.assert_allclose(y.numpy(), ry.numpy(), rtol=1e-4, atol=1e-4)
+  np.testing.assert_allclose(gx.numpy(), rgx.numpy(), rtol=1e-4, atol=1e-4)
 
 
 # *** RULEC_SEARCH ***
