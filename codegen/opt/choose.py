@@ -11,7 +11,7 @@ import math
 from dataclasses import dataclass
 
 from rulec.codegen.opt.actions import Action, OptError
-from rulec.codegen.opt.transform import apply, free_ranges, reads_what_it_writes, stored_sum, tiles
+from rulec.codegen.opt.transform import apply, contiguous_offset, free_ranges, reads_what_it_writes, stored_sum, tiles
 from rulec.engine.ir.dtypes import dtypes
 from rulec.engine.ir.index_expr import evaluate
 from rulec.engine.ir.ops import Ops
@@ -168,6 +168,11 @@ def _same_in_blocks(idxs: list[UOp], x: UOp, n: int, size: int, env: dict) -> bo
 # *** OpenCL ***
 GROUP_MIN_REDUCE = 32          # a group reduction needs at least this many elements per output ...
 GROUP_MAX_OUTPUTS = 1 << 16    # ... and at most this many outputs (beyond, one work-item per output fills the device)
+# ... unless each output sums a row of its own at least this long, read along the row (no load shared by outputs,
+# which a register tile would share instead): one work-item per row reads rows 4 KiB apart across a warp. H100, a
+# GPT-2 block's backward (B8 T1024 H12), the attention gradient's row sums (98,304 rows of 1,024, two sums): 1.21 ms
+# so, against 0.21 ms for half as many rows in groups (bench/results/h100-2026-12-06-session25.txt)
+GROUP_ROW_MIN = 256
 GRID_MIN_PER_GROUP = 64        # a one-pass reduction over several work-groups (GRID): at least this many elements per
                                # work-item of two groups, else one group does it all
 SPREAD_MIN_PER_ITEM = 16       # a row per work-group (SPREAD): on the H200, RULEC_SEARCH chose 64 work-items for
@@ -558,12 +563,25 @@ def _group_size(k: Kernel, target) -> int:
   top = k.ast.src[0]
   outputs = math.prod(r.src[0].arg for r in (top.src[1:] if top.op is Ops.END else ()))
   reduces = [u for u in top.toposort() if u.op is Ops.REDUCE]
-  if not target.group or outputs > GROUP_MAX_OUTPUTS or not reduces: return 0
+  if not target.group or not reduces: return 0
   size = max(math.prod(r.src[0].arg for r in u.src[1:]) for u in reduces)
   if size < GROUP_MIN_REDUCE: return 0
+  if outputs > GROUP_MAX_OUTPUTS and not (size >= GROUP_ROW_MIN and _own_rows(top, reduces)): return 0
   g = 32
   while g * 2 <= target.group and g * 2 * 4 <= size: g *= 2   # at least 4 elements per work-item
   return g if _applies(k, "CL", Action("GROUP", None, g)) else 0
+
+
+def _own_rows(end: UOp, reduces: list[UOp]) -> bool:
+  """Every load of the reductions depends on every store range (no output shares what it reads) and reads
+  neighbouring elements along its reduction's innermost range: each output sums a row of its own."""
+  if end.op is not Ops.END: return False
+  stores = frozenset(end.src[1:])
+  for u in reduces:
+    for x in u.src[0].toposort():
+      if x.op is not Ops.INDEX: continue
+      if not stores <= free_ranges(x) or contiguous_offset(x, u.src[-1]) is None: return False
+  return True
 
 
 def _spread(k: Kernel, target) -> list[Action]:

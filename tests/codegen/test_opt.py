@@ -819,6 +819,29 @@ def test_a_convolution_and_its_input_gradient_take_image_tiles_on_a_gpu_and_agre
   np.testing.assert_allclose(gx.numpy(), rgx.numpy(), rtol=1e-4, atol=1e-4)
 
 
+def test_many_rows_of_their_own_are_summed_by_work_groups_on_a_gpu(monkeypatch, cl_dev):
+  # more than GROUP_MAX_OUTPUTS outputs, each the sum of a row of its own read along the row: GROUP (a warp's
+  # work-items then read neighbouring elements); a matmul, whose loads outputs share, keeps its register tile, and so
+  # does x @ W.T, whose loads both run along the sum
+  import attrs
+
+  from rulec.codegen.opencl import Target
+  from rulec.codegen.opt.choose import GROUP_MAX_OUTPUTS, cl_actions
+  from rulec.runtime import cl_device
+  gpu = Target(group=512, vector=4, tile=256, units=132)
+  rows = GROUP_MAX_OUTPUTS + 4096
+  ops = lambda t: [a.op for a in cl_actions(decomposed(t.schedule()[-1]), gpu)]  # noqa: E731
+  assert ops(Tensor.empty(rows, 256).sum(-1))[0] == "GROUP"
+  assert ops(Tensor.empty(rows, 64).sum(-1)) == []                    # (short rows: one work-item each)
+  assert "GROUP" not in ops(Tensor.empty(512, 1024) @ Tensor.empty(1024, 512))
+  assert "GROUP" not in ops(Tensor.empty(512, 1024) @ Tensor.empty(512, 1024).T)
+  x = np.random.default_rng(14).standard_normal((rows, 256)).astype(np.float32)
+  monkeypatch.setattr(cl_dev, "target", attrs.evolve(cl_dev.target, group=64))
+  cl_device._by_ast.clear()
+  try: np.testing.assert_allclose(Tensor(x, device="CL").sum(-1).numpy(), x.sum(-1), rtol=1e-4, atol=1e-4)
+  finally: cl_device._by_ast.clear()
+
+
 # *** RULEC_SEARCH ***
 
 def test_search_times_the_candidates_and_remembers_the_fastest(fresh):
