@@ -21,6 +21,8 @@ from rulec.codegen.decomp import decomposed
 from rulec.engine.tensor import Tensor
 from rulec.runtime import cl_device
 
+from cl_conv_probe import time_lists
+
 # axes of the first kernel: 0 the batch's part, 1 output channel, 2 input channel, 3 and 4 the taps; sums 5 (batch
 # within a part), 6 and 7 (rows, columns)
 LISTS = [
@@ -64,21 +66,11 @@ def main():
     rows += [(f"{base} STAGE(7,{b})", parse_actions(f"{base} STAGE(7,{b})")) for b in (4, 7, 8, 14, 28)]
     rows += [(f"UPCAST(1,4) UPCAST(2,8) LOCAL(2,8) LOCAL(1,8) STAGE(7,{b})",
               parse_actions(f"UPCAST(1,4) UPCAST(2,8) LOCAL(2,8) LOCAL(1,8) STAGE(7,{b})")) for b in (8, 14)]
-  for name, acts in rows:
-    try:
-      t = cl_device._time_candidate(first, apply(low, tuple(acts), "CL"), dev.target, dev)
-    except Exception as e:   # a list that does not apply, or that the device cannot build
-      print(f"  {name:70s} refused: {type(e).__name__}: {str(e)[:80]}")
-      continue
-    os.environ["RULEC_OPT"] = f"{key}={format_actions(acts)}"
-    cl_device._by_ast.clear()
+  def run():
     x.grad = w.grad = None
     (x.conv2d(w, padding=1) * g).sum().backward()
-    err = float(np.abs(w.grad.numpy() - want).max())
-    os.environ.pop("RULEC_OPT")
-    print(f"  {name:70s} {t * 1e3:8.3f} ms  max diff {err:.1e}")
-    sys.stdout.flush()
-
+    return w.grad.numpy()
+  time_lists(first, low, key, rows, run, want)
 
 if __name__ == "__main__":
   main()

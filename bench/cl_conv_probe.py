@@ -61,19 +61,28 @@ def main():
   print(f"kernels: {[str(k) for k in kernels]}; key {key}")
   base = cl_actions(low, dev.target)
   rows = [("cost model: " + format_actions(base), base)] + [(text, parse_actions(text)) for text in [BASE] + lists]
+  time_lists(big, low, key, rows, lambda: program(which, x, w, g).numpy(), want, flops)
+
+
+def time_lists(kernel, low, key: str, rows, run, want, flops: float | None = None) -> None:
+  """Each (name, actions) of rows timed on the device as `kernel`'s form (`low` with the actions applied), then
+  forced through RULEC_OPT for `key` while run() computes the program again, its max difference from `want` printed
+  (a list that does not apply, or that the device cannot build, is reported as refused). Shared with
+  bench/cl_conv_grad_probe.py."""
+  dev = cl_device.get_device()
   for name, acts in rows:
     try:
-      t = cl_device._time_candidate(big, apply(low, tuple(acts), "CL"), dev.target, dev)
+      t = cl_device._time_candidate(kernel, apply(low, tuple(acts), "CL"), dev.target, dev)
     except Exception as e:   # a list that does not apply, or that the device cannot build
       print(f"  {name:75s} refused: {type(e).__name__}: {str(e)[:80]}")
       continue
     os.environ["RULEC_OPT"] = f"{key}={format_actions(acts)}"
     cl_device._by_ast.clear()
-    err = float(np.abs(program(which, x, w, g).numpy() - want).max())
-    os.environ.pop("RULEC_OPT")
-    print(f"  {name:75s} {t * 1e3:8.3f} ms {flops / t * 1e-12:6.1f} TFLOP/s  max diff {err:.1e}")
+    try: err = float(np.abs(run() - want).max())
+    finally: os.environ.pop("RULEC_OPT")
+    rate = f" {flops / t * 1e-12:6.1f} TFLOP/s" if flops else ""
+    print(f"  {name:75s} {t * 1e3:8.3f} ms{rate}  max diff {err:.1e}")
     sys.stdout.flush()
-
 
 if __name__ == "__main__":
   main()
