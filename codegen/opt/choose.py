@@ -195,7 +195,9 @@ GPU_RAGGED = True              # ranges no tile divides (primes) take ragged til
 RAGGED_EARLY_WASTE = 1 / 16    # ... a ragged tile before a smaller one that divides, where it computes at most this
                                # much more than the outputs (its overlap)
 GPU_STAGE_SEVERAL = False      # ... also a reduction over several ranges (a convolution): slower on the H200 (0.300 ms
-# staged at best, 0.211 unstaged: bench/results/h200-cl-2026-12-03-session9-sweep-conv-linear.txt), so RULEC_SEARCH only
+# staged at best, 0.211 unstaged: bench/results/h200-cl-2026-12-03-session9-sweep-conv-linear.txt) and on the H100 with
+# the taps as loops around blocks of input channels (1.12-1.65 ms against 0.834: bench/results/
+# h100-2026-12-06-session25.txt; its copies, shifted by a tap and guarded, are no cp.async chunks), so RULEC_SEARCH only
 # (H200, bench/results/h200-cl-2026-12-03-session8-stage.txt, resident: matmul 1024^3 with STAGE(k,16) and 8x16
 # work-groups ran 8x4 tiles in 0.079 ms, 4x4 in 0.097, 8x8 in 0.097, torch 0.084; without STAGE 0.19-0.26)
 

@@ -76,3 +76,55 @@ def test_the_demo_kernel_counts_follow_a_users_directory(tmp_path, monkeypatch):
   assert counts() == [4, 3, 14] and shipped == [2, 2, 11]   # the numbers docs/fusion.md states
   monkeypatch.delenv("RULEC_RULES")
   assert counts() == shipped
+
+
+def _gpt2_block(x, w: dict, heads: int, ln):
+  """A GPT-2 block (pre-norm, fused qkv split into heads, causal attention, gelu MLP, residuals)."""
+  B, T, C = x.shape
+  qkv = ln(x) @ w["attn"]
+  q, k, v = (t.reshape(B, T, heads, C // heads).permute(0, 2, 1, 3) for t in qkv.split(C, -1))
+  mask = Tensor(np.triu(np.full((T, T), -np.inf, np.float32), 1), device=x.device)
+  att = ((q @ k.transpose(-2, -1)) * (C // heads) ** -0.5 + mask).softmax(-1) @ v
+  x = x + att.permute(0, 2, 1, 3).reshape(B, T, C) @ w["proj"]
+  return x + (ln(x) @ w["fc"]).gelu() @ w["out"]
+
+
+def _products(kernel) -> int:
+  """The sums of products of two loads in a kernel (a matmul's, a convolution's: each wants a register tile)."""
+  from rulec.engine.ir.ops import Ops
+  def load(u): return u.op is Ops.INDEX or (u.op is Ops.CAST and u.src[0].op is Ops.INDEX)
+  return sum(1 for u in kernel.ast.toposort() if u.op is Ops.REDUCE and u.src[0].op is Ops.MUL and all(map(load, u.src[0].src)))
+
+
+def test_a_softmax_tail_is_stored_before_its_row_reduces_and_nothing_else_is():
+  """store_costly_row_tail (ctx.row_tail): attention's probabilities are stored before their max and sum, which are
+  hoisted into their kernel (3 kernels, not 5); in a GPT-2 block's training step it takes only rows' tails (a form
+  that took any costly value over a reduce stored 68 kernels and fused four matmul sums into one kernel)."""
+  schedule_cache.clear()
+  q, k, v = (Tensor.empty(2, 12, 256, 64, device="CPU") for _ in range(3))
+  kernels = ((q @ k.transpose(-2, -1) * 0.125).softmax(-1) @ v).schedule()
+  assert len(kernels) == 3
+  C = 768
+  w = {n: Tensor.empty(*s, device="CPU", requires_grad=True) for n, s in
+       (("attn", (C, 3 * C)), ("proj", (C, C)), ("fc", (C, 4 * C)), ("out", (4 * C, C)))}
+  x = Tensor.empty(2, 256, C, device="CPU", requires_grad=True)
+  out = _gpt2_block(x, w, 12, lambda t: t.layernorm())
+  grads = out.gradient(x, *w.values(), gradient=Tensor.empty(2, 256, C, device="CPU"))
+  kernels = Tensor.schedule(out, *grads)
+  assert len(kernels) <= 45 and max(map(_products, kernels)) == 1, (len(kernels), sorted(map(_products, kernels))[-4:])
+
+
+def test_a_gpt2_blocks_training_step_agrees_with_the_reference_device():
+  rng = np.random.default_rng(25)
+  C, H = 32, 4
+  xs = rng.standard_normal((2, 24, C)).astype(np.float32)
+  ws = {n: (rng.standard_normal(s) * 0.2).astype(np.float32) for n, s in
+        (("attn", (C, 3 * C)), ("proj", (C, C)), ("fc", (C, 4 * C)), ("out", (4 * C, C)))}
+  def run(device):
+    x = Tensor(xs, device=device, requires_grad=True)
+    w = {n: Tensor(a, device=device, requires_grad=True) for n, a in ws.items()}
+    out = _gpt2_block(x, w, H, lambda t: t.layernorm())
+    (out * out).mean().backward()
+    return [out.numpy(), x.grad.numpy()] + [t.grad.numpy() for t in w.values()]
+  for got, want in zip(run("CPU"), run("NUMPY")):
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
