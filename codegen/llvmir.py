@@ -40,7 +40,7 @@ import struct
 import numpy as np
 from llvmlite import ir
 
-from rulec.codegen.opt.transform import prefetch_ahead, range_kind, renamed_reduce
+from rulec.codegen.opt.transform import else_zero, prefetch_ahead, range_kind, renamed_reduce
 from rulec.codegen.scoped import ScopedEmitter
 from rulec.engine.ir.dtypes import DType, dtypes
 from rulec.engine.ir.ops import MAY_FUSE, TRANSCENDENTAL, Ops
@@ -575,7 +575,7 @@ class LLVMRenderer(ScopedEmitter):
     # a float sum of where(c, x, 0) (a convolution's taps that fall outside the image) adds x where c holds and
     # keeps the sum where not: select(c, acc + x, acc), which AVX-512 runs as one masked fma where x is a product,
     # instead of a masked multiply and an add (the input gradient of 8x64x56x56 3x3: 12.4 -> 8.9 ms)
-    mask = _else_zero(value) if not guarded and ad.kind == "f" and op is Ops.ADD and not wide else None
+    mask = else_zero(value) if not guarded and ad.kind == "f" and op is Ops.ADD and not wide else None
     if mask is not None: value = value.src[1]
     # a float sum of products may fuse each product into the sum (fma): `contract` on both, as numpy's BLAS does
     fuse = ad.kind == "f" and op is Ops.ADD and not wide and value.op is Ops.MUL
@@ -667,7 +667,7 @@ class LLVMRenderer(ScopedEmitter):
     the loop vectoriser have the innermost loop). Sums reassociate, as any vectorised sum does."""
     b, r, w = self.b, rngs[-1], SIMD_SUM_LANES
     n, many = r.src[0].arg, len(lanes) > 1
-    mask = _else_zero(value)
+    mask = else_zero(value)
     term = value.src[1] if mask is not None else value
     if mask is not None and r in mask.toposort(): return None
     rest = n % w
@@ -902,14 +902,9 @@ def _step_along(idx: UOp, r: UOp) -> int | None:
   return None
 
 
-def _else_zero(value: UOp) -> UOp | None:
-  """c where value is where(c, t, 0) (a sum's terms that a guard leaves out), else None."""
-  return value.src[0] if value.op is Ops.WHERE and value.src[2].op is Ops.CONST and value.src[2].arg == 0 else None
-
-
 def _guarded_reduce(value: UOp) -> bool:
   """value is where(c, t, 0) with a reduce inside t: worth a branch rather than a select."""
-  return _else_zero(value) is not None and any(n.op is Ops.REDUCE for n in value.src[1].toposort())
+  return else_zero(value) is not None and any(n.op is Ops.REDUCE for n in value.src[1].toposort())
 
 
 def _reduce_levels(ast: UOp) -> dict:

@@ -67,7 +67,7 @@ import numpy as np
 
 from rulec.engine.ir.alu import wrap
 from rulec.codegen.opt.transform import (VECTOR_DTYPES, VECTOR_WIDTHS, contiguous_offset, free_ranges, group_vector, range_kind,
-                                   block_dims, renamed_reduce, stage_split, staged_dims, staged_loads)
+                                   block_dims, else_zero, renamed_reduce, stage_split, staged_dims, staged_loads)
 from rulec.codegen.scoped import ScopedEmitter
 from rulec.engine.ir.dtypes import DType, dtypes
 from rulec.engine.ir.ops import Ops
@@ -98,7 +98,7 @@ class Target:
   ptx: bool = False     # inline PTX: the ring's 16-byte copies are Ampere's cp.async (else plain float4 copies)
   async_rows: bool = False   # ... and a load contiguous along the block (a matmul's A) kept in rows of the block, so
                              # that it copies in chunks too (its lanes read it an element at a time)
-  row_vectors: bool = False  # ... and those rows read as a float4 per four steps (_row_read; not yet run on a GPU)
+  row_vectors: bool = False  # ... and those rows read as a float4 per four steps (_row_read; off: no gain on the H100)
 
 
 GROUP_ACCS = 4                 # accumulators per work-item in a long group reduction (loads in flight)
@@ -725,14 +725,14 @@ class CLRenderer(ScopedEmitter):
       self.open_loop(r)
     # a float sum of products fuses each product into the sum, as the CPU device's `contract` does (the lanes are a
     # matmul's or convolution's register tile: fma doubles what a GPU computes per cycle)
-    fuse = op is Ops.ADD and d in (dtypes.float32, dtypes.float64) and value.op is Ops.MUL
+    fused_sum = op is Ops.ADD and d in (dtypes.float32, dtypes.float64)
+    fuse = fused_sum and value.op is Ops.MUL
     # ... and a guarded product, where(c, a * b, 0) (a padded convolution's input gradient: the padding guards the
     # product, not a load), as fma(c ? a : 0, c ? b : 0, acc): the same value (0 * 0 where c fails, where the guard on
     # one operand would make 0 * inf a NaN that torch does not give), one fma and two selects the compiler shares
     # across lanes, for a multiply, a select and an add. H100, the ResNet block's input gradient: 1.50 -> 1.41 ms;
     # c ? fma(a, b, acc) : acc ran it in 5.0 (bench/results/h100-2026-12-06-session25.txt)
-    guarded = op is Ops.ADD and d in (dtypes.float32, dtypes.float64) and value.op is Ops.WHERE and \
-      value.src[1].op is Ops.MUL and value.src[2].op is Ops.CONST and value.src[2].arg == 0
+    guarded = fused_sum and else_zero(value) is not None and value.src[1].op is Ops.MUL
     self.lane_vecs = {}
     for lane, acc in zip(lanes, accs):
       self.enter_lane(lane)

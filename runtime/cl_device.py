@@ -140,7 +140,7 @@ class CLDevice:
     # RULEC_CL_ASYNC=n overrides the ring (0 turns it off; tests turn it on for PoCL, whose copies are then plain
     # float4 ones) and RULEC_CL_ASYNC_ROWS=0/1 the rows; RULEC_CL_ROW_VECTORS=1 reads those rows a float4 per four
     # steps (codegen/opencl._row_read: NVIDIA's compiler left them as scalar loads, 128 per 16 steps of the 4096^3
-    # matmul; not measured on a GPU yet, so off)
+    # matmul; off: on the H100 it changed neither that matmul nor x @ W.T, bench/results/h100-2026-12-06-session25.txt)
     ptx = is_gpu and "NVIDIA" in self.dev.platform.name and _nv_major(self.dev) >= 8
     ring = int(os.environ.get("RULEC_CL_ASYNC", "") or (3 if ptx else 0))
     rows = os.environ.get("RULEC_CL_ASYNC_ROWS", "")

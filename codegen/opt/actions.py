@@ -39,8 +39,8 @@ applies it) by a range's axis number, the `r<axis>` of `Kernel.render()`:
   STAGE(a,n)    after UPCAST and LOCAL: reduce range a in blocks of n; per block the work-group copies every load
                 that depends on a and on the store ranges only into local memory together, and the lanes read it
                 from there (a GPU's matmul tile reads A and B from global memory once per work-group). The
-                sum's ranges before a are loops around the blocks (a weight gradient's images and rows around
-                blocks of a row's columns), those after a are within each block
+                sum's other ranges are loops around the blocks (a weight gradient's images and rows around
+                blocks of a row's columns, a convolution's taps around blocks of its channels)
 
 Text form: the actions separated by spaces or commas, `UPCAST(2,8) UPCAST(3,16) KBLOCK(4,64) THREAD(2)`,
 as RULEC_DEBUG=2 prints them and RULEC_OPT accepts them (codegen/opt/__init__.py).

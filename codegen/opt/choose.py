@@ -11,7 +11,7 @@ import math
 from dataclasses import dataclass
 
 from rulec.codegen.opt.actions import Action, OptError
-from rulec.codegen.opt.transform import apply, contiguous_offset, free_ranges, reads_what_it_writes, stored_sum, tiles
+from rulec.codegen.opt.transform import apply, contiguous_offset, else_zero, free_ranges, reads_what_it_writes, stored_sum, tiles
 from rulec.engine.ir.dtypes import dtypes
 from rulec.engine.ir.index_expr import evaluate
 from rulec.engine.ir.ops import Ops
@@ -187,10 +187,10 @@ GPU_STAGE = 16                 # a tile's reduction in blocks of this many, stag
 # loops around them: the ResNet block's 3x3 weight gradient (N64 C64 56x56, 32 parts of the batch) on the H100
 # 2.62 ms -> 1.04 in blocks of 8 (4: 1.16, 7: 1.63, 14: 1.31, 28: 1.49; bench/cl_conv_grad_probe.py)
 GPU_STAGE_ROW = 8
-# (gpu_tile: a tile's 8 columns as two groups of 4 where STAGE runs in a ring. Off: on the H100 the 4096^3 matmul went
-# 3.38 -> 3.23 ms with it but the GPT-2 MLP's forward and backward 3.81 -> 4.01, one run each; bench/results/
+# (Not chosen: a tile's 8 columns as two groups of 4 half the work-group's columns apart, where STAGE runs in a ring,
+# so that a warp's vector reads of B fall on consecutive banks. On the H100 the 4096^3 matmul went 3.38 -> 3.23 ms
+# with it but the GPT-2 MLP's forward and backward 3.81 -> 4.01, one run each; bench/results/
 # h100-2026-12-06-session24.txt. RULEC_OPT can ask for it: UPCAST(c,4) LOCAL(c,n) UPCAST(c,2))
-GPU_SPLIT_COLUMNS = False
 GPU_RAGGED = True              # ranges no tile divides (primes) take ragged tiles, work-groups and STAGE blocks
 RAGGED_EARLY_WASTE = 1 / 16    # ... a ragged tile before a smaller one that divides, where it computes at most this
                                # much more than the outputs (its overlap)
@@ -661,13 +661,6 @@ def gpu_tile(k: Kernel, tile: tuple[int, int], local: tuple[int, int], target, s
   out = [Action("UPCAST", row.arg[0], rows), Action("UPCAST", col.arg[0], cols)]
   if lc > 1: out.append(Action("LOCAL", col.arg[0], lc))
   if lr > 1: out.append(Action("LOCAL", row.arg[0], lr))
-  # with STAGE's ring (its blocks laid out as in memory), 8 columns as two groups of 4 half the work-group's columns
-  # apart: a warp's vector reads of B then fall on consecutive banks (one group of 8 hit each bank twice)
-  if GPU_SPLIT_COLUMNS and stage and getattr(target, "async_copy", 0) and cols == 8 and lc > 1 and \
-     col.src[0].arg % (cols * lc) == 0:
-    split = [Action("UPCAST", row.arg[0], rows), Action("UPCAST", col.arg[0], 4), Action("LOCAL", col.arg[0], lc),
-             Action("UPCAST", col.arg[0], 2)] + ([Action("LOCAL", row.arg[0], lr)] if lr > 1 else [])
-    if _applies(k, "CL", *split): out = split
   reduces = [x for x in end.src[0].toposort() if x.op is Ops.REDUCE]
   if stage and len(reduces) == 1 and (several or len(reduces[0].src) == 2):   # (an epilogue after the sum is fine)
     # blocks of `stage` along the sum's outermost range, or smaller ones where those need more local memory than
@@ -758,7 +751,7 @@ def _spatial_tile(k: Kernel, end: UOp, acts: list[Action]) -> list[Action] | Non
   if not any(col in i.toposort() and outer in i.toposort() for i in loads): return None
   lc = divisor_at_most(tiles(col.src[0].arg, w), GPU_LOCAL[1])
   value = reduces[0].src[0]
-  guarded = value.op is Ops.WHERE and value.src[1].op is Ops.MUL and value.src[2].op is Ops.CONST
+  guarded = else_zero(value) is not None and value.src[1].op is Ops.MUL
   split = [] if guarded else [Action("UPCAST", outer.arg[0], h)]
   out = [up_r, *split, Action("UPCAST", col.arg[0], w), Action("LOCAL", col.arg[0], lc), loc_r]
   return out if lc > 1 and _applies(k, "CL", *out) else None

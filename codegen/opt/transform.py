@@ -562,6 +562,12 @@ class _Applier:
     self.ast = _rebuild(self.ast, None, substitute(top, mapping), ())
 
 
+def else_zero(value: UOp) -> UOp | None:
+  """c where value is where(c, t, 0) (a sum's terms that a guard leaves out: a padded convolution's input gradient),
+  else None."""
+  return value.src[0] if value.op is Ops.WHERE and value.src[2].op is Ops.CONST and value.src[2].arg == 0 else None
+
+
 def stage_split(red: UOp) -> tuple[tuple[UOp, ...], UOp, tuple[UOp, ...]] | None:
   """A STAGE reduction's ranges as (the loops outside its blocks, the stage:n block range, the block's own ranges),
   or None where red is not staged."""
@@ -575,8 +581,9 @@ def staged_loads(red: UOp, store_ranges) -> list[UOp]:
   ranges and otherwise on the store ranges and the loops around the blocks only (the same for every work-item of a
   group but for its local and upcast ranges)."""
   outside, stage, inner = stage_split(red)
-  allowed = frozenset(store_ranges) | {stage} | frozenset(inner) | frozenset(outside)
-  return [x for x in red.src[0].toposort() if x.op is Ops.INDEX and (f := free_ranges(x)) & frozenset(inner) and f <= allowed]
+  block = frozenset(inner)
+  allowed = frozenset(store_ranges) | {stage} | block | frozenset(outside)
+  return [x for x in red.src[0].toposort() if x.op is Ops.INDEX and (f := free_ranges(x)) & block and f <= allowed]
 
 
 def block_dims(load: UOp, red: UOp) -> list[UOp]:
@@ -618,4 +625,4 @@ def apply(kernel: Kernel, actions, device: str) -> Kernel:
 
 
 __all__ = ["DEVICE_ACTIONS", "MAX_LANES", "merged_reduce_ranges", "apply", "contiguous_offset", "free_ranges", "group_vector", "prefetch_ahead", "range_kind",
-           "block_dims", "reads_what_it_writes", "renamed_reduce", "stage_split", "staged_dims", "staged_loads", "tiles"]
+           "block_dims", "else_zero", "reads_what_it_writes", "renamed_reduce", "stage_split", "staged_dims", "staged_loads", "tiles"]

@@ -764,11 +764,18 @@ def test_gpu_tiles_of_prime_sizes_are_ragged(m, k, n, transposed):
   if k == 4099: assert any(a.op == "STAGE" and a.amount == 16 for a in acts), acts
 
 
+def _gpu_actions_by_size(kernel, target) -> list[tuple]:
+  """The cost model's CL actions for `kernel` on `target`, each as (op, the size of its range, amount)."""
+  from rulec.codegen.opt.choose import cl_actions
+  low = decomposed(kernel)
+  sizes = {r.arg[0]: r.src[0].arg for r in low.ranges}
+  return [(a.op, sizes.get(a.axis), a.amount) for a in cl_actions(low, target)]
+
+
 def test_a_conv_weight_gradient_takes_a_long_sum_tile_on_a_gpu_and_agrees_with_numpy(cl_tiles):
   # its taps are the innermost store range (3: no column tile), its sum long: lanes of output channels by lanes of
   # input channels (choose._long_sum_tile), each image row's 24 columns staged in blocks of 8
   from rulec.codegen.opencl import Target
-  from rulec.codegen.opt.choose import cl_actions
   rng = np.random.default_rng(12)
   # (8 partial sums of 8 x 24 x 24 steps each, for more outputs than a group reduction takes)
   x = rng.standard_normal((64, 32, 24, 24)).astype(np.float32)
@@ -780,11 +787,8 @@ def test_a_conv_weight_gradient_takes_a_long_sum_tile_on_a_gpu_and_agrees_with_n
     return tw.grad
   gw = grad("CL")
   longest = max(gw.schedule(), key=lambda k: math.prod(r.src[0].arg for r in k.ast.ranges))
-  low = decomposed(longest)
-  acts = cl_actions(low, Target(group=512, vector=4, tile=256, units=132))
-  sizes = {r.arg[0]: r.src[0].arg for r in low.ranges}
-  assert [(a.op, sizes.get(a.axis), a.amount) for a in acts] == \
-    [("UPCAST", 32, 4), ("UPCAST", 32, 8), ("LOCAL", 32, 4), ("LOCAL", 32, 8), ("STAGE", 24, 8)], acts
+  acts = _gpu_actions_by_size(longest, Target(group=512, vector=4, tile=256, units=132))
+  assert acts == [("UPCAST", 32, 4), ("UPCAST", 32, 8), ("LOCAL", 32, 4), ("LOCAL", 32, 8), ("STAGE", 24, 8)], acts
   np.testing.assert_allclose(gw.numpy(), grad("NUMPY").numpy(), rtol=1e-3, atol=1e-3)
 
 
@@ -793,7 +797,6 @@ def test_a_convolution_and_its_input_gradient_take_image_tiles_on_a_gpu_and_agre
   # as 4 columns of one row (choose._spatial_tile), in work-groups of 14 (56 / 4) by 4 (32 output channels / 8); both run
   # here with the GPU target's tiles
   from rulec.codegen.opencl import Target
-  from rulec.codegen.opt.choose import cl_actions
   rng = np.random.default_rng(13)
   x = rng.standard_normal((8, 32, 8, 56)).astype(np.float32)
   w = rng.standard_normal((32, 32, 3, 3)).astype(np.float32)
@@ -810,9 +813,7 @@ def test_a_convolution_and_its_input_gradient_take_image_tiles_on_a_gpu_and_agre
   for t, want in ((ey, [("UPCAST", 32, 8), ("UPCAST", 8, 2), ("UPCAST", 56, 4), ("LOCAL", 56, 14), ("LOCAL", 32, 4)]),
                   (egx, [("UPCAST", 32, 8), ("UPCAST", 56, 4), ("LOCAL", 56, 14), ("LOCAL", 32, 4)])):
     big = max(t.schedule(), key=lambda k: len(k.ast.ranges))
-    low = decomposed(big)
-    sizes = {r.arg[0]: r.src[0].arg for r in low.ranges}
-    assert [(a.op, sizes.get(a.axis), a.amount) for a in cl_actions(low, gpu)] == want
+    assert _gpu_actions_by_size(big, gpu) == want
   y, gx = run("CL")
   ry, rgx = run("NUMPY")
   np.testing.assert_allclose(y.numpy(), ry.numpy(), rtol=1e-4, atol=1e-4)
