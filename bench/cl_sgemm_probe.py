@@ -110,7 +110,13 @@ void sgemm(__global const float* restrict A, __global const float* restrict B, _
 # both kernels' work-group position and accumulators, and their stores of C
 _TILE_START = ('''  const int tid = get_local_id(0);
   const int nbx = N / BN;
+#if SW
+  // SW rows of blocks at a time, column by column: the work-groups in flight share SW blocks of A and their B (L2)
+  const int g = get_group_id(0), per = SW * nbx, first = g / per * SW, rows = min(M / BM - first, SW);
+  const int bx = g % per / rows, by = first + g % per % rows;
+#else
   const int bx = get_group_id(0) % nbx, by = get_group_id(0) / nbx;
+#endif
   const int tx = tid % NTX, ty = tid / NTX;
   A += (size_t)by * BM * K;
   B += bx * BN;
@@ -212,6 +218,17 @@ ASYNC_VARIANTS = [
   (128, 128, 8, 8, 16, 4, 4),
   (64, 128, 16, 8, 8, 3, 4),
 ]
+# ... the best of those again with the work-groups ordered SW rows of blocks at a time, and with the registers capped
+# so that four work-groups fit on a compute unit (3 did at 168 registers: 2048 groups of the 4096^3 product then run
+# in 5.2 waves, the last one a sixth full); (BM, BN, BK, TM, TN, ST, APAD, SW, extra build options)
+ASYNC_MORE = [
+  (64, 128, 16, 8, 8, 3, 4, 8, ()),
+  (64, 128, 16, 8, 8, 3, 4, 16, ()),
+  (64, 128, 16, 8, 8, 3, 4, 0, ("-cl-nv-maxrregcount=128",)),
+  (64, 128, 16, 8, 8, 3, 4, 8, ("-cl-nv-maxrregcount=128",)),
+  (128, 64, 16, 8, 8, 3, 4, 0, ("-cl-nv-maxrregcount=128",)),
+  (64, 128, 16, 8, 8, 2, 4, 0, ("-cl-nv-maxrregcount=128",)),
+]
 
 # (BM, BN, BK, TM, TN, SPLIT, NBUF, APAD)
 VARIANTS = [
@@ -267,7 +284,8 @@ def main():
   dev = cl_device.get_device()
   ctx = dev.ctx
   queue = cl.CommandQueue(ctx, properties=cl.command_queue_properties.PROFILING_ENABLE)
-  if VERBOSE and "NVIDIA" in dev.dev.platform.name: EXTRA_OPTS.append("-cl-nv-verbose")
+  nvidia = "NVIDIA" in dev.dev.platform.name
+  if VERBOSE and nvidia: EXTRA_OPTS.append("-cl-nv-verbose")
   print(f"device: {dev.dev.name}; sgemm {n}^3 float32; medians of {reps} event times")
   rng = np.random.default_rng(0)
   a = rng.standard_normal((n, n)).astype(np.float32)
@@ -285,9 +303,13 @@ def main():
           for bm, bn, bk, tm, tn, split, nbuf, apad in VARIANTS]
   jobs += [(f"{bm}x{bn} BK{bk} {tm}x{tn} cp.async ST{st} pad{apad}", ASYNC_SOURCE,
             dict(BM=bm, BN=bn, BK=bk, TM=tm, TN=tn, ST=st, APAD=apad)) for bm, bn, bk, tm, tn, st, apad in ASYNC_VARIANTS]
-  for name, source, macros in jobs:
+  jobs += [(f"{bm}x{bn} BK{bk} {tm}x{tn} cp.async ST{st} SW{sw}" + "".join(" " + o.split("=")[-1] + "reg" for o in opts),
+            ASYNC_SOURCE, dict(BM=bm, BN=bn, BK=bk, TM=tm, TN=tn, ST=st, APAD=apad, SW=sw), opts)
+           for bm, bn, bk, tm, tn, st, apad, sw, opts in ASYNC_MORE if nvidia]
+  if os.environ.get("RULEC_PROBE_ONLY"): jobs = [j for j in jobs if os.environ["RULEC_PROBE_ONLY"] in j[0]]
+  for name, source, macros, *more in jobs:
     bm, bn, tm, tn = macros["BM"], macros["BN"], macros["TM"], macros["TN"]
-    opts = [f"-D{k}={v}" for k, v in macros.items()] + ["-cl-mad-enable"] + EXTRA_OPTS
+    opts = [f"-D{k}={v}" for k, v in {"SW": 0, **macros}.items()] + ["-cl-mad-enable"] + EXTRA_OPTS + [o for m in more for o in m]
     try:
       prg = cl.Program(ctx, source).build(options=opts)
       if VERBOSE: report_build(prg, dev.dev, name)

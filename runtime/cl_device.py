@@ -144,11 +144,17 @@ class CLDevice:
     ptx = is_gpu and "NVIDIA" in self.dev.platform.name and _nv_major(self.dev) >= 8
     ring = int(os.environ.get("RULEC_CL_ASYNC", "") or (3 if ptx else 0))
     rows = os.environ.get("RULEC_CL_ASYNC_ROWS", "")
+    # kernels with work-groups declare their size (reqd_work_group_size) on GPUs, so that NVIDIA's compiler knows the
+    # registers a work-item may take: H200, bench/models.py, one run each, matmul 4096^3 3.38 -> 3.25 ms, the GPT-2
+    # MLP 1.18 -> 1.11, its fwd+bwd 3.93 -> 3.81 (bench/results/gpu-2026-12-06-session26.txt); RULEC_CL_FIXED_GROUP=0/1
+    # overrides
+    fixed = os.environ.get("RULEC_CL_FIXED_GROUP", "")
     self.target = Target(fp64="cl_khr_fp64" in ext, group=group_size(self.dev), vector=vector if vector in (2, 4, 8, 16) else 0,
                          tile=min(tile, self.dev.max_work_group_size) if tile > 0 else 0, units=units,
                          grid=grid if grid >= 2 else 0, async_copy=ring if ring >= 2 else 0, ptx=ptx,
                          async_rows=rows == "1" if rows else ptx,
-                         row_vectors=os.environ.get("RULEC_CL_ROW_VECTORS", "") == "1")
+                         row_vectors=os.environ.get("RULEC_CL_ROW_VECTORS", "") == "1",
+                         fixed_group=fixed == "1" if fixed else is_gpu)
     self.max_work_group = self.dev.max_work_group_size
     self.max_item0 = self.dev.max_work_item_sizes[0]
     self.units = units
@@ -167,6 +173,8 @@ class CLDevice:
     # IEEE division and sqrt in float32 (OpenCL otherwise allows 2.5 / 3 ulp), where the device offers it
     if self.dev.single_fp_config & cl.device_fp_config.CORRECTLY_ROUNDED_DIVIDE_SQRT:
       self.options.append("-cl-fp32-correctly-rounded-divide-sqrt")
+    # more build options for every program, for measurements (-cl-nv-maxrregcount=N); part of the cache key below
+    self.options += os.environ.get("RULEC_CL_OPTIONS", "").split()
 
   def cache_key(self, source: str) -> str:
     """The disk cache key of a program built from `source` for this device (engine/diskcache.py)."""

@@ -95,6 +95,12 @@ COL_BLOCK_OVER = 2 << 20
 COL_BLOCK_BYTES = 1 << 20
 COL_BLOCK_K_BYTES = 512 << 10
 COL_BLOCK_K_MAX = 256
+# ... but where the whole second matrix (the sum's length by all the columns) is at most this many bytes, neither: it
+# stays in L2 unblocked, and the blocks only cost loop overhead and re-stored C. Attention's P @ V (a 256 x 64 V per
+# head), 3 runs of 3 interleaved, 2 threads, 16-lane registers: 0.79-0.88 ms in blocks of 64 against 0.66-0.74
+# unblocked; 6144 x 256 x 64 0.80 -> 0.66; 2048 x 512 x 512 (1 MiB) 4.0 in column blocks, 3.6-3.7 without; 512 x 768 x
+# 768 (2.3 MiB) keeps its blocks (1.88 against 4.1 unblocked)
+WHOLE_B_BYTES = 1 << 20
 
 def _online_tile(k: Kernel, end: UOp) -> list[Action]:
   """A kernel that sums with a running max (attention as one kernel, rules/online.rules): the innermost store range
@@ -181,6 +187,12 @@ SPREAD_MIN_PER_ITEM = 16       # a row per work-group (SPREAD): on the H200, RUL
 VECTOR_MIN_ELEMENTS = 1024     # elements per vector lane below which vector loads do not pay
 GPU_TILES = ((8, 8), (8, 4), (4, 4), (2, 4))   # a work-item's register tile on a GPU (rows x columns), largest first ...
 GPU_ITEMS_PER_UNIT = 192       # ... the first that leaves at least this many work-items per compute unit
+# ... and the largest, whose 168 registers a work-item fit 3 work-groups of 128 on a compute unit, this many (2.5
+# groups a unit; fewer leave units a group short): H100, the GPT-2 MLP's weight gradients (768 x 3072 over 4096 steps,
+# 288 groups of 8 x 8 tiles for 132 units, 2.2 a unit) 0.58 ms -> 0.51 as 576 groups of 8 x 4
+# (bench/results/gpu-2026-12-06-session26.txt). Attention's P @ V and the MLP's second matmul (2.9 a unit) were not
+# measured with 8 x 4 and keep 8 x 8
+GPU_BIG_TILE_ITEMS_PER_UNIT = 320
 GPU_LOCAL = (8, 16)            # work-items of one group along rows and columns (at most)
 GPU_STAGE = 16                 # a tile's reduction in blocks of this many, staged in local memory (STAGE); 0: never
 # ... and a sum over several ranges with a long innermost one (16 or more) in blocks of GPU_STAGE_ROW of it, the others
@@ -449,6 +461,14 @@ def _column_blocks(k: Kernel, end: UOp, tile: list[Action], col: UOp, cols: int)
   return act if _applies(k, "CPU", *tile, act) else None
 
 
+def _second_matrix_bytes(end: UOp, col: UOp) -> float:
+  """Bytes of the column-indexed input a sum over one range reads in all (its length by the columns), or infinity
+  where the kernel's value is not such a sum."""
+  red = stored_sum(end.src[0].src[1])
+  if red is None or len(red.src) != 2: return math.inf
+  return red.src[1].src[0].arg * col.src[0].arg * red.dtype.itemsize
+
+
 def _sum_along_loads(end: UOp) -> UOp | None:
   """The kernel's one REDUCE when it is a float sum whose every load steps by one element along its innermost range
   or does not move with it (its vector lanes can run along that range: SIMD), else None."""
@@ -542,8 +562,10 @@ def cpu_actions(k: Kernel, target: CPUTarget | None = None) -> list[Action]:
       out.append(Action("UPCAST", taps.arg[0], taps.src[0].arg))
   if row is not None:
     out.append(Action("UPCAST", row.arg[0], rows))
-    blocked = _column_blocks(k, end, out, col, cols) if lanes >= 16 else None
-    if blocked:
+    small = lanes >= 16 and _second_matrix_bytes(end, col) <= WHOLE_B_BYTES
+    blocked = _column_blocks(k, end, out, col, cols) if lanes >= 16 and not small else None
+    if small: kb = 0
+    elif blocked:
       out.append(blocked)
       kb = _k_block(k, end, blocked.amount * cols, COL_BLOCK_K_BYTES, COL_BLOCK_K_MAX)
     else:
@@ -706,8 +728,8 @@ def cl_actions(k: Kernel, target) -> list[Action]:
     # H200, 1024^3 matmul: 8x8 tiles leave 16K work-items for 132 compute units and run at half the speed of 4x4;
     # the conv2d workload (6.4M outputs) runs fastest with 8x8 (bench/cl_sweep.py)
     outputs = math.prod(r.src[0].arg for r in end.src[1:])
-    need = GPU_ITEMS_PER_UNIT * max(1, target.units)
-    first = next((i for i, (tr, tc) in enumerate(GPU_TILES) if outputs // (tr * tc) >= need), len(GPU_TILES) - 1)
+    need = lambda tile: (GPU_BIG_TILE_ITEMS_PER_UNIT if tile == GPU_TILES[0] else GPU_ITEMS_PER_UNIT) * max(1, target.units)  # noqa: E731
+    first = next((i for i, (tr, tc) in enumerate(GPU_TILES) if outputs // (tr * tc) >= need((tr, tc))), len(GPU_TILES) - 1)
     # the largest tile that fills the device, else smaller ones that apply; a tile that divides the ranges, else the
     # same one ragged before a smaller one (1018 x 1024 x 1024: 2 x 4 tiles that divide took 0.142 ms on the H200,
     # where 8 x 4 ragged ones run about as 1009^3's, 0.084)
@@ -721,7 +743,7 @@ def cl_actions(k: Kernel, target) -> list[Action]:
     for tile, ragged, waste in tries:
       acts = gpu_tile(k, tile, GPU_LOCAL, target, GPU_STAGE, GPU_STAGE_SEVERAL, ragged=ragged, max_waste=waste,
                       ragged_groups=may)
-      if acts is not None: return _spatial_tile(k, end, acts) or acts
+      if acts is not None: return _spatial_tile(k, end, acts, target) or acts
     if (acts := _long_sum_tile(k, end)): return acts
   return []
 
@@ -732,12 +754,17 @@ def cl_actions(k: Kernel, target) -> list[Action]:
 # gradient, whose padding guards each product (where(c, a * b, 0): a select per lane), runs best as 4 columns of
 # one row: 1.413 ms as 8 columns, 1.337 as 2 x 4, 1.236 as 4 (bench/results/h100-2026-12-06-session25.txt)
 GPU_SPATIAL_TILE = (2, 4)
+# ... and the work-groups take this many of those image rows (row pairs) too, 224 work-items where they were 112: the
+# forward on the H200 0.712 -> 0.665 ms, the input gradient on an H100 1.234 -> 1.105
+# (bench/results/gpu-2026-12-06-session26.txt)
+GPU_SPATIAL_GROUP_ROWS = 2
 
 
-def _spatial_tile(k: Kernel, end: UOp, acts: list[Action]) -> list[Action] | None:
+def _spatial_tile(k: Kernel, end: UOp, acts: list[Action], target) -> list[Action] | None:
   """acts (UPCAST rows, UPCAST columns, LOCAL columns, LOCAL rows) with the columns split over the store range
   outside them, where the kernel sums over several ranges (a convolution: channels and taps) and the loads that
-  read the columns read that range too (an image's rows); None where that does not apply."""
+  read the columns read that range too (an image's rows), and GPU_SPATIAL_GROUP_ROWS of that range's parts in each
+  work-group where they divide it and fit; None where that does not apply."""
   if not GPU_SPATIAL_TILE or len(acts) != 4 or [a.op for a in acts] != ["UPCAST", "UPCAST", "LOCAL", "LOCAL"]: return None
   reduces = [x for x in end.src[0].toposort() if x.op is Ops.REDUCE]
   if len(reduces) != 1 or len(reduces[0].src) < 3: return None
@@ -754,6 +781,10 @@ def _spatial_tile(k: Kernel, end: UOp, acts: list[Action]) -> list[Action] | Non
   guarded = else_zero(value) is not None and value.src[1].op is Ops.MUL
   split = [] if guarded else [Action("UPCAST", outer.arg[0], h)]
   out = [up_r, *split, Action("UPCAST", col.arg[0], w), Action("LOCAL", col.arg[0], lc), loc_r]
+  g = GPU_SPATIAL_GROUP_ROWS
+  if g > 1 and outer.src[0].arg // (h if split else 1) % g == 0 and lc * loc_r.amount * g <= target.tile and \
+     _applies(k, "CL", *out, Action("LOCAL", outer.arg[0], g)):
+    out.append(Action("LOCAL", outer.arg[0], g))
   return out if lc > 1 and _applies(k, "CL", *out) else None
 
 

@@ -173,6 +173,7 @@ def test_a_big_output_runs_in_column_blocks_with_longer_sum_blocks_and_agrees_wi
   fresh.setattr(choose, "COL_BLOCK_OVER", 16 << 10)
   fresh.setattr(choose, "COL_BLOCK_BYTES", m * 64 * 4)   # 64 columns in a block
   fresh.setattr(choose, "COL_BLOCK_K_BYTES", 16 * 64 * 4)
+  fresh.setattr(choose, "WHOLE_B_BYTES", 0)   # (B here is small enough to stay in L2 unblocked)
   rng = np.random.default_rng(m + k)
   a, b = rng.standard_normal((m, k)).astype(np.float32), rng.standard_normal((k, n)).astype(np.float32)
   bias = rng.standard_normal(n).astype(np.float32)
@@ -274,6 +275,7 @@ def test_matmuls_of_sizes_no_width_divides_take_a_divisor_or_ragged_tile_and_agr
   (kern,) = t.schedule()
   low = decomposed(kern, cpu_device.optional_decompositions())
   from rulec.codegen.opt import choose
+  fresh.setattr(choose, "WHOLE_B_BYTES", 0)   # (the blocks of a sum no power of two divides, even where B is small)
   text = format_actions(choose.cpu_actions(low, cpu_device.opt_target()))
   sizes = {r.arg[0]: r.src[0].arg for r in low.ranges}
   ups = _upcasts(text)
@@ -518,7 +520,7 @@ def test_stage_puts_a_tiles_blocks_in_local_memory_and_agrees_with_numpy(cl_dev,
   import attrs
   from rulec.runtime import cl_device
   monkeypatch.setattr(cl_dev, "target", attrs.evolve(cl_dev.target, async_copy=ring, ptx=False, async_rows=rows,
-                                                    row_vectors=rows))
+                                                    row_vectors=rows, fixed_group=rows))
   cl_device._by_ast.clear()
   rng = np.random.default_rng(m + k + n)
   a = (rng.standard_normal((m, k)) * 4).astype(dtype); b = (rng.standard_normal((k, n)) * 4).astype(dtype)
@@ -528,6 +530,9 @@ def test_stage_puts_a_tiles_blocks_in_local_memory_and_agrees_with_numpy(cl_dev,
   monkeypatch.setenv("RULEC_OPT", f"{key}={acts}")
   src = cl_device.render(kern).source
   assert src.count("__local float tile") + src.count("__local int tile") + src.count("__local float tile") >= 2
+  # (with Target.fixed_group the kernel declares its work-group size, which the launch then must use)
+  items = math.prod(int(n) for n in re.findall(r"LOCAL\(\d+,(\d+)\)", acts))
+  assert (f"reqd_work_group_size({items}, 1, 1)" in src) == rows and src.count("reqd_work_group_size") == rows
   # (2-byte elements, and rows whose fastest copy range is shorter than 4 (2 lanes), copy as before)
   chunked = "rulec_cp16(" in src
   if ring and dtype != "float16" and k != 12: assert chunked
@@ -794,8 +799,8 @@ def test_a_conv_weight_gradient_takes_a_long_sum_tile_on_a_gpu_and_agrees_with_n
 
 def test_a_convolution_and_its_input_gradient_take_image_tiles_on_a_gpu_and_agree_with_numpy(cl_tiles):
   # the forward's 8 columns as 2 image rows by 4 columns, the input gradient's (its products guarded by the padding)
-  # as 4 columns of one row (choose._spatial_tile), in work-groups of 14 (56 / 4) by 4 (32 output channels / 8); both run
-  # here with the GPU target's tiles
+  # as 4 columns of one row (choose._spatial_tile), in work-groups of 14 (56 / 4) by 4 (32 output channels / 8) by 2
+  # (row pairs, rows); both run here with the GPU target's tiles
   from rulec.codegen.opencl import Target
   rng = np.random.default_rng(13)
   x = rng.standard_normal((8, 32, 8, 56)).astype(np.float32)
@@ -810,8 +815,9 @@ def test_a_convolution_and_its_input_gradient_take_image_tiles_on_a_gpu_and_agre
   ex = Tensor.empty(8, 32, 8, 56, device="CL", requires_grad=True)
   ey = ex.conv2d(Tensor.empty(32, 32, 3, 3, device="CL"), padding=1)
   (egx,) = ey.gradient(ex, gradient=Tensor.empty(8, 32, 8, 56, device="CL"))
-  for t, want in ((ey, [("UPCAST", 32, 8), ("UPCAST", 8, 2), ("UPCAST", 56, 4), ("LOCAL", 56, 14), ("LOCAL", 32, 4)]),
-                  (egx, [("UPCAST", 32, 8), ("UPCAST", 56, 4), ("LOCAL", 56, 14), ("LOCAL", 32, 4)])):
+  for t, want in ((ey, [("UPCAST", 32, 8), ("UPCAST", 8, 2), ("UPCAST", 56, 4), ("LOCAL", 56, 14), ("LOCAL", 32, 4),
+                        ("LOCAL", 8, 2)]),
+                  (egx, [("UPCAST", 32, 8), ("UPCAST", 56, 4), ("LOCAL", 56, 14), ("LOCAL", 32, 4), ("LOCAL", 8, 2)])):
     big = max(t.schedule(), key=lambda k: len(k.ast.ranges))
     assert _gpu_actions_by_size(big, gpu) == want
   y, gx = run("CL")
@@ -1037,6 +1043,18 @@ def test_kblock_with_a_shorter_last_block_computes_the_same(fresh, m, k, n, acts
   key64, _ = _key_and_axes(t64)
   fresh.setenv("RULEC_OPT", f"{key64}={text}")
   np.testing.assert_allclose(t64.numpy(), a.astype(np.float64) @ b64, rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("m, k, n, blocked", [(6144, 256, 64, False), (2048, 512, 512, False), (512, 768, 768, True),
+                                               (2048, 1024, 1024, True)])
+def test_a_second_matrix_that_fits_in_l2_is_not_blocked(m, k, n, blocked):
+  # attention's P @ V reads a 256 x 64 V per head: in blocks of 64 steps (KBLOCK) it ran 0.79-0.88 ms, unblocked
+  # 0.66-0.74 (16-lane registers); B over choose.WHOLE_B_BYTES keeps its blocks (512 x 768 x 768: 1.88 against 4.1)
+  from rulec.codegen.opt import choose
+  (kern,) = (Tensor.empty(m, k) @ Tensor.empty(k, n)).schedule()
+  text = format_actions(choose.cpu_actions(decomposed(kern, cpu_device.optional_decompositions()), choose.CPUTarget(lanes=16)))
+  assert ("BLOCK" in text) == blocked == (k * n * 4 > choose.WHOLE_B_BYTES), text
+  assert text.startswith("UPCAST(1,32) UPCAST(0,14)"), text   # (the same register tile either way)
 
 
 @pytest.mark.parametrize("k", [1009, 97, 131])
