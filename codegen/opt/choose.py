@@ -95,12 +95,6 @@ COL_BLOCK_OVER = 2 << 20
 COL_BLOCK_BYTES = 1 << 20
 COL_BLOCK_K_BYTES = 512 << 10
 COL_BLOCK_K_MAX = 256
-# ... but where the whole second matrix (the sum's length by all the columns) is at most this many bytes, neither: it
-# stays in L2 unblocked, and the blocks only cost loop overhead and re-stored C. Attention's P @ V (a 256 x 64 V per
-# head), 3 runs of 3 interleaved, 2 threads, 16-lane registers: 0.79-0.88 ms in blocks of 64 against 0.66-0.74
-# unblocked; 6144 x 256 x 64 0.80 -> 0.66; 2048 x 512 x 512 (1 MiB) 4.0 in column blocks, 3.6-3.7 without; 512 x 768 x
-# 768 (2.3 MiB) keeps its blocks (1.88 against 4.1 unblocked)
-WHOLE_B_BYTES = 1 << 20
 
 def _online_tile(k: Kernel, end: UOp) -> list[Action]:
   """A kernel that sums with a running max (attention as one kernel, rules/online.rules): the innermost store range
@@ -461,14 +455,6 @@ def _column_blocks(k: Kernel, end: UOp, tile: list[Action], col: UOp, cols: int)
   return act if _applies(k, "CPU", *tile, act) else None
 
 
-def _second_matrix_bytes(end: UOp, col: UOp) -> float:
-  """Bytes of the column-indexed input a sum over one range reads in all (its length by the columns), or infinity
-  where the kernel's value is not such a sum."""
-  red = stored_sum(end.src[0].src[1])
-  if red is None or len(red.src) != 2: return math.inf
-  return red.src[1].src[0].arg * col.src[0].arg * red.dtype.itemsize
-
-
 def _sum_along_loads(end: UOp) -> UOp | None:
   """The kernel's one REDUCE when it is a float sum whose every load steps by one element along its innermost range
   or does not move with it (its vector lanes can run along that range: SIMD), else None."""
@@ -562,10 +548,8 @@ def cpu_actions(k: Kernel, target: CPUTarget | None = None) -> list[Action]:
       out.append(Action("UPCAST", taps.arg[0], taps.src[0].arg))
   if row is not None:
     out.append(Action("UPCAST", row.arg[0], rows))
-    small = lanes >= 16 and _second_matrix_bytes(end, col) <= WHOLE_B_BYTES
-    blocked = _column_blocks(k, end, out, col, cols) if lanes >= 16 and not small else None
-    if small: kb = 0
-    elif blocked:
+    blocked = _column_blocks(k, end, out, col, cols) if lanes >= 16 else None
+    if blocked:
       out.append(blocked)
       kb = _k_block(k, end, blocked.amount * cols, COL_BLOCK_K_BYTES, COL_BLOCK_K_MAX)
     else:

@@ -173,7 +173,6 @@ def test_a_big_output_runs_in_column_blocks_with_longer_sum_blocks_and_agrees_wi
   fresh.setattr(choose, "COL_BLOCK_OVER", 16 << 10)
   fresh.setattr(choose, "COL_BLOCK_BYTES", m * 64 * 4)   # 64 columns in a block
   fresh.setattr(choose, "COL_BLOCK_K_BYTES", 16 * 64 * 4)
-  fresh.setattr(choose, "WHOLE_B_BYTES", 0)   # (B here is small enough to stay in L2 unblocked)
   rng = np.random.default_rng(m + k)
   a, b = rng.standard_normal((m, k)).astype(np.float32), rng.standard_normal((k, n)).astype(np.float32)
   bias = rng.standard_normal(n).astype(np.float32)
@@ -275,7 +274,6 @@ def test_matmuls_of_sizes_no_width_divides_take_a_divisor_or_ragged_tile_and_agr
   (kern,) = t.schedule()
   low = decomposed(kern, cpu_device.optional_decompositions())
   from rulec.codegen.opt import choose
-  fresh.setattr(choose, "WHOLE_B_BYTES", 0)   # (the blocks of a sum no power of two divides, even where B is small)
   text = format_actions(choose.cpu_actions(low, cpu_device.opt_target()))
   sizes = {r.arg[0]: r.src[0].arg for r in low.ranges}
   ups = _upcasts(text)
@@ -1043,18 +1041,6 @@ def test_kblock_with_a_shorter_last_block_computes_the_same(fresh, m, k, n, acts
   key64, _ = _key_and_axes(t64)
   fresh.setenv("RULEC_OPT", f"{key64}={text}")
   np.testing.assert_allclose(t64.numpy(), a.astype(np.float64) @ b64, rtol=1e-10, atol=1e-10)
-
-
-@pytest.mark.parametrize("m, k, n, blocked", [(6144, 256, 64, False), (2048, 512, 512, False), (512, 768, 768, True),
-                                               (2048, 1024, 1024, True)])
-def test_a_second_matrix_that_fits_in_l2_is_not_blocked(m, k, n, blocked):
-  # attention's P @ V reads a 256 x 64 V per head: in blocks of 64 steps (KBLOCK) it ran 0.79-0.88 ms, unblocked
-  # 0.66-0.74 (16-lane registers); B over choose.WHOLE_B_BYTES keeps its blocks (512 x 768 x 768: 1.88 against 4.1)
-  from rulec.codegen.opt import choose
-  (kern,) = (Tensor.empty(m, k) @ Tensor.empty(k, n)).schedule()
-  text = format_actions(choose.cpu_actions(decomposed(kern, cpu_device.optional_decompositions()), choose.CPUTarget(lanes=16)))
-  assert ("BLOCK" in text) == blocked == (k * n * 4 > choose.WHOLE_B_BYTES), text
-  assert text.startswith("UPCAST(1,32) UPCAST(0,14)"), text   # (the same register tile either way)
 
 
 @pytest.mark.parametrize("k", [1009, 97, 131])
