@@ -385,12 +385,6 @@ class CLRenderer(ScopedEmitter):
           self._leave_row_element(spread)
         continue
       if spread is not None: self.open_loop(spread, "lane", self.group)
-      # a register tile's sums first, every lane's, then what the store makes of them: else the first lane's epilogue
-      # values that the sum does not need (a backward's gelu' of the stored pre-activation) are computed before the
-      # sum's loop and held in registers through it. H100, GPT-2 MLP's dy @ W2.T with that epilogue: 0.77 ms against
-      # 0.57 for the forward matmul of the same size
-      if self.ups and not self.group and spread is None:
-        for red in _outer_reduces(value): self.every_lanes_reduce(red)
       for _ in self.each_lane():
         v = self.value(value)
         i = self.value(idx)
@@ -1225,13 +1219,6 @@ class CLRenderer(ScopedEmitter):
         self.line(f"{t}{n} {name} = {self._aligned(p, t, n)}[({start}) / {n}];")
       else: self.line(f"{t}{n} {name} = vload{n}(0, {self.ptrs[p]} + {start});")
     return self.let(u.dtype, f"{name}.s{self.group_lane:x}")
-
-
-def _outer_reduces(value: UOp) -> list[UOp]:
-  """The REDUCEs of value that no other REDUCE of it contains, in the order their inputs come first."""
-  reds = [x for x in value.toposort() if x.op is Ops.REDUCE]
-  inner = {y for x in reds for y in x.src[0].toposort() if y.op is Ops.REDUCE}
-  return [x for x in reds if x not in inner]
 
 
 def render(kernel: Kernel, target: Target = Target(), name: str = KERNEL_NAME, vars=None) -> Rendered:
