@@ -31,7 +31,10 @@ output (its shape) and takes the gradients of every input and weight.
   tinygrad  the same function as rulec's (tinygrad 0.14 has the same Tensor API; the LLaMA row runs
             examples/llama.py's classes with `rulec` standing for tinygrad), its TinyJit on DEV=--tg-dev (CPU by
             default; with --device CL, its CL device), in a process of its own per row, killed after --tg-timeout
-            seconds. Its CPU device compiles with clang: put one on PATH. A row it fails or times out shows "-".
+            seconds. Its CPU device compiles with clang: put one on PATH. Where there is none, a script named clang
+            that runs `zig cc` (pip install ziglang) with its `--target=x86_64-none-unknown-elf` replaced by
+            `-target x86_64-linux-none -fPIC` and `-g0` added (tinygrad's loader takes no debug relocations) served
+            (bench/results/cpu-models-tinygrad-2026-12-06-session26.txt). A row it fails or times out shows "-".
 Each timing is the median of --reps timed calls (fewer when they pass --budget seconds; at least 3), one side's
 calls after the other's (not alternating: each side's idle threads then spin into the other's calls).
 
