@@ -101,6 +101,14 @@ def rows_shared(device) -> bool:
   return (dev := _cl(device)) is not None and dev.target.group > 0
 
 
+def tiles_sums(device) -> bool:
+  """Whether `device` runs a contraction (a matmul) in register tiles of work-groups whose work-items hold many
+  registers (the CL device on a GPU, codegen/opt gpu_tile: 168 registers a work-item, 3 work-groups of 128 a compute
+  unit), so that what the kernel computes after the sum runs on few threads: a costly epilogue is faster as an
+  elementwise kernel of its own (rules/fusion.rules store_sum_before_costly_epilogue)."""
+  return (dev := _cl(device)) is not None and dev.target.tile > 0
+
+
 def default_device() -> str:
   """The default device: RULEC_DEVICE (CPU when unset or empty); DeviceError when it names no device."""
   raw = os.environ.get("RULEC_DEVICE", "").strip() or "CPU"

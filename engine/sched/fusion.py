@@ -48,6 +48,12 @@ ONLINE_SOFTMAX_BYTES = int(os.environ.get("RULEC_ONLINE_SOFTMAX_BYTES", str(2 <<
 # upcasts a matmul's output columns by 32 on the CPU (codegen/opt), and a GPU's work-group tile shares a loaded
 # element as widely, so a value a reduction reads repeats/tile times is computed repeats/tile times.
 OUTPUT_TILE = 32
+# The epilogue cost (ctx.epilogue_cost, ALU ops per element) past which a contraction a device runs in register tiles
+# is stored and its epilogue made a kernel of its own (ctx.tile_epilogue_ops; rules/fusion.rules
+# store_sum_before_costly_epilogue). H100, 4096 x 3072 x 768: gelu(x @ W1 + b1) (about 50) 0.539 ms fused against
+# 0.492 for the matmul alone; the MLP backward's gelu' over dy @ W2.T (about 120) 0.770 fused, 0.511 + 0.115 stored
+# (bench/results/gpu-2026-12-06-session26.txt)
+TILE_EPILOGUE_OPS = int(os.environ.get("RULEC_TILE_EPILOGUE_OPS", "80"))
 
 
 def _uses(sink: UOp, staged: set[UOp], contexts: dict[UOp, int] | None = None,
@@ -199,8 +205,10 @@ class FusionFacts:
   value computed once at the top of its one consumer's kernel, on devices that do so) or `keep(x)` (x stays
   fused into its consumers; later sets may still decide otherwise). A node no rule decides stays fused. Uses
   are counted again after each store or hoist: a realized value starts afresh."""
-  def __init__(self, sink: UOp, hoists: bool, hoists_rows: bool | None = None, lane_guards: bool | None = None):
+  def __init__(self, sink: UOp, hoists: bool, hoists_rows: bool | None = None, lane_guards: bool | None = None,
+               tiled_epilogues: bool = False):
     self.sink, self.hoists = sink, hoists
+    self.tiled_epilogues, self.tile_epilogue_ops = tiled_epilogues, TILE_EPILOGUE_OPS
     self.hoists_rows = hoists if hoists_rows is None else hoists_rows
     self.lane_guards = hoists if lane_guards is None else lane_guards
     self._outputs = set(sink.src)
@@ -261,6 +269,26 @@ class FusionFacts:
     its padding checks, each a compare and an and (0 for a node that is not a PAD)."""
     if x.op is not Ops.PAD: return 0
     return sum(1 for lo, hi in x.arg for side in (lo, hi) if side != 0)
+
+  def epilogue_cost(self, r: UOp) -> int:
+    """ALU cost per element (as ctx.cost counts it) of the costliest epilogue over the reduce r: the elementwise ops
+    above r at its reduced shape (through reshapes and permutes), each counted down to the buffers and stored values
+    it reads; 0 where nothing elementwise reads r."""
+    best, seen, todo = 0, set(), [r]
+    while todo:
+      v = todo.pop()
+      for u in self._users.get(v, []):
+        if u in seen: continue
+        seen.add(u)
+        if u.op in (Ops.RESHAPE, Ops.PERMUTE): todo.append(u)
+        elif u in self._epilogues:
+          best = max(best, self.cost(u))
+          if u not in self.staged: todo.append(u)
+    return best
+
+  def contraction(self, r: UOp) -> bool:
+    """r sums products (a matmul, a convolution, attention's two): the reduce a device tiles."""
+    return r.op is Ops.REDUCE_AXIS and _contraction(r)
 
   def epilogue(self, x: UOp) -> bool:
     """x is elementwise over reduce results at the reduced shape (a mean's `sum * 1/n`, a NaN-aware max)."""
@@ -495,15 +523,17 @@ def _contracted_last(r: UOp, shape: tuple, only) -> bool:
 
 
 def choose_stages(sink: UOp, rule_sets, hoists: bool = False, hoists_rows: bool | None = None,
-                  lane_guards: bool | None = None) -> set[UOp]:
+                  lane_guards: bool | None = None, tiled_epilogues: bool = False) -> set[UOp]:
   """Nodes to realize: every node offered to each fusion rule set (a matcher) in turn, consumers first.
 
   `hoists`: the devices compute a reduce that depends on no loop around it once per kernel (CPU, NUMPY), so a
   whole-tensor value with one consumer may stay in that consumer's kernel however far it is broadcast
   (`x.argmax()`, `x - x.mean()`: one kernel, as in tinygrad). `hoists_rows` (default: `hoists`): they compute a
   row's value once per row (CPU and NUMPY as above; a GPU's CL device in a work-group per row: codegen/opt SPREAD).
-  `lane_guards` (default: `hoists`): a guarded read costs them in every vector lane (LANE_GUARD_DEVICES)."""
-  facts = FusionFacts(sink, hoists, hoists_rows, lane_guards)
+  `lane_guards` (default: `hoists`): a guarded read costs them in every vector lane (LANE_GUARD_DEVICES).
+  `tiled_epilogues`: they run a contraction in register tiles on few threads, its epilogue too (runtime/devices.py
+  tiles_sums: a GPU's CL device)."""
+  facts = FusionFacts(sink, hoists, hoists_rows, lane_guards, tiled_epilogues)
   for m in rule_sets:
     for u in reversed(facts.order): m.rewrite(u, facts)
   return facts.staged

@@ -246,3 +246,37 @@ def test_reduced_axes_are_followed_through_reshapes():
   assert _reshape_mask((2, 768), (2, 12, 64), (KEPT, REDUCED, BROADCAST)) == (KEPT, REDUCED)  # two merged
   assert _reshape_mask((2, 768), (2, 12, 64), (KEPT, KEPT, REDUCED)) is None               # kept and reduced merged
   assert _reshape_mask((4, 1, 8), (4, 8, 1), (REDUCED, KEPT, KEPT)) == (REDUCED, KEPT, KEPT)  # unit axes: kept
+
+
+def test_a_tiled_contractions_costly_epilogue_is_a_kernel_of_its_own(monkeypatch):
+  """store_sum_before_costly_epilogue: where a contraction runs in register tiles on few threads (ctx.tiled_epilogues:
+  the CL device with tiles, a GPU; here PoCL with its target's tiles on), the MLP backward's gelu' over dy @ W2.T
+  (ctx.epilogue_cost about 97 ALU ops an element) is an elementwise kernel of its own after the product's; gelu(x @ w1
+  + b1) (about 47) stays in its matmul, and without tiles both stay fused. Values agree with the NUMPY device."""
+  pytest.importorskip("pyopencl")
+  import attrs
+
+  from rulec.runtime import cl_device
+  dev = cl_device.get_device()
+  rng = np.random.default_rng(26)
+  n, c, hidden = 64, 32, 96
+  dy, w2, h = (rng.standard_normal(s).astype(np.float32) for s in ((n, c), (hidden, c), (n, hidden)))
+  x, w1, b1 = (rng.standard_normal(s).astype(np.float32) for s in ((n, c), (c, hidden), (hidden,)))
+  def programs(device):
+    T = lambda a: Tensor(a, device=device)  # noqa: E731
+    th = T(h)
+    return th.gelu().gradient(th, gradient=T(dy) @ T(w2).T)[0], (T(x) @ T(w1) + T(b1)).gelu()
+  want = [t.numpy() for t in programs("NUMPY")]
+  untiled = attrs.evolve(dev.target, tile=0)
+  for tiled in (False, True):
+    monkeypatch.setattr(dev, "target", attrs.evolve(untiled, tile=256) if tiled else untiled)
+    schedule_cache.clear()
+    back, fwd = programs("CL")
+    kb, kf = back.schedule(), fwd.schedule()
+    sums = [k for k in kb if any(u.op is Ops.REDUCE for u in k.ast.toposort())]
+    assert len(sums) == 1 and _computes_exp(sums[0]) == (not tiled) and len(kb) == 1 + tiled, (tiled, kb)
+    assert len(kf) == 1 and _computes_exp(kf[0])
+    back, fwd = programs("CL")
+    np.testing.assert_allclose(back.numpy(), want[0], rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(fwd.numpy(), want[1], rtol=1e-4, atol=1e-4)
+  schedule_cache.clear()

@@ -314,10 +314,11 @@ def test_scheduling_facts_ask_the_cl_device_the_name_says(monkeypatch):
 
   pytest.importorskip("pyopencl")
   from rulec.runtime import cl_device, devices
-  fake = {0: types.SimpleNamespace(target=types.SimpleNamespace(group=0, grid=0), split_parts=256),
-          1: types.SimpleNamespace(target=types.SimpleNamespace(group=256, grid=64), split_parts=4096)}
+  fake = {0: types.SimpleNamespace(target=types.SimpleNamespace(group=0, grid=0, tile=0), split_parts=256),
+          1: types.SimpleNamespace(target=types.SimpleNamespace(group=256, grid=64, tile=256), split_parts=4096)}
   monkeypatch.setattr(cl_device, "get_device", lambda n=0: fake[n])
   assert not devices.rows_shared("CL") and devices.rows_shared("CL:1")
   assert devices.one_pass_groups("CL") == 0 and devices.one_pass_groups("CL:1") == 64
   assert devices.split_parts("CL") == 256 and devices.split_parts("cl:1") == 4096
+  assert not devices.tiles_sums("CL") and devices.tiles_sums("CL:1") and not devices.tiles_sums("CPU")
   assert not devices.rows_shared("CPU") and devices.split_parts("CPU:1") == 256
