@@ -776,9 +776,11 @@ def _spatial_tile(k: Kernel, end: UOp, acts: list[Action], target) -> list[Actio
 # innermost): LONG_SUM_TILE lanes of a store range one load reads by those of another that a second load reads,
 # unstaged, in work-groups of LONG_SUM_GROUP. H200, the ResNet block's 3x3 weight gradient (N64 C64 56x56, 8 partial
 # sums of 25088 steps each): 5.23 ms against 7.43 untiled; 4 x 4, 8 x 4, 8 x 8 and tiles over the taps 6.6-62 ms
-# (bench/results/h200-conv-weight-grad-probe-2026-12-05-session20.txt)
-LONG_SUM_TILE = (4, 8)
-LONG_SUM_GROUP = (8, 8)
+# (bench/results/h200-conv-weight-grad-probe-2026-12-05-session20.txt). Staged (GPU_STAGE_ROW) and in 32 parts, on an
+# H100: 8 output by 4 input channels a work-item in groups of 8 x 16, 0.779 ms against 1.048 for 4 x 8 in 8 x 8, 0.973
+# in 8 x 16, 1.025 for 8 x 8 (bench/results/gpu-2026-12-06-session26.txt)
+LONG_SUM_TILE = (8, 4)
+LONG_SUM_GROUP = (8, 16)
 LONG_SUM_MIN = 4096    # steps of the sum, at least
 
 

@@ -791,7 +791,7 @@ def test_a_conv_weight_gradient_takes_a_long_sum_tile_on_a_gpu_and_agrees_with_n
   gw = grad("CL")
   longest = max(gw.schedule(), key=lambda k: math.prod(r.src[0].arg for r in k.ast.ranges))
   acts = _gpu_actions_by_size(longest, Target(group=512, vector=4, tile=256, units=132))
-  assert acts == [("UPCAST", 32, 4), ("UPCAST", 32, 8), ("LOCAL", 32, 4), ("LOCAL", 32, 8), ("STAGE", 24, 8)], acts
+  assert acts == [("UPCAST", 32, 8), ("UPCAST", 32, 4), ("LOCAL", 32, 8), ("LOCAL", 32, 4), ("STAGE", 24, 8)], acts
   np.testing.assert_allclose(gw.numpy(), grad("NUMPY").numpy(), rtol=1e-3, atol=1e-3)
 
 
