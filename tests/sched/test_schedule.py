@@ -11,7 +11,7 @@ import pytest
 from rulec.engine.ir.ops import Ops
 from rulec.engine import realize as engine_realize
 from rulec.engine.tensor import Tensor
-from rulec.runtime.devices import rows_shared
+from rulec.runtime.devices import rows_shared, tiles_sums
 from rulec.engine.ir.kernel import validate
 from tests.helpers import subprocess_env
 
@@ -107,7 +107,9 @@ def test_gelu_backward_recomputes_its_pieces_in_the_gradient_matmuls():
   g = (h * 0.5 * (1.0 + (h / 1.41421).erf())).contiguous()
   loss = (g @ w2).sum()
   loss.backward()
-  assert len(kernels(loss, x.grad, w1.grad, w2.grad)) == 7
+  # (a GPU's CL device, whose register tiles run a matmul's epilogue on few threads, stores dg's product before the
+  # costly erf' epilogue: rules/fusion.rules store_sum_before_costly_epilogue, one kernel more)
+  assert len(kernels(loss, x.grad, w1.grad, w2.grad)) == 7 + tiles_sums(x.device)
   from math import erf
   hn = x.numpy() @ w1.numpy()
   dg = np.ones((16, 8), np.float32) @ w2.numpy().T
