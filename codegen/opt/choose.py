@@ -732,41 +732,54 @@ def cl_actions(k: Kernel, target) -> list[Action]:
   return []
 
 
-# a convolution's tile of 8 columns (output x) as 2 rows by 4 columns of the output image: each input row a window
-# reads then serves two output rows (and 4-wide column groups fit a 56-wide image in 14 work-items, not 7). H100,
-# the ResNet block's 3x3 convolution (N64 C64 56x56): 0.834 ms -> 0.710 (bench/cl_conv_probe.py fwd). Its input
-# gradient, whose padding guards each product (where(c, a * b, 0): a select per lane), runs best as 4 columns of
-# one row: 1.413 ms as 8 columns, 1.337 as 2 x 4, 1.236 as 4 (bench/results/h100-2026-12-06-session25.txt)
-GPU_SPATIAL_TILE = (2, 4)
-# ... and the work-groups take this many of those image rows (row pairs) too, 224 work-items where they were 112: the
-# forward on the H200 0.712 -> 0.665 ms, the input gradient on an H100 1.234 -> 1.105
-# (bench/results/gpu-2026-12-06-session26.txt)
+# a convolution's tile of output channels by image columns (output x) as GPU_SPATIAL_TILE rows by columns of the output
+# image: each input row a window reads then serves two output rows. H100, the ResNet block's 3x3 convolution (N64 C64
+# 56x56): 8 columns 0.834 ms, 2 x 4 0.710 (bench/results/h100-2026-12-06-session25.txt), 2 x 4 in groups of 14 x 8 x 2
+# (below) 0.664, 2 x 2 in groups of 28 x 8 0.635 (bench/results/gpu-2026-12-06-session26.txt). Its input gradient,
+# whose padding guards each product (where(c, a * b, 0): a select per lane), runs best as GPU_GUARDED_COLUMNS of one
+# row: 1.413 ms as 8 columns, 1.337 as 2 x 4, 1.236 as 4; and with GPU_GUARDED_CHANNELS (output channels a work-item,
+# and work-items of a group along them) 1.055 where 8 and 8 took 1.107
+GPU_SPATIAL_TILE = (2, 2)
+GPU_GUARDED_COLUMNS = 4
+GPU_GUARDED_CHANNELS = (16, 4)
+# ... and the work-groups take this many image rows (row pairs) too where the group then holds at most target.tile
+# work-items: the forward as 2 x 4 on the H200 0.712 -> 0.665 ms, the input gradient on an H100 1.234 -> 1.105
 GPU_SPATIAL_GROUP_ROWS = 2
 
 
 def _spatial_tile(k: Kernel, end: UOp, acts: list[Action], target) -> list[Action] | None:
-  """acts (UPCAST rows, UPCAST columns, LOCAL columns, LOCAL rows) with the columns split over the store range
-  outside them, where the kernel sums over several ranges (a convolution: channels and taps) and the loads that
-  read the columns read that range too (an image's rows), and GPU_SPATIAL_GROUP_ROWS of that range's parts in each
-  work-group where they divide it and fit; None where that does not apply."""
+  """acts (UPCAST rows, UPCAST columns, LOCAL columns, LOCAL rows: a register tile of channels by image columns)
+  with the columns split over the store range outside them, where the kernel sums over several ranges (a
+  convolution: channels and taps) and the loads that read the columns read that range too (an image's rows):
+  GPU_SPATIAL_TILE image rows by columns a work-item (a guarded sum, GPU_GUARDED_COLUMNS of one row and
+  GPU_GUARDED_CHANNELS), work-groups as wide along the columns as target.tile allows, and GPU_SPATIAL_GROUP_ROWS of
+  the image's row parts in each where they divide and fit; None where that does not apply."""
   if not GPU_SPATIAL_TILE or len(acts) != 4 or [a.op for a in acts] != ["UPCAST", "UPCAST", "LOCAL", "LOCAL"]: return None
   reduces = [x for x in end.src[0].toposort() if x.op is Ops.REDUCE]
   if len(reduces) != 1 or len(reduces[0].src) < 3: return None
-  (up_r, up_c, loc_c, loc_r), (h, w) = acts, GPU_SPATIAL_TILE
-  if up_c.amount != h * w or loc_c.axis != up_c.axis or loc_r.axis != up_r.axis: return None
+  up_r, up_c, loc_c, loc_r = acts
+  if loc_c.axis != up_c.axis or loc_r.axis != up_r.axis: return None
+  value = reduces[0].src[0]
+  guarded = else_zero(value) is not None and value.src[1].op is Ops.MUL
+  h, w = (1, GPU_GUARDED_COLUMNS) if guarded else GPU_SPATIAL_TILE
+  if up_c.amount < h * w: return None
   store = list(end.src[1:])
   at = next((i for i, r in enumerate(store) if r.arg[0] == up_c.axis), None)
   if not at or store[at - 1].arg[0] == up_r.axis or store[at - 1].src[0].arg % h: return None
   outer, col = store[at - 1], store[at]
   loads = [x.src[1] for x in reduces[0].src[0].toposort() if x.op is Ops.INDEX]
   if not any(col in i.toposort() and outer in i.toposort() for i in loads): return None
-  lc = divisor_at_most(tiles(col.src[0].arg, w), GPU_LOCAL[1])
-  value = reduces[0].src[0]
-  guarded = else_zero(value) is not None and value.src[1].op is Ops.MUL
-  split = [] if guarded else [Action("UPCAST", outer.arg[0], h)]
-  out = [up_r, *split, Action("UPCAST", col.arg[0], w), Action("LOCAL", col.arg[0], lc), loc_r]
+  rows = next(r for r in store if r.arg[0] == up_r.axis)
+  lanes, items = up_r.amount, loc_r.amount
+  if guarded and rows.src[0].arg % GPU_GUARDED_CHANNELS[0] == 0:
+    lanes, most = GPU_GUARDED_CHANNELS
+    items = divisor_at_most(rows.src[0].arg // lanes, most)
+  lc = divisor_at_most(tiles(col.src[0].arg, w), max(1, target.tile // items))
+  split = [Action("UPCAST", outer.arg[0], h)] if h > 1 else []
+  out = [Action("UPCAST", up_r.axis, lanes), *split, Action("UPCAST", col.arg[0], w), Action("LOCAL", col.arg[0], lc)]
+  out += [Action("LOCAL", up_r.axis, items)] if items > 1 else []
   g = GPU_SPATIAL_GROUP_ROWS
-  if g > 1 and outer.src[0].arg // (h if split else 1) % g == 0 and lc * loc_r.amount * g <= target.tile and \
+  if g > 1 and outer.src[0].arg // h % g == 0 and lc * items * g <= target.tile and \
      _applies(k, "CL", *out, Action("LOCAL", outer.arg[0], g)):
     out.append(Action("LOCAL", outer.arg[0], g))
   return out if lc > 1 and _applies(k, "CL", *out) else None
