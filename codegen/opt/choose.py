@@ -738,7 +738,7 @@ def cl_actions(k: Kernel, target) -> list[Action]:
 # (below) 0.664, 2 x 2 in groups of 28 x 8 0.635 (bench/results/gpu-2026-12-06-session26.txt). Its input gradient,
 # whose padding guards each product (where(c, a * b, 0): a select per lane), runs best as GPU_GUARDED_COLUMNS of one
 # row: 1.413 ms as 8 columns, 1.337 as 2 x 4, 1.236 as 4; and with GPU_GUARDED_CHANNELS (output channels a work-item,
-# and work-items of a group along them) 1.055 where 8 and 8 took 1.107
+# and work-items of a group along them) 1.055 where 8 and 8 took 1.107, where the kernel has no epilogue to read
 GPU_SPATIAL_TILE = (2, 2)
 GPU_GUARDED_COLUMNS = 4
 GPU_GUARDED_CHANNELS = (16, 4)
@@ -771,7 +771,9 @@ def _spatial_tile(k: Kernel, end: UOp, acts: list[Action], target) -> list[Actio
   if not any(col in i.toposort() and outer in i.toposort() for i in loads): return None
   rows = next(r for r in store if r.arg[0] == up_r.axis)
   lanes, items = up_r.amount, loc_r.amount
-  if guarded and rows.src[0].arg % GPU_GUARDED_CHANNELS[0] == 0:
+  # (only where the kernel reads its two operands alone: with the batchnorm backward before it as its epilogue (7
+  # more buffers) the 16 channels took 1.614 ms where 8 took 1.22, H100)
+  if guarded and len(k.bufs) == 3 and rows.src[0].arg % GPU_GUARDED_CHANNELS[0] == 0:
     lanes, most = GPU_GUARDED_CHANNELS
     items = divisor_at_most(rows.src[0].arg // lanes, most)
   lc = divisor_at_most(tiles(col.src[0].arg, w), max(1, target.tile // items))
