@@ -67,7 +67,7 @@ import numpy as np
 
 from rulec.engine.ir.alu import wrap
 from rulec.codegen.opt.transform import (VECTOR_DTYPES, VECTOR_WIDTHS, contiguous_offset, free_ranges, group_vector, range_kind,
-                                   block_dims, else_zero, renamed_reduce, stage_split, staged_dims, staged_loads)
+                                   block_dims, guarded_product, renamed_reduce, stage_split, staged_dims, staged_loads)
 from rulec.codegen.scoped import ScopedEmitter
 from rulec.engine.ir.dtypes import DType, dtypes
 from rulec.engine.ir.ops import Ops
@@ -272,7 +272,6 @@ class CLRenderer(ScopedEmitter):
     self.store_ranges: tuple = ()
     self.items = 1                     # work-items of one work-group (LOCAL)
     self.fixed = 0                     # the work-group size the kernel declares (Target.fixed_group), 0: none
-    self.row_step: tuple[str, int] | None = None   # a staged loop stepping by four: its variable and this step's offset
     # SPREAD's row in registers: (canonical load, j) -> the register holding element lane + j * group of the row
     self.row_regs: dict | None = None
     self.row_canon: UOp | None = None
@@ -347,7 +346,7 @@ class CLRenderer(ScopedEmitter):
     total = math.prod(r.src[0].arg for r in flat)
     items = self.items = math.prod(r.src[0].arg for r in local)
     self.store_ranges = ends
-    self.fixed = self.group or items if (self.group or local) and self.target.fixed_group else 0
+    self.fixed = (self.group or items) if (self.group or local) and self.target.fixed_group else 0
     if self.group:   # (the launch size is in the source: the program cache is keyed by the source text)
       self.line(f"// {self.grid} work-groups of {self.group} share the reduction" if self.grid else
                 f"// {total} work-groups of {self.group}")
@@ -724,13 +723,11 @@ class CLRenderer(ScopedEmitter):
         self._stage_fetch(plans, stage, f"(({self.ranges[stage]} + 1) % {stage.src[0].arg})")
       tiles = {p["x"]: (p["name"] if not ring else f"({p['name']} + {p['buf']})", p["layout"], p["vec"]) for p in plans}
       rngs = split[2]
-    # a block kept in rows of the sum's steps read a float4 per four steps (_row_read): the block's loop steps by four
-    # and its body is emitted four times, each taking a constant component of the float4s the first one read
-    fours = staged and self._row_reads(tiles, rngs)
     for r in rngs:
-      # (a block's steps in one piece: neighbouring reads of a row may merge)
+      # (a block's steps in one piece: neighbouring reads of a row may merge, and the four steps of a row's float4
+      # (_row_read) pick constant components)
       if staged and (ring or self.target.row_vectors): self.line("#pragma unroll")
-      self.open_loop(r, step=4 if fours and r is rngs[-1] else 1)
+      self.open_loop(r)
     # a float sum of products fuses each product into the sum, as the CPU device's `contract` does (the lanes are a
     # matmul's or convolution's register tile: fma doubles what a GPU computes per cycle)
     fused_sum = op is Ops.ADD and d in (dtypes.float32, dtypes.float64)
@@ -740,27 +737,19 @@ class CLRenderer(ScopedEmitter):
     # one operand would make 0 * inf a NaN that torch does not give), one fma and two selects the compiler shares
     # across lanes, for a multiply, a select and an add. H100, the ResNet block's input gradient: 1.50 -> 1.41 ms;
     # c ? fma(a, b, acc) : acc ran it in 5.0 (bench/results/h100-2026-12-06-session25.txt)
-    guarded = fused_sum and else_zero(value) is not None and value.src[1].op is Ops.MUL
+    guarded = fused_sum and guarded_product(value)
     self.lane_vecs = {}
-    step = rngs[-1] if fours else None
-    for j in range(4 if fours else 1):
-      if fours:   # (the rows' float4s stay; every other vector read is this step's own)
-        self.ranges[step], self.row_step = f"({_rname(step)} + {j})", (_rname(step), j)
-        self.lane_vecs = {key: v for key, v in self.lane_vecs.items() if key[1] == "rows"}
-        self.scopes.append({})
-      for lane, acc in zip(lanes, accs):
-        self.enter_lane(lane)
-        if staged:   # this lane's element of each staged block, by the same layout the copy wrote
-          for x, (name, strides, vec) in tiles.items(): self.scopes[-1][x] = self._staged_read(x, name, strides, vec)
-        if fuse: self.line(f"{acc} = fma({self.value(value.src[0])}, {self.value(value.src[1])}, {acc});")
-        elif guarded:
-          c, zero = self.value(value.src[0]), self.const(0.0, d)
-          a, b = (self.value(x) for x in value.src[1].src)
-          self.line(f"{acc} = fma({c} ? {a} : {zero}, {c} ? {b} : {zero}, {acc});")
-        else: self.line(f"{acc} = {self._combine(op, d, acc, self.value(value))};")
-        self.scopes.pop()
-      if fours: self.scopes.pop()
-    if fours: self.ranges[step], self.row_step = _rname(step), None
+    for lane, acc in zip(lanes, accs):
+      self.enter_lane(lane)
+      if staged:   # this lane's element of each staged block, by the same layout the copy wrote
+        for x, (name, strides, vec) in tiles.items(): self.scopes[-1][x] = self._staged_read(x, name, strides, vec)
+      if fuse: self.line(f"{acc} = fma({self.value(value.src[0])}, {self.value(value.src[1])}, {acc});")
+      elif guarded:
+        c, zero = self.value(value.src[0]), self.const(0.0, d)
+        a, b = (self.value(x) for x in value.src[1].src)
+        self.line(f"{acc} = fma({c} ? {a} : {zero}, {c} ? {b} : {zero}, {acc});")
+      else: self.line(f"{acc} = {self._combine(op, d, acc, self.value(value))};")
+      self.scopes.pop()
     self.lane_vecs = None
     for r in reversed(rngs): self.close_loop(r)
     if staged: self.close_loop(split[1])
@@ -960,23 +949,10 @@ class CLRenderer(ScopedEmitter):
     base = " + ".join(f"{self.ranges[r]} * {st}" for r, st in strides[:-1]) or "0"
     key = (x, "rows", base)
     v = self.lane_vecs.get(key)
-    if self.row_step is not None:   # (the loop steps by four: its variable is the float4's first step)
-      k4, j = self.row_step
-      if v is None:
-        v = self.lane_vecs[key] = self.tmp("tr")
-        self.line(f"float4 {v} = *(__local float4*)({name} + {base} + {k4});")
-      return f"{v}.s{j}"
     if v is None:
       v = self.lane_vecs[key] = self.tmp("tr")
       self.line(f"float4 {v} = *(__local float4*)({name} + {base} + ({k} & ~3));")
     return f"(({k} & 3) == 0 ? {v}.x : ({k} & 3) == 1 ? {v}.y : ({k} & 3) == 2 ? {v}.z : {v}.w)"
-
-  def _row_reads(self, tiles: dict, rngs) -> bool:
-    """Whether a staged block's loop over its one range of steps reads some block as rows, a float4 per four steps
-    (_row_read), with a multiple of four steps."""
-    if len(rngs) != 1 or rngs[0].src[0].arg % 4 or not (self.target.async_rows and self.target.row_vectors): return False
-    return any(vec is None and x.dtype is dtypes.float32 and strides and strides[-1] == (rngs[0], 1)
-               and not any(st % 4 for _, st in strides[:-1]) for x, (_, strides, vec) in tiles.items())
 
   def _lane_component(self, key, vec: UOp, prefix: str, vtype, load) -> str:
     """This lane's component of a vector shared by the lanes of upcast range `vec` (the other lanes' coordinates

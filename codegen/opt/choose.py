@@ -11,7 +11,7 @@ import math
 from dataclasses import dataclass
 
 from rulec.codegen.opt.actions import Action, OptError
-from rulec.codegen.opt.transform import apply, contiguous_offset, else_zero, free_ranges, reads_what_it_writes, stored_sum, tiles
+from rulec.codegen.opt.transform import apply, contiguous_offset, free_ranges, guarded_product, reads_what_it_writes, stored_sum, tiles
 from rulec.engine.ir.dtypes import dtypes
 from rulec.engine.ir.index_expr import evaluate
 from rulec.engine.ir.ops import Ops
@@ -712,8 +712,9 @@ def cl_actions(k: Kernel, target) -> list[Action]:
     # H200, 1024^3 matmul: 8x8 tiles leave 16K work-items for 132 compute units and run at half the speed of 4x4;
     # the conv2d workload (6.4M outputs) runs fastest with 8x8 (bench/cl_sweep.py)
     outputs = math.prod(r.src[0].arg for r in end.src[1:])
-    need = lambda tile: (GPU_BIG_TILE_ITEMS_PER_UNIT if tile == GPU_TILES[0] else GPU_ITEMS_PER_UNIT) * max(1, target.units)  # noqa: E731
-    first = next((i for i, (tr, tc) in enumerate(GPU_TILES) if outputs // (tr * tc) >= need((tr, tc))), len(GPU_TILES) - 1)
+    per_unit = [GPU_BIG_TILE_ITEMS_PER_UNIT] + [GPU_ITEMS_PER_UNIT] * (len(GPU_TILES) - 1)   # (the largest tile first)
+    first = next((i for i, ((tr, tc), n) in enumerate(zip(GPU_TILES, per_unit)) if outputs // (tr * tc) >= n * max(1, target.units)),
+                 len(GPU_TILES) - 1)
     # the largest tile that fills the device, else smaller ones that apply; a tile that divides the ranges, else the
     # same one ragged before a smaller one (1018 x 1024 x 1024: 2 x 4 tiles that divide took 0.142 ms on the H200,
     # where 8 x 4 ragged ones run about as 1009^3's, 0.084)
@@ -759,8 +760,7 @@ def _spatial_tile(k: Kernel, end: UOp, acts: list[Action], target) -> list[Actio
   if len(reduces) != 1 or len(reduces[0].src) < 3: return None
   up_r, up_c, loc_c, loc_r = acts
   if loc_c.axis != up_c.axis or loc_r.axis != up_r.axis: return None
-  value = reduces[0].src[0]
-  guarded = else_zero(value) is not None and value.src[1].op is Ops.MUL
+  guarded = guarded_product(reduces[0].src[0])
   h, w = (1, GPU_GUARDED_COLUMNS) if guarded else GPU_SPATIAL_TILE
   if up_c.amount < h * w: return None
   store = list(end.src[1:])

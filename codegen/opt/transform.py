@@ -568,6 +568,11 @@ def else_zero(value: UOp) -> UOp | None:
   return value.src[0] if value.op is Ops.WHERE and value.src[2].op is Ops.CONST and value.src[2].arg == 0 else None
 
 
+def guarded_product(value: UOp) -> bool:
+  """value is where(c, a * b, 0): a product the padding guards (a padded convolution's input gradient)."""
+  return else_zero(value) is not None and value.src[1].op is Ops.MUL
+
+
 def stage_split(red: UOp) -> tuple[tuple[UOp, ...], UOp, tuple[UOp, ...]] | None:
   """A STAGE reduction's ranges as (the loops outside its blocks, the stage:n block range, the block's own ranges),
   or None where red is not staged."""
@@ -625,4 +630,4 @@ def apply(kernel: Kernel, actions, device: str) -> Kernel:
 
 
 __all__ = ["DEVICE_ACTIONS", "MAX_LANES", "merged_reduce_ranges", "apply", "contiguous_offset", "free_ranges", "group_vector", "prefetch_ahead", "range_kind",
-           "block_dims", "else_zero", "reads_what_it_writes", "renamed_reduce", "stage_split", "staged_dims", "staged_loads", "tiles"]
+           "block_dims", "else_zero", "guarded_product", "reads_what_it_writes", "renamed_reduce", "stage_split", "staged_dims", "staged_loads", "tiles"]

@@ -187,7 +187,7 @@ def schedule_keeping(targets: list[UOp], default_device: str = "NUMPY", devices:
   hoists = all(device_kind(d) in HOISTING_DEVICES for d in used)
   hoists_rows = all(device_kind(d) in HOISTING_DEVICES or rows_shared(d) for d in used)
   lane_guards = all(device_kind(d) in LANE_GUARD_DEVICES for d in used)
-  tiled_epilogues = bool(used) and all(tiles_sums(d) for d in used)
+  tiled_epilogues = all(tiles_sums(d) for d in used)
   staged = _fusion(sink, hoists, hoists_rows, lane_guards, tiled_epilogues)
   # (values spread over devices are regrouped per target: what they keep is not handed back)
   one_device = tuple(targets) == originals.src and all(isinstance(t.device, str) for t in targets)

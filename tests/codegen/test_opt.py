@@ -775,15 +775,18 @@ def _gpu_actions_by_size(kernel, target) -> list[tuple]:
   return [(a.op, sizes.get(a.axis), a.amount) for a in cl_actions(low, target)]
 
 
+def _conv_arrays(seed: int, n: int, h: int, w: int, c: int = 32) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+  """A 3x3 convolution's input (n, c, h, w), weights (c, c, 3, 3) and an output gradient, padding 1."""
+  rng = np.random.default_rng(seed)
+  return (rng.standard_normal((n, c, h, w)).astype(np.float32), rng.standard_normal((c, c, 3, 3)).astype(np.float32),
+          rng.standard_normal((n, c, h, w)).astype(np.float32))
+
+
 def test_a_conv_weight_gradient_takes_a_long_sum_tile_on_a_gpu_and_agrees_with_numpy(cl_tiles):
   # its taps are the innermost store range (3: no column tile), its sum long: lanes of output channels by lanes of
   # input channels (choose._long_sum_tile), each image row's 24 columns staged in blocks of 8
   from rulec.codegen.opencl import Target
-  rng = np.random.default_rng(12)
-  # (8 partial sums of 8 x 24 x 24 steps each, for more outputs than a group reduction takes)
-  x = rng.standard_normal((64, 32, 24, 24)).astype(np.float32)
-  w = rng.standard_normal((32, 32, 3, 3)).astype(np.float32)
-  g = rng.standard_normal((64, 32, 24, 24)).astype(np.float32)
+  x, w, g = _conv_arrays(12, 64, 24, 24)   # (8 partial sums of 8 x 24 x 24 steps each: more outputs than a group takes)
   def grad(device):
     tx, tw = Tensor(x, device=device, requires_grad=True), Tensor(w, device=device, requires_grad=True)
     (tx.conv2d(tw, padding=1) * Tensor(g, device=device)).sum().backward()
@@ -800,10 +803,7 @@ def test_a_convolution_and_its_input_gradient_take_image_tiles_on_a_gpu_and_agre
   # 2 row pairs; the input gradient's (its products guarded by the padding) as 4 columns of one row by 16 output
   # channels, in work-groups of 14 by 2 by 2 rows (choose._spatial_tile); both run here with the GPU target's tiles
   from rulec.codegen.opencl import Target
-  rng = np.random.default_rng(13)
-  x = rng.standard_normal((8, 32, 8, 56)).astype(np.float32)
-  w = rng.standard_normal((32, 32, 3, 3)).astype(np.float32)
-  g = rng.standard_normal((8, 32, 8, 56)).astype(np.float32)
+  x, w, g = _conv_arrays(13, 8, 8, 56)
   def run(device):
     tx = Tensor(x, device=device, requires_grad=True)
     y = tx.conv2d(Tensor(w, device=device), padding=1)
