@@ -109,6 +109,17 @@ def tiles_sums(device) -> bool:
   return (dev := _cl(device)) is not None and dev.target.tile > 0
 
 
+def winograd_convs(device) -> bool:
+  """Whether a 3x3, stride-1 float32 convolution on `device` is computed as Winograd's F(2x2, 3x3)
+  (engine/tensor/winograd.py: four kernels, the costly one a batched matmul). On by default where matmuls run in
+  register tiles (tiles_sums: the CL device on a GPU), whose direct convolution reaches about half the matmul's
+  rate; elsewhere the direct convolution is one kernel and as fast. RULEC_WINOGRAD=1 turns it on for every
+  device, 0 off."""
+  flag = os.environ.get("RULEC_WINOGRAD", "").strip()
+  if flag in ("0", "1"): return flag == "1"
+  return tiles_sums(device)
+
+
 def default_device() -> str:
   """The default device: RULEC_DEVICE (CPU when unset or empty); DeviceError when it names no device."""
   raw = os.environ.get("RULEC_DEVICE", "").strip() or "CPU"

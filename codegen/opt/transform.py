@@ -299,13 +299,15 @@ class _Applier:
     if n < 2: raise OptError(f"{a}: the amount must be at least 2")
     if total % n == 0:
       outer, inner = UOp.range(total // n, a.axis, r.arg[1]), UOp.range(n, self.new_axis(), inner_kind)
-      expr = _joined(outer, n, inner)
+      # (a whole range in lanes: its outer part, of size 1, is 0 in the value, so that a select on the range (a
+      # stack's pieces: where(r < 1, a, 0) + ...) folds in each lane)
+      expr = inner if total == n else _joined(outer, n, inner)
     elif total < n: raise OptError(f"{a}: r{a.axis} has size {total}, fewer than {n}")
     else: outer, inner, expr = self._ragged(a, r, inner_kind)
     ranges = []
     for x in end.src[1:]: ranges += [outer, inner] if x is r else [x]
     value = substitute(end.src[0], {r: expr})
-    self.ast = _rebuild(self.ast, end, _split_divisions(value, expr, n) if total % n == 0 else value, ranges)
+    self.ast = _rebuild(self.ast, end, _split_divisions(value, expr, n) if total % n == 0 and total > n else value, ranges)
     lanes = math.prod(size(x) for x in ranges if range_kind(x)[0] == "upcast")
     if lanes > MAX_LANES: raise OptError(f"{a}: {lanes} lanes in all; a kernel takes at most {MAX_LANES}")
 

@@ -16,6 +16,8 @@ from rulec.engine.tensor.args import (ArgError, ShapeError, broadcast_shapes, in
                                 to_dtype)
 from rulec.engine.tensor.uops import (alu, bcast, window)
 from rulec.engine.tensor.base import TensorBase
+from rulec.engine.tensor import winograd
+from rulec.runtime.devices import winograd_convs
 from rulec.engine.ir.uop import UOp, prod
 
 if TYPE_CHECKING: from rulec.engine.tensor.tensor import Tensor
@@ -308,6 +310,11 @@ class NNMixin:
       b = self._lift(bias)
       if b.shape != (O,): raise ShapeError(f"conv2d: bias must have shape ({O},), got {b.shape}")
     dt = promote_types(x.dtype, w.dtype) if dtype is None else to_dtype(dtype)
+    sp_out = tuple(L + p + q - (k - 1) for L, (p, q), k in zip(x.shape[2:], pads, ks))
+    if (winograd.fits(ks, s, d, groups, C, O, sp_out, dt == dtypes.float32) and isinstance(self.device, str)
+        and winograd_convs(self.device)):
+      out = winograd.conv3x3(x.cast(dt), w.cast(dt), pads)
+      return out if b is None else out + b.reshape((1, O, 1, 1))
     u, taps = _windows(x.cast(dt), ks, s, d, pads, 0, "conv2d")  # (N, C, O1, k1, O2, k2, ...)
     outs = tuple(u.shape[a - 1] for a in taps)
     G, Og = groups, O // groups
