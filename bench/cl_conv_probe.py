@@ -1,14 +1,16 @@
 """Action lists for the ResNet block's 3x3 convolutions on the CL device (N64 C64 56x56, padding 1, bench/models.py):
-the forward convolution (`fwd`) or the input gradient (`dx`, the convolution of the output's gradient by the flipped
-weights), its largest kernel timed on the device (profiling events, resident buffers, median of RULEC_SEARCH
+the forward convolution (`fwd`), the input gradient (`dx`, the convolution of the output's gradient by the flipped
+weights) or the weight gradient (`dw`), its costliest reduction (the most work) timed on the device (profiling events, resident buffers, median of RULEC_SEARCH
 launches) with the cost model's actions and with the lists given or listed below; each list's result is checked
 against the cost model's. The weight gradient has its own probe, bench/cl_conv_grad_probe.py.
 
-Run: python bench/cl_conv_probe.py fwd|dx [batch] [action list ...]   (bench/h200.sh convfwd ...)
-Axes of both kernels: 0 image, 1 output channel, 2 row, 3 column; sums 4 and 5 (the taps) and 6 (channels in).
+Run: python bench/cl_conv_probe.py fwd|dx|dw [batch] [action list ...]   (bench/h200.sh convfwd ...)
+Axes of the direct fwd and dx kernels: 0 image, 1 output channel, 2 row, 3 column; sums 4 and 5 (the taps) and 6
+(channels in). With RULEC_WINOGRAD=1 the costliest kernel is Winograd's batched matmul (engine/tensor/winograd.py).
 """
 from __future__ import annotations
 
+import math
 import os
 import sys
 
@@ -37,8 +39,13 @@ LISTS = [
 
 def program(which: str, x: Tensor, w: Tensor, g: Tensor) -> Tensor:
   if which == "fwd": return x.conv2d(w, padding=1)
-  (gx,) = x.conv2d(w, padding=1).gradient(x, gradient=g)
-  return gx
+  (grad,) = x.conv2d(w, padding=1).gradient(x if which == "dx" else w, gradient=g)
+  return grad
+
+
+def work(kernel) -> int:
+  """A kernel's loop trips: the product of its ranges' sizes."""
+  return math.prod(r.src[0].arg for r in kernel.ast.ranges)
 
 
 def main():
@@ -48,11 +55,11 @@ def main():
   dev = cl_device.get_device()
   print(f"device: {dev.dev.name}; conv 3x3 {which}, N{n} C64 56x56; RULEC_CL_GUARD={os.environ.get('RULEC_CL_GUARD', '')}")
   rng = np.random.default_rng(0)
-  x = Tensor(rng.standard_normal((n, 64, 56, 56)).astype(np.float32), device="CL")
-  w = Tensor(rng.standard_normal((64, 64, 3, 3)).astype(np.float32) * 0.1, device="CL")
+  x = Tensor(rng.standard_normal((n, 64, 56, 56)).astype(np.float32), device="CL", requires_grad=which == "dw")
+  w = Tensor(rng.standard_normal((64, 64, 3, 3)).astype(np.float32) * 0.1, device="CL", requires_grad=which == "dw")
   g = Tensor(rng.standard_normal((n, 64, 56, 56)).astype(np.float32), device="CL")
   kernels = program(which, x, w, g).schedule()
-  big = max(kernels, key=lambda k: len(k.ast.ranges))
+  big = max(kernels, key=work)
   low = decomposed(big, dev.optional)
   key = kernel_key(low)
   os.environ.setdefault("RULEC_SEARCH", "5")   # (the timer's repetitions)

@@ -5,8 +5,8 @@ the flags here read and write those, so `with Context(DEBUG=2):` is `RULEC_DEBUG
 
 Flags fall in three kinds (docs/api.md, "Beyond Tensor", has the table):
 - bound: the flag is a rulec setting under another name, read and written live (DEBUG, BEAM, JIT, TRAINING, DEV,
-  RING, NUM_CPU_THREADS);
-- accepted: tinygrad's tuning and diagnostics switches rulec has no counterpart of (NOOPT, TC, WINO, VIZ, ...):
+  RING, NUM_CPU_THREADS, WINO);
+- accepted: tinygrad's tuning and diagnostics switches rulec has no counterpart of (NOOPT, TC, VIZ, ...):
   Context sets them and getenv-style reads see the value, but nothing in rulec changes (no value depends on them);
 - refused: switches that would change values in ways rulec does not do (IMAGE, FLOAT16, DEFAULT_FLOAT, ...):
   setting one to anything but its default raises NotImplementedError naming it.
@@ -178,10 +178,12 @@ DEV = _EnvFlag("DEV", "CPU", "RULEC_DEVICE", "the default device (Device.DEFAULT
 RING = _EnvFlag("RING", 1, "RULEC_RING", "ring allreduce: 0 never, 1 when it pays, 2 always")
 NUM_CPU_THREADS = _EnvFlag("NUM_CPU_THREADS", os.cpu_count() or 1, "RULEC_THREADS", "threads a CPU kernel runs on")
 TRAINING = _TrainingFlag("TRAINING", 0)
+# (unset, the device decides: Winograd where matmuls run in register tiles, runtime/devices.py winograd_convs)
+WINO = _EnvFlag("WINO", 0, "RULEC_WINOGRAD", "3x3 stride-1 float32 convolutions as Winograd's F(2x2, 3x3): 1 on, 0 off")
 
 _NO_EFFECT = "a tinygrad tuning or diagnostics switch with no counterpart in rulec: accepted, changes nothing"
 NOOPT = _Accepted("NOOPT", 0, "rulec's kernel optimizer has no global off switch (RULEC_OPT forces a kernel's actions)")
-for _name, _default in [("IGNORE_BEAM_CACHE", 0), ("TC", 1), ("TC_SELECT", -1), ("TC_OPT", 0), ("WINO", 0),
+for _name, _default in [("IGNORE_BEAM_CACHE", 0), ("TC", 1), ("TC_SELECT", -1), ("TC_OPT", 0),
                         ("NOLOCALS", 0), ("SPLIT_REDUCEOP", 1), ("NO_MEMORY_PLANNER", 0), ("LRU", 1), ("CACHELEVEL", 2),
                         ("CCACHE", 1), ("SCACHE", 1), ("VIZ", 0), ("PROFILE", 0), ("TRACEMETA", 1), ("CAPTURING", 1),
                         ("NO_COLOR", 0), ("JIT_BATCH_SIZE", 32), ("FUSE_OPTIM", 0), ("TRANSCENDENTAL", 1),

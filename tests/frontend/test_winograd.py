@@ -129,3 +129,13 @@ def test_a_stack_of_pieces_takes_its_small_range_in_lanes_and_agrees_with_numpy(
   acts = select_lanes(decomposed(k, cpu_device.optional_decompositions()).ast.src[0])
   assert [(x.op, x.amount) for x in acts] == [("UPCAST", 2)]
   np.testing.assert_allclose(inter.numpy(), np.stack([a * 2, a - 1], -1).reshape(6, 80), rtol=1e-6)
+
+
+@pytest.mark.skipif(default_device() != "CPU", reason="kernel counts of the CPU device")
+def test_tinygrads_wino_flag_turns_it_on_for_its_block(monkeypatch):
+  from rulec.helpers import Context
+  monkeypatch.delenv("RULEC_WINOGRAD", raising=False)
+  x, w = Tensor.empty(2, 16, 12, 12), Tensor.empty(16, 16, 3, 3)
+  with Context(WINO=1):
+    assert len(x.conv2d(w, padding=1).schedule()) == 4
+  assert "RULEC_WINOGRAD" not in os.environ and len(x.conv2d(w, padding=1).schedule()) == 1
