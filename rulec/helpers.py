@@ -178,7 +178,7 @@ DEV = _EnvFlag("DEV", "CPU", "RULEC_DEVICE", "the default device (Device.DEFAULT
 RING = _EnvFlag("RING", 1, "RULEC_RING", "ring allreduce: 0 never, 1 when it pays, 2 always")
 NUM_CPU_THREADS = _EnvFlag("NUM_CPU_THREADS", os.cpu_count() or 1, "RULEC_THREADS", "threads a CPU kernel runs on")
 TRAINING = _TrainingFlag("TRAINING", 0)
-# (unset, the device decides: Winograd where matmuls run in register tiles, runtime/devices.py winograd_convs)
+# (off unless set: runtime/devices.py winograd_convs says why)
 WINO = _EnvFlag("WINO", 0, "RULEC_WINOGRAD", "3x3 stride-1 float32 convolutions as Winograd's F(2x2, 3x3): 1 on, 0 off")
 
 _NO_EFFECT = "a tinygrad tuning or diagnostics switch with no counterpart in rulec: accepted, changes nothing"

@@ -10,12 +10,15 @@ elementwise product, summed over input channels, is a batched matmul, one per po
     M[ab] (O x P) = U[ab] (O x C) @ V[ab] (C x P),  P = N x (output rows / 2) x (output columns / 2)
 
 so the convolution becomes four kernels: the filter transform U (small), the input transform V, the matmul (the
-device's tiled GEMM: 64 x 64 x 9 multiply-adds per output pair of a direct convolution become 64 x 16 / 4), and the
-output transform. The transforms only add, subtract and halve, so the result differs from the direct sum by rounding.
+device's tiled GEMM: 9 multiply-adds per output and channel pair of a direct convolution become 16 / 4), and the
+output transform. The transforms only add, subtract and halve, so in exact arithmetic the result is the direct sum
+(float64 agrees to 1e-15); in float32 the rounding differs, and is amplified more where a batchnorm's backward
+cancels (docs/architecture.md, "Winograd convolutions").
 
 Gradients need nothing of their own: every step is a movement, an elementwise combination or a matmul, so the
 backward pass is the transposed transforms around the two matmuls of the product's gradient. Which convolutions
-take this path is `runtime/devices.py` `winograd_convs` (the device) and `fits` (the shape)."""
+take this path: `fits` (the shape) when `runtime/devices.py` `winograd_convs` says so (RULEC_WINOGRAD=1, tinygrad's
+WINO=1; off by default, which says why)."""
 from __future__ import annotations
 
 from typing import TYPE_CHECKING

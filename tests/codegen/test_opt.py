@@ -474,8 +474,7 @@ def cl_tiles(monkeypatch, cl_dev):
 
   from rulec.runtime import cl_device
   monkeypatch.setattr(cl_dev, "target", attrs.evolve(cl_dev.target, tile=256, group=0, units=int(os.environ.get("TEST_UNITS", "0")) or cl_dev.target.units))
-  # (the convolutions here are the direct ones whose tiles these tests check; with tiles, a 3x3 one of 16 channels
-  # would take Winograd's form, tests/frontend/test_winograd.py)
+  # (the convolutions here are the direct ones whose tiles these tests check, whatever RULEC_WINOGRAD the run has)
   monkeypatch.setenv("RULEC_WINOGRAD", "0")
   cl_device._by_ast.clear()
   yield monkeypatch

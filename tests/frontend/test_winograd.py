@@ -81,10 +81,10 @@ def test_which_convolutions_take_it():
     assert not winograd.fits(**{**ok, **change}), change
 
 
-def test_the_device_decides_and_the_variable_overrides(monkeypatch):
+def test_it_is_off_unless_asked_for(monkeypatch):
   monkeypatch.delenv("RULEC_WINOGRAD", raising=False)
-  # the CPU's direct convolution is one kernel and as fast: off there unless asked for
-  assert not winograd_convs("CPU") and not winograd_convs("NUMPY")
+  # (no faster on the H100, slower on the CPU, and less accurate through a batchnorm's backward: runtime/devices.py)
+  assert not any(winograd_convs(d) for d in ("CPU", "NUMPY", "CL"))
   monkeypatch.setenv("RULEC_WINOGRAD", "1")
   assert winograd_convs("CPU")
   monkeypatch.setenv("RULEC_WINOGRAD", "0")

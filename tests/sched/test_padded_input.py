@@ -44,7 +44,7 @@ def test_a_big_convolution_reads_its_input_padded_with_no_guard(device):
 def test_on_the_cl_device_the_big_convolution_keeps_its_guards(cl_dev, monkeypatch):
   # a GPU's work-item predicates its guard: the stored padded copy cost more than the guards on an H100 (the ResNet
   # block 1.97 -> 2.30 ms), so ctx.lane_guards is false on CL and the same convolution stays one guarded kernel
-  # (the direct convolution: on a GPU this one would otherwise take Winograd's form, engine/tensor/winograd.py)
+  # (the direct convolution, whatever RULEC_WINOGRAD the run has: engine/tensor/winograd.py)
   monkeypatch.setenv("RULEC_WINOGRAD", "0")
   schedule_cache.clear()
   rng = np.random.default_rng(0)
