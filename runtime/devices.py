@@ -114,9 +114,9 @@ def winograd_convs(device) -> bool:
   (engine/tensor/winograd.py: four kernels, the costly one a batched matmul): only when RULEC_WINOGRAD=1 (tinygrad's
   WINO=1), on any device. Off by default everywhere: on the H100 the ResNet block (N64 C64 56x56) was no faster
   (forward 1.56 -> 1.64 ms, with its backward 6.09 -> 5.87: the batched matmul over 64 channels runs at 18 TFLOP/s),
-  on this CPU it is 3x slower than the direct convolution, and its float32 gradients through the block's batchnorms
-  are less accurate (the input's 2e-2 of its largest value against float64 where the direct convolution's is 1e-6;
-  docs/architecture.md, "Winograd convolutions"). `device` is for a future per-device choice."""
+  on this CPU it is 3x slower than the direct convolution, and the block's float32 input gradient is 2e-2 of its
+  largest value from float64's from batch 8 up (1e-6 at batch 2 and 4, and with the direct convolution: not traced
+  yet; docs/architecture.md, "Winograd convolutions"). `device` is for a future per-device choice."""
   return os.environ.get("RULEC_WINOGRAD", "").strip() == "1"
 
 
