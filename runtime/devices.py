@@ -112,8 +112,9 @@ def tiles_sums(device) -> bool:
 def winograd_convs(device) -> bool:
   """Whether a 3x3, stride-1 float32 convolution on `device` is computed as Winograd's F(2x2, 3x3)
   (engine/tensor/winograd.py: four kernels, the costly one a batched matmul): only when RULEC_WINOGRAD=1 (tinygrad's
-  WINO=1), on any device. Off by default everywhere: on the H100 the ResNet block (N64 C64 56x56) was not meaningfully faster, one run each
-  (forward 1.56 -> 1.64 ms, with its backward 6.09 -> 5.87: the batched matmul over 64 channels runs at 18 TFLOP/s),
+  WINO=1), on any device. Off by default everywhere: on the H100 the ResNet block (N64 C64 56x56) was not
+  meaningfully faster, one run each (forward 1.56 -> 1.64 ms, with its backward 6.09 -> 5.87: the batched matmul
+  over 64 channels runs at 18 TFLOP/s),
   and on this CPU it is 3x slower than the direct convolution (docs/architecture.md, "Winograd convolutions").
   `device` is for a future per-device choice."""
   return os.environ.get("RULEC_WINOGRAD", "").strip() == "1"
