@@ -11,7 +11,9 @@ import math
 from dataclasses import dataclass
 
 from rulec.codegen.opt.actions import Action, OptError
-from rulec.codegen.opt.transform import apply, contiguous_offset, free_ranges, guarded_product, reads_what_it_writes, stored_sum, tiles
+from rulec.codegen.opt.transform import (apply, contiguous_offset, free_ranges, guarded_product, reads_what_it_writes,
+                                         stored_sum, tiles)
+from rulec.codegen.opt.transform import size as range_size
 from rulec.engine.ir.dtypes import dtypes
 from rulec.engine.ir.index_expr import evaluate
 from rulec.engine.ir.ops import Ops
@@ -259,29 +261,29 @@ def _range_plus_const(x: UOp, ranges) -> UOp | None:
 def select_lanes(end: UOp) -> list[Action]:
   """UPCAST of the store ranges (or of their r % m parts) that the value's selects compare with constants, when
   the kernel has no reduce and they take at most SELECT_LANES lanes; else nothing."""
-  value = end.src[0]
-  if any(u.op is Ops.REDUCE for u in value.toposort()): return []
+  nodes = end.src[0].toposort()
+  if any(u.op is Ops.REDUCE for u in nodes): return []
   store_ranges = {r: i for i, r in enumerate(end.src[1:])}
+  # what the selects' conditions compute, in one walk (not a walk per select: a stack of 16 pieces has dozens)
+  conditions, stack = set(), [u.src[0] for u in nodes if u.op is Ops.WHERE]
+  while stack:
+    if (c := stack.pop()) in conditions: continue
+    conditions.add(c)
+    stack.extend(c.src)
   amounts: dict[UOp, int] = {}
-  for w in value.toposort():
-    if w.op is not Ops.WHERE: continue
-    for c in w.src[0].toposort():
-      if c.op is not Ops.CMPLT or c.src[1].op is not Ops.CONST: continue
+  for c in nodes:
+    if c in conditions and c.op is Ops.CMPLT and c.src[1].op is Ops.CONST:
       x = c.src[0]
       if x in store_ranges:
-        if x.src[0].arg <= SELECT_LANES: amounts[x] = x.src[0].arg   # (a longer one's compare is a bounds guard)
+        if range_size(x) <= SELECT_LANES: amounts[x] = range_size(x)   # (a longer one's compare is a bounds guard)
       elif (x.op in (Ops.MOD, Ops.CMOD) and (r := _range_plus_const(x.src[0], store_ranges)) is not None
-            and x.src[1].op is Ops.CONST and isinstance(m := x.src[1].arg, int) and m > 1 and r.src[0].arg % m == 0):
-        amounts[r] = min(math.lcm(amounts.get(r, 1), m), r.src[0].arg)
+            and x.src[1].op is Ops.CONST and isinstance(m := x.src[1].arg, int) and m > 1 and range_size(r) % m == 0):
+        amounts[r] = min(math.lcm(amounts.get(r, 1), m), range_size(r))
   # the smallest first, while they fit (a padding guard compares a long range too: that one stays a loop)
   chosen, lanes = [], 1
   for r, n in sorted(amounts.items(), key=lambda rn: (rn[1], store_ranges[rn[0]])):
     if n > 1 and lanes * n <= SELECT_LANES: chosen, lanes = chosen + [r], lanes * n
   return [Action("UPCAST", r.arg[0], amounts[r]) for r in sorted(chosen, key=store_ranges.get)]
-
-
-def _range_size(end: UOp, axis: int) -> int:
-  return next(r.src[0].arg for r in end.src[1:] if r.arg[0] == axis)
 
 
 def divisor_at_most(n: int, most: int, least: int = 1) -> int:
@@ -543,7 +545,8 @@ def cpu_actions(k: Kernel, target: CPUTarget | None = None) -> list[Action]:
   if end is None: return []
   if any(u.op is Ops.RUNMAX for u in end.toposort()): return _online_tile(k, end)
   if (sel := select_lanes(end)) and _applies(k, "CPU", *sel):
-    whole = {a.axis for a in sel if a.amount == _range_size(end, a.axis)}
+    by_axis = {r.arg[0]: r for r in end.src[1:]}
+    whole = {a.axis for a in sel if a.amount == range_size(by_axis[a.axis])}
     outer = next((r.arg[0] for r in end.src[1:] if r.arg[0] not in whole), None)
     return sel + ([Action("THREAD", outer)] if outer is not None and _applies(k, "CPU", *sel, Action("THREAD", outer)) else [])
   if mv := matvec_tile(k, end, lanes): return mv

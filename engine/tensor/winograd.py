@@ -86,7 +86,7 @@ def conv3x3(x: Tensor, w: Tensor, pads: list) -> Tensor:
   U = u[0].stack(*u[1:]).contiguous()                                       # (16, O, C)
   M = (U @ V).reshape(4, 4, O, N, th, tw)
   yr = _apply(AT, [M[a] for a in range(4)])                                 # 2 x (4, O, N, th, tw)
-  y = [[ys for ys in _apply(AT, [r[b] for b in range(4)])] for r in yr]     # 2 x 2 x (O, N, th, tw)
+  y = [_apply(AT, [r[b] for b in range(4)]) for r in yr]                   # 2 x 2 x (O, N, th, tw)
   Y = y[0][0].stack(y[0][1], dim=-1).stack(y[1][0].stack(y[1][1], dim=-1), dim=3)   # (O, N, th, 2, tw, 2)
   Y = Y.reshape(O, N, 2 * th, 2 * tw).permute(1, 0, 2, 3)
   return Y if (2 * th, 2 * tw) == (Ho, Wo) else Y[:, :, :Ho, :Wo]
