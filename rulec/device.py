@@ -19,8 +19,8 @@ class Renderer:
   def __init__(self, device: str): self.device = device
 
   def supported_dtypes(self) -> set[DType]:
-    """The dtypes a Tensor on this device computes in: every Tensor dtype (bool, the ints, float16, float32,
-    float64), less float64 on an OpenCL device without cl_khr_fp64. bfloat16 is not among them on any device."""
+    """The dtypes a Tensor on this device computes in: every Tensor dtype (bool, the ints, float16, bfloat16,
+    float32, float64), less float64 on an OpenCL device without cl_khr_fp64."""
     out = set(TENSOR_DTYPES.values())
     kind, index = parse_device(self.device)
     if kind == "CL":

@@ -4,7 +4,9 @@ do; IDIV and MOD are floor division and floor modulo (numpy's // and %).
 
 A float op computes in its own dtype through numpy (`float_alu`, which the NUMPY
 device runs on whole arrays): every result rounded to float16 / float32 / float64
-once, overflow to an infinity of the right sign, underflow to zero or a
+once (bfloat16, which numpy has no arithmetic of its own for: computed in float32
+and rounded to bfloat16, `half_alu`, the same bits: float32 carries more than
+twice bfloat16's precision, so the double rounding of + - * / and sqrt is exact), overflow to an infinity of the right sign, underflow to zero or a
 subnormal, NaN in, NaN out, no Python exception (Python's `2.0 ** 1000.0` raises
 OverflowError, its `(-2.0) ** 1025.0` too). So a folded constant is what the
 device computes, bit for bit, for every op IEEE 754 defines exactly. EXP2, LOG2,
@@ -90,7 +92,27 @@ FLOAT_OPS = frozenset({Ops.NEG, Ops.EXP2, Ops.LOG2, Ops.SIN, Ops.SQRT, Ops.RECIP
 # float ops whose results IEEE 754 leaves to the implementation (each device approximates them its own way):
 # constant folding does not fold them on floats, so a constant gets the value the device would compute
 DEVICE_DEFINED = frozenset({Ops.EXP2, Ops.LOG2, Ops.SIN, Ops.POW})
-_NP_FLOAT = {"float16": np.float16, "float32": np.float32, "float64": np.float64}   # (bfloat16: no numpy type)
+_NP_FLOAT = {"float16": np.float16, "bfloat16": np.dtype("bfloat16").type, "float32": np.float32, "float64": np.float64}
+BFLOAT16 = np.dtype("bfloat16")   # ml_dtypes' type (engine/ir/dtypes.py registers it)
+
+
+def half_alu(op: Ops, xs: list, t: np.dtype) -> np.ndarray:
+  """op on operands of the 2-byte float t (their values, any float array type) as every device computes it: in
+  float32 (each operand widens exactly), the result rounded once to t. Two ops in one round in between, as two ops:
+  MULACC's product, IDIV's quotient before its floor. numpy's own float16 ufuncs compute so too."""
+  f = [np.asarray(x).astype(np.float32) for x in xs]
+  if op is Ops.MULACC: r = _rounded(f[0] * f[1], t) + f[2]
+  elif op is Ops.IDIV:
+    a, b = f
+    r = np.where(b == 0, np.where(a != 0, np.copysign(np.float32(np.inf), a), np.float32(np.nan)),
+                 np.floor(_rounded(np.true_divide(a, b), t)) + np.float32(0.0))
+  else: r = float_alu(op, f)
+  return np.asarray(r).astype(t)
+
+
+def _rounded(v, t: np.dtype) -> np.ndarray:
+  """float32 values rounded to t's precision, still float32."""
+  return np.asarray(v).astype(t).astype(np.float32)
 
 
 def _f64(op: Ops) -> Callable[..., Any]:
@@ -127,17 +149,19 @@ def wrap(value: Any, dtype: DType) -> Any:
 
 
 def round_float(value: float, dtype: DType) -> float:
-  """value rounded to the nearest number dtype holds (float16 and float32; past the range: inf), as a Python
-  float, so folding a constant gives what a kernel computing in that dtype gives."""
+  """value rounded to the nearest number dtype holds (float16, bfloat16 and float32; past the range: inf), as a
+  Python float, so folding a constant gives what a kernel computing in that dtype gives."""
   if dtype.itemsize >= 8 or not math.isfinite(value): return value
-  with np.errstate(over="ignore"): return float(np.float16(value) if dtype.itemsize == 2 else np.float32(value))
+  with np.errstate(over="ignore"): return float(np.array(value, np.float64).astype(_NP_FLOAT[dtype.np_name]))
 
 
 def exec_alu(op: Ops, dtype: DType, operands: list[Any]) -> Any:
   """op on Python values of dtype, as dtype holds the result. A float op computes in the float dtype (float_alu)."""
   if op in FLOAT_OPS and dtype.np_name in _NP_FLOAT:
     t = _NP_FLOAT[dtype.np_name]
-    with np.errstate(all="ignore"): return float(t(float_alu(op, [t(x) for x in operands])))
+    with np.errstate(all="ignore"):
+      if dtype.np_name == "bfloat16": return float(half_alu(op, operands, BFLOAT16))
+      return float(t(float_alu(op, [t(x) for x in operands])))
   return wrap(PYTHON_ALU[op](*operands), dtype)
 
 

@@ -7,6 +7,9 @@ offsets); it is an integer that codegen later narrows to int32 or int64.
 from __future__ import annotations
 
 import attrs
+# numpy has no bfloat16; ml_dtypes (the type JAX and TensorFlow share) registers one, so that np.dtype("bfloat16")
+# names it: host arrays, the NUMPY device and constant folding then hold bfloat16 as they hold float16
+import ml_dtypes  # noqa: F401
 
 
 @attrs.frozen(repr=False, eq=False)
@@ -28,6 +31,10 @@ class DType:
   def is_unsigned(self) -> bool: return self.kind == "u"
   @property
   def is_bool(self) -> bool: return self.kind == "b"
+  @property
+  def is_half(self) -> bool:
+    """float16 or bfloat16: stored as 16 bits, computed in float32 with every result rounded back."""
+    return self.kind == "f" and self.itemsize == 2
   @property
   def bits(self) -> int: return self.itemsize * 8
 
@@ -81,7 +88,7 @@ class dtypes:
   uint64 = DType("uint64", 8, "u", 9, "uint64")
   index = DType("index", 8, "x", 10, "int64")
   float16 = DType("float16", 2, "f", 11, "float16")
-  bfloat16 = DType("bfloat16", 2, "f", 12, None)
+  bfloat16 = DType("bfloat16", 2, "f", 12, "bfloat16")
   float32 = DType("float32", 4, "f", 13, "float32")
   float64 = DType("float64", 8, "f", 14, "float64")
 
@@ -113,7 +120,9 @@ class dtypes:
   uints = (uint8, uint16, uint32, uint64)
   sints = (int8, int16, int32, int64)
   ints = uints + sints
-  floats = (float16, float32, float64)   # bfloat16 is left out: no Tensor backend computes it
+  floats = (float16, bfloat16, float32, float64)
+  # the 2-byte floats every device stores as their bits and computes in float32, rounding each result back
+  halfs = (float16, bfloat16)
 
 
 ALL_DTYPES: dict[str, DType] = {v.name: v for v in vars(dtypes).values() if isinstance(v, DType)}

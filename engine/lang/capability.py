@@ -46,7 +46,7 @@ UOP_ATTRS = frozenset({"op", "dtype", "src", "arg", "tag", "marg", "base", "_sha
                        "toposort", "ranges", "vmin", "vmax"}) | UOP_BUILDERS
 # attributes of the class UOp itself (the constructors)
 UOP_CLASS_ATTRS = frozenset({"const", "variable", "range", "sink", "new_buffer"})
-DTYPE_ATTRS = frozenset({"name", "itemsize", "kind", "priority", "np_name", "is_float", "is_int", "is_unsigned", "is_bool",
+DTYPE_ATTRS = frozenset({"name", "itemsize", "kind", "priority", "np_name", "is_float", "is_int", "is_unsigned", "is_bool", "is_half",
                          "bits", "min", "max"})
 DTYPES_NS_ATTRS = frozenset({n for n, v in vars(dtypes).items() if isinstance(v, DType)} | {"by_name", "all"})
 OPS_ENUM_ATTRS = frozenset(Ops.__members__)

@@ -22,7 +22,7 @@ from rulec.runtime.devices import DEVICES, canonical_device, default_device
 
 TENSOR_DTYPES: dict[str, DType] = {d.name: d for d in (
   dtypes.bool, dtypes.int8, dtypes.uint8, dtypes.int16, dtypes.uint16, dtypes.int32, dtypes.uint32, dtypes.int64,
-  dtypes.uint64, dtypes.float16, dtypes.float32, dtypes.float64)}
+  dtypes.uint64, dtypes.float16, dtypes.bfloat16, dtypes.float32, dtypes.float64)}
 
 
 class AxisError(ValueError, IndexError):
@@ -127,7 +127,11 @@ def promote_types(*dts: DType) -> DType:
   A signed int with uint64 has no such int: tinygrad gives its (weak) default float, float32."""
   if all(d is dts[0] for d in dts): return dts[0]
   floats = [d for d in dts if d.is_float]
-  if floats: return max(floats, key=lambda d: d.itemsize)
+  if floats:
+    widest = max(floats, key=lambda d: d.itemsize)
+    # float16 and bfloat16 hold neither the other's range nor its precision: together they meet at float32
+    if widest.is_half and any(d is not widest for d in floats): return dtypes.float32
+    return widest
   sbits = max((d.bits for d in dts if d.kind == "i"), default=0)
   ubits = max((d.bits for d in dts if d.kind == "u"), default=0)
   if not sbits and not ubits: return dtypes.bool

@@ -221,7 +221,7 @@ class CreationMixin:
     rng = cls._rng
     if kind == "rand":
       a = rng.random(shape, dtype=gen).astype(np_dtype(dt))
-      if dt is dtypes.float16: a = np.minimum(a, np.nextafter(np.float16(1), np.float16(0)))  # stay below 1
+      if dt.is_half: a = np.minimum(a, np.nextafter(np.float32(1), np.float32(0)).astype(a.dtype))  # stay below 1
     else: a = rng.standard_normal(shape, dtype=gen).astype(np_dtype(dt))
     return cls(a, dtype=dt, device=device)
 

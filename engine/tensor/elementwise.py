@@ -255,11 +255,11 @@ class ElementwiseMixin:
 
   def _float_unary(self, fn) -> Tensor:
     x = self.uop if self.dtype.is_float else self.uop.cast(dtypes.default_float)
-    if x.dtype is dtypes.float16: return self._new(fn(x.cast(dtypes.float32)).cast(dtypes.float16))
+    if x.dtype.is_half: return self._new(fn(x.cast(dtypes.float32)).cast(x.dtype))
     return self._new(fn(x))
 
   def exp(self) -> Tensor:
-    """exp(): e ** self (ints and bools in float32; float16 computed in float32 and rounded back)."""
+    """exp(): e ** self (ints and bools in float32; float16 and bfloat16 computed in float32 and rounded back)."""
     return self._float_unary(u_exp)
   def exp2(self) -> Tensor:
     """exp2(): 2 ** self (ints and bools in float32)."""
@@ -346,6 +346,9 @@ class ElementwiseMixin:
   def half(self) -> Tensor:
     """half(): cast to float16."""
     return self.cast(dtypes.float16)
+  def bfloat16(self) -> Tensor:
+    """bfloat16(): cast to bfloat16."""
+    return self.cast(dtypes.bfloat16)
   def double(self) -> Tensor:
     """double(): cast to float64."""
     return self.cast(dtypes.float64)

@@ -242,7 +242,7 @@ class MathMixin:
   # *** float math helpers ***
 
   def _in_float(self, fn) -> Tensor:
-    """fn of self computed in float32 for float16 and integer inputs (rounded back to float16 for float16)."""
+    """fn of self computed in float32 for float16, bfloat16 and integer inputs (rounded back for the 2-byte floats)."""
     x, out = self._half_up()
     return fn(x).cast(out)
 

@@ -72,8 +72,8 @@ class ReduceMixin:
     return ~(~self.bool()).any(axis, keepdim)
 
   def _half_up(self) -> tuple[Tensor, DType]:
-    """A float tensor to compute in (float16 -> float32, ints -> float32) and the dtype to return."""
-    if self.dtype is dtypes.float16: return self.cast(dtypes.float32), dtypes.float16
+    """A float tensor to compute in (float16 and bfloat16 -> float32, ints -> float32) and the dtype to return."""
+    if self.dtype.is_half: return self.cast(dtypes.float32), self.dtype
     if not self.dtype.is_float: return self.cast(dtypes.default_float), dtypes.default_float
     return self, self.dtype
 
@@ -91,7 +91,7 @@ class ReduceMixin:
     return n
 
   def mean(self, axis: Any = None, keepdim: bool = False) -> Tensor:
-    """mean(axis=None, keepdim=False): the average over axis; ints and bools give float32, float16 is computed in
+    """mean(axis=None, keepdim=False): the average over axis; ints and bools give float32, float16 and bfloat16 are computed in
     float32; NaN over an empty axis."""
     x, out = self._half_up()
     return (x.sum(axis, keepdim) / self._count(axis)).cast(out)

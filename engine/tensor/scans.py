@@ -131,7 +131,7 @@ class ScansMixin:
 
   def logcumsumexp(self, axis: int = 0) -> Tensor:
     """tinygrad's logcumsumexp(axis=0): log(cumsum(exp(x))), each prefix shifted by its own max so it neither
-    overflows nor underflows; ints give float32, float16 is computed in float32. +-inf are exact (tinygrad: NaN)."""
+    overflows nor underflows; ints give float32, float16 and bfloat16 are computed in float32. +-inf are exact (tinygrad: NaN)."""
     out = self.dtype if self.dtype.is_float else dtypes.default_float
-    x = self.cast(dtypes.float32) if out is dtypes.float16 or not self.dtype.is_float else self
+    x = self.cast(dtypes.float32) if out.is_half or not self.dtype.is_float else self
     return self._sized_like(x._scan(axis, "lse").cast(out), axis)

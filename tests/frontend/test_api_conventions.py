@@ -105,7 +105,7 @@ def test_dtype_aliases():
   assert d.double is d.float64 and d.uchar is d.uint8 and d.char is d.int8 and d.short is d.int16
   assert d.ushort is d.uint16 and d.uint is d.uint32 and d.ulong is d.uint64
   assert d.default_float is d.float32 and d.default_int is d.int32
-  assert set(d.floats) == {d.float16, d.float32, d.float64} and set(d.ints) == set(d.uints) | set(d.sints)
+  assert set(d.floats) == {d.float16, d.bfloat16, d.float32, d.float64} and set(d.ints) == set(d.uints) | set(d.sints)
 
 
 def test_dtype_min_max_attributes():
