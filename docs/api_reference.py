@@ -44,7 +44,6 @@ OPERATORS = {"__add__": "x + y", "__sub__": "x - y", "__mul__": "x * y", "__true
 # tinygrad 0.14 Tensor names rulec does not have, and why (tests/frontend/test_api_reference.py checks this list
 # against a snapshot of tinygrad's names: every name is either here or on rulec's Tensor)
 LEFT_OUT = {
-  "bfloat16": "no rulec backend computes bfloat16 (the dtype exists for bitcasts and the dtype table only)",
   "threefry": "rulec draws random numbers on the host (numpy's generator); no THREEFRY kernel is rendered",
   "random_bits": "tinygrad's counter-based bits are built on threefry (above)",
   "const": "a tinygrad internal (a constant UOp for a value); rulec's is the module-level rulec.engine.tensor.uops.const",
@@ -104,8 +103,8 @@ published files from the folder `path` (uint8 tensors, images NCHW, as tinygrad'
   `global_mem` (bytes of the buffers each kernel reads and writes, once per buffer), `time_sum_s` (host seconds
   running them; on CL, enqueueing them). `mem_used` / `mem_used_per_device`: bytes of allocated buffers now.
 - `Device`: `Device.DEFAULT` (RULEC_DEVICE, else CPU; assigning it raises, as in tinygrad 0.14: use
-  `Context(DEV=...)`), `Device[name]` with `.device`, `.renderer.supported_dtypes()` (every Tensor dtype; float64
-  only on an OpenCL device with cl_khr_fp64; never bfloat16) and `.synchronize()`, `Device.canonicalize(name)`,
+  `Context(DEV=...)`), `Device[name]` with `.device`, `.renderer.supported_dtypes()` (every Tensor dtype, bfloat16
+  included; float64 only on an OpenCL device with cl_khr_fp64) and `.synchronize()`, `Device.canonicalize(name)`,
   `Device.get_available_devices()`. `Device["CL"]` without OpenCL raises RuntimeError.
 - `@function` / `@function(precompile=True)`: rulec has no call boundary in its IR, so the body is inlined (the
   same values, gradients and kernels as a plain call); the result must be a Tensor or a tuple of them, as tinygrad
@@ -187,7 +186,7 @@ value. tinygrad's examples/gpt2.py and extra/models/llama.py decode on rulec wit
 - `torch_load(fn)`: a PyTorch `.pt` / `.pth` checkpoint (a path or a Tensor of its bytes) without torch: the zip
   format (PyTorch >= 1.6: `data.pkl` and `data/<key>` storages, either byte order) and the legacy single-file format
   before it; returns what the checkpoint holds (usually an OrderedDict of name -> Tensor). Views keep their shape
-  and strides (copied out contiguous), bfloat16 storages become float32. The pickle is read by a restricted
+  and strides (copied out contiguous), bfloat16 storages stay bfloat16 (as in tinygrad). The pickle is read by a restricted
   unpickler: it may name only `torch._utils._rebuild_tensor_v2` (and `_rebuild_tensor`, `_rebuild_parameter`), the
   torch storage classes and `collections.OrderedDict`, each mapped to rulec's own function; any other name
   (`os.system`, `builtins.eval`, a model class) raises UnsafeCheckpointError before anything is made, so a
@@ -197,8 +196,7 @@ value. tinygrad's examples/gpt2.py and extra/models/llama.py decode on rulec wit
 - `gguf_load(fn)`: a GGUF file (v2 or v3; a path, or a Tensor of its bytes; split files by path) as tinygrad 0.14's
   `tinygrad.llm.gguf.gguf_load` returns it: `(metadata dict, {name: Tensor})`, the tensors shaped with the file's
   dims reversed. Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K and Q6_K are dequantised on load (on the host) to float32;
-  F32, F16, F64 and I8..I64 keep their dtype; BF16 becomes float32 (tinygrad keeps bfloat16, which rulec does not
-  compute). Other quant types (Q2_K, Q3_K, the IQ types, MXFP4) raise CheckpointError naming the type. A metadata
+  F32, F16, BF16, F64 and I8..I64 keep their dtype. Other quant types (Q2_K, Q3_K, the IQ types, MXFP4) raise CheckpointError naming the type. A metadata
   value of type UINT8 is an int (tinygrad's reader returns a one-byte bytes). `ggml_data_to_tensor(t, n, type)`
   dequantises raw bytes as tinygrad's does.
 

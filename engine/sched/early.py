@@ -51,7 +51,7 @@ def expand_bitcast(bc: UOp, x: UOp) -> UOp:
 
 
 # float mantissa bits: a sum of n copies of an integer c is exact while |n * c| stays below 2 ** bits
-_MANTISSA = {"float16": 11, "float32": 24, "float64": 53}
+_MANTISSA = {"float16": 11, "bfloat16": 8, "float32": 24, "float64": 53}
 
 
 @rule_helper

@@ -181,11 +181,11 @@ def lossless(src: DType, dst: DType) -> bool:
 @rule_helper
 def fold_cast(cast: UOp) -> UOp | None:
   """CAST of a CONST, as a CONST of the cast's dtype (integers wrap, floats round). Not where C leaves the
-  conversion undefined (a float that is not finite, or whose integer part the integer dtype cannot hold), not
-  to or from bfloat16 (no numpy type to round with), and not a float to index (engine/verify's model keeps the
+  conversion undefined (a float that is not finite, or whose integer part the integer dtype cannot hold), and
+  not a float to index (engine/verify's model keeps the
   float's value there)."""
   c, dt = cast.src[0], cast.dtype
-  if c.op is not Ops.CONST or dt.kind == "v" or "bfloat16" in (dt.name, c.dtype.name): return None
+  if c.op is not Ops.CONST or dt.kind == "v": return None
   if not isinstance(c.arg, (bool, int, float)) or (c.dtype.kind == "f" and dt is dtypes.index): return None
   v = wrap(c.arg, c.dtype)
   if c.dtype.kind == "f" and dt.kind in "iux" and not (math.isfinite(v) and dt.min() <= math.trunc(v) <= dt.max()):

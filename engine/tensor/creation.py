@@ -221,7 +221,8 @@ class CreationMixin:
     rng = cls._rng
     if kind == "rand":
       a = rng.random(shape, dtype=gen).astype(np_dtype(dt))
-      if dt.is_half: a = np.minimum(a, np.nextafter(np.float32(1), np.float32(0)).astype(a.dtype))  # stay below 1
+      # stay below 1: the largest value below 1 is 1 - 2**-11 in float16, 1 - 2**-8 in bfloat16 (its precision)
+      if dt.is_half: a = np.minimum(a, np.array(1 - 2.0 ** -(11 if dt is dtypes.float16 else 8)).astype(a.dtype))
     else: a = rng.standard_normal(shape, dtype=gen).astype(np_dtype(dt))
     return cls(a, dtype=dt, device=device)
 

@@ -57,7 +57,7 @@ def points(leaves: list[UOp]):
 def canon(v, dt: DType):
   """v as a value of dtype dt holds it."""
   v = wrap(v, dt)
-  if dt.kind == "f" and dt.np_name in ("float16", "float32"):
+  if dt.kind == "f" and dt.np_name in ("float16", "bfloat16", "float32"):
     with np.errstate(all="ignore"): v = float(np.dtype(dt.np_name).type(v))
   return v
 

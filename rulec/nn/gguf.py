@@ -8,7 +8,7 @@ file before anything is allocated, so a truncated or corrupt file is a Checkpoin
 
 Dequantisation runs on the host in numpy, block by block as ggml lays the blocks out (ggml-quants.c's
 dequantize_row_* functions): Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K become float32; F32, F16, F64 and the
-integer types load as they are; BF16 is widened to float32 (rulec computes no bfloat16)."""
+integer types load as they are, BF16 too."""
 from __future__ import annotations
 
 import mmap
@@ -172,7 +172,7 @@ def _nbytes(n: int, typ: int, fail: Callable[[str], Exception]) -> int:
 def _dequantize(raw: bytes, n: int, typ: int) -> np.ndarray:
   """n elements of ggml type typ from raw (exactly their bytes) as a flat numpy array."""
   if typ in _NATIVE: return np.frombuffer(raw, dtype=_NATIVE[typ], count=n).astype(np.dtype(_NATIVE[typ]).newbyteorder("="))
-  if typ == 30: return (np.frombuffer(raw, dtype="<u2", count=n).astype(np.uint32) << 16).view(np.float32)
+  if typ == 30: return np.frombuffer(raw, dtype="<u2", count=n).astype(np.uint16).view(np.dtype("bfloat16"))
   _, block, size = GGML_TYPES[typ]
   blocks = np.frombuffer(raw, dtype=np.uint8).reshape(n // block, size)
   return _DEQUANT[typ](blocks).reshape(n)
@@ -236,7 +236,7 @@ def gguf_load(fn: Tensor | str | os.PathLike) -> tuple[dict, dict[str, Tensor]]:
 
   metadata: the key-value pairs (arrays as lists); tensors: name -> Tensor in file order, shaped as tinygrad shapes
   them (the file's dims reversed: (rows, columns)). Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K and Q6_K are
-  dequantised to float32; F16, F32, F64 and the ints keep their dtype; BF16 becomes float32. A file split in parts
+  dequantised to float32; F16, BF16, F32, F64 and the ints keep their dtype. A file split in parts
   (`-00001-of-0000N.gguf`, given by path) loads every part. A truncated or corrupt file raises CheckpointError."""
   if isinstance(fn, Tensor): return _parse(fn.numpy().tobytes(), "<tensor>")
   path = os.fspath(fn)

@@ -39,7 +39,7 @@ class UnsafeCheckpointError(pickle.UnpicklingError, CheckpointError):
 # storage class -> (numpy dtype as stored, numpy dtype of the tensor made from it)
 _STORAGES: dict[str, tuple[str, str]] = {
   "FloatStorage": ("<f4", "float32"), "HalfStorage": ("<f2", "float16"), "DoubleStorage": ("<f8", "float64"),
-  "BFloat16Storage": ("<u2", "float32"),   # rulec computes no bfloat16: widened to float32 on load (exact)
+  "BFloat16Storage": ("<u2", "bfloat16"),   # its bits, read as ml_dtypes' bfloat16
   "LongStorage": ("<i8", "int64"), "IntStorage": ("<i4", "int32"), "ShortStorage": ("<i2", "int16"),
   "CharStorage": ("i1", "int8"), "ByteStorage": ("u1", "uint8"), "BoolStorage": ("?", "bool"),
 }
@@ -122,8 +122,8 @@ class _Reader:
 
 
 def _widen(arr: np.ndarray, stype: _StorageType) -> np.ndarray:
-  """Stored elements as the tensor's dtype: native byte order, bfloat16 bits to float32."""
-  if stype.name == "BFloat16Storage": return (arr.astype(np.uint32) << 16).view(np.float32)
+  """Stored elements as the tensor's dtype: native byte order, bfloat16 bits as bfloat16."""
+  if stype.name == "BFloat16Storage": return arr.astype(np.uint16).view(np.dtype("bfloat16"))
   return arr.astype(stype.dtype)
 
 
@@ -262,7 +262,7 @@ def _load_legacy(blob: bytes, where: str) -> Any:
 def torch_load(fn: Any) -> Any:
   """torch_load(fn): the object a PyTorch checkpoint holds (usually a state dict: name -> Tensor), read without torch
   from a path or from a Tensor of the file's bytes (tinygrad's signature). Tensors are loaded onto the default
-  device with their dtypes (bfloat16 widened to float32, which rulec computes in); a view keeps its shape and
+  device with their dtypes (bfloat16 too, as tinygrad loads it); a view keeps its shape and
   strides (it is copied out contiguous). Handles the zip format (PyTorch >= 1.6) and the legacy one before it.
 
   The pickle inside may name only the tensor rebuild functions, torch storage classes and collections.OrderedDict:
