@@ -21,7 +21,7 @@
 # Logs go to $OUT (or ./h200-out). That machine has numpy, attrs, llvmlite, hypothesis, pytest and torch, but no
 # network: pyopencl and the rest travel as cp312 wheels in .whl/ (see docs/architecture.md, "Running on a GPU"):
 #   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
-#     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 -d .whl pyopencl pytools siphash24 platformdirs lark
+#     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 -d .whl pyopencl pytools siphash24 platformdirs lark ml_dtypes
 set -uo pipefail
 cd "$(dirname "$0")/.."
 what=${1:-all}
