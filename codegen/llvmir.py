@@ -30,6 +30,12 @@ do, and the conversions are integer code of our own (`_define_to_half`,
 on CPUs without native conversions (no F16C; double -> half on any x86 without
 AVX512-FP16) into calls to compiler-rt routines (`__truncdfhf2`,
 `__extendhfsf2`, ...) that the JIT cannot resolve: calls to address 0.
+
+bfloat16 is held and computed the same way (its bits in an i16, `DType.is_half`),
+with conversions of its own (`_define_from_bfloat16`, `_define_to_bfloat16`):
+not LLVM's `bfloat`, whose conversions would again be runtime routines or
+instructions (AVX512-BF16) that only some CPUs have. Every 2-byte float goes
+through the same code paths below; only the conversions differ by dtype.
 """
 from __future__ import annotations
 
@@ -57,7 +63,7 @@ _LIBM = {Ops.EXP2: "llvm.exp2", Ops.LOG2: "llvm.log2", Ops.SIN: "llvm.sin", Ops.
 def lltype(d: DType) -> ir.Type:
   if d.kind == "b": return _I1
   if d.kind in "iux": return ir.IntType(d.bits)
-  if d is dtypes.float16: return _I16   # its bits: see the module docstring
+  if d.is_half: return _I16   # float16 and bfloat16: their bits (see the module docstring)
   if d is dtypes.float32: return _F32
   if d is dtypes.float64: return _F64
   raise NotImplementedError(f"the CPU backend does not support {d}")
@@ -131,8 +137,76 @@ def _define_from_half(module: ir.Module, name: str, fty: ir.Type) -> ir.Function
   return fn
 
 
-def _half_bits(v: float) -> int:
-  with np.errstate(over="ignore"): return int(np.array(v, np.float64).astype(np.float16).view(np.uint16))
+# *** bfloat16 conversions in integer arithmetic: ml_dtypes' results (what the NUMPY device computes), bit for bit ***
+
+def _f32_to_bfloat16_bits(b: ir.IRBuilder, u):
+  """i16 bfloat16 bits of the float32 whose bits are the i32 u: to nearest, ties to even, on the bits (a carry out of
+  the mantissa moves the exponent up, and past the largest finite value to inf; subnormals round the same way). A NaN
+  becomes ml_dtypes' quiet NaN with the sign kept and the payload dropped: numpy's float16 conversion keeps the
+  payload's top bits, ml_dtypes does not."""
+  c = lambda v: ir.Constant(_I32, v)
+  sign = b.and_(b.lshr(u, c(16)), c(0x8000))
+  rounded = b.lshr(b.add(b.add(u, c(0x7fff)), b.and_(b.lshr(u, c(16)), c(1))), c(16))
+  nan = b.icmp_unsigned(">", b.and_(u, c(0x7fffffff)), c(0x7f800000))
+  return b.trunc(b.select(nan, b.or_(sign, c(0x7fc0)), rounded), _I16)
+
+
+def _define_to_bfloat16(module: ir.Module, name: str, fty: ir.Type) -> ir.Function:
+  """`i16 name(float or double)`: the argument rounded once to bfloat16. A double is first rounded to float32 *to
+  odd* (truncated, with the lowest bit set where anything was dropped): float32 keeps 16 more bits than bfloat16, so
+  the second rounding, to nearest even, gives what rounding the double directly would (1 + 2**-8 + 2**-30 is 0x3f81,
+  where rounding to nearest float32 first would land on the tie and give 0x3f80)."""
+  fn = ir.Function(module, ir.FunctionType(_I16, [fty]), name=name)
+  fn.linkage = "internal"
+  fn.attributes.add("alwaysinline")
+  b = ir.IRBuilder(fn.append_basic_block())
+  x = fn.args[0]
+  if fty == _F32:
+    b.ret(_f32_to_bfloat16_bits(b, b.bitcast(x, _I32)))
+    return fn
+  c = lambda v: ir.Constant(_I32, v)
+  f = b.fptrunc(x, _F32)
+  back = b.fpext(f, _F64)
+  u = b.bitcast(f, _I32)
+  # float32's rounding went away from zero (past the largest finite: to inf): one step back toward zero on the
+  # magnitude bits, which the sign does not touch (toward zero never crosses it: |d| > 0 there)
+  fabs = lambda v: b.call(module.declare_intrinsic("llvm.fabs", [_F64]), [v])
+  u = b.select(b.fcmp_ordered(">", fabs(back), fabs(x)), b.sub(u, c(1)), u)
+  u = b.select(b.fcmp_ordered("!=", back, x), b.or_(u, c(1)), u)   # inexact: the sticky bit
+  # a NaN double: its sign on the quiet NaN (the float32 from fptrunc is a NaN too; its sign is the double's)
+  nan = b.fcmp_unordered("!=", x, x)
+  sign = b.trunc(b.lshr(b.bitcast(x, _I64), ir.Constant(_I64, 48)), _I16)
+  sign = b.and_(sign, ir.Constant(_I16, 0x8000))
+  b.ret(b.select(nan, b.or_(sign, ir.Constant(_I16, 0x7fc0)), _f32_to_bfloat16_bits(b, u)))
+  return fn
+
+
+def _define_from_bfloat16(module: ir.Module, name: str, fty: ir.Type) -> ir.Function:
+  """`float or double name(i16)`: the value of a bfloat16's bits, exact (the top half of a float32; a NaN keeps its
+  payload in float32, as ml_dtypes' conversion does; to double through that float, as ml_dtypes converts too)."""
+  fn = ir.Function(module, ir.FunctionType(fty, [_I16]), name=name)
+  fn.linkage = "internal"
+  fn.attributes.add("alwaysinline")
+  b = ir.IRBuilder(fn.append_basic_block())
+  f = b.bitcast(b.shl(b.zext(fn.args[0], _I32), ir.Constant(_I32, 16)), _F32)
+  b.ret(f if fty == _F32 else b.fpext(f, _F64))
+  return fn
+
+
+# conversion function names by half dtype: (bits -> float, bits -> double, float -> bits, double -> bits)
+_HALF_FNS = {"float16": ("rulec.h2f", "rulec.h2d", "rulec.f2h", "rulec.d2h"),
+             "bfloat16": ("rulec.b2f", "rulec.b2d", "rulec.f2b", "rulec.d2b")}
+_HALF_DEFS = {"rulec.h2f": (_define_from_half, _F32), "rulec.h2d": (_define_from_half, _F64),
+              "rulec.f2h": (_define_to_half, _F32), "rulec.d2h": (_define_to_half, _F64),
+              "rulec.b2f": (_define_from_bfloat16, _F32), "rulec.b2d": (_define_from_bfloat16, _F64),
+              "rulec.f2b": (_define_to_bfloat16, _F32), "rulec.d2b": (_define_to_bfloat16, _F64)}
+_ONE_BITS = {"float16": 0x3c00, "bfloat16": 0x3f80}
+
+
+def _half_bits(v: float, d: DType = dtypes.float16) -> int:
+  """The bits of v rounded once to the 2-byte float d (np.dtype("bfloat16") is ml_dtypes', registered by dtypes)."""
+  with np.errstate(over="ignore", invalid="ignore"):
+    return int(np.array(v, np.float64).astype(np.dtype(d.np_name)).view(np.uint16))
 
 
 class _Loop:
@@ -203,36 +277,38 @@ class LLVMRenderer(ScopedEmitter):
       self._novec_md = self.module.add_metadata([ir.MetaDataString(self.module, "llvm.loop.vectorize.enable"), _I1(0)])
     return self._novec_md
 
-  # *** float16: bits in an i16, computed in float ***
+  # *** float16 and bfloat16: bits in an i16, computed in float ***
   def _half_fn(self, name: str) -> ir.Function:
     fn = self._half_fns.get(name)
     if fn is None:
-      define, fty = {"rulec.h2f": (_define_from_half, _F32), "rulec.h2d": (_define_from_half, _F64),
-                     "rulec.f2h": (_define_to_half, _F32), "rulec.d2h": (_define_to_half, _F64)}[name]
+      define, fty = _HALF_DEFS[name]
       fn = self._half_fns[name] = define(self.module, name, fty)
     return fn
 
-  def _h2f(self, v, fty=None):
-    """float16 bits as a float (or as a double: fty)."""
-    return self.b.call(self._half_fn("rulec.h2d" if fty == _F64 else "rulec.h2f"), [v])
+  def _h2f(self, v, hd: DType, fty=None):
+    """The bits of the 2-byte float hd as a float (or as a double: fty)."""
+    return self.b.call(self._half_fn(_HALF_FNS[hd.name][1 if fty == _F64 else 0]), [v])
 
-  def _to_half(self, v):
-    """A float or double rounded to float16 bits."""
-    return self.b.call(self._half_fn("rulec.f2h" if v.type == _F32 else "rulec.d2h"), [v])
+  def _to_half(self, v, hd: DType):
+    """A float or double rounded to the bits of the 2-byte float hd."""
+    return self.b.call(self._half_fn(_HALF_FNS[hd.name][2 if v.type == _F32 else 3]), [v])
 
-  def _round_half(self, v):
-    """A float rounded to float16 precision, still a float: an intermediate result numpy rounds."""
-    return self._h2f(self._to_half(v))
+  def _round_half(self, v, hd: DType):
+    """A float rounded to hd's precision, still a float: an intermediate result numpy rounds."""
+    return self._h2f(self._to_half(v, hd), hd)
 
-  def _half_alu(self, op: Ops, d: DType, s: list):
-    """An op on float16 operands as numpy computes it: in float, each float16 result rounded once."""
-    if op is Ops.NEG: return self.b.xor(s[0], ir.Constant(_I16, 0x8000))   # exact: the sign bit alone
-    x = [self._h2f(v) for v in s]
-    f32 = dtypes.float32
-    if op is Ops.MULACC: r = self.b.fadd(self._round_half(self.b.fmul(x[0], x[1])), x[2])
-    elif op is Ops.IDIV: r = self._floor_div(x[0], x[1], self._round_half)
-    else: r = self.alu(op, f32, f32 if d is dtypes.float16 else d, x)
-    return self._to_half(r) if d is dtypes.float16 else r
+  def _half_alu(self, op: Ops, sd: DType, d: DType, s: list):
+    """An op on operands of the 2-byte float sd as numpy (and alu.half_alu) computes it: in float, each result
+    rounded once to sd (d is sd, or bool for a comparison)."""
+    # float16's negation is its sign bit alone (numpy's float16 keeps a NaN's payload); bfloat16's goes through
+    # float like the rest, since ml_dtypes rounds a NaN result to its one quiet NaN
+    if op is Ops.NEG and sd is dtypes.float16: return self.b.xor(s[0], ir.Constant(_I16, 0x8000))
+    x = [self._h2f(v, sd) for v in s]
+    f32, rnd = dtypes.float32, lambda v: self._round_half(v, sd)
+    if op is Ops.MULACC: r = self.b.fadd(rnd(self.b.fmul(x[0], x[1])), x[2])
+    elif op is Ops.IDIV: r = self._floor_div(x[0], x[1], rnd)
+    else: r = self.alu(op, f32, f32 if d.is_half else d, x)
+    return self._to_half(r, d) if d.is_half else r
 
   def _alloca(self, ty, name):
     with self.b.goto_block(self.entry):
@@ -322,7 +398,7 @@ class LLVMRenderer(ScopedEmitter):
     if len(inner) < VECTOR_EPILOGUE_MIN_OPS: return None
     if any((u.op not in VECTOR_EPILOGUE_OPS and not (u.op is Ops.CAST and _vector_cast(u.src[0].dtype, u.dtype)))
            or (u.op in (Ops.NEG, Ops.MULACC) and u.dtype.kind != "f") for u in inner): return None
-    if any(u.dtype is dtypes.float16 for u in leaves + inner + uniform): return None
+    if any(u.dtype.is_half for u in leaves + inner + uniform): return None
     b, got = self.b, {}
     def vty(d: DType): return ir.VectorType(lltype(d), n)
     self.enter_lane(self.lanes[0])   # (a uniform value may hold a sum, which is computed from inside a lane)
@@ -388,21 +464,21 @@ class LLVMRenderer(ScopedEmitter):
     if op is Ops.BITCAST: return srcs[0] if srcs[0].type == lltype(d) else b.bitcast(srcs[0], lltype(d))
     if op is Ops.WHERE: return b.select(srcs[0], srcs[1], srcs[2])
     sd = u.src[0].dtype
-    if op is Ops.MULACC and u.arg == MAY_FUSE and sd.kind == "f" and sd is not dtypes.float16:
+    if op is Ops.MULACC and u.arg == MAY_FUSE and sd.kind == "f" and not sd.is_half:
       # one rounding, always (rules/decomp.rules keeps the mark only for a target with FMA): LLVM folds llvm.fma of
       # constants fused too, where `contract` would fold unfused what the CPU then runs fused
       return self._intrinsic("llvm.fma", srcs)
     return self.alu(op, sd, d, srcs)
 
   def const(self, v, d: DType):
-    if d is dtypes.float16: return ir.Constant(_I16, _half_bits(float(v)))
+    if d.is_half: return ir.Constant(_I16, _half_bits(float(v), d))
     if d.kind == "f":
       if math.isnan(v) or math.isinf(v): return ir.Constant(lltype(d), v)
       return ir.Constant(lltype(d), float(v))
     return ir.Constant(lltype(d), int(v))
 
   def alu(self, op: Ops, sd: DType, d: DType, s: list):
-    if sd is dtypes.float16: return self._half_alu(op, d, s)
+    if sd.is_half: return self._half_alu(op, sd, d, s)
     b, fl, uns = self.b, sd.kind == "f", sd.kind in "ub"
     if sd.kind == "b" and op in (Ops.ADD, Ops.MAX): return b.or_(*s)    # bools saturate: + is or, * is and
     if sd.kind == "b" and op is Ops.MUL: return b.and_(*s)
@@ -445,7 +521,8 @@ class LLVMRenderer(ScopedEmitter):
 
   def _floor_div(self, x, y, round_quotient=lambda q: q):
     """floor(x / y) of floats; a non-finite quotient passes through; x // 0 is +-inf by x's sign (numpy); never
-    -0.0 (engine/ir/alu.py floors to an int). round_quotient: float16 rounds the quotient before the floor, as numpy does."""
+    -0.0 (engine/ir/alu.py floors to an int). round_quotient: a 2-byte float rounds the quotient before the floor, as
+    numpy does."""
     b, ty = self.b, x.type
     q = b.fadd(self._intrinsic("llvm.floor", [round_quotient(b.fdiv(x, y))]), ir.Constant(ty, 0.0))   # -0.0 + 0.0 is 0.0
     by0 = b.fcmp_ordered("==", y, ir.Constant(ty, 0.0))
@@ -495,14 +572,22 @@ class LLVMRenderer(ScopedEmitter):
   def cast(self, v, sd: DType, d: DType):
     b, to = self.b, lltype(d)
     if sd is d: return v
-    if sd is dtypes.float16:
+    if sd.is_half:
       if d.kind == "b": return b.icmp_unsigned("!=", b.and_(v, ir.Constant(_I16, 0x7fff)), ir.Constant(_I16, 0))
-      if d.kind == "f": return self._h2f(v, to)
-      return self._float_to_int(self._h2f(v), to, wraps=False)   # |x| <= 65504: nothing to wrap
-    if d is dtypes.float16:
-      if sd.kind == "b": return b.select(v, ir.Constant(_I16, 0x3c00), ir.Constant(_I16, 0))
-      # an integer reaches float exactly below 2**24, and anything larger overflows float16 however it rounds
-      return self._to_half(v if sd.kind == "f" else self.cast(v, sd, dtypes.float32))
+      if d is dtypes.float16:   # from bfloat16: exact to float, rounded once; a NaN is float16's quiet NaN
+        h = self._to_half(self._h2f(v, sd), d)   # (as ml_dtypes converts: numpy's float -> float16 keeps payloads)
+        nan = b.icmp_unsigned(">", b.and_(v, ir.Constant(_I16, 0x7fff)), ir.Constant(_I16, 0x7f80))
+        return b.select(nan, b.or_(b.and_(v, ir.Constant(_I16, 0x8000)), ir.Constant(_I16, 0x7e00)), h)
+      if d.is_half: return self._to_half(self._h2f(v, sd), d)   # from float16: exact to float, rounded once
+      if d.kind == "f": return self._h2f(v, sd, to)
+      # float16's |x| <= 65504 has nothing to wrap; bfloat16 reaches 3.4e38, and wraps as float32 does
+      return self._float_to_int(self._h2f(v, sd), to, wraps=sd is not dtypes.float16)
+    if d.is_half:
+      if sd.kind == "b": return b.select(v, ir.Constant(_I16, _ONE_BITS[d.name]), ir.Constant(_I16, 0))
+      if sd.kind == "f": return self._to_half(v, d)
+      # float16: an integer reaches float exactly below 2**24, and anything larger overflows float16 however it
+      # rounds. bfloat16: through double (one rounding below 2**53, as the NUMPY device converts), then rounded once
+      return self._to_half(self.cast(v, sd, dtypes.float32 if d is dtypes.float16 else dtypes.float64), d)
     if d.kind == "b":
       if sd.kind == "f": return b.fcmp_unordered("!=", v, ir.Constant(v.type, 0.0))
       return b.icmp_unsigned("!=", v, ir.Constant(v.type, 0))
@@ -563,8 +648,9 @@ class LLVMRenderer(ScopedEmitter):
         and range_kind(rngs[-1])[0] == "simd" and rngs[-1].src[0].arg >= SIMD_SUM_LANES and not _guarded_reduce(value)):
       got = self._sum_in_simd_lanes(value, rngs, lanes, d)
       if got is not None: return got
-    # float16 accumulates in float: sums and products as numpy's do, rounded once at the end (max is exact either way)
-    wide = d is dtypes.float16
+    # a 2-byte float accumulates in float: sums and products as numpy's do, rounded once at the end (max is exact
+    # either way)
+    wide = d.is_half
     ad = dtypes.float32 if wide else d
     accs = [self._alloca(lltype(ad), "acc") for _ in lanes]
     many = len(lanes) > 1
@@ -587,7 +673,7 @@ class LLVMRenderer(ScopedEmitter):
       self.b.position_at_end(taken)
       self.scopes.append({})   # (what the taken branch computes is not visible after the join)
       v = self.value(value.src[1])
-      if wide: v = self._h2f(v)   # (a float16 value is its 16 bits; the sum is in float)
+      if wide: v = self._h2f(v, d)   # (a 2-byte float value is its 16 bits; the sum is in float)
       self.b.store(self.b.fadd(self.b.load(accs[0]), v, flags=("reassoc", "contract")), accs[0])
       self.scopes.pop()
       self.b.branch(join)
@@ -596,7 +682,7 @@ class LLVMRenderer(ScopedEmitter):
       if many: self.enter_lane(lane)
       if fuse: v = self.b.fmul(self.value(value.src[0]), self.value(value.src[1]), flags=("contract",))
       else: v = self.value(value)
-      if wide: v = self._h2f(v)
+      if wide: v = self._h2f(v, d)
       cur = self.b.load(acc)
       if mask is not None: new = self.b.select(self.value(mask), self.b.fadd(cur, v, flags=("reassoc", "contract")), cur)
       elif ad.kind == "f" and op is Ops.ADD: new = self.b.fadd(cur, v, flags=("reassoc", "contract"))
@@ -612,7 +698,7 @@ class LLVMRenderer(ScopedEmitter):
     along = any(range_kind(r)[0] == "simd" for r in rngs)
     for lp in reversed(loops): self.close_loop(lp, no_vectorize=many and not along)
     outs = [self.b.load(acc) for acc in accs]
-    return [self._to_half(o) for o in outs] if wide else outs
+    return [self._to_half(o, d) for o in outs] if wide else outs
 
   def _running_sum(self, u: UOp, asked: list[tuple[int, ...]], run: UOp) -> list:
     """A float sum over a softmax's row with a running max (RUNMAX `run`, rules/online.rules) in one loop, together
@@ -815,7 +901,7 @@ VECTOR_EPILOGUE_OPS = frozenset({Ops.ADD, Ops.SUB, Ops.MUL, Ops.FDIV, Ops.NEG, O
 def _vector_cast(sd: DType, d: DType) -> str | None:
   """The builder method of a cast the vector epilogue renders as one instruction, as LLVMRenderer.cast does (a bool to
   a float, float widths, signed integers to floats, integer widths); None for the rest (they keep the scalar path)."""
-  if dtypes.float16 in (sd, d) or sd is d or d.kind == "b": return None
+  if sd.is_half or d.is_half or sd is d or d.kind == "b": return None
   if sd.kind == "b": return "uitofp" if d.kind == "f" else "zext"
   if sd.kind == "f" and d.kind == "f": return "fpext" if _fbits(d) > _fbits(sd) else "fptrunc"
   if d.kind == "f": return "sitofp" if sd.kind == "i" else None

@@ -15,25 +15,27 @@ from rulec.engine.ir.dtypes import dtypes
 from rulec.engine.tensor.args import AxisError, ShapeError, promote_types
 from rulec import Tensor
 
-NAMES = ["bool", "int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "uint64", "float16", "float32", "float64"]
+NAMES = ["bool", "int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "uint64", "float16", "bfloat16", "float32",
+         "float64"]
 SHORT = {"b": "bool", "i8": "int8", "u8": "uint8", "i16": "int16", "u16": "uint16", "i32": "int32", "u32": "uint32",
-         "i64": "int64", "u64": "uint64", "f16": "float16", "f32": "float32", "f64": "float64",
+         "i64": "int64", "u64": "uint64", "f16": "float16", "bf16": "bfloat16", "f32": "float32", "f64": "float64",
          "WF": "float32"}   # tinygrad's weakfloat, which it stores as its default float
 
 # (Tensor of row dtype + Tensor of column dtype).dtype, measured on tinygrad 0.14; columns in NAMES order
 PROMOTION = {
-  "bool":    "b   i8  u8  i16 u16 i32 u32 i64 u64 f16 f32 f64",
-  "int8":    "i8  i8  i16 i16 i32 i32 i64 i64 WF  f16 f32 f64",
-  "uint8":   "u8  i16 u8  i16 u16 i32 u32 i64 u64 f16 f32 f64",
-  "int16":   "i16 i16 i16 i16 i32 i32 i64 i64 WF  f16 f32 f64",
-  "uint16":  "u16 i32 u16 i32 u16 i32 u32 i64 u64 f16 f32 f64",
-  "int32":   "i32 i32 i32 i32 i32 i32 i64 i64 WF  f16 f32 f64",
-  "uint32":  "u32 i64 u32 i64 u32 i64 u32 i64 u64 f16 f32 f64",
-  "int64":   "i64 i64 i64 i64 i64 i64 i64 i64 WF  f16 f32 f64",
-  "uint64":  "u64 WF  u64 WF  u64 WF  u64 WF  u64 f16 f32 f64",
-  "float16": "f16 f16 f16 f16 f16 f16 f16 f16 f16 f16 f32 f64",
-  "float32": "f32 f32 f32 f32 f32 f32 f32 f32 f32 f32 f32 f64",
-  "float64": "f64 f64 f64 f64 f64 f64 f64 f64 f64 f64 f64 f64",
+  "bool":     "b   i8  u8  i16 u16 i32 u32 i64 u64 f16 bf16 f32 f64",
+  "int8":     "i8  i8  i16 i16 i32 i32 i64 i64 WF  f16 bf16 f32 f64",
+  "uint8":    "u8  i16 u8  i16 u16 i32 u32 i64 u64 f16 bf16 f32 f64",
+  "int16":    "i16 i16 i16 i16 i32 i32 i64 i64 WF  f16 bf16 f32 f64",
+  "uint16":   "u16 i32 u16 i32 u16 i32 u32 i64 u64 f16 bf16 f32 f64",
+  "int32":    "i32 i32 i32 i32 i32 i32 i64 i64 WF  f16 bf16 f32 f64",
+  "uint32":   "u32 i64 u32 i64 u32 i64 u32 i64 u64 f16 bf16 f32 f64",
+  "int64":    "i64 i64 i64 i64 i64 i64 i64 i64 WF  f16 bf16 f32 f64",
+  "uint64":   "u64 WF  u64 WF  u64 WF  u64 WF  u64 f16 bf16 f32 f64",
+  "float16":  "f16 f16 f16 f16 f16 f16 f16 f16 f16 f16 f32  f32 f64",
+  "bfloat16": "bf16 bf16 bf16 bf16 bf16 bf16 bf16 bf16 bf16 f32 bf16 f32 f64",
+  "float32":  "f32 f32 f32 f32 f32 f32 f32 f32 f32 f32 f32  f32 f64",
+  "float64":  "f64 f64 f64 f64 f64 f64 f64 f64 f64 f64 f64  f64 f64",
 }
 TABLE = {(a, b): SHORT[c] for a, row in PROMOTION.items() for b, c in zip(NAMES, row.split())}
 

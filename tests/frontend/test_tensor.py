@@ -29,7 +29,7 @@ from rulec import Tensor
 from tests.frontend.test_api_conventions import tinygrad_promote
 from rulec.runtime.buffer import buffer_of, new_buffer, np_dtype
 
-FLOATS = [dtypes.float16, dtypes.float32, dtypes.float64]
+FLOATS = [dtypes.float16, dtypes.bfloat16, dtypes.float32, dtypes.float64]
 INTS = [dtypes.int8, dtypes.uint8, dtypes.int32, dtypes.int64]
 ALL = FLOATS + INTS + [dtypes.bool]
 NP = {d: np_dtype(d) for d in ALL + [dtypes.uint32, dtypes.int16]}
@@ -76,7 +76,7 @@ def run(t: Tensor) -> np.ndarray:
 
 def tol(dt) -> dict:
   name = np.dtype(dt).name
-  return {"float16": dict(rtol=1e-2, atol=1e-2), "float32": dict(rtol=1e-4, atol=1e-5),
+  return {"float16": dict(rtol=1e-2, atol=1e-2), "bfloat16": dict(rtol=4e-2, atol=4e-2), "float32": dict(rtol=1e-4, atol=1e-5),
           "float64": dict(rtol=1e-9, atol=1e-12)}.get(name, dict(rtol=0, atol=0))
 
 
@@ -86,11 +86,15 @@ def assert_same(got: np.ndarray, want: np.ndarray, dtype=None, exact=False, **kw
     nd = np_dtype(dtype) if isinstance(dtype, DType) else np.dtype(dtype)
     assert got.dtype == nd, f"dtype {got.dtype}, expected {nd}"
   assert got.shape == want.shape, f"shape {got.shape}, expected {want.shape}"
-  if got.dtype.kind == "f" and not exact:
+  if is_float_array(got) and not exact:
     t = {**tol(got.dtype), **kw}
     np.testing.assert_allclose(got.astype(np.float64), want.astype(np.float64), equal_nan=True, **t)
   else:
     np.testing.assert_array_equal(got, want.astype(got.dtype) if want.dtype != got.dtype else want)
+
+
+def is_float_array(a: np.ndarray) -> bool:
+  return a.dtype.kind == "f" or a.dtype == np.dtype("bfloat16")   # (ml_dtypes' bfloat16 is of numpy kind "V")
 
 
 def make(rng: np.random.Generator, shape, dt, lo=-4.0, hi=4.0, special=False) -> np.ndarray:
