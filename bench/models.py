@@ -2,6 +2,7 @@
 
     python bench/models.py [--device CPU|CL] [--size tiny|small|full] [--only NAME,...] [--reps 10] [--budget 10]
                            [--no-tinygrad] [--no-torch] [--torch-threads N] [--tg-dev CPU] [--tg-timeout 600]
+                           [--dtype float32|float16|bfloat16]
 
 The rows (shapes in SHAPES below; `--size` picks a column: small on CPU, full on `--device CL`; tiny is a seconds-
 long check that everything runs):
@@ -91,6 +92,10 @@ SHAPES = {
                 "full": dict(dim=768, layers=12, heads=12, kv_heads=4, hidden=2048, vocab=32000, context=1024, pos=512)},
 }
 WARMUP, MIN_REPS, SEED, EPS = 3, 3, 20261205, 1e-5
+# --dtype: the rows' inputs and weights in float16 or bfloat16 on every side (rounded from the same float32 arrays),
+# computed in that dtype as each framework does (rulec and tinygrad: float32 sums, rounded per op; torch: its own
+# kernels, tensor cores on cuda); the error columns compare in float64. The LLaMA row stays float32.
+DTYPE = "float32"
 
 
 @dataclass(frozen=True)
@@ -265,8 +270,11 @@ def lib_call(lib, row: Row, s: dict):
   """(call, jit): call() runs the jitted row once and returns its output Tensors (the output, then the gradients)."""
   if row.kind == "llama": return lib_llama(lib, s)
   ins_np, w_np = arrays(row, s)
-  ins = {k: lib.Tensor(v).realize() for k, v in ins_np.items()}
-  w = {k: lib.Tensor(v).realize() for k, v in w_np.items()}
+  def put(v):
+    t = lib.Tensor(v)
+    return (t if DTYPE == "float32" else t.cast(DTYPE).contiguous()).realize()
+  ins = {k: put(v) for k, v in ins_np.items()}
+  w = {k: put(v) for k, v in w_np.items()}
   def fn(*xs):
     named = dict(zip(ins, xs))
     out = lib_forward(lib, row, s, named, w)
@@ -339,7 +347,7 @@ def time_side(x: Side, reps: int, budget: float) -> None:
 
 def lib_side(lib, row: Row, s: dict) -> Side:
   call, jit = lib_call(lib, row, s)
-  side = Side(call, lib.sync, lambda outs: [o.numpy() for o in outs]).warm()
+  side = Side(call, lib.sync, lambda outs: [o.float().numpy() for o in outs]).warm()
   side.kernels = lib.kernels(jit)
   return side
 
@@ -384,8 +392,9 @@ def torch_call(torch, row: Row, s: dict, dev: str):
   if row.kind == "llama": return torch_llama(torch, s, dev)
   ins_np, w_np = arrays(row, s)
   grad = row.backward
-  ins = {k: torch.from_numpy(v).to(dev).requires_grad_(grad and k != "dout") for k, v in ins_np.items()}
-  w = {k: torch.from_numpy(v).to(dev).requires_grad_(grad) for k, v in w_np.items()}
+  tdt = getattr(torch, DTYPE)
+  ins = {k: torch.from_numpy(v).to(dev).to(tdt).requires_grad_(grad and k != "dout") for k, v in ins_np.items()}
+  w = {k: torch.from_numpy(v).to(dev).to(tdt).requires_grad_(grad) for k, v in w_np.items()}
   if not grad:
     @torch.no_grad()
     def forward(): return [torch_forward(torch, row, s, ins, w)]
@@ -399,7 +408,7 @@ def torch_call(torch, row: Row, s: dict, dev: str):
 
 def torch_side(torch, row: Row, s: dict, dev: str) -> Side:
   return Side(torch_call(torch, row, s, dev), torch.cuda.synchronize if dev == "cuda" else (lambda: None),
-              lambda outs: [o.detach().cpu().numpy() for o in outs]).warm()
+              lambda outs: [o.detach().float().cpu().numpy() for o in outs]).warm()
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -408,7 +417,7 @@ def torch_side(torch, row: Row, s: dict, dev: str) -> Side:
 
 def run_tinygrad_row(a, row: Row) -> dict:
   cmd = [sys.executable, __file__, "--side-tinygrad", row.name, "--size", a.size, "--reps", str(a.reps),
-         "--budget", str(a.budget)]
+         "--budget", str(a.budget), "--dtype", a.dtype]
   return run_json(cmd, {**os.environ, "DEV": a.tg_dev}, a.tg_timeout)
 
 
@@ -506,8 +515,12 @@ def main() -> None:
   ap.add_argument("--tg-timeout", type=int, default=600, help="seconds tinygrad may take on one row")
   ap.add_argument("--kernel-times", type=int, default=0, metavar="N",
                   help="after each row, rulec's N slowest kernels of one call (device time on CL, RULEC_CL_PROFILE)")
+  ap.add_argument("--dtype", choices=["float32", "float16", "bfloat16"], default="float32",
+                  help="the rows' dtype on every side (the LLaMA row stays float32)")
   ap.add_argument("--side-tinygrad", help=argparse.SUPPRESS)
   a = ap.parse_args()
+  global DTYPE
+  DTYPE = a.dtype
   a.device = a.device.upper()
   if a.kernel_times and a.device.startswith("CL"): os.environ["RULEC_CL_PROFILE"] = "1"   # (before the device opens)
   a.size = a.size or ("small" if a.device.startswith("CPU") else "full")
@@ -536,7 +549,7 @@ def main() -> None:
     print(f"GPU: {cl_device.get_device()}" + (f"; torch: {torch.cuda.get_device_name(0)}" if tdev == "cuda" else ""))
   print(f"commit {commit()}; load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
   print(f"rulec on {a.device}" + (f", {threads()} thread(s)" if a.device.startswith("CPU") else "") +
-        f"; {torch_note}; {tg_note}; size {a.size}; median of up to {a.reps} calls (>= {MIN_REPS}, {a.budget:g} s budget)")
+        f"; {torch_note}; {tg_note}; size {a.size}; dtype {a.dtype}; median of up to {a.reps} calls (>= {MIN_REPS}, {a.budget:g} s budget)")
   sys.stdout.flush()
 
   rows = [r for r in ROWS if not a.only or any(w.strip().lower() in r.name.lower() for w in a.only.split(","))]
