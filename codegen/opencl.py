@@ -45,18 +45,28 @@ code and is never printed), converted to the variable's type where it is read
 the launch checks, fit). One program serves every value.
 
 Floats: `#pragma OPENCL FP_CONTRACT OFF` (no a*b+c fusion, as LLVM without
-`contract`); no fast-math options. float16 is stored as its bits and computed in
-`float`, rounded back to half precision after every op with the core
-`vstore_half_rte` / `vload_half` pair (NaNs by hand, keeping their payload):
-the same bits as per-op half arithmetic
-(float has more than 2*11+2 bits, so the double rounding is innocuous), and it
-works on devices without cl_khr_fp16 (native `half` arithmetic is left for
-devices that have it). float16 sums and products accumulate in float and round
-once, as numpy's and the CPU device's do. float32 and float16 exp2 / log2 / sin
-/ pow are computed in double and rounded once when the device has cl_khr_fp64
-(PoCL's float versions are not correctly rounded; libm's, which the CPU device
-calls, nearly always are). float64 needs cl_khr_fp64; bfloat16 is not
-supported.
+`contract`); no fast-math options. The 2-byte floats (float16, bfloat16:
+`DType.is_half`) are stored as their bits (`ushort`) and computed in `float`,
+rounded back after every op by helper functions keyed by the dtype (_HALF):
+float16 with the core `vstore_half_rte` / `vload_half` pair (NaNs by hand,
+keeping their payload), bfloat16 with integer code (its bits are a float's top
+16: widening is a shift; rounding adds 0x7fff plus the lowest kept bit, and a
+NaN becomes ml_dtypes' canonical one, sign kept). Either is the same bits as
+per-op arithmetic in the 2-byte type (float has more than 2*11+2 bits, so the
+double rounding is innocuous), and neither needs an extension (native `half`
+arithmetic is left for devices with cl_khr_fp16; no bfloat16 extension is
+assumed). A bfloat16 value held in a float is always exactly a bfloat16 (its
+low 16 bits zero), so a store keeps the top 16 bits as they are (a NaN's
+payload too, as numpy's copy does); the ops that do not round (negation, max,
+trunc, fmod, floor division's floor) still pass through the rounding for
+bfloat16, which only makes a NaN canonical, as the NUMPY device's `half_alu`
+does. Half sums and products
+accumulate in float and round once, as numpy's and the CPU device's do.
+float32 and the halves' exp2 / log2 / sin / pow are computed in double and
+rounded once when the device has cl_khr_fp64 (PoCL's float versions are not
+correctly rounded; libm's, which the CPU device calls, nearly always are); a
+double reaches bfloat16 with one rounding (to float rounding to odd, then to
+nearest even), as ml_dtypes rounds. float64 needs cl_khr_fp64.
 """
 from __future__ import annotations
 
@@ -137,7 +147,7 @@ def ctype(d: DType, target: Target | None = None) -> str:
   if d.kind == "b": return "bool"
   if d.kind in "ix": return _INTS[d.itemsize]
   if d.kind == "u": return "u" + _INTS[d.itemsize]
-  if d is dtypes.float16 or d is dtypes.float32: return "float"   # float16: float, rounded to half after every op
+  if d.is_half or d is dtypes.float32: return "float"   # a half: float, rounded back after every op
   if d is dtypes.float64:
     if target is not None and not target.fp64:
       raise NotImplementedError("the OpenCL device has no cl_khr_fp64: float64 kernels cannot run on it")
@@ -148,7 +158,7 @@ def ctype(d: DType, target: Target | None = None) -> str:
 def memtype(d: DType, target: Target | None = None) -> str:
   """The C type of d's elements in a buffer."""
   if d.kind == "b": return "uchar"
-  if d is dtypes.float16: return "ushort"   # its bits: see rulec_h2f / rulec_f2h
+  if d.is_half: return "ushort"   # its bits: see _HALF
   return ctype(d, target)
 
 
@@ -171,8 +181,12 @@ def _rname(r: UOp) -> str: return f"r{_int_arg(r)}"
 def _flit(v: float, d: DType) -> str:
   """A float constant, exact: hex literals of the value rounded to d."""
   c = "double" if d is dtypes.float64 else "float"
-  with np.errstate(over="ignore"): v = float({dtypes.float16: np.float16, dtypes.float32: np.float32}.get(d, np.float64)(v))
-  if math.isnan(v): return f"(({c})NAN)"
+  if d is dtypes.bfloat16:   # (ml_dtypes rounds a float64 once, as the device's conversion does)
+    with np.errstate(over="ignore", invalid="ignore"): v = float(np.array(v, np.float64).astype(np.dtype("bfloat16")))
+  else:
+    with np.errstate(over="ignore"): v = float({dtypes.float16: np.float16, dtypes.float32: np.float32}.get(d, np.float64)(v))
+  if math.isnan(v):   # (bfloat16: its canonical NaN by its bits; OpenCL's NAN may have other payload bits)
+    return f"as_float({0xffc00000 if math.copysign(1, v) < 0 else 0x7fc00000:#x}u)" if d is dtypes.bfloat16 else f"(({c})NAN)"
   if math.isinf(v): return f"(({c})INFINITY)" if v > 0 else f"(-({c})INFINITY)"
   return f"({v.hex()}{'' if c == 'double' else 'f'})"
 
@@ -217,8 +231,42 @@ _HELPERS = {
          "  uint b = as_uint(x);\n"
          "  if (isnan(x)) return as_double(((ulong)(b & 0x80000000u) << 32) | 0x7ff0000000000000UL | ((ulong)(b & 0x7fffff) << 29));\n"
          "  return (double)x;\n}",
+  # bfloat16 lives in memory as its bits (ushort) too: a float's top 16 bits, so widening is a shift (exact, a NaN
+  # keeping its payload as ml_dtypes' widening does). Rounding is integer code, on any device: to nearest even by
+  # adding 0x7fff plus the lowest kept bit (a carry into the exponent gives the next binade or inf, and subnormals
+  # round the same way, bfloat16 having float's exponent range); a NaN becomes ml_dtypes' canonical 0x7fc0, sign kept
+  "b2f": "float rulec_b2f(ushort h) { return as_float((uint)h << 16); }",
+  "f2b": "ushort rulec_f2b(float x) {\n"
+         "  uint u = as_uint(x);\n"
+         "  if (isnan(x)) return (ushort)(((u >> 16) & 0x8000) | 0x7fc0);\n"
+         "  return (ushort)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);\n}",
+  # a bfloat16 value (held in a float, exactly: every op rounds) into memory: its top bits as they are, so that a NaN
+  # loaded and stored again keeps its payload, as numpy's copies do (rulec_f2b would make it canonical)
+  "bbits": "ushort rulec_bbits(float x) { return (ushort)(as_uint(x) >> 16); }",
+  "rb": "float rulec_rb(float x) { return rulec_b2f(rulec_f2b(x)); }",
+  # a double to bfloat16 with one rounding, as ml_dtypes does (1 + 2**-8 + 2**-30 is 0x3f81): to float rounding to
+  # odd (truncate, then set the lowest bit where anything was cut off), which keeps the sticky information that
+  # rounding to nearest twice would lose; float has 16 more bits than bfloat16, so the second rounding is then exact
+  "d2b": "ushort rulec_d2b(double x) {\n"
+         "  if (isnan(x)) return (ushort)(((as_ulong(x) >> 48) & 0x8000) | 0x7fc0);\n"
+         "  float f = convert_float_rtz(x);\n"
+         "  if ((double)f != x) f = as_float(as_uint(f) | 1u);\n"
+         "  return rulec_f2b(f);\n}",
+  "rbd": "float rulec_rbd(double x) { return rulec_b2f(rulec_d2b(x)); }",
+  # a bfloat16 value to float16 (held in a float): ml_dtypes rounds through float to nearest even, and makes every NaN
+  # the canonical half NaN 0x7e00 with its sign (rulec_rh would keep a payload for rulec_f2h to store)
+  "bh": "float rulec_bh(float x) { return isnan(x) ? as_float((as_uint(x) & 0x80000000u) | 0x7fc00000u) : rulec_rh(x); }",
 }
-_HELPER_DEPS = {"rhd": ("h2f", "d2h")}
+_HELPER_DEPS = {"rhd": ("h2f", "d2h"), "rb": ("b2f", "f2b"), "d2b": ("f2b",), "rbd": ("b2f", "d2b"), "bh": ("rh",)}
+
+# each 2-byte float's helpers (_HELPERS keys): its bits to float, a value (exact) to its bits, a float rounded to it
+# (back as a float), a double rounded to it once (as a float)
+_HALF = {dtypes.float16: dict(load="h2f", store="f2h", round="rh", double="rhd"),
+         dtypes.bfloat16: dict(load="b2f", store="bbits", round="rb", double="rbd")}
+# ops whose float results are exact (or, IDIV's floor, already rounded; its 0 // 0 is OpenCL's NAN, which PoCL makes
+# 0x7fffffff): for bfloat16 they still pass through rounding, which changes nothing but a NaN (made canonical, so that
+# a store keeps it): the NUMPY device rounds every result of half_alu so
+_EXACT_OPS = frozenset({Ops.NEG, Ops.MAX, Ops.TRUNC, Ops.CMOD, Ops.IDIV})
 
 
 def _f2i_helper(c: str) -> str:
@@ -303,9 +351,13 @@ class CLRenderer(ScopedEmitter):
       self.helpers[key] = text if text is not None else _HELPERS[key]
     return f"rulec_{key}"
 
+  def half(self, d: DType, what: str) -> str:
+    """The name of 2-byte float d's helper `what` (_HALF: load, store, round, double), emitted once."""
+    return self.helper(_HALF[d][what])
+
   def rh(self, expr: str, d: DType) -> str:
-    """expr (a float) rounded to d: half precision for float16, unchanged otherwise."""
-    return f"{self.helper('rh')}({expr})" if d is dtypes.float16 else expr
+    """expr (a float) rounded to d: to float16 or bfloat16 precision for those, unchanged otherwise."""
+    return f"{self.half(d, 'round')}({expr})" if d.is_half else expr
 
   # *** loops ***
   def open_loop(self, r: UOp, start: str = "0", step: int = 1, end: str | None = None):
@@ -459,7 +511,7 @@ class CLRenderer(ScopedEmitter):
   def _store(self, p: UOp, idx: str, v: str, d: DType):
     ptr = self.ptrs[p]
     if d.kind == "b": self.line(f"{ptr}[{idx}] = (uchar){v};")
-    elif d is dtypes.float16: self.line(f"{ptr}[{idx}] = {self.helper('f2h')}({v});")
+    elif d.is_half: self.line(f"{ptr}[{idx}] = {self.half(d, 'store')}({v});")
     else: self.line(f"{ptr}[{idx}] = {v};")
 
   # *** one node ***
@@ -487,14 +539,15 @@ class CLRenderer(ScopedEmitter):
       p, idx = u.src
       i = self.value(idx)
       if d.kind == "b": return self.let(d, f"(bool)({self.ptrs[p]}[{i}] & 1)")
-      if d is dtypes.float16: return self.let(d, f"{self.helper('h2f')}({self.ptrs[p]}[{i}])")
+      if d.is_half: return self.let(d, f"{self.half(d, 'load')}({self.ptrs[p]}[{i}])")
       return self.let(d, f"{self.ptrs[p]}[{i}]")
     if op is Ops.REDUCE: return self.reduce(u)
     s = [self.lookup(x) for x in u.src]
     if op is Ops.CAST: return self.let(d, self.cast(s[0], u.src[0].dtype, d))
     if op is Ops.BITCAST: return self.let(d, self.bitcast(s[0], u.src[0].dtype, d))
     if op is Ops.WHERE: return self.let(d, f"{s[0]} ? {s[1]} : {s[2]}")
-    return self.let(d, self.alu(op, u.src[0].dtype, d, s))
+    e = self.alu(op, u.src[0].dtype, d, s)
+    return self.let(d, self.rh(e, d) if d is dtypes.bfloat16 and op in _EXACT_OPS else e)
 
   def const(self, v, d: DType) -> str:
     if d is dtypes.index and self.narrow: return str(int(v))
@@ -546,7 +599,7 @@ class CLRenderer(ScopedEmitter):
       if self.target.fp64:   # in double, rounded once: as good as libm's float functions
         self.uses_fp64 = True
         dcall = f"{fns[op]}({', '.join(f'(double){x}' for x in s)})"
-        return f"{self.helper('rhd')}({dcall})" if sd is dtypes.float16 else f"(float){dcall}"
+        return f"{self.half(sd, 'double')}({dcall})" if sd.is_half else f"(float){dcall}"
       return rh(call)
     raise NotImplementedError(f"the OpenCL backend cannot render {op} on {sd} (no decomposition rule for it)")
 
@@ -577,11 +630,19 @@ class CLRenderer(ScopedEmitter):
     if d.kind == "b": return f"{v} != 0"   # NaN is true (!= is unordered)
     if sd.kind == "b": return f"({c}){v}"
     if sd.kind == "f" and d.kind == "f":
-      if d is dtypes.float16: return f"{self.helper('rhd')}({v})" if sd is dtypes.float64 else self.rh(v, d)
+      if d.is_half:
+        if sd is dtypes.float64: return f"{self.half(d, 'double')}({v})"
+        if sd is dtypes.bfloat16 and d is dtypes.float16: return f"{self.helper('bh')}({v})"
+        return self.rh(v, d)   # from float32 or the other half, which the float holds exactly
       if sd is dtypes.float16 and d is dtypes.float64: return f"{self.helper('h2d')}({v})"
-      return f"({c}){v}"
+      return f"({c}){v}"   # (bfloat16 to double through its float, exact: a NaN is quieted as ml_dtypes' cast does)
     if d.kind == "f":   # from an integer; for float16 via float, exact below 2**24 (and inf above 65519 either way)
-      return self.rh(f"(float){v}", d) if d is dtypes.float16 else f"({c}){v}"
+      if d is dtypes.bfloat16 and self.target.fp64:
+        # through double, as the NUMPY device converts (one rounding below 2**53), then rounded once. A device
+        # without cl_khr_fp64 goes through float below: two roundings, which can differ past 2**24
+        self.uses_fp64 = True
+        return f"{self.half(d, 'double')}((double){v})"
+      return self.rh(f"(float){v}", d) if d.is_half else f"({c}){v}"
     if sd.kind == "f":
       src = "double" if sd is dtypes.float64 else "float"
       return f"({c}){self.helper(f'f2i_{src}', _f2i_helper(src))}({v})"
@@ -590,19 +651,19 @@ class CLRenderer(ScopedEmitter):
   def bitcast(self, v: str, sd: DType, d: DType) -> str:
     if sd.itemsize != d.itemsize or "b" in (sd.kind, d.kind):
       raise NotImplementedError(f"the OpenCL backend cannot bitcast {sd} to {d}")
-    if sd is dtypes.float16: v = self.helper("f2h") + f"({v})"
-    if d is dtypes.float16: return f"{self.helper('h2f')}(as_ushort({v}))"
+    if sd.is_half: v = self.half(sd, "store") + f"({v})"
+    if d.is_half: return f"{self.half(d, 'load')}(as_ushort({v}))"
     return f"as_{self.ct(d)}({v})"
 
   def _combine(self, op: Ops, d: DType, acc: str, v: str) -> str:
-    # (float16 sums and products accumulate in float, unrounded, as numpy's and the CPU device's do)
+    # (half sums and products accumulate in float, unrounded, as numpy's and the CPU device's do)
     if d.kind == "f" and op is Ops.ADD: return f"{acc} + {v}"
     if d.kind == "f" and op is Ops.MUL: return f"{acc} * {v}"
     return self.alu(op, d, d, [acc, v])
 
   def _reduced(self, op: Ops, d: DType, acc: str) -> str:
-    """The accumulator's final value: float16 sums and products round to half precision once, here."""
-    return self.let(d, self.rh(acc, d)) if d is dtypes.float16 and op in (Ops.ADD, Ops.MUL) else acc
+    """The accumulator's final value: half sums and products round to the half's precision once, here."""
+    return self.let(d, self.rh(acc, d)) if d.is_half and op in (Ops.ADD, Ops.MUL) else acc
 
   def reduce(self, u: UOp) -> str:
     op, d = u.arg, u.dtype
@@ -1085,7 +1146,7 @@ class CLRenderer(ScopedEmitter):
 
   def _shared_type(self, d: DType) -> str:
     """The type of d's values in local memory and in GRID's partial results: a bool as a uchar (OpenCL keeps bool
-    out of memory); a float16 as the float it is computed in."""
+    out of memory); a half as the float it is computed in."""
     return "uchar" if d.kind == "b" else self.ct(d)
 
   def _group_tree(self, op: Ops, d: DType, part: str, mine: str):

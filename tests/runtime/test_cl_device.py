@@ -37,7 +37,7 @@ try: DEV = cl_device.get_device()
 except cl_device.CLUnavailable as e: pytest.skip(f"no OpenCL device: {e}", allow_module_level=True)
 
 DTS = [dtypes.bool, dtypes.uint8, dtypes.int8, dtypes.int16, dtypes.uint16, dtypes.int32, dtypes.uint32, dtypes.int64,
-       dtypes.uint64, dtypes.float16, dtypes.float32, dtypes.float64]
+       dtypes.uint64, dtypes.float16, dtypes.bfloat16, dtypes.float32, dtypes.float64]
 if not DEV.target.fp64: DTS.remove(dtypes.float64)
 NP = {d: np.dtype(d.np_name) for d in DTS}
 
@@ -91,7 +91,8 @@ def test_float_to_half_rounds_to_nearest_even_everywhere():
 
 def test_constants_round_to_their_dtype():
   # constants past a dtype's range become inf; tiny ones round to subnormals or zero, as the reference rounds them
-  for d, big, tiny in ((dtypes.float16, 7e4, 6e-8), (dtypes.float32, 1e39, 1.4e-45), (dtypes.float64, 1e308, 5e-324)):
+  for d, big, tiny in ((dtypes.float16, 7e4, 6e-8), (dtypes.bfloat16, 4e38, 5e-41), (dtypes.float32, 1e39, 1.4e-45),
+                       (dtypes.float64, 1e308, 5e-324)):
     if d not in DTS: continue
     x = np.array([1, -2, 0.5, 3], NP[d])
     for fn in (lambda t: t * big, lambda t: t + big, lambda t: t * tiny, lambda t: t - 1e-300, lambda t: t.maximum(-big * 10)):
@@ -204,7 +205,7 @@ def test_integer_powers_wrap_like_numpy(d):
 
 # *** floats ***
 
-@pytest.mark.parametrize("d", [dtypes.float16, dtypes.float32, dtypes.float64], ids=lambda d: d.name)
+@pytest.mark.parametrize("d", [dtypes.float16, dtypes.bfloat16, dtypes.float32, dtypes.float64], ids=lambda d: d.name)
 def test_nan_and_inf_propagate(d):
   if d not in DTS: pytest.skip("no cl_khr_fp64")
   a = sample(d, seed=3)
@@ -218,7 +219,7 @@ def test_nan_and_inf_propagate(d):
       if op in (operator.floordiv,): continue   # engine/ir/alu.py gives NaN // 0 an infinity; numpy gives NaN
       np.testing.assert_array_equal(np.isnan(got), np.isnan(ref))
       fin = np.isfinite(ref)
-      np.testing.assert_allclose(got[fin], ref[fin], rtol=1e-3 if d is dtypes.float16 else 1e-6)
+      np.testing.assert_allclose(got[fin], ref[fin], rtol={dtypes.float16: 1e-3, dtypes.bfloat16: 1e-2}.get(d, 1e-6))
     got = both(a, d, lambda t: t.maximum(Tensor(b, dtype=d, device=t.device)))
     np.testing.assert_array_equal(np.isnan(got), np.isnan(np.maximum(a, b)))
     assert np.isnan(both(a, d, lambda t: t.sum()).item()) and np.isnan(both(a, d, lambda t: t.max()).item())
@@ -230,7 +231,7 @@ def test_nan_and_inf_propagate(d):
     both(a, d, lambda t: t != Tensor(b, dtype=d, device=t.device))
 
 
-@pytest.mark.parametrize("d", [dtypes.float16, dtypes.float32, dtypes.float64], ids=lambda d: d.name)
+@pytest.mark.parametrize("d", [dtypes.float16, dtypes.bfloat16, dtypes.float32, dtypes.float64], ids=lambda d: d.name)
 @pytest.mark.parametrize("fn", ["exp2", "log2", "sin", "pow"])
 def test_transcendentals_are_close_to_correctly_rounded(d, fn):
   if d not in DTS: pytest.skip("no cl_khr_fp64")
@@ -422,12 +423,15 @@ def test_a_build_failure_shows_the_source_and_the_log():
 
 
 def test_unsupported_dtypes_raise_clearly():
-  with pytest.raises(NotImplementedError, match="bfloat16"): opencl.ctype(dtypes.bfloat16)
+  with pytest.raises(NotImplementedError, match="void"): opencl.ctype(dtypes.void)
   (k,) = (Tensor(np.ones(3), dtype=dtypes.float64, device="CL") + 1).schedule()
   with pytest.raises(NotImplementedError, match="cl_khr_fp64"):
     opencl.render(decomposed(k), opencl.Target(fp64=False))
   # float16 needs no cl_khr_fp16: it is stored as half and computed in float
   assert "half" in cl_device.render((Tensor(np.ones(3), dtype=dtypes.float16, device="CL") + 1).schedule()[0]).source
+  # bfloat16 needs no extension either: stored as its bits, computed in float, converted with integer code
+  src = cl_device.render((Tensor(np.ones(3), dtype=dtypes.bfloat16, device="CL") + 1).schedule()[0]).source
+  assert "ushort" in src and "half" not in src and "cl_khr" not in src
 
 
 def test_a_missing_device_says_how_to_get_one(monkeypatch):
@@ -444,7 +448,9 @@ def test_a_device_without_fp64_gets_float_code():
   # float32 transcendentals fall back to the float builtins; nothing mentions double
   x = Tensor(np.ones((4, 4)), dtype=dtypes.float32, device="CL")
   h = Tensor(np.ones((4, 4)), dtype=dtypes.float16, device="CL")
-  for t in (x.exp2().sin().log2() ** x, (h.exp2() ** h).sum(1), x.cast(dtypes.int64) // 3):
+  b = Tensor(np.ones((4, 4)), dtype=dtypes.bfloat16, device="CL")
+  for t in (x.exp2().sin().log2() ** x, (h.exp2() ** h).sum(1), x.cast(dtypes.int64) // 3, (b.exp2() ** b).sum(1),
+            x.cast(dtypes.int64).cast(dtypes.bfloat16) + b):
     for k in t.schedule():
       r = opencl.render(decomposed(k), opencl.Target(fp64=False))
       assert "double" not in r.source and "fp64" not in r.source
@@ -558,11 +564,12 @@ def test_group_reductions_agree_with_numpy_for_any_shape(group_reductions, rows,
   else: np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-4 * max(1, cols) ** 0.5)
 
 
-@pytest.mark.parametrize("d", [dtypes.int8, dtypes.int32, dtypes.uint64, dtypes.float16, dtypes.bool], ids=lambda d: d.name)
+@pytest.mark.parametrize("d", [dtypes.int8, dtypes.int32, dtypes.uint64, dtypes.float16, dtypes.bfloat16, dtypes.bool],
+                         ids=lambda d: d.name)
 def test_group_reductions_keep_exact_integer_and_half_semantics(group_reductions, d):
   x = sample(d, 3 * 200, seed=22).reshape(3, 200)
   for fn in (lambda t: t.sum(1), lambda t: t.max(1), lambda t: t.min(1)):
-    if d is dtypes.float16:
+    if d.is_half:
       np.testing.assert_allclose(on("CL", x, d, fn).astype(np.float32), on("NUMPY", x, d, fn).astype(np.float32),
                                  rtol=1e-2, atol=0.5)
     else: both(x, d, fn)
@@ -657,14 +664,14 @@ def test_one_pass_reductions_agree_with_numpy_for_any_size(grid_reductions, n, n
   else: np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-3)
 
 
-@pytest.mark.parametrize("d", [dtypes.int8, dtypes.int32, dtypes.uint32, dtypes.int64, dtypes.float16, dtypes.float64],
-                         ids=lambda d: d.name)
+@pytest.mark.parametrize("d", [dtypes.int8, dtypes.int32, dtypes.uint32, dtypes.int64, dtypes.float16, dtypes.bfloat16,
+                               dtypes.float64], ids=lambda d: d.name)
 def test_one_pass_reductions_keep_exact_integer_and_half_semantics(grid_reductions, d):
   x = sample(d, 1 << 15, seed=41)
   if d.kind in "iu": x = x % 100 if d.kind == "u" else x % 50 - 25   # (sums that fit)
   for fn in (lambda t: t.sum(), lambda t: t.max(), lambda t: t.min()):
     _one_kernel_with_grid(fn(Tensor(x, device="CL")))
-    if d is dtypes.float16:
+    if d.is_half:
       np.testing.assert_allclose(on("CL", x, d, fn).astype(np.float32), on("NUMPY", x, d, fn).astype(np.float32),
                                  rtol=1e-2, atol=0.5)
     elif d.kind == "f":
