@@ -2,7 +2,7 @@
 
     python bench/models.py [--device CPU|CL] [--size tiny|small|full] [--only NAME,...] [--reps 10] [--budget 10]
                            [--no-tinygrad] [--no-torch] [--torch-threads N] [--tg-dev CPU] [--tg-timeout 600]
-                           [--dtype float32|float16|bfloat16]
+                           [--dtype float32|float16|bfloat16] [--autocast float16|bfloat16]
 
 The rows (shapes in SHAPES below; `--size` picks a column: small on CPU, full on `--device CL`; tiny is a seconds-
 long check that everything runs):
@@ -96,6 +96,19 @@ WARMUP, MIN_REPS, SEED, EPS = 3, 3, 20261205, 1e-5
 # computed in that dtype as each framework does (rulec and tinygrad: float32 sums, rounded per op; torch: its own
 # kernels, tensor cores on cuda); the error columns compare in float64. The LLaMA row stays float32.
 DTYPE = "float32"
+# --autocast: inputs and weights stay float32 and every matmul and convolution runs on operands cast to this half
+# dtype (torch: torch.autocast, which also runs those in it and keeps softmax, layernorm and the rest in float32;
+# rulec and tinygrad: `mm` and `conv` below cast their operands, and a half result meeting a float32 bias is float32
+# again by promotion, as in torch)
+AUTOCAST: str | None = None
+
+
+def mm(a, b):
+  return a @ b if AUTOCAST is None else a.cast(AUTOCAST) @ b.cast(AUTOCAST)
+
+
+def conv(x, w):
+  return x.conv2d(w, padding=1) if AUTOCAST is None else x.cast(AUTOCAST).conv2d(w.cast(AUTOCAST), padding=1).float()
 
 
 @dataclass(frozen=True)
@@ -187,15 +200,15 @@ def llama_arrays(s: dict) -> tuple[dict, dict, list[np.ndarray], int]:
 
 
 def lib_attention(lib, q, k, v, causal: bool):
-  scores = (q @ k.transpose(-1, -2)) * (1.0 / math.sqrt(q.shape[-1]))
+  scores = mm(q, k.transpose(-1, -2)).float() * (1.0 / math.sqrt(q.shape[-1]))
   if causal:
     S = q.shape[-2]
     scores = lib.Tensor.ones(S, S, dtype="bool").tril().where(scores, float("-inf"))
-  return scores.softmax(-1) @ v
+  return mm(scores.softmax(-1), v)
 
 
 def lib_mlp(x, w):
-  return ((x.layernorm() * w["g2"] + w["b2"]) @ w["w1"] + w["c1"]).gelu() @ w["w2"] + w["c2"] + x
+  return mm((mm(x.layernorm() * w["g2"] + w["b2"], w["w1"]) + w["c1"]).gelu(), w["w2"]) + w["c2"] + x
 
 
 def lib_bn(y, g, b):
@@ -206,18 +219,18 @@ def lib_bn(y, g, b):
 
 def lib_forward(lib, row: Row, s: dict, ins: dict, w: dict):
   k = row.kind
-  if k == "matmul": return ins["a"] @ ins["b"]
+  if k == "matmul": return mm(ins["a"], ins["b"])
   if k == "attention": return lib_attention(lib, ins["q"], ins["k"], ins["v"], row.causal)
   x = ins["x"]
   if k == "mlp": return lib_mlp(x, w)
   if k == "gpt2":
     B, T, C, H = s["B"], s["T"], s["C"], s["H"]
-    qkv = (x.layernorm() * w["g1"] + w["b1"]) @ w["wqkv"] + w["bqkv"]
+    qkv = mm(x.layernorm() * w["g1"] + w["b1"], w["wqkv"]) + w["bqkv"]
     q, kk, v = (qkv[:, :, i * C:(i + 1) * C].reshape(B, T, H, C // H).transpose(1, 2) for i in range(3))
     a = lib_attention(lib, q, kk, v, True).transpose(1, 2).reshape(B, T, C)
-    return lib_mlp(x + a @ w["wo"] + w["bo"], w)
-  y = lib_bn(x.conv2d(w["w1"], padding=1), w["g1"], w["b1"]).relu()
-  return (lib_bn(y.conv2d(w["w2"], padding=1), w["g2"], w["b2"]) + x).relu()
+    return lib_mlp(x + mm(a, w["wo"]) + w["bo"], w)
+  y = lib_bn(conv(x, w["w1"]), w["g1"], w["b1"]).relu()
+  return (lib_bn(conv(y, w["w2"]), w["g2"], w["b2"]) + x).relu()
 
 
 def torch_forward(torch, row: Row, s: dict, ins: dict, w: dict):
@@ -395,14 +408,16 @@ def torch_call(torch, row: Row, s: dict, dev: str):
   tdt = getattr(torch, DTYPE)
   ins = {k: torch.from_numpy(v).to(dev).to(tdt).requires_grad_(grad and k != "dout") for k, v in ins_np.items()}
   w = {k: torch.from_numpy(v).to(dev).to(tdt).requires_grad_(grad) for k, v in w_np.items()}
+  cast = (lambda: torch.autocast(dev, dtype=getattr(torch, AUTOCAST))) if AUTOCAST else contextlib.nullcontext
   if not grad:
     @torch.no_grad()
-    def forward(): return [torch_forward(torch, row, s, ins, w)]
+    def forward():
+      with cast(): return [torch_forward(torch, row, s, ins, w)]
     return forward
   targets = [t for n, t in ins.items() if n != "dout"] + list(w.values())
   def step():
-    out = torch_forward(torch, row, s, ins, w)
-    return [out, *torch.autograd.grad(out, targets, ins["dout"])]
+    with cast(): out = torch_forward(torch, row, s, ins, w)
+    return [out, *torch.autograd.grad(out, targets, ins["dout"].to(out.dtype))]
   return step
 
 
@@ -417,7 +432,7 @@ def torch_side(torch, row: Row, s: dict, dev: str) -> Side:
 
 def run_tinygrad_row(a, row: Row) -> dict:
   cmd = [sys.executable, __file__, "--side-tinygrad", row.name, "--size", a.size, "--reps", str(a.reps),
-         "--budget", str(a.budget), "--dtype", a.dtype]
+         "--budget", str(a.budget), "--dtype", a.dtype] + (["--autocast", a.autocast] if a.autocast else [])
   return run_json(cmd, {**os.environ, "DEV": a.tg_dev}, a.tg_timeout)
 
 
@@ -517,10 +532,12 @@ def main() -> None:
                   help="after each row, rulec's N slowest kernels of one call (device time on CL, RULEC_CL_PROFILE)")
   ap.add_argument("--dtype", choices=["float32", "float16", "bfloat16"], default="float32",
                   help="the rows' dtype on every side (the LLaMA row stays float32)")
+  ap.add_argument("--autocast", choices=["float16", "bfloat16"],
+                  help="float32 inputs and weights, matmuls and convolutions in this dtype (torch: torch.autocast)")
   ap.add_argument("--side-tinygrad", help=argparse.SUPPRESS)
   a = ap.parse_args()
-  global DTYPE
-  DTYPE = a.dtype
+  global DTYPE, AUTOCAST
+  DTYPE, AUTOCAST = a.dtype, a.autocast
   a.device = a.device.upper()
   if a.kernel_times and a.device.startswith("CL"): os.environ["RULEC_CL_PROFILE"] = "1"   # (before the device opens)
   a.size = a.size or ("small" if a.device.startswith("CPU") else "full")
@@ -549,7 +566,7 @@ def main() -> None:
     print(f"GPU: {cl_device.get_device()}" + (f"; torch: {torch.cuda.get_device_name(0)}" if tdev == "cuda" else ""))
   print(f"commit {commit()}; load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
   print(f"rulec on {a.device}" + (f", {threads()} thread(s)" if a.device.startswith("CPU") else "") +
-        f"; {torch_note}; {tg_note}; size {a.size}; dtype {a.dtype}; median of up to {a.reps} calls (>= {MIN_REPS}, {a.budget:g} s budget)")
+        f"; {torch_note}; {tg_note}; size {a.size}; dtype {a.dtype}{f', autocast {a.autocast}' if a.autocast else ''}; median of up to {a.reps} calls (>= {MIN_REPS}, {a.budget:g} s budget)")
   sys.stdout.flush()
 
   rows = [r for r in ROWS if not a.only or any(w.strip().lower() in r.name.lower() for w in a.only.split(","))]
