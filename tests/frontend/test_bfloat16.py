@@ -27,7 +27,7 @@ DEVICES = _devices()
 
 def bits(a) -> np.ndarray:
   """bfloat16 values as their 16 bits (NaNs compared as bits too: every device gives ml_dtypes' canonical one)."""
-  return np.asarray(a).astype(BF16).view(np.uint16)
+  with np.errstate(over="ignore", invalid="ignore"): return np.asarray(a).astype(BF16).view(np.uint16)
 
 
 def ref(fn, *arrays):
@@ -70,7 +70,7 @@ def test_cast_from_float32_rounds_to_nearest_even(device):
                 0xFFA12345, 0x80000000, 0x7F800000, 0xFF800000, 0x807FFFFF], np.uint32)
   x = u.view(np.float32)
   got = Tensor(x, device=device).cast(dtypes.bfloat16).numpy()
-  np.testing.assert_array_equal(bits(got), x.astype(BF16).view(np.uint16))
+  np.testing.assert_array_equal(bits(got), bits(x))
 
 
 @pytest.mark.parametrize("device", [d for d in DEVICES if d != "NUMPY"])
@@ -130,8 +130,13 @@ def test_ops_on_any_bits_match_the_reference(device, xs, ys, op):
     g, w = got.astype(np.float32), want.astype(np.float32)
     np.testing.assert_array_equal(np.isnan(g), np.isnan(w))
     np.testing.assert_allclose(g, w, rtol=2 ** -7, atol=1e-30)
-  else: np.testing.assert_array_equal(got.view(np.uint16) if got.dtype == BF16 else got,
-                                      want.view(np.uint16) if want.dtype == BF16 else want)
+  elif got.dtype == BF16:
+    # bit for bit, but a NaN made by an invalid op (0 % 0, inf - inf) has no defined sign: x86 makes it negative,
+    # PoCL's fmod positive; only its position is compared
+    nan = np.isnan(want.astype(np.float32))
+    np.testing.assert_array_equal(np.isnan(got.astype(np.float32)), nan)
+    np.testing.assert_array_equal(got.view(np.uint16)[~nan], want.view(np.uint16)[~nan])
+  else: np.testing.assert_array_equal(got, want)
 
 
 def test_promotion():
