@@ -1,0 +1,121 @@
+"""A kernel as PTX for NVIDIA GPUs (the CUDA device, runtime/cuda_device.py): the CPU's LLVM IR, run by one GPU
+thread per element of a store range, compiled by llvmlite's NVPTX target.
+
+This is the CUDA device's first renderer, chosen for correctness: every kernel the CPU backend renders runs here
+unchanged. The optimizer gives it one action, THREAD on the kernel's largest store range; the CPU renderer's
+`kernel(p..., v..., start, end)` then computes that range's [start, end) and loops over everything else, and a
+`ptx_kernel` entry calls it for [i, i + 1) where i is the GPU thread's global index (LLVM inlines the call). The
+entry takes the buffers as global-memory pointers (addrspace 1) and casts them to generic ones, so that LLVM's
+address-space inference turns the body's loads and stores into global ones.
+
+No register tiles, work-groups or local memory yet (the tensor cores come next, bench/tc_gemm_cuda.py shows the
+kernel), so it is slow on matmuls and reductions over few outputs; it is correct. float32 exp2 and log2 are the
+decomposition rules' polynomials (the GPU has no libm); sin and pow, which the CPU takes from libm, raise a
+NotImplementedError naming the op, before LLVM sees them (an LLVM that cannot select an op aborts the process).
+
+Why not NVIDIA's OpenCL: the same mma.sync kernel ran 1.5x faster as LLVM IR through this path than as OpenCL C
+with inline PTX on an H100 (355 against 227 TFLOP/s, bench/results/h100-tensor-cores-2026-12-06-session28.txt), and
+this path reaches sm_90a (wgmma, TMA) and more than OpenCL's 48 KB of shared memory.
+"""
+from __future__ import annotations
+
+import re
+
+import attrs
+
+from rulec.codegen import llvmir
+from rulec.codegen.decomp import decomposed
+from rulec.codegen.online import online
+from rulec.codegen.opt import Action, apply
+from rulec.engine.ir.kernel import Kernel, validate
+from rulec.engine.ir.ops import Ops
+
+# the optional decompositions (rules/decomp.rules) the GPU asks for: float32 exp2 and log2 as polynomials (there is
+# no libm to call), and MULACC (the GPU has fma)
+OPTIONAL = frozenset({Ops.EXP2, Ops.LOG2, Ops.MULACC})
+BLOCK = 256   # threads of a block
+
+# LLVM intrinsics NVPTX lowers to instructions; anything else the body calls is refused before compiling
+_SUPPORTED = ("llvm.sqrt.", "llvm.fma.", "llvm.fmuladd.", "llvm.fabs.", "llvm.trunc.", "llvm.floor.", "llvm.ceil.",
+              "llvm.rint.", "llvm.round.", "llvm.minnum.", "llvm.maxnum.", "llvm.copysign.", "llvm.smax.",
+              "llvm.smin.", "llvm.umax.", "llvm.umin.", "llvm.abs.", "llvm.nvvm.")
+_OPS_OF = {"llvm.sin": "SIN", "llvm.pow": "POW", "llvm.exp2": "EXP2", "llvm.log2": "LOG2", "llvm.prefetch": "PREFETCH"}
+
+
+@attrs.frozen
+class PTXProgram:
+  ptx: str        # PTX text; its kernel entry is `name`
+  name: str
+  threads: int    # GPU threads to launch; thread i computes element i of the split range (all of it where 1)
+  nbufs: int
+  nvars: int
+
+
+def _thread_range(low: Kernel):
+  """The largest store range of the kernel's one store, or None (a kernel of one output, or several stores)."""
+  ends = [u for u in low.ast.toposort() if u.op is Ops.END]
+  if len(ends) != 1 or len(low.ast.src) != 1: return None
+  ranges = [r for r in ends[0].src[1:] if r.op is Ops.RANGE and isinstance(r.src[0].arg, int)]
+  return max(ranges, key=lambda r: r.src[0].arg, default=None)
+
+
+def _target_machine(arch: str):
+  import llvmlite.binding as llvm
+  llvm.initialize_all_targets()
+  llvm.initialize_all_asmprinters()
+  cc = int(re.sub(r"\D", "", arch) or 0)
+  ptx = "+ptx80" if cc >= 90 else "+ptx78" if cc >= 89 else "+ptx70"
+  return llvm.Target.from_triple("nvptx64-nvidia-cuda").create_target_machine(cpu=arch, features=ptx, opt=3)
+
+
+def _check_calls(text: str) -> None:
+  """NotImplementedError (one line) for a call NVPTX cannot lower without a libm: the op it computes."""
+  for name in sorted(set(re.findall(r"declare [^@]*@\"?([\w.]+)", text))):
+    if name.startswith(_SUPPORTED): continue
+    op = next((v for k, v in _OPS_OF.items() if name.startswith(k)), name)
+    raise NotImplementedError(f"the CUDA device cannot compute {op} yet (its LLVM body calls {name}, which has no "
+                              f"GPU lowering without libdevice)")
+
+
+def render(kernel: Kernel, vars=None) -> tuple[str, int]:
+  """(LLVM IR text for NVPTX with a `ptx_kernel` entry named `entry`, the number of threads to launch)."""
+  validate(kernel)
+  low = decomposed(online(kernel), OPTIONAL)
+  rng = _thread_range(low)
+  opt = apply(low, [Action("THREAD", rng.arg[0])] if rng is not None else [], "CPU")
+  validate(opt)
+  vars = tuple(kernel.vars if vars is None else vars)
+  body, split = llvmir.render(opt, "kernel", vars)
+  body = re.sub(r"^target (triple|datalayout).*$", "", body, flags=re.M)
+  _check_calls(body)
+  nb, nv = len(kernel.bufs), len(vars)
+  params = [f"ptr addrspace(1) %g{i}" for i in range(nb)] + [f"i64 %v{i}" for i in range(nv)] + ["i64 %n"]
+  casts = "".join(f"  %p{i} = addrspacecast ptr addrspace(1) %g{i} to ptr\n" for i in range(nb))
+  args = ", ".join([f"ptr %p{i}" for i in range(nb)] + [f"i64 %v{i}" for i in range(nv)])
+  entry = (f"\ndeclare i32 @llvm.nvvm.read.ptx.sreg.tid.x()\ndeclare i32 @llvm.nvvm.read.ptx.sreg.ctaid.x()\n"
+           f"declare i32 @llvm.nvvm.read.ptx.sreg.ntid.x()\n"
+           f"define ptx_kernel void @entry({', '.join(params)}) {{\n{casts}"
+           "  %t = call i32 @llvm.nvvm.read.ptx.sreg.tid.x()\n  %b = call i32 @llvm.nvvm.read.ptx.sreg.ctaid.x()\n"
+           "  %d = call i32 @llvm.nvvm.read.ptx.sreg.ntid.x()\n  %bd = mul i32 %b, %d\n  %i32 = add i32 %bd, %t\n"
+           "  %i = zext i32 %i32 to i64\n  %ok = icmp slt i64 %i, %n\n  br i1 %ok, label %run, label %done\n"
+           f"run:\n  %j = add i64 %i, 1\n  call void @kernel({args}{', ' if args else ''}i64 %i, i64 %j)\n"
+           "  br label %done\ndone:\n  ret void\n}\n")
+  threads = split.src[0].arg if split is not None else 1
+  return 'target triple = "nvptx64-nvidia-cuda"\n' + body + entry, threads
+
+
+def compile_kernel(kernel: Kernel, arch: str = "sm_80", vars=None) -> PTXProgram:
+  """The kernel as a PTX program for the GPU architecture `arch` ("sm_90"); NotImplementedError for an op the
+  GPU cannot compute yet."""
+  import llvmlite.binding as llvm
+  text, threads = render(kernel, vars)
+  tm = _target_machine(arch)
+  mod = llvm.parse_assembly(text)
+  mod.triple, mod.data_layout = "nvptx64-nvidia-cuda", str(tm.target_data)
+  mod.verify()
+  # LLVM's O3 pipeline for the GPU: the body inlined into the entry, so that address-space inference sees where
+  # the pointers come from and makes the loads and stores global ones
+  pb = llvm.create_pass_builder(tm, llvm.create_pipeline_tuning_options(3))
+  pb.getModulePassManager().run(mod, pb)
+  return PTXProgram(tm.emit_assembly(mod), "entry", max(1, threads), len(kernel.bufs),
+                    len(kernel.vars if vars is None else vars))
