@@ -1,7 +1,7 @@
 """tinygrad's `Device`: `Device.DEFAULT` (the default device's name), `Device[name]` (a handle with `.device`,
 `.renderer.supported_dtypes()` and `synchronize()`), `Device.canonicalize(name)`, `Device.get_available_devices()`.
 
-The devices are rulec's (runtime/devices.py): CPU, CL and NUMPY, each with an index (`CL:1`). As in tinygrad 0.14,
+The devices are rulec's (runtime/devices.py): CPU, NUMPY, CL and CUDA, each with an index (`CL:1`). As in tinygrad 0.14,
 Device.DEFAULT is not assigned: `with Context(DEV="CL"):` (rulec.helpers) or RULEC_DEVICE sets it."""
 from __future__ import annotations
 
@@ -20,7 +20,9 @@ class Renderer:
 
   def supported_dtypes(self) -> set[DType]:
     """The dtypes a Tensor on this device computes in: every Tensor dtype (bool, the ints, float16, bfloat16,
-    float32, float64), less float64 on an OpenCL device without cl_khr_fp64."""
+    float32, float64), less float64 on an OpenCL device without cl_khr_fp64. CUDA computes in all of them (PTX has
+    float64 on every architecture, and float16 / bfloat16 are stored as 16 bits and computed in float32 where the
+    GPU lacks the instructions)."""
     out = set(TENSOR_DTYPES.values())
     kind, index = parse_device(self.device)
     if kind == "CL":
@@ -40,13 +42,20 @@ class DeviceHandle:
       from rulec.runtime import cl_device
       try: cl_device.get_device(index)
       except cl_device.CLUnavailable as e: raise RuntimeError(f"Device[{device!r}]: no OpenCL device: {e}") from None
+    elif kind == "CUDA":   # opened now too (its primary context); CUDAUnavailable is a RuntimeError, and one line
+      from rulec.runtime import cuda_device
+      cuda_device.get_device(index)
     self.renderer = Renderer(device)
 
   def synchronize(self) -> None:
-    """Wait for the kernels enqueued so far (CL; CPU and NUMPY kernels are done when their call returns)."""
-    if parse_device(self.device)[0] == "CL":
+    """Wait for the kernels enqueued so far (CL, CUDA; CPU and NUMPY kernels are done when their call returns)."""
+    kind = parse_device(self.device)[0]
+    if kind == "CL":
       from rulec.runtime import cl_device
       cl_device.synchronize()
+    elif kind == "CUDA":
+      from rulec.runtime import cuda_device
+      cuda_device.synchronize()
 
   def __repr__(self) -> str: return f"<Device {self.device}>"
 
@@ -80,7 +89,8 @@ class _Device:
   def default(self) -> DeviceHandle: return self[self.DEFAULT]
 
   def get_available_devices(self) -> Iterator[str]:
-    """The device kinds that open here, in rulec's order (CPU, NUMPY, CL when OpenCL has a device)."""
+    """The device kinds that open here, in rulec's order (CPU, NUMPY, CL when OpenCL has a device, CUDA when the
+    driver shows a device)."""
     for kind in DEVICES:
       try: self[kind]
       except RuntimeError: continue

@@ -5,12 +5,14 @@ same suite on every device.
 
 A device name is a kind with an optional index: `CPU`, `CPU:1`, `CL:0`, `NUMPY:3`. Each index is a device of
 its own, with its own buffers; `X:0` is `X`. CPU and NUMPY devices of any index keep their buffers in host
-memory; `CL:n` is the n-th OpenCL device after the one `CL` names (runtime/cl_device.py). A kernel runs on the
+memory; `CL:n` is the n-th OpenCL device after the one `CL` names (runtime/cl_device.py), `CUDA:n` CUDA device n
+(runtime/cuda_device.py; a CUDA or CL buffer keeps a device copy beside its host one). A kernel runs on the
 device of the buffer it writes. A kernel that only copies a whole buffer from one device to another is a
 transfer (`copy_buffers`): the data moves through host memory, and a CL buffer stays on its own device.
 
 A device that cannot be used is a DeviceError with a one-line message (an unknown name, from RULEC_DEVICE or a
-`device=` argument); the CL device's own CLUnavailable (pyopencl missing, no OpenCL device) is one line too.
+`device=` argument); the CL device's own CLUnavailable (pyopencl missing, no OpenCL device) and the CUDA device's
+CUDAUnavailable (no libcuda.so.1, no CUDA device) are one line too.
 `device_problem(e)` tells both apart from other errors, so the `rulec` command prints them as one line.
 """
 from __future__ import annotations
@@ -34,13 +36,19 @@ def _cl_run(kernel, index: int, var_vals: tuple[int, ...] = ()) -> None:
   cl_device.run_kernel(kernel, index, var_vals)
 
 
+def _cuda_run(kernel, index: int, var_vals: tuple[int, ...] = ()) -> None:
+  from rulec.runtime import cuda_device
+  cuda_device.run_kernel(kernel, index, var_vals)
+
+
 def _numpy_run(kernel, index: int, var_vals: tuple[int, ...] = ()) -> None:
   from rulec.runtime import numpy_device
   numpy_device.run_kernel(kernel, var_vals)
 
 
-# every device here keeps its buffers in host memory, so a kernel may read buffers of any of them
-RUNNERS: dict[str, Callable] = {"CPU": _cpu_run, "NUMPY": _numpy_run, "CL": _cl_run}
+# every device here keeps its buffers in host memory (CL and CUDA a device copy besides, runtime/buffer.py), so a
+# kernel may read buffers of any of them
+RUNNERS: dict[str, Callable] = {"CPU": _cpu_run, "NUMPY": _numpy_run, "CL": _cl_run, "CUDA": _cuda_run}
 DEVICES: tuple[str, ...] = tuple(RUNNERS)
 # copies between devices carried out as transfers (copy_buffers): how many, and how many bytes they moved
 COPIES = {"copies": 0, "bytes": 0}
@@ -61,9 +69,27 @@ def parse_device(name: str) -> tuple[str, int]:
 
 
 def canonical_device(name: str) -> str:
-  """The one spelling of a device: upper case, `X:0` as `X`."""
+  """The one spelling of a device: upper case, `X:0` as `X`. A CUDA device is named only where CUDA can run
+  (the driver library loads and shows a device; CUDAUnavailable otherwise): a tensor placed there fails where it is
+  made, not at its first kernel, which may come much later (a tensor of data runs none until it is computed on)."""
+  out = _spelling(name)
+  if out[:4] == "CUDA" and not _cuda_checked: _check_cuda()
+  return out
+
+
+def _spelling(name: str) -> str:
   kind, index = parse_device(name)
   return f"{kind}:{index}" if index else kind
+
+
+_cuda_checked = False   # the CUDA driver loaded and showed a device (asked once; a failure is asked again)
+
+
+def _check_cuda() -> None:
+  global _cuda_checked
+  from rulec.runtime import cuda_device
+  cuda_device.check_available()
+  _cuda_checked = True
 
 
 def device_kind(name) -> str:
@@ -123,7 +149,8 @@ def winograd_convs(device) -> bool:
 def default_device() -> str:
   """The default device: RULEC_DEVICE (CPU when unset or empty); DeviceError when it names no device."""
   raw = os.environ.get("RULEC_DEVICE", "").strip() or "CPU"
-  try: return canonical_device(raw)
+  # (not checked for CUDA here: importing rulec must not fail on RULEC_DEVICE=CUDA; its kernels say what is missing)
+  try: return _spelling(raw)
   except ValueError:
     raise DeviceError(f"RULEC_DEVICE={raw!r} is not a device; known devices: {', '.join(DEVICES)}, "
                       "each also with an index (CPU:1)") from None
@@ -131,7 +158,8 @@ def default_device() -> str:
 
 def require_device(name: str) -> str:
   """`name` in its one spelling, once it is known that kernels can run there: DeviceError for an unknown name;
-  for a CL device, the CL device's CLUnavailable when pyopencl cannot be imported (no device is opened)."""
+  for a CL device, the CL device's CLUnavailable when pyopencl cannot be imported (no device is opened); for a CUDA
+  device, CUDAUnavailable when the driver library does not load or shows no device (no context is made)."""
   canon = canonical_device(name)
   if device_kind(canon) == "CL":
     from rulec.runtime import cl_device
@@ -141,10 +169,12 @@ def require_device(name: str) -> str:
 
 def device_problem(e: BaseException) -> str | None:
   """The one-line message of an error that says a device cannot be used (DeviceError, the CL device's
-  CLUnavailable); None for any other error."""
+  CLUnavailable, the CUDA device's CUDAUnavailable); None for any other error."""
   if isinstance(e, DeviceError): return str(e)
   cl = sys.modules.get("rulec.runtime.cl_device")
   if cl is not None and isinstance(e, cl.CLUnavailable): return str(e)
+  cuda = sys.modules.get("rulec.runtime.cuda_driver")
+  if cuda is not None and isinstance(e, cuda.CUDAUnavailable): return str(e)
   return None
 
 
@@ -166,7 +196,7 @@ def copy_buffers(kernel):
 
 def separate_memory(a: str, b: str) -> bool:
   """Whether two devices keep their buffers apart: two devices of one kind, or any device with an index. Their
-  copies are real (transfers), and no kernel of one reads the other's buffers. The plain kinds (CPU, NUMPY, CL)
+  copies are real (transfers), and no kernel of one reads the other's buffers. The plain kinds (CPU, NUMPY, CL, CUDA)
   read each other's buffers, as before indexed devices: a CPU -> CL copy is a kernel on CL reading host memory."""
   return a != b and (device_kind(a) == device_kind(b) or ":" in a or ":" in b)
 

@@ -131,7 +131,7 @@ def test_verify_of_a_broken_rules_directory_reports_the_error_located(broken_che
 
 # *** devices that cannot be used ***
 
-BAD_DEVICE_LINE = "RULEC_DEVICE='nope' is not a device; known devices: CPU, NUMPY, CL, each also with an index (CPU:1)"
+BAD_DEVICE_LINE = "RULEC_DEVICE='nope' is not a device; known devices: CPU, NUMPY, CL, CUDA, each also with an index (CPU:1)"
 
 
 @pytest.mark.parametrize("cmd", [["demo", "--count", "3"], ["trace", "prog.py"], ["explain", "add_zero", "prog.py"]])
@@ -146,7 +146,7 @@ def test_a_bad_rulec_device_is_one_line_from_the_cli(tmp_path, cmd):
 def test_a_bad_device_argument_is_one_line_from_the_cli(tmp_path):
   proc = rulec(["demo", "--device", "XPU", "--count", "3"], tmp_path)
   assert proc.returncode == 2
-  assert proc.stderr == ("rulec demo: unknown device 'XPU'; known devices: CPU, NUMPY, CL, each also with an index "
+  assert proc.stderr == ("rulec demo: unknown device 'XPU'; known devices: CPU, NUMPY, CL, CUDA, each also with an index "
                          "(CPU:1)\n")
 
 
