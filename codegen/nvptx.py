@@ -33,7 +33,6 @@ from rulec.engine.ir.ops import Ops
 # the optional decompositions (rules/decomp.rules) the GPU asks for: float32 exp2 and log2 as polynomials (there is
 # no libm to call), and MULACC (the GPU has fma)
 OPTIONAL = frozenset({Ops.EXP2, Ops.LOG2, Ops.MULACC})
-BLOCK = 256   # threads of a block
 
 # LLVM intrinsics NVPTX lowers to instructions; anything else the body calls is refused before compiling
 _SUPPORTED = ("llvm.sqrt.", "llvm.fma.", "llvm.fmuladd.", "llvm.fabs.", "llvm.trunc.", "llvm.floor.", "llvm.ceil.",

@@ -51,6 +51,18 @@ def on(device: str, data, dtype, fn) -> np.ndarray:
   return fn(Tensor(data, dtype=dtype, device=device)).numpy()
 
 
+def available_devices(first=("CPU", "NUMPY")) -> list[str]:
+  """The devices `first` and CL where OpenCL has a device here (PoCL in CI)."""
+  out = list(first)
+  try:
+    import pyopencl  # noqa: F401
+    from rulec.runtime import cl_device
+    cl_device.get_device()
+    out.append("CL")
+  except Exception: pass
+  return out
+
+
 def same_as_reference(device: str, data, dtype, fn) -> np.ndarray:
   """fn on device, checked bit for bit against the NUMPY reference device (NaN == NaN, -0.0 == 0.0 here)."""
   got, ref = on(device, data, dtype, fn), on("NUMPY", data, dtype, fn)

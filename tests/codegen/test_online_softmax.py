@@ -19,20 +19,10 @@ from rulec.engine.ir.dtypes import dtypes
 from rulec.engine.sched import fusion
 from rulec.engine.sched.driver import schedule
 from rulec.engine.tensor import Tensor
+from tests.helpers import available_devices
 
 
-def _devices():
-  out = ["CPU", "NUMPY"]
-  try:
-    import pyopencl  # noqa: F401
-    from rulec.runtime import cl_device
-    cl_device.get_device()
-    out.append("CL")
-  except Exception: pass
-  return out
-
-
-DEVICES = _devices()
+DEVICES = available_devices(("CPU", "NUMPY"))
 
 
 @pytest.fixture

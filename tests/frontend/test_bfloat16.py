@@ -7,22 +7,12 @@ from hypothesis import given, settings, strategies as st
 
 from rulec import Tensor, TinyJit, dtypes
 from rulec.nn.state import safe_load, safe_save
+from tests.helpers import available_devices
 
 BF16 = np.dtype("bfloat16")   # ml_dtypes' numpy type (rulec registers it on import)
 
 
-def _devices():
-  out = ["NUMPY", "CPU"]
-  try:
-    import pyopencl  # noqa: F401
-    from rulec.runtime import cl_device
-    cl_device.get_device()
-    out.append("CL")
-  except Exception: pass
-  return out
-
-
-DEVICES = _devices()
+DEVICES = available_devices(("NUMPY", "CPU"))
 
 
 def bits(a) -> np.ndarray:
