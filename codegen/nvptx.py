@@ -19,11 +19,12 @@ this path reaches sm_90a (wgmma, TMA) and more than OpenCL's 48 KB of shared mem
 """
 from __future__ import annotations
 
+import os
 import re
 
 import attrs
 
-from rulec.codegen import llvmir
+from rulec.codegen import gemm_plan, llvmir
 from rulec.codegen.decomp import decomposed
 from rulec.codegen.online import online
 from rulec.codegen.opt import Action, apply
@@ -48,6 +49,7 @@ class PTXProgram:
   threads: int    # GPU threads to launch; thread i computes element i of the split range (all of it where 1)
   nbufs: int
   nvars: int
+  launch: object = None   # a tensor-core matmul's own grid, block and shared memory (nvptx_gemm.Launch), else None
 
 
 def _thread_range(low: Kernel):
@@ -103,11 +105,31 @@ def render(kernel: Kernel, vars=None) -> tuple[str, int]:
   return 'target triple = "nvptx64-nvidia-cuda"\n' + body + entry, threads
 
 
+def tensor_core_plan(kernel: Kernel, arch: str):
+  """The kernel's GemmPlan where the tensor cores run it on `arch` (sm_80 and later), else None. RULEC_CUDA_TC=0
+  turns the tensor cores off (to compare with the ordinary renderer)."""
+  if os.environ.get("RULEC_CUDA_TC", "1").strip() == "0": return None
+  if int(re.sub(r"\D", "", arch) or 0) < 80: return None
+  try: return gemm_plan.plan(kernel)
+  except gemm_plan.NoPlan: return None
+
+
+def render_tensor_cores(kernel: Kernel, plan) -> tuple[str, object]:
+  """(LLVM IR text, launch) of a kernel with a tensor-core plan: its epilogue from the decomposed kernel."""
+  from rulec.codegen import nvptx_gemm
+  epi = nvptx_gemm.epilogue_ir(decomposed(kernel, OPTIONAL))
+  _check_calls(epi)
+  return nvptx_gemm.render_gemm(plan, len(kernel.bufs), epi)
+
+
 def compile_kernel(kernel: Kernel, arch: str = "sm_80", vars=None) -> PTXProgram:
   """The kernel as a PTX program for the GPU architecture `arch` ("sm_90"); NotImplementedError for an op the
-  GPU cannot compute yet."""
+  GPU cannot compute yet. A matmul of 2-byte floats (codegen/gemm_plan.py) runs on the tensor cores."""
   import llvmlite.binding as llvm
-  text, threads = render(kernel, vars)
+  plan = tensor_core_plan(kernel, arch) if vars is None or not vars else None
+  launch = None
+  if plan is not None: (text, launch), threads = render_tensor_cores(kernel, plan), 1
+  else: text, threads = render(kernel, vars)
   tm = _target_machine(arch)
   mod = llvm.parse_assembly(text)
   mod.triple, mod.data_layout = "nvptx64-nvidia-cuda", str(tm.target_data)
@@ -117,4 +139,4 @@ def compile_kernel(kernel: Kernel, arch: str = "sm_80", vars=None) -> PTXProgram
   pb = llvm.create_pass_builder(tm, llvm.create_pipeline_tuning_options(3))
   pb.getModulePassManager().run(mod, pb)
   return PTXProgram(tm.emit_assembly(mod), "entry", max(1, threads), len(kernel.bufs),
-                    len(kernel.vars if vars is None else vars))
+                    len(kernel.vars if vars is None else vars), launch)

@@ -112,12 +112,20 @@ def _numbered(src: str) -> str:
 
 
 class Compiled:
-  """A kernel ready to launch on one device: its PTXProgram (threads, parameter counts) and loaded Program."""
-  __slots__ = ("ptx", "program", "grid", "block")
+  """A kernel ready to launch on one device: its PTXProgram (threads, parameter counts) and loaded Program; grid and
+  block as (x, y, z), and the bytes of dynamic shared memory (a tensor-core matmul's, nvptx_gemm.Launch)."""
+  __slots__ = ("ptx", "program", "grid", "block", "shared")
 
-  def __init__(self, ptx, program: Program):
+  def __init__(self, ptx, program: Program, dev: CUDADevice | None = None):
     self.ptx, self.program = ptx, program
-    self.grid, self.block = launch_dims(ptx.threads) if ptx.threads > 0 else (0, 0)
+    launch = getattr(ptx, "launch", None)
+    if launch is not None:
+      self.grid, self.block, self.shared = tuple(launch.grid), (launch.block, 1, 1), launch.smem
+      if self.shared > 48 * 1024 and dev is not None:   # (more than the default 48 KB must be asked for per function)
+        dev.drv.set_max_dynamic_shared(program.function, self.shared)
+    else:
+      blocks, per = launch_dims(ptx.threads) if ptx.threads > 0 else (0, 0)
+      self.grid, self.block, self.shared = (blocks, 1, 1), (per, 1, 1), 0
 
 
 _programs: dict[tuple[int, str], Program] = {}   # (device index, PTX text) -> loaded module
@@ -145,7 +153,7 @@ def compile_kernel(kernel: Kernel, dev: CUDADevice | None = None) -> Compiled:
   with _lock:
     prog = _programs.get((dev.index, ptx.ptx))
     if prog is None: prog = _programs[(dev.index, ptx.ptx)] = Program(dev, ptx)
-    out = _by_ast[key] = Compiled(ptx, prog)
+    out = _by_ast[key] = Compiled(ptx, prog, dev)
   return out
 
 
@@ -218,7 +226,8 @@ def run_kernel(kernel: Kernel, n: int = 0, var_vals: tuple[int, ...] = ()) -> No
   dev = get_device(n)
   comp = compile_kernel(kernel, dev)
   if _debug_level() >= 3:
-    print(f"CUDA {kernel!r} threads={comp.ptx.threads} grid={comp.grid} block={comp.block}\n{comp.ptx.ptx}", file=sys.stderr)
+    print(f"CUDA {kernel!r} threads={comp.ptx.threads} grid={comp.grid} block={comp.block} shared={comp.shared}"
+          f"{' (tensor cores)' if comp.ptx.launch is not None else ''}\n{comp.ptx.ptx}", file=sys.stderr)
   _launch(dev, comp, [buffer_of(b) for b in kernel.bufs], var_vals, kernel.outputs)
 
 
@@ -234,7 +243,7 @@ def _launch(dev: CUDADevice, comp: Compiled, bufs: list[Buffer], var_vals: tuple
     if dev.profile:
       start, end = dev.drv.event(), dev.drv.event()
       dev.drv.record(start)
-    dev.drv.launch(comp.program.function, (comp.grid, 1, 1), (comp.block, 1, 1), params)
+    dev.drv.launch(comp.program.function, comp.grid, comp.block, params, comp.shared)
     if dev.profile:
       dev.drv.record(end)
       EVENTS.append((dev, start, end))

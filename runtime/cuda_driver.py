@@ -43,6 +43,7 @@ CU_JIT_INFO_LOG_BUFFER_SIZE_BYTES = 4
 CU_JIT_ERROR_LOG_BUFFER = 5
 CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES = 6
 CU_EVENT_DEFAULT = 0
+CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8
 
 _P, _U, _I, _S = ctypes.c_void_p, ctypes.c_uint, ctypes.c_int, ctypes.c_size_t
 _PP, _PI, _U64 = ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(ctypes.c_int), ctypes.c_uint64
@@ -71,6 +72,7 @@ SIGNATURES: dict[str, list] = {
   "cuModuleUnload": [_P],
   "cuModuleGetFunction": [_PP, _P, ctypes.c_char_p],
   "cuLaunchKernel": [_P, _U, _U, _U, _U, _U, _U, _U, _P, _PP, _PP],
+  "cuFuncSetAttribute": [_P, _I, _I],
   "cuEventCreate": [_PP, _U],
   "cuEventRecord": [_P, _P],
   "cuEventSynchronize": [_P],
@@ -226,6 +228,10 @@ class Driver:
     fn = ctypes.c_void_p()
     self.check("cuModuleGetFunction", ctypes.byref(fn), mod, name.encode())
     return fn
+
+  def set_max_dynamic_shared(self, fn: ctypes.c_void_p, nbytes: int) -> None:
+    """Let `fn` launch with up to nbytes of dynamic shared memory (over 48 KB must be asked for)."""
+    self.check("cuFuncSetAttribute", fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, nbytes)
 
   def launch(self, fn: ctypes.c_void_p, grid: tuple[int, int, int], block: tuple[int, int, int], params,
              shared: int = 0, stream=None) -> None:

@@ -46,6 +46,7 @@ CUresult cuLaunchKernel(void *f, unsigned gx, unsigned gy, unsigned gz, unsigned
   return f == (void *)0x9abc ? 0 : 400;
 }
 int fake_last_launch(uint64_t *args, unsigned *dims) { memcpy(args, last, sizeof last); memcpy(dims, last_dims, sizeof last_dims); return last_n; }
+CUresult cuFuncSetAttribute(void *f, int attr, int value) { return f == (void *)0x9abc ? 0 : 400; }
 CUresult cuEventCreate(void **e, unsigned flags) { *e = malloc(1); return 0; }
 CUresult cuEventRecord(void *e, void *s) { return 0; }
 CUresult cuEventSynchronize(void *e) { return 0; }

@@ -134,8 +134,8 @@ def test_a_kernel_launch_passes_buffers_variables_and_n(fake, monkeypatch):
   args, dims = fake(len(k.bufs) + 1)
   mirrors = [buffer_of(b).mirror for b in k.bufs]
   assert args[:len(k.bufs)] == [m.ptr for m in mirrors] and all(args[:len(k.bufs)])
-  assert args[-1] == comp.ptx.threads and dims == (comp.grid, 1, 1, comp.block, 1, 1)
-  assert comp.grid * comp.block >= comp.ptx.threads
+  assert args[-1] == comp.ptx.threads and dims == (*comp.grid, *comp.block)
+  assert comp.grid[1:] == comp.block[1:] == (1, 1) and comp.grid[0] * comp.block[0] >= comp.ptx.threads
   # the input went up once; the output is device-valid and host-stale; the fake ran nothing, so it reads back the
   # bytes of fresh memory, while the input reads back what was uploaded (a real download through cuMemcpyDtoH)
   assert cuda_device.COUNTERS["uploads"] == before["uploads"] + 1

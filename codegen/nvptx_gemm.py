@@ -1,0 +1,389 @@
+"""A matmul kernel on NVIDIA tensor cores (sm_80 and later), as LLVM IR for llvmlite's NVPTX target.
+
+codegen/gemm_plan.py says which kernels are a matmul and where their operands lie; this file writes the kernel
+for a GemmPlan. The CUDA device's renderer (codegen/nvptx.py) takes this path for every kernel with a plan.
+
+The kernel, per block of 256 threads (8 warps, 2 x 4), computes a BM x BN tile of one batch's output:
+  * k advances BK at a time; each k-tile of A (BM x BK) and B (BK x BN) travels from global to shared memory as
+    16-byte cp.async copies (8 elements) into a ring of `stages` slots, so that the copies of tile t + stages - 1
+    fly while tile t is multiplied. An operand's tile is laid out as rows along its strided axis and 16-byte chunks
+    along its contiguous one; a chunk's index is XOR-ed with bits of its row (SmemTile), so that the 8 rows one
+    ldmatrix reads fall in different banks. A copy past the matrix's edge (a ragged M, N or K) copies 0 bytes and
+    fills the chunk with zeros (cp.async's src-size operand), so the sum is unchanged by it.
+  * fragments leave shared memory by ldmatrix.x4, transposed or not by the operand's layout, and each warp runs
+    mma.sync.m16n8k16 (float32 accumulation) over its 64 x 32 part of the tile: 4 x 4 tiles, 64 accumulators a thread.
+  * the epilogue is the kernel's own store, rendered by the CPU renderer (codegen/llvmir.py) as a function of the
+    output ranges and the sum: the cast to float16, a bias, an activation, whatever the scheduler fused after the
+    sum. The kernel calls it per accumulator with a flag that says whether the element is inside the output, and
+    LLVM inlines it. Batch ranges are blockIdx.z, split by their sizes.
+
+The tile loop (copies, ldmatrix, mma) is written as LLVM IR text with inline PTX, through IRText: a few lines per
+instruction, integer arithmetic folded where it is known when the kernel is written. bench/tc_gemm_cuda.py times
+the same kernel on its own; tests/codegen/ptx_gemm_emulator.py runs it on the CPU, one numpy lane per thread.
+"""
+from __future__ import annotations
+
+import attrs
+from llvmlite import ir
+
+from rulec.codegen import llvmir
+from rulec.codegen.gemm_plan import CHUNK, GemmPlan, Operand
+from rulec.engine.ir.dtypes import dtypes
+from rulec.engine.ir.kernel import Kernel
+from rulec.engine.ir.ops import Ops
+from rulec.engine.ir.uop import UOp
+
+EPILOGUE = "rulec_tc_epilogue"
+MMA_TYPE = {"float16": "f16", "bfloat16": "bf16"}
+
+
+@attrs.frozen
+class Config:
+  BM: int = 128     # block tile
+  BN: int = 128
+  BK: int = 32
+  WM: int = 2       # warps along m and n
+  WN: int = 4
+  stages: int = 3   # cp.async ring slots
+
+  @property
+  def threads(self) -> int: return 32 * self.WM * self.WN
+
+  @property
+  def smem(self) -> int: return self.stages * (self.BM * self.BK + self.BK * self.BN) * 2
+
+
+@attrs.frozen
+class Launch:
+  grid: tuple[int, int, int]
+  block: int
+  smem: int          # bytes of dynamic shared memory
+
+
+# *** LLVM IR text ***
+
+class IRText:
+  """LLVM IR text, written a line at a time: fresh SSA names, and integer arithmetic that folds Python ints, so the
+  kernel mixes constants (tile sizes, unrolled indices) and run-time values (thread ids) freely."""
+  def __init__(self):
+    self.lines: list[str | None] = []
+    self.n, self.block = 0, "entry"
+
+  def v(self, expr: str, hint: str = "v") -> str:
+    self.n += 1
+    name = f"%{hint}{self.n}"
+    self.lines.append(f"  {name} = {expr}")
+    return name
+
+  def do(self, stmt: str) -> None: self.lines.append(f"  {stmt}")
+
+  def label(self, name: str) -> None:
+    self.lines.append(f"{name}:")
+    self.block = name
+
+  def _bin(self, op, a, b, ty, fold, ident=None, zero=None):
+    if isinstance(a, int) and isinstance(b, int): return fold(a, b)
+    if ident is not None and isinstance(b, int) and b == ident: return a
+    if ident is not None and op in ("add", "mul", "or", "xor") and isinstance(a, int) and a == ident: return b
+    if zero is not None and ((isinstance(a, int) and a == zero) or (isinstance(b, int) and b == zero)): return 0
+    return self.v(f"{op} {ty} {a}, {b}", op[0])
+
+  def add(self, a, b, ty="i32"): return self._bin("add", a, b, ty, lambda x, y: x + y, 0)
+  def mul(self, a, b, ty="i32"): return self._bin("mul", a, b, ty, lambda x, y: x * y, 1, 0)
+  def xor(self, a, b, ty="i32"): return self._bin("xor", a, b, ty, lambda x, y: x ^ y, 0)
+  def and_(self, a, b, ty="i32"): return self._bin("and", a, b, ty, lambda x, y: x & y, None, 0)
+  def shl(self, a, b, ty="i32"): return self._bin("shl", a, b, ty, lambda x, y: x << y, 0)
+  def lshr(self, a, b, ty="i32"): return self._bin("lshr", a, b, ty, lambda x, y: x >> y, 0)
+  def udiv(self, a, b, ty="i32"): return self._bin("udiv", a, b, ty, lambda x, y: x // y, 1)
+  def urem(self, a, b, ty="i32"): return self._bin("urem", a, b, ty, lambda x, y: x % y)
+
+  def zext64(self, a): return a if isinstance(a, int) else self.v(f"zext i32 {a} to i64", "z")
+
+  def lt(self, a, b, ty="i32"):
+    """a < b (unsigned) as an i1 name or a Python bool."""
+    if isinstance(a, int) and isinstance(b, int): return a < b
+    return self.v(f"icmp ult {ty} {a}, {b}", "c")
+
+  def and1(self, a, b):
+    if isinstance(a, bool): return b if a else False
+    if isinstance(b, bool): return a if b else False
+    return self.v(f"and i1 {a}, {b}", "c")
+
+  def i1(self, c) -> str: return ("true" if c else "false") if isinstance(c, bool) else c
+
+  def gep(self, base, byte_off, space: int):
+    """Byte-offset pointer arithmetic on `ptr addrspace(space)`; offsets are i64 for global, i32 for shared."""
+    if isinstance(byte_off, int) and byte_off == 0: return base
+    ity = "i32" if space == 3 else "i64"
+    return self.v(f"getelementptr i8, ptr addrspace({space}) {base}, {ity} {byte_off}", "p")
+
+
+def log2i(x: int) -> int:
+  if x <= 0 or x & (x - 1): raise ValueError(f"{x} is not a power of two")
+  return x.bit_length() - 1
+
+
+class SmemTile:
+  """One operand's tile in shared memory: `rows` rows of `row_bytes`, as 16-byte chunks whose index is XOR-ed with
+  bits of the row. ldmatrix reads 8 rows at the same chunk; with 64-byte rows rows r and r + 2 share banks, with
+  256-byte rows all 8 do. The XOR puts those 8 chunks in 8 different 16-byte bank groups."""
+  def __init__(self, rows: int, row_bytes: int):
+    self.rows, self.row_bytes = rows, row_bytes
+    self.cpr = row_bytes // 16
+    if row_bytes % 16 or self.cpr & (self.cpr - 1): raise ValueError(f"a tile row of {row_bytes} bytes")
+    self.sh = log2i(max(1, 128 // row_bytes))   # rows sharing one 128-byte bank line share a pattern
+    self.mask = min(self.cpr, 8) - 1
+
+  def offset(self, ir_: IRText, row, chunk):
+    """Byte offset of (row, logical 16-byte chunk)."""
+    x = ir_.and_(ir_.lshr(row, self.sh), self.mask)
+    return ir_.add(ir_.mul(row, self.row_bytes), ir_.mul(ir_.xor(chunk, x), 16))
+
+
+# *** the epilogue: the kernel's store, per element ***
+
+class _Epilogue(llvmir.LLVMRenderer):
+  """void rulec_tc_epilogue(ptr p..., i64 v..., i64 r... (the store's ranges, in the END's order), float acc, i1 ok):
+  the store of one output element with the sum's value `acc`, when `ok`."""
+  def __init__(self, kernel: Kernel, red: UOp, ranges: tuple[UOp, ...]):
+    super().__init__(kernel, "unused")
+    _I64, _F32, _I1 = ir.IntType(64), ir.FloatType(), ir.IntType(1)
+    self.module = ir.Module(name="rulec_tc")
+    nb, nv = self.nbufs, len(self.vars)
+    fty = ir.FunctionType(ir.VoidType(), [ir.PointerType()] * nb + [_I64] * nv + [_I64] * len(ranges) + [_F32, _I1])
+    self.fn = ir.Function(self.module, fty, name=EPILOGUE)
+    self.fn.attributes.add("alwaysinline")
+    self.fn.linkage = "internal"
+    args = self.fn.args
+    self.ptrs = {p: args[p.arg[0]] for p in self.ptrs}
+    self.var_args = {v: args[nb + i] for i, v in enumerate(self.vars)}
+    self.entry = self.fn.append_basic_block("entry")
+    self.b = ir.IRBuilder(self.entry)
+    self.red, self.range_args = red, dict(zip(ranges, args[nb + nv:nb + nv + len(ranges)]))
+    self.acc, self.ok = args[-2], args[-1]
+
+  def render(self) -> str:
+    body, done = self.fn.append_basic_block("store"), self.fn.append_basic_block("done")
+    self.b.cbranch(self.ok, body, done)
+    self.b.position_at_end(body)
+    d = self.red.dtype
+    self.scopes = [{self.red: self.acc if d is dtypes.float32 else self.cast(self.acc, dtypes.float32, d)}]
+    self.ranges = dict(self.range_args)
+    store = self.k.ast.src[0].src[0]
+    (p, idx), value = store.src[0].src, store.src[1]
+    self._store(p, self.value(idx), self.value(value), value.dtype)
+    self.b.branch(done)
+    self.b.position_at_end(done)
+    self.b.ret_void()
+    return str(self.module)
+
+
+def epilogue_ir(kernel: Kernel) -> str:
+  """The decomposed kernel's store as the epilogue function (LLVM IR text, no target lines)."""
+  end = kernel.ast.src[0]
+  reds = [u for u in end.src[0].src[1].toposort() if u.op is Ops.REDUCE]
+  if len(reds) != 1: raise ValueError("the epilogue's kernel must hold one sum")
+  text = _Epilogue(kernel, reds[0], tuple(end.src[1:])).render()
+  return "\n".join(line for line in text.splitlines() if not line.startswith(("target ", "; ModuleID")))
+
+
+# *** the tile loop ***
+
+def _operand_tile(op: Operand, free_tile: int, BK: int) -> SmemTile:
+  # rows along the strided axis, chunks along the contiguous one
+  return SmemTile(free_tile, BK * 2) if op.k_contiguous else SmemTile(BK, free_tile * 2)
+
+
+def render_gemm(plan: GemmPlan, nbufs: int, epilogue: str, cfg: Config = Config()) -> tuple[str, Launch]:
+  """(LLVM IR text of the kernel `entry(ptr addrspace(1) g..., i64 n)`, its launch) for a plan; `epilogue` is
+  epilogue_ir's text, which the kernel calls."""
+  BM, BN, BK, WM, WN, S, T = cfg.BM, cfg.BN, cfg.BK, cfg.WM, cfg.WN, cfg.stages, cfg.threads
+  WTM, WTN = BM // WM, BN // WN
+  MT, NT, KS = WTM // 16, WTN // 8, BK // 16
+  if WTM % 16 or WTN % 16 or BK % 16 or S < 2: raise ValueError(f"a tile configuration the kernel cannot take: {cfg}")
+  mma_ty = MMA_TYPE[plan.dtype.name]
+  At, Bt = _operand_tile(plan.a, BM, BK), _operand_tile(plan.b, BN, BK)
+  A_BYTES, STAGE = BM * BK * 2, (BM * BK + BK * BN) * 2
+  M, N, K = plan.M, plan.N, plan.K
+  ktiles = -(-K // BK)
+
+  x = IRText()
+  tid = x.v("call i32 @llvm.nvvm.read.ptx.sreg.tid.x()", "tid")
+  bx = x.v("call i32 @llvm.nvvm.read.ptx.sreg.ctaid.x()", "bx")   # block column (n)
+  by = x.v("call i32 @llvm.nvvm.read.ptx.sreg.ctaid.y()", "by")   # block row (m)
+  bz = x.v("call i32 @llvm.nvvm.read.ptx.sreg.ctaid.z()", "bz") if plan.batch else 0
+  lane, warp = x.and_(tid, 31), x.lshr(tid, 5)
+  wm, wn = x.lshr(warp, log2i(WN)), x.and_(warp, WN - 1)
+  g, t = x.lshr(lane, 2), x.and_(lane, 3)
+  sbase = x.v("ptrtoint ptr addrspace(3) @smem to i32", "sb")
+  m0, n0 = x.mul(by, BM), x.mul(bx, BN)
+  # the batch ranges' values: blockIdx.z split by their sizes, the last range fastest
+  bvals, rest = [], bz
+  for size in reversed(plan.batch_sizes):
+    bvals.append(x.urem(rest, size))
+    rest = x.udiv(rest, size)
+  bvals = bvals[::-1]
+
+  def batch_offset(op: Operand):
+    off = op.base
+    for v, s in zip(bvals, op.stride_batch): off = x.add(off, x.mul(x.zext64(v), s, "i64"), "i64")
+    return off
+
+  # *** each thread's cp.async chunks: fixed destinations, sources that step along k ***
+  def copies(op: Operand, tile: SmemTile, f0, FSIZE: int, slot_off: int):
+    """Per chunk of this thread: (shared offset, global element offset at k-tile 0 as i64, element step per
+    k-tile, the free index's bound check, the k index at k-tile 0)."""
+    out = []
+    per = tile.rows * tile.cpr // T
+    if per * T != tile.rows * tile.cpr or T % tile.cpr: raise ValueError(f"{tile.rows}x{tile.cpr} chunks for {T} threads")
+    row0, chunk = x.lshr(tid, log2i(tile.cpr)), x.and_(tid, tile.cpr - 1)
+    boff = batch_offset(op)
+    for i in range(per):
+      row = x.add(row0, i * (T // tile.cpr))
+      dst = x.add(tile.offset(x, row, chunk), slot_off)
+      if op.k_contiguous:   # row: the free index; chunk: k in steps of 8
+        free, kidx = x.add(f0, row), x.mul(chunk, CHUNK)
+        elem = x.add(x.mul(x.zext64(free), op.stride_free, "i64"), x.zext64(kidx), "i64")
+      else:                 # row: k; chunk: the free index in steps of 8
+        free, kidx = x.add(f0, x.mul(chunk, CHUNK)), row
+        elem = x.add(x.mul(x.zext64(kidx), op.stride_k, "i64"), x.zext64(free), "i64")
+      out.append((dst, x.add(elem, boff, "i64"), BK * op.stride_k, x.lt(free, FSIZE), kidx))
+    return out
+
+  a_cp = copies(plan.a, At, m0, M, 0)
+  b_cp = copies(plan.b, Bt, n0, N, A_BYTES)
+
+  def issue(kt, slot):
+    """cp.async k-tile `kt` of A and B into the ring slot at byte offset `slot`."""
+    for cps, opnd in ((a_cp, plan.a), (b_cp, plan.b)):
+      base = f"%g{opnd.slot}"
+      for dst, elem, step, free_ok, kidx in cps:
+        k = x.add(kidx, x.mul(kt, BK))
+        ok = x.and1(free_ok, x.lt(k, K))
+        e = x.add(elem, x.mul(x.zext64(kt), step, "i64"), "i64")
+        src = x.gep(base, x.mul(e, 2, "i64"), 1)
+        if not isinstance(ok, bool):
+          src = x.v(f"select i1 {ok}, ptr addrspace(1) {src}, ptr addrspace(1) {base}", "s")
+          n = x.v(f"select i1 {ok}, i32 16, i32 0", "n")
+        else: n = 16 if ok else 0
+        d = x.add(x.add(sbase, slot), dst)
+        x.do(f'call void asm sideeffect "cp.async.cg.shared.global [$0], [$1], 16, $2;", "r,l,r,~{{memory}}"'
+             f"(i32 {d}, ptr addrspace(1) {src}, i32 {n})")
+
+  def commit(): x.do('call void asm sideeffect "cp.async.commit_group;", "~{memory}"()')
+
+  # *** each lane's ldmatrix addresses inside a ring slot (see the module doc of the layouts) ***
+  # "row16" lanes: lane l reads row (l & 15) of a 16-row block at chunk (l >> 4); "row8" lanes: row
+  # (l & 7) + 8 * (l >> 4) at chunk (l >> 3) & 1. Each gives the x4 matrices in the order the mma wants.
+  l15, lhi = x.and_(lane, 15), x.lshr(lane, 4)
+  r8, c8 = x.add(x.and_(lane, 7), x.shl(lhi, 3)), x.and_(x.lshr(lane, 3), 1)
+  wrow, wcol = x.mul(wm, WTM), x.mul(wn, WTN)
+  a_ld, b_ld = {}, {}
+  for ks in range(KS):
+    for mi in range(MT):   # A fragment (16 m x 16 k): non-transposed from [m][k] rows, transposed from [k][m]
+      if plan.a.k_contiguous: a_ld[mi, ks] = At.offset(x, x.add(x.add(wrow, mi * 16), l15), x.add(lhi, 2 * ks))
+      else: a_ld[mi, ks] = At.offset(x, x.add(r8, ks * 16), x.add(x.lshr(x.add(wrow, mi * 16), 3), c8))
+    for p in range(NT // 2):   # two B fragments (16 k x 8 n each): transposed from [k][n] rows, not from [n][k]
+      if plan.b.k_contiguous: b_ld[p, ks] = x.add(Bt.offset(x, x.add(x.add(wcol, 16 * p), r8), x.add(c8, 2 * ks)), A_BYTES)
+      else: b_ld[p, ks] = x.add(Bt.offset(x, x.add(l15, ks * 16), x.add(x.lshr(x.add(wcol, 16 * p), 3), lhi)), A_BYTES)
+  a_trans = "" if plan.a.k_contiguous else ".trans"
+  b_trans = ".trans" if not plan.b.k_contiguous else ""
+
+  # *** prologue: the first stages - 1 k-tiles ***
+  for s in range(S - 1):
+    if s < ktiles: issue(s, s * STAGE)
+    commit()   # (always: the group count stays uniform)
+  pre_block = x.block
+  x.do("br label %loop" if ktiles else "br label %epilogue")
+
+  # *** the loop over k-tiles ***
+  NACC = MT * NT * 4
+  acc0 = [f"%acc_in{i}" for i in range(NACC)]
+  if ktiles:
+    x.label("loop")
+    phi_at = len(x.lines)
+    x.lines.extend([None] * (2 + NACC))
+    kt, rs = "%kt", "%rs"
+    # tile kt has landed (at most stages - 2 younger groups in flight); the barrier also says every warp is done
+    # with tile kt - 1, whose slot the refill below overwrites
+    x.do(f'call void asm sideeffect "cp.async.wait_group {S - 2};", "~{{memory}}"()')
+    x.do("call void @llvm.nvvm.barrier0()")
+    nxt = x.add(kt, S - 1)
+    is0 = x.v(f"icmp eq i32 {rs}, 0", "c")
+    ws = x.v(f"select i1 {is0}, i32 {(S - 1) * STAGE}, i32 {x.add(rs, -STAGE)}", "ws")
+    more_tiles = x.lt(nxt, ktiles)
+    x.do(f"br i1 {more_tiles}, label %refill, label %refill_end")
+    x.label("refill")
+    issue(nxt, ws)
+    x.do("br label %refill_end")
+    x.label("refill_end")
+    commit()
+    slot = x.add(sbase, rs)
+    new = list(acc0)
+    for ks in range(KS):
+      afr, bfr = [], [None] * NT
+      for mi in range(MT):
+        r = x.v(f'call {{i32, i32, i32, i32}} asm sideeffect "ldmatrix.sync.aligned.m8n8.x4{a_trans}.shared.b16 '
+                f'{{$0,$1,$2,$3}}, [$4];", "=r,=r,=r,=r,r,~{{memory}}"(i32 {x.add(slot, a_ld[mi, ks])})', "la")
+        afr.append([x.v(f"extractvalue {{i32, i32, i32, i32}} {r}, {j}", "a") for j in range(4)])
+      for p in range(NT // 2):
+        r = x.v(f'call {{i32, i32, i32, i32}} asm sideeffect "ldmatrix.sync.aligned.m8n8.x4{b_trans}.shared.b16 '
+                f'{{$0,$1,$2,$3}}, [$4];", "=r,=r,=r,=r,r,~{{memory}}"(i32 {x.add(slot, b_ld[p, ks])})', "lb")
+        v = [x.v(f"extractvalue {{i32, i32, i32, i32}} {r}, {j}", "b") for j in range(4)]
+        bfr[2 * p], bfr[2 * p + 1] = v[0:2], v[2:4]
+      for mi in range(MT):
+        for ni in range(NT):
+          base = (mi * NT + ni) * 4
+          a, b, c = afr[mi], bfr[ni], new[base:base + 4]
+          r = x.v(f'call {{float, float, float, float}} asm "mma.sync.aligned.m16n8k16.row.col.f32.{mma_ty}.{mma_ty}'
+                  f'.f32 {{$0,$1,$2,$3}}, {{$4,$5,$6,$7}}, {{$8,$9}}, {{$10,$11,$12,$13}};", '
+                  f'"=f,=f,=f,=f,r,r,r,r,r,r,f,f,f,f"(i32 {a[0]}, i32 {a[1]}, i32 {a[2]}, i32 {a[3]}, '
+                  f'i32 {b[0]}, i32 {b[1]}, float {c[0]}, float {c[1]}, float {c[2]}, float {c[3]})', "mma")
+          for j in range(4): new[base + j] = x.v(f"extractvalue {{float, float, float, float}} {r}, {j}", "acc")
+    kt_next = x.add(kt, 1)
+    rs_next0 = x.add(rs, STAGE)
+    wrap = x.v(f"icmp eq i32 {rs_next0}, {S * STAGE}", "c")
+    rs_next = x.v(f"select i1 {wrap}, i32 0, i32 {rs_next0}", "rs")
+    more = x.lt(kt_next, ktiles)
+    body_block = x.block
+    x.do(f"br i1 {more}, label %loop, label %epilogue")
+    x.lines[phi_at] = f"  {kt} = phi i32 [ 0, %{pre_block} ], [ {kt_next}, %{body_block} ]"
+    x.lines[phi_at + 1] = f"  {rs} = phi i32 [ 0, %{pre_block} ], [ {rs_next}, %{body_block} ]"
+    for i in range(NACC):
+      x.lines[phi_at + 2 + i] = f"  {acc0[i]} = phi float [ 0.0, %{pre_block} ], [ {new[i]}, %{body_block} ]"
+    last = new
+  x.label("epilogue")
+  final = last if ktiles else ["0.0"] * NACC   # (the loop's last block is the epilogue's only predecessor)
+  x.do('call void asm sideeffect "cp.async.wait_group 0;", "~{memory}"()')   # nothing may fly at exit
+
+  # *** the epilogue: the kernel's store per accumulator (c0, c1 at row g, columns 2t, 2t+1; c2, c3 at row g + 8) ***
+  ptrs = [x.v(f"addrspacecast ptr addrspace(1) %g{i} to ptr", "gp") for i in range(nbufs)]
+  rvals = {}
+  for r, v in zip(plan.batch, bvals): rvals[r] = x.zext64(v)
+  crow, ccol = x.add(x.add(m0, wrow), g), x.add(x.add(n0, wcol), x.mul(t, 2))
+  for mi in range(MT):
+    for h8 in range(2):
+      m = x.add(crow, mi * 16 + 8 * h8)
+      m_ok = x.lt(m, M)
+      for ni in range(NT):
+        for j in range(2):
+          n = x.add(ccol, ni * 8 + j)
+          ok = x.i1(x.and1(m_ok, x.lt(n, N)))
+          rvals[plan.m], rvals[plan.n] = x.zext64(m), x.zext64(n)
+          args = [f"ptr {p}" for p in ptrs] + [f"i64 {rvals[r]}" for r in plan.ranges]
+          acc = final[(mi * NT + ni) * 4 + 2 * h8 + j]
+          x.do(f"call void @{EPILOGUE}({', '.join(args)}, float {acc}, i1 {ok})")
+  x.do("ret void")
+
+  params = ", ".join([f"ptr addrspace(1) noalias %g{i}" for i in range(nbufs)] + ["i64 %n"])
+  head = ['target triple = "nvptx64-nvidia-cuda"',
+          "@smem = external addrspace(3) global [0 x i8], align 16",
+          "declare i32 @llvm.nvvm.read.ptx.sreg.tid.x()", "declare i32 @llvm.nvvm.read.ptx.sreg.ctaid.x()",
+          "declare i32 @llvm.nvvm.read.ptx.sreg.ctaid.y()", "declare i32 @llvm.nvvm.read.ptx.sreg.ctaid.z()",
+          "declare void @llvm.nvvm.barrier0()",
+          f"define ptx_kernel void @entry({params}) #0 {{", "entry:"]
+  tail = ["}", f'attributes #0 = {{ "nvvm.maxntid"="{T}" }}', epilogue, ""]
+  nb = 1
+  for s in plan.batch_sizes: nb *= s
+  launch = Launch((-(-N // BN), -(-M // BM), nb), T, cfg.smem)
+  return "\n".join(head + [line for line in x.lines if line is not None] + tail), launch

@@ -1,0 +1,145 @@
+"""The tensor-core matmul (codegen/gemm_plan.py, codegen/nvptx_gemm.py) without a GPU: which kernels get a plan,
+the kernel's IR run by tests/codegen/ptx_gemm_emulator.py (its sums against numpy, every output element exactly
+once), the epilogue compiled for this CPU and applied to those sums (the stored tensor against the CPU device's),
+and the PTX compiled by llvmlite (and by ptxas where one is installed). tests/runtime/test_cuda_on_gpu.py runs the
+same kernels on a GPU."""
+import ctypes
+import os
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from rulec import Tensor, dtypes
+from rulec.codegen import gemm_plan, nvptx, nvptx_gemm
+from rulec.codegen.decomp import decomposed
+from rulec.engine.sched.driver import schedule
+from rulec.runtime.buffer import buffer_of
+
+pytest.importorskip("llvmlite.binding")
+sys.path.insert(0, os.path.dirname(__file__))
+import ptx_gemm_emulator as emu  # noqa: E402
+
+RNG = np.random.default_rng(7)
+
+
+def T(*shape, dtype=dtypes.float16):
+  return Tensor(RNG.standard_normal(shape).astype(np.float32)).cast(dtype).realize()
+
+
+def kernel_of(t: Tensor):
+  (k,), _ = schedule([t.uop], "CPU")
+  return k
+
+
+def programs(d):
+  a, b, w, bias = T(130, 64, dtype=d), T(64, 72, dtype=d), T(72, 64, dtype=d), T(72, dtype=d)
+  return {
+    "matmul, ragged m": lambda: a @ b,
+    "x @ W.T + bias, relu": lambda: (a @ w.T + bias).relu(),
+    "A.T @ A, ragged k": lambda: a.T @ a,
+    "A.T @ W.T": lambda: a[:128].T @ T(24, 128, dtype=d).T,
+    "batched, broadcast gelu": lambda: (T(3, 40, 48, dtype=d) @ T(3, 48, 136, dtype=d)).gelu(),
+    "two batch ranges (heads)": lambda: T(2, 3, 17, 32, dtype=d) @ T(2, 3, 32, 24, dtype=d),
+    "k shorter than a tile": lambda: T(33, 8, dtype=d) @ T(8, 40, dtype=d),
+    "float32 sum of casts": lambda: a.float() @ b.float(),
+    "several tiles": lambda: T(260, 96, dtype=d) @ T(96, 264, dtype=d),
+  }
+
+
+CASES = [(d, name) for d in (dtypes.float16, dtypes.bfloat16) for name in programs(dtypes.float16)]
+
+
+def _host_epilogue(text: str, nbufs: int, nranges: int):
+  """The epilogue function compiled for this CPU (the same IR the GPU kernel inlines), as a ctypes function."""
+  import llvmlite.binding as llvm
+  llvm.initialize_native_target()
+  llvm.initialize_native_asmprinter()
+  mod = llvm.parse_assembly(text.replace("define internal", "define"))
+  tm = llvm.Target.from_default_triple().create_target_machine()
+  engine = llvm.create_mcjit_compiler(mod, tm)
+  engine.finalize_object()
+  addr = engine.get_function_address(nvptx_gemm.EPILOGUE)
+  fty = ctypes.CFUNCTYPE(None, *([ctypes.c_void_p] * nbufs + [ctypes.c_int64] * nranges + [ctypes.c_float, ctypes.c_bool]))
+  return fty(addr), engine
+
+
+def run_emulated(t: Tensor):
+  """(the stored tensor as the emulated kernel and the epilogue compute it, the plan, the sums it computed)."""
+  k = kernel_of(t)
+  p = gemm_plan.plan(k)
+  epi = nvptx_gemm.epilogue_ir(decomposed(k, nvptx.OPTIONAL))
+  text, launch = nvptx_gemm.render_gemm(p, len(k.bufs), epi)
+  bufs = [np.array(buffer_of(x).host_view()) for x in k.bufs]
+  bufs[0][...] = 0
+  calls = emu.run(text, launch, bufs)
+  fn, engine = _host_epilogue(epi, len(k.bufs), len(p.ranges))
+  ptrs = [b.ctypes.data for b in bufs]
+  for vals, acc in calls: fn(*ptrs, *vals, acc, True)
+  return bufs[0], p, calls, bufs
+
+
+@pytest.mark.parametrize("d,name", CASES, ids=[f"{d.name}-{n}" for d, n in CASES])
+def test_emulated_kernel_matches_numpy(d, name):
+  t = programs(d)[name]()
+  out, p, calls, bufs = run_emulated(t)
+  # every output element's sum exactly once, each the float32 dot product of its row of A and column of B
+  sizes = [r.src[0].arg for r in p.ranges]
+  assert len(calls) == int(np.prod(sizes)) and len({v for v, _ in calls}) == len(calls)
+  A, B = (bufs[o.slot].astype(np.float32).ravel() for o in (p.a, p.b))
+  ks = np.arange(p.K)
+  for vals, acc in calls[::7]:
+    env = dict(zip(p.ranges, vals))
+    ia = p.a.base + env[p.m] * p.a.stride_free + ks * p.a.stride_k + sum(env[r] * s for r, s in zip(p.batch, p.a.stride_batch))
+    ib = p.b.base + env[p.n] * p.b.stride_free + ks * p.b.stride_k + sum(env[r] * s for r, s in zip(p.batch, p.b.stride_batch))
+    want = float(np.dot(A[ia].astype(np.float64), B[ib]))
+    assert abs(acc - want) <= 1e-4 * (1 + np.abs(A[ia] * B[ib]).sum())
+  # the stored tensor, epilogue applied, against the CPU device's (which rounds each product to the 2-byte type)
+  want = t.numpy().astype(np.float32)
+  got = out.view(want.dtype if out.dtype == want.dtype else out.dtype).astype(np.float32).reshape(want.shape) \
+    if out.dtype != np.float32 else out.reshape(want.shape)
+  np.testing.assert_allclose(got, want, rtol=2e-2, atol=3e-2 * np.sqrt(p.K))
+
+
+def test_a_refill_never_overwrites_a_slot_being_read():
+  # copies land when issued (not when waited for): a refill of a slot still in use would change the sums
+  a, b = T(64, 256), T(256, 64)
+  k = kernel_of(a @ b)
+  p = gemm_plan.plan(k)
+  text, launch = nvptx_gemm.render_gemm(p, len(k.bufs), nvptx_gemm.epilogue_ir(decomposed(k, nvptx.OPTIONAL)))
+  bufs = [np.array(buffer_of(x).host_view()) for x in k.bufs]
+  late, early = emu.run(text, launch, bufs), emu.run(text, launch, bufs, early=True)
+  assert late == early and len(late) == 64 * 64
+
+
+@pytest.mark.parametrize("make,why", [
+  (lambda: T(16, 63) @ T(63, 16), "not all multiples of 8"),
+  (lambda: T(63, 16)[:, :12].T @ T(63, 16), "contiguous axis has 12"),
+  (lambda: T(16, 64, dtype=dtypes.float32) @ T(64, 16, dtype=dtypes.float32), "float32"),
+  (lambda: T(16, 64) @ T(64, 16, dtype=dtypes.bfloat16), "float16 and bfloat16"),
+  (lambda: (T(16, 64) @ T(64, 16)).sum(), "ranges"),
+  (lambda: T(16, 64).sum(1), "product"),
+  (lambda: T(16, 64)[:, 1:57] @ T(56, 16), "offset"),
+])
+def test_kernels_without_a_plan_say_why(make, why):
+  reason = gemm_plan.why_not(kernel_of(make()))
+  assert reason is not None and why in reason, reason
+
+
+def test_a_tensor_core_kernel_compiles_to_ptx(monkeypatch):
+  k = kernel_of((T(130, 64, dtype=dtypes.bfloat16) @ T(72, 64, dtype=dtypes.bfloat16).T).relu())
+  prog = nvptx.compile_kernel(k, "sm_90")
+  assert prog.launch is not None and prog.launch.grid == (1, 2, 1) and prog.launch.block == 256
+  assert "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32" in prog.ptx and "ldmatrix" in prog.ptx
+  assert "cp.async.cg.shared.global" in prog.ptx and ".extern .shared" in prog.ptx
+  # RULEC_CUDA_TC=0 and an architecture before sm_80 take the ordinary renderer
+  assert nvptx.compile_kernel(k, "sm_75").launch is None
+  monkeypatch.setenv("RULEC_CUDA_TC", "0")
+  assert nvptx.compile_kernel(k, "sm_90").launch is None
+  if shutil.which("ptxas"):   # (a CUDA toolkit is no dependency; where one is installed, its assembler checks the PTX)
+    path = os.path.join(os.environ["RULEC_CACHE_DIR"], "tc.ptx")
+    with open(path, "w") as f: f.write(prog.ptx)
+    res = subprocess.run(["ptxas", "-arch=sm_90", "-v", path, "-o", os.devnull], capture_output=True, text=True)
+    assert res.returncode == 0 and "spill stores" in res.stderr and " 0 bytes spill stores" in res.stderr, res.stderr
