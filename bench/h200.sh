@@ -8,6 +8,9 @@
 #                           and block, a ResNet block, a LLaMA decode step) at full size against torch on CUDA
 #   bench/h200.sh multi     several GPUs (the nvidia-h200-x2 kind): the multi-device tests on CL:0 + CL:1, then
 #                           bench/multi.py --kind CL on 1 and 2 GPUs beside torch (bench/multi_torch.py, NCCL)
+#   bench/h200.sh halfmm    bench/half_matmul.py: float16 / bfloat16 matmuls on the CUDA device's tensor cores beside
+#                           torch and tinygrad (tinygrad's source in .whl/pysrc)
+#   bench/h200.sh cudatests the CUDA device's GPU tests and the tensor-core kernel's tests
 #   bench/h200.sh sweep     bench/cl_sweep.py: the GPU optimizer's tile shapes, vector widths and split parts
 #   bench/h200.sh probe     bench/cl_bandwidth_probe.py: hand-written elementwise and sum forms against the copy
 #   bench/h200.sh sumprobe  bench/cl_sum_probe.py: one-pass sum forms (layout, loads in flight, work sizes) and rulec's
@@ -39,6 +42,13 @@ if [[ $what == bench || $what == all ]]; then
 fi
 if [[ $what == models ]]; then
   python3 bench/models.py --device CL "$@" 2>&1 | tee "$out/models.log"
+fi
+if [[ $what == halfmm ]]; then
+  export PYTHONPATH=$PYTHONPATH:$PWD/.whl/pysrc   # (tinygrad 0.14's source, for its column)
+  python3 bench/half_matmul.py "$@" 2>&1 | tee "$out/halfmm.log"
+fi
+if [[ $what == cudatests ]]; then
+  python3 -m pytest -q -x tests/runtime/test_cuda_on_gpu.py tests/codegen/test_tensor_core_gemm.py "$@" 2>&1 | tee "$out/cudatests.log"
 fi
 if [[ $what == sweep ]]; then
   python3 bench/cl_sweep.py "$@" 2>&1 | tee "$out/sweep.log"

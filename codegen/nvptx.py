@@ -119,7 +119,18 @@ def render_tensor_cores(kernel: Kernel, plan) -> tuple[str, object]:
   from rulec.codegen import nvptx_gemm
   epi = nvptx_gemm.epilogue_ir(decomposed(kernel, OPTIONAL))
   _check_calls(epi)
-  return nvptx_gemm.render_gemm(plan, len(kernel.bufs), epi)
+  return nvptx_gemm.render_gemm(plan, len(kernel.bufs), epi, tile_config())
+
+
+def tile_config():
+  """The tensor-core kernel's tiles: nvptx_gemm.Config's defaults, or RULEC_CUDA_TC_TILE="BM,BN,BK,stages,WM,WN"
+  (for bench/half_matmul.py's comparison of shapes)."""
+  from rulec.codegen import nvptx_gemm
+  spec = os.environ.get("RULEC_CUDA_TC_TILE", "").strip()
+  if not spec: return nvptx_gemm.Config()
+  try: bm, bn, bk, st, wm, wn = (int(v) for v in spec.split(","))
+  except ValueError: raise ValueError(f"RULEC_CUDA_TC_TILE={spec!r}: expected six integers BM,BN,BK,stages,WM,WN") from None
+  return nvptx_gemm.Config(bm, bn, bk, wm, wn, st)
 
 
 def compile_kernel(kernel: Kernel, arch: str = "sm_80", vars=None) -> PTXProgram:

@@ -17,7 +17,8 @@ host copy when the device copy is missing or stale. A kernel's outputs stay on t
 current copy; the host copy is refreshed when the host reads it. A zero-size buffer gets no memory (its address
 is 0, which a kernel over no elements never uses).
 
-COUNTERS: "compiled" (kernels rendered to PTX), "loaded" (modules the driver JIT-compiled), "run", "uploads",
+COUNTERS: "compiled" (kernels rendered to PTX), "tensor_cores" (those of them that run on the tensor cores:
+codegen/nvptx_gemm.py), "loaded" (modules the driver JIT-compiled), "run", "uploads",
 "downloads"; TIMES accumulates render, module load and copy seconds. RULEC_CUDA_PROFILE=1 records a pair of events
 around each launch in EVENTS (see `event_times`).
 """
@@ -35,7 +36,7 @@ from rulec.runtime.buffer import Buffer, Mirror, buffer_of, np_dtype
 from rulec.runtime.cuda_driver import (CUDAError, CUDAUnavailable, Driver, driver, launch_dims, pack_args)
 
 DEVICE = "CUDA"
-COUNTERS = {"compiled": 0, "loaded": 0, "run": 0, "uploads": 0, "downloads": 0}
+COUNTERS = {"compiled": 0, "tensor_cores": 0, "loaded": 0, "run": 0, "uploads": 0, "downloads": 0}
 TIMES = {"render_s": 0.0, "load_s": 0.0, "upload_s": 0.0, "download_s": 0.0}
 EVENTS: list = []   # with RULEC_CUDA_PROFILE=1: (device, start event, end event) per launch (the caller clears it)
 
@@ -146,6 +147,7 @@ def compile_kernel(kernel: Kernel, dev: CUDADevice | None = None) -> Compiled:
   ptx = nvptx.compile_kernel(kernel, dev.arch)
   TIMES["render_s"] += time.perf_counter() - t0
   COUNTERS["compiled"] += 1
+  if ptx.launch is not None: COUNTERS["tensor_cores"] += 1
   # the launch packs exactly these many arguments: a disagreement would have the kernel read garbage addresses
   if ptx.nbufs != len(kernel.bufs) or ptx.nvars != len(kernel.vars):
     raise RuntimeError(f"nvptx rendered kernel {ptx.name!r} with {ptx.nbufs} buffers and {ptx.nvars} variables; the "

@@ -86,6 +86,38 @@ def test_matmul(dtype):
   np.testing.assert_allclose(got, ref, rtol=tol, atol=tol * 10)
 
 
+TC_PROGRAMS = {   # matmuls the tensor cores run (codegen/gemm_plan.py): layouts, ragged edges, batches, epilogues
+  "ragged m, n, k": ((131, 64), (64, 72), lambda a, b: a @ b),
+  "x @ W.T + bias, relu": ((130, 64), (72, 64), lambda a, w: (a @ w.T + w[:, 0]).relu()),
+  "A.T @ A": ((130, 64), (8, 8), lambda a, _: a.T @ a),
+  "batched, gelu": ((3, 40, 48), (3, 48, 136), lambda a, b: (a @ b).gelu()),
+  "heads": ((2, 3, 17, 32), (2, 3, 32, 24), lambda a, b: a @ b),
+  "several tiles": ((300, 256), (256, 264), lambda a, b: a @ b),
+}
+
+
+@pytest.mark.parametrize("dtype", [dtypes.float16, dtypes.bfloat16])
+@pytest.mark.parametrize("name", list(TC_PROGRAMS))
+def test_tensor_core_matmuls(name, dtype):
+  sa, sb, fn = TC_PROGRAMS[name]
+  a, b = RNG.standard_normal(sa).astype(np.float32), RNG.standard_normal(sb).astype(np.float32)
+  before = cuda_device.COUNTERS["tensor_cores"]
+  got, ref = both(lambda x, y: fn(x, y).cast(dtypes.float32), a, b, dtype=dtype)
+  assert cuda_device.COUNTERS["tensor_cores"] == before + 1   # (one kernel, on the tensor cores)
+  # the reference rounds each product to the 2-byte type; the tensor cores do not: a few of its roundings apart
+  k = sa[-1] if name != "A.T @ A" else sa[0]
+  tol = (8e-3 if dtype is dtypes.float16 else 6e-2) * np.sqrt(k)
+  np.testing.assert_allclose(got, ref, rtol=5e-2, atol=tol)
+
+
+def test_a_big_tensor_core_matmul_against_numpy():
+  a, b = RNG.standard_normal((1024, 2048)).astype(np.float32), RNG.standard_normal((2048, 512)).astype(np.float32)
+  ta, tb = Tensor(a, device="CUDA").half(), Tensor(b, device="CUDA").half()
+  got = (ta @ tb).float().numpy()
+  want = ta.float().numpy() @ tb.float().numpy()
+  np.testing.assert_allclose(got, want, rtol=2e-2, atol=0.5)
+
+
 def test_results_read_back_and_stay_on_the_device():
   t = Tensor(X, device="CUDA")
   y = (t * 2).realize()
