@@ -29,6 +29,7 @@ from rulec.engine.ir.ops import Ops
 from rulec.engine.ir.uop import UOp
 
 CHUNK = 8          # elements per 16-byte cp.async copy
+HALVES = (dtypes.float16, dtypes.bfloat16)
 MAX_GRID_YZ = 65535
 
 
@@ -43,17 +44,26 @@ class Operand:
 
 
 @attrs.frozen
+class Gather:
+  """A factor the kernel computes element by element into shared memory (codegen/nvptx_gemm.py renders `expr` as a
+  function of the ranges): a cast, a padded or strided view, an index that is not affine (a convolution's window)."""
+  expr: UOp                    # the factor, of the 2-byte float type (in the kernel as planned)
+  position: int                # which source of the product it is (0 or 1)
+  k_contiguous = True          # (its tile is laid out as [free][k] rows, as a k-contiguous operand's)
+
+
+@attrs.frozen
 class GemmPlan:
   dtype: DType                 # float16 or bfloat16: the type the mma instruction multiplies
-  M: int
+  M: int                       # products of the sizes of ms, ns, ks
   N: int
   K: int
-  m: UOp                       # the output ranges, and the reduce's range
-  n: UOp
-  k: UOp
+  ms: tuple[UOp, ...]          # the output ranges only A reads (flattened: the last fastest), only B reads,
+  ns: tuple[UOp, ...]          # the sum's ranges, and the output ranges both read
+  ks: tuple[UOp, ...]
   batch: tuple[UOp, ...]
-  a: Operand
-  b: Operand
+  a: "Operand | Gather"
+  b: "Operand | Gather"
   reduce: UOp                  # the REDUCE the tensor cores compute; the epilogue reads it
   store: UOp                   # the STORE (its END's ranges are `ranges`)
   ranges: tuple[UOp, ...]      # the store's ranges, in the END's order (the epilogue's parameters)
@@ -85,39 +95,52 @@ def affine(u: UOp) -> dict | None:
   return None
 
 
-def _load(u: UOp) -> UOp | None:
-  """The INDEX a factor loads (through a float32 cast), or None."""
-  if u.op is Ops.CAST and u.dtype is dtypes.float32: u = u.src[0]
-  return u if u.op is Ops.INDEX and len(u.src) == 2 and u.src[0].op is Ops.PARAM else None
+def _half_factor(u: UOp) -> UOp | None:
+  """The 2-byte float expression a factor is (through a float32 cast), or None."""
+  if u.op is Ops.CAST and u.dtype is dtypes.float32 and u.src[0].dtype in HALVES: u = u.src[0]
+  return u if u.dtype in HALVES else None
 
 
 def _factors(red: UOp) -> tuple[UOp, UOp]:
   body = red.src[0]
   if body.op is Ops.CAST and body.dtype is dtypes.float32 and body.src[0].op is Ops.MUL: body = body.src[0]
   if body.op is not Ops.MUL: raise NoPlan(f"the sum is of {body.op.name}, not of a product")
-  x, y = (_load(s) for s in body.src)
-  if x is None or y is None: raise NoPlan("a factor of the product is not a load of a buffer")
-  if x.dtype is not y.dtype or x.dtype not in (dtypes.float16, dtypes.bfloat16):
+  x, y = (_half_factor(s) for s in body.src)
+  if x is None or y is None:
+    names = ", ".join(s.dtype.name for s in body.src)
+    raise NoPlan(f"the product is of {names}; the tensor cores take two float16 or two bfloat16 values")
+  if x.dtype is not y.dtype:
     raise NoPlan(f"the product is of {x.dtype.name} and {y.dtype.name}; the tensor cores take two float16 or two bfloat16")
+  if any(u.op in (Ops.REDUCE, Ops.RUNMAX) for f in (x, y) for u in f.toposort()):
+    raise NoPlan("a factor holds a reduction of its own")
   return x, y
 
 
-def _operand(load: UOp, free: UOp, k: UOp, batch: tuple[UOp, ...], name: str) -> Operand:
+def _ranges_of(u: UOp) -> set:
+  return {r for r in u.toposort() if r.op is Ops.RANGE}
+
+
+def _copied(expr: UOp, free: tuple, k: tuple, batch: tuple, name: str) -> Operand | None:
+  """The factor as an Operand the kernel copies with cp.async, or None where it must be gathered: a load of the
+  2-byte type at an affine index, over one free range and one k range, contiguous along one of them, aligned."""
+  if len(free) != 1 or len(k) != 1: return None
+  load = expr
+  if not (load.op is Ops.INDEX and len(load.src) == 2 and load.src[0].op is Ops.PARAM): return None
   ix = affine(load.src[1])
-  if ix is None: raise NoPlan(f"{name}'s index is not affine in the ranges")
-  extra = [r for r in ix if r is not None and r not in (free, k, *batch)]
-  if extra: raise NoPlan(f"{name}'s index reads a range that is neither its row, k nor a batch range")
-  sf, sk, base = ix.get(free, 0), ix.get(k, 0), ix.get(None, 0)
+  if ix is None or any(r is not None and r not in (free[0], k[0], *batch) for r in ix): return None
+  sf, sk, base = ix.get(free[0], 0), ix.get(k[0], 0), ix.get(None, 0)
   sb = tuple(ix.get(r, 0) for r in batch)
-  if sk == 1: kc, contiguous, others = True, k, (sf, *sb, base)
-  elif sf == 1: kc, contiguous, others = False, free, (sk, *sb, base)
-  else: raise NoPlan(f"{name} is contiguous neither along k nor along its free axis (strides {sf}, {sk})")
-  if any(s % CHUNK for s in others):
-    raise NoPlan(f"{name}'s other strides and offset ({', '.join(map(str, others))}) are not all multiples of {CHUNK} elements")
-  if contiguous.src[0].arg % CHUNK:
-    raise NoPlan(f"{name}'s contiguous axis has {contiguous.src[0].arg} elements, not a multiple of {CHUNK}")
-  if any(s < 0 for s in (sf, sk, *sb, base)): raise NoPlan(f"{name} has a negative stride")
-  return Operand(load.src[0].arg[0], base, sf, sk, sb, kc)
+  if sk == 1: contiguous, others = k[0], (sf, *sb, base)
+  elif sf == 1: contiguous, others = free[0], (sk, *sb, base)
+  else: return None
+  if any(s % CHUNK for s in others) or contiguous.src[0].arg % CHUNK or any(s < 0 for s in (sf, sk, *sb, base)): return None
+  return Operand(load.src[0].arg[0], base, sf, sk, sb, sk == 1)
+
+
+def _size(rs) -> int:
+  n = 1
+  for r in rs: n *= r.src[0].arg
+  return n
 
 
 def plan(kernel: Kernel) -> GemmPlan:
@@ -135,30 +158,24 @@ def plan(kernel: Kernel) -> GemmPlan:
   if len(reds) != 1: raise NoPlan(f"{len(reds)} reductions, not one")
   red = reds[0]
   if red.arg is not Ops.ADD: raise NoPlan(f"a {red.arg} reduction, not a sum")
-  if red.dtype not in (dtypes.float16, dtypes.bfloat16, dtypes.float32): raise NoPlan(f"a sum of {red.dtype.name}")
-  if len(red.src) != 2 or red.src[1].op is not Ops.RANGE or not isinstance(red.src[1].src[0].arg, int):
-    raise NoPlan("the sum is not over one range of a constant size")
-  k = red.src[1]
+  if red.dtype not in (*HALVES, dtypes.float32): raise NoPlan(f"a sum of {red.dtype.name}")
+  ks = tuple(red.src[1:])
+  if not ks or any(r.op is not Ops.RANGE or not isinstance(r.src[0].arg, int) for r in ks):
+    raise NoPlan("the sum is not over ranges of constant sizes")
   x, y = _factors(red)
-  ix, iy = affine(x.src[1]), affine(y.src[1])
-  if ix is None or iy is None: raise NoPlan("an operand's index is not affine in the ranges")
-  if not ix.get(k) or not iy.get(k): raise NoPlan("an operand does not read k")
-  in_x, in_y = {r for r in ix if r is not None}, {r for r in iy if r is not None}
-  ms = [r for r in ranges if r in in_x and r not in in_y]
-  ns = [r for r in ranges if r in in_y and r not in in_x]
+  in_x, in_y = _ranges_of(x), _ranges_of(y)
+  if any(r not in ranges and r not in ks for r in in_x | in_y): raise NoPlan("a factor opens a range of its own")
+  ms = tuple(r for r in ranges if r in in_x and r not in in_y)
+  ns = tuple(r for r in ranges if r in in_y and r not in in_x)
   batch = tuple(r for r in ranges if r in in_x and r in in_y)
-  if len(ms) != 1 or len(ns) != 1: raise NoPlan(f"{len(ms)} ranges only one operand reads and {len(ns)} only the other: not one m and one n")
-  if len(ms) + len(ns) + len(batch) != len(ranges): raise NoPlan("an output range neither operand reads (a broadcast result)")
-  m, n = ms[0], ns[0]
-  out = affine(target.src[1]) if target.op is Ops.INDEX and len(target.src) == 2 else None
-  if out is None: raise NoPlan("the store's index is not affine")
-  nb = 1
-  for r in batch: nb *= r.src[0].arg
-  if nb > MAX_GRID_YZ: raise NoPlan(f"{nb} batches, more than a grid's {MAX_GRID_YZ}")
-  a, b = _operand(x, m, k, batch, "A"), _operand(y, n, k, batch, "B")
-  if any(u.op is Ops.RANGE and u not in ranges and u is not k for u in value.toposort()):
+  if not ms or not ns: raise NoPlan("no output range that only one factor reads: not a matrix product")
+  if len(ms) + len(ns) + len(batch) != len(ranges): raise NoPlan("an output range neither factor reads (a broadcast result)")
+  if _size(batch) > MAX_GRID_YZ: raise NoPlan(f"{_size(batch)} batches, more than a grid's {MAX_GRID_YZ}")
+  if any(u.op is Ops.RANGE and u not in ranges and u not in ks for u in value.toposort()):
     raise NoPlan("the epilogue opens a range of its own")
-  return GemmPlan(x.dtype, m.src[0].arg, n.src[0].arg, k.src[0].arg, m, n, k, batch, a, b, red, store, ranges)
+  a = _copied(x, ms, ks, batch, "A") or Gather(x, 0)
+  b = _copied(y, ns, ks, batch, "B") or Gather(y, 1)
+  return GemmPlan(x.dtype, _size(ms), _size(ns), _size(ks), ms, ns, ks, batch, a, b, red, store, ranges)
 
 
 def why_not(kernel: Kernel) -> str | None:

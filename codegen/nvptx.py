@@ -117,9 +117,9 @@ def tensor_core_plan(kernel: Kernel, arch: str):
 def render_tensor_cores(kernel: Kernel, plan) -> tuple[str, object]:
   """(LLVM IR text, launch) of a kernel with a tensor-core plan: its epilogue from the decomposed kernel."""
   from rulec.codegen import nvptx_gemm
-  epi = nvptx_gemm.epilogue_ir(decomposed(kernel, OPTIONAL))
-  _check_calls(epi)
-  return nvptx_gemm.render_gemm(plan, len(kernel.bufs), epi, tile_config())
+  parts = nvptx_gemm.parts_ir(decomposed(kernel, OPTIONAL), plan)
+  _check_calls(parts)
+  return nvptx_gemm.render_gemm(plan, len(kernel.bufs), parts, tile_config())
 
 
 def tile_config():

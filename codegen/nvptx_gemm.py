@@ -27,13 +27,14 @@ import attrs
 from llvmlite import ir
 
 from rulec.codegen import llvmir
-from rulec.codegen.gemm_plan import CHUNK, GemmPlan, Operand
+from rulec.codegen.gemm_plan import CHUNK, Gather, GemmPlan, Operand
 from rulec.engine.ir.dtypes import dtypes
 from rulec.engine.ir.kernel import Kernel
 from rulec.engine.ir.ops import Ops
 from rulec.engine.ir.uop import UOp
 
-EPILOGUE = "rulec_tc_epilogue"
+EPILOGUE, LOAD_A, LOAD_B = "rulec_tc_epilogue", "rulec_tc_load_a", "rulec_tc_load_b"
+_I64 = ir.IntType(64)
 MMA_TYPE = {"float16": "f16", "bfloat16": "bf16"}
 
 
@@ -140,18 +141,19 @@ class SmemTile:
     return ir_.add(ir_.mul(row, self.row_bytes), ir_.mul(ir_.xor(chunk, x), 16))
 
 
-# *** the epilogue: the kernel's store, per element ***
+# *** the epilogue and the gathered factors: parts of the kernel, rendered by the CPU renderer ***
 
-class _Epilogue(llvmir.LLVMRenderer):
-  """void rulec_tc_epilogue(ptr p..., i64 v..., i64 r... (the store's ranges, in the END's order), float acc, i1 ok):
-  the store of one output element with the sum's value `acc`, when `ok`."""
-  def __init__(self, kernel: Kernel, red: UOp, ranges: tuple[UOp, ...]):
+class _Part(llvmir.LLVMRenderer):
+  """A function of the kernel's ranges rendered from its own nodes: `ranges` become i64 parameters after the
+  buffers' pointers; `extra` more parameter types follow them."""
+  def __init__(self, kernel: Kernel, module: ir.Module, helpers: dict, name: str, ranges: tuple[UOp, ...],
+               ret: ir.Type, extra: list):
     super().__init__(kernel, "unused")
-    _I64, _F32, _I1 = ir.IntType(64), ir.FloatType(), ir.IntType(1)
-    self.module = ir.Module(name="rulec_tc")
+    # (one module for every part: the 2-byte float conversions they call are defined once)
+    self.module, self._half_fns = module, helpers
     nb, nv = self.nbufs, len(self.vars)
-    fty = ir.FunctionType(ir.VoidType(), [ir.PointerType()] * nb + [_I64] * nv + [_I64] * len(ranges) + [_F32, _I1])
-    self.fn = ir.Function(self.module, fty, name=EPILOGUE)
+    fty = ir.FunctionType(ret, [ir.PointerType()] * nb + [_I64] * nv + [_I64] * len(ranges) + extra)
+    self.fn = ir.Function(self.module, fty, name=name)
     self.fn.attributes.add("alwaysinline")
     self.fn.linkage = "internal"
     args = self.fn.args
@@ -159,44 +161,65 @@ class _Epilogue(llvmir.LLVMRenderer):
     self.var_args = {v: args[nb + i] for i, v in enumerate(self.vars)}
     self.entry = self.fn.append_basic_block("entry")
     self.b = ir.IRBuilder(self.entry)
-    self.red, self.range_args = red, dict(zip(ranges, args[nb + nv:nb + nv + len(ranges)]))
-    self.acc, self.ok = args[-2], args[-1]
-
-  def render(self) -> str:
-    body, done = self.fn.append_basic_block("store"), self.fn.append_basic_block("done")
-    self.b.cbranch(self.ok, body, done)
-    self.b.position_at_end(body)
-    d = self.red.dtype
-    self.scopes = [{self.red: self.acc if d is dtypes.float32 else self.cast(self.acc, dtypes.float32, d)}]
-    self.ranges = dict(self.range_args)
-    store = self.k.ast.src[0].src[0]
-    (p, idx), value = store.src[0].src, store.src[1]
-    self._store(p, self.value(idx), self.value(value), value.dtype)
-    self.b.branch(done)
-    self.b.position_at_end(done)
-    self.b.ret_void()
-    return str(self.module)
+    self.ranges = dict(zip(ranges, args[nb + nv:nb + nv + len(ranges)]))
+    self.extra = args[nb + nv + len(ranges):]
 
 
-def epilogue_ir(kernel: Kernel) -> str:
-  """The decomposed kernel's store as the epilogue function (LLVM IR text, no target lines)."""
+def _epilogue(kernel: Kernel, module, helpers, red: UOp, ranges: tuple[UOp, ...]) -> None:
+  """void rulec_tc_epilogue(ptr p..., i64 r... (the store's ranges, in the END's order), float acc, i1 ok): the
+  kernel's store of one element whose sum is acc, when ok."""
+  r = _Part(kernel, module, helpers, EPILOGUE, ranges, ir.VoidType(), [ir.FloatType(), ir.IntType(1)])
+  acc, ok = r.extra
+  body, done = r.fn.append_basic_block("store"), r.fn.append_basic_block("done")
+  r.b.cbranch(ok, body, done)
+  r.b.position_at_end(body)
+  d = red.dtype
+  r.scopes = [{red: acc if d is dtypes.float32 else r.cast(acc, dtypes.float32, d)}]
+  store = kernel.ast.src[0].src[0]
+  (p, idx), value = store.src[0].src, store.src[1]
+  r._store(p, r.value(idx), r.value(value), value.dtype)
+  r.b.branch(done)
+  r.b.position_at_end(done)
+  r.b.ret_void()
+
+
+def _loader(kernel: Kernel, module, helpers, expr: UOp, name: str, ranges: tuple[UOp, ...]) -> None:
+  """i16 name(ptr p..., i64 r... (the store's ranges, then the sum's)): the bits of factor `expr` there."""
+  r = _Part(kernel, module, helpers, name, ranges, ir.IntType(16), [])
+  r.scopes = [{}]
+  r.b.ret(r.value(expr))
+
+
+def parts_ir(kernel: Kernel, plan: GemmPlan) -> str:
+  """The functions the tensor-core kernel calls, from `kernel` (the planned kernel after its decompositions,
+  whose nodes replace the plan's by position): the epilogue, and a loader per gathered factor."""
   end = kernel.ast.src[0]
   reds = [u for u in end.src[0].src[1].toposort() if u.op is Ops.REDUCE]
-  if len(reds) != 1: raise ValueError("the epilogue's kernel must hold one sum")
-  text = _Epilogue(kernel, reds[0], tuple(end.src[1:])).render()
-  return "\n".join(line for line in text.splitlines() if not line.startswith(("target ", "; ModuleID")))
+  if len(reds) != 1 or len(end.src) != len(plan.ranges) + 1 or len(reds[0].src) != len(plan.ks) + 1:
+    raise ValueError("the decompositions changed the kernel's sum or ranges")
+  red, ranges = reds[0], tuple(end.src[1:])
+  module, helpers = ir.Module(name="rulec_tc"), {}
+  _epilogue(kernel, module, helpers, red, ranges)
+  body = red.src[0]
+  if body.op is Ops.CAST and body.src[0].op is Ops.MUL: body = body.src[0]
+  for opnd, name in ((plan.a, LOAD_A), (plan.b, LOAD_B)):
+    if isinstance(opnd, Gather):
+      expr = body.src[opnd.position]
+      if expr.op is Ops.CAST and expr.dtype is dtypes.float32: expr = expr.src[0]
+      _loader(kernel, module, helpers, expr, name, ranges + tuple(red.src[1:]))
+  return "\n".join(line for line in str(module).splitlines() if not line.startswith(("target ", "; ModuleID")))
 
 
 # *** the tile loop ***
 
-def _operand_tile(op: Operand, free_tile: int, BK: int) -> SmemTile:
+def _operand_tile(op, free_tile: int, BK: int) -> SmemTile:
   # rows along the strided axis, chunks along the contiguous one
   return SmemTile(free_tile, BK * 2) if op.k_contiguous else SmemTile(BK, free_tile * 2)
 
 
-def render_gemm(plan: GemmPlan, nbufs: int, epilogue: str, cfg: Config = Config()) -> tuple[str, Launch]:
-  """(LLVM IR text of the kernel `entry(ptr addrspace(1) g..., i64 n)`, its launch) for a plan; `epilogue` is
-  epilogue_ir's text, which the kernel calls."""
+def render_gemm(plan: GemmPlan, nbufs: int, parts: str, cfg: Config = Config()) -> tuple[str, Launch]:
+  """(LLVM IR text of the kernel `entry(ptr addrspace(1) g..., i64 n)`, its launch) for a plan; `parts` is
+  parts_ir's text (the epilogue and loaders the kernel calls)."""
   BM, BN, BK, WM, WN, S, T = cfg.BM, cfg.BN, cfg.BK, cfg.WM, cfg.WN, cfg.stages, cfg.threads
   WTM, WTN = BM // WM, BN // WN
   MT, NT, KS = WTM // 16, WTN // 8, BK // 16
@@ -224,6 +247,18 @@ def render_gemm(plan: GemmPlan, nbufs: int, epilogue: str, cfg: Config = Config(
     rest = x.udiv(rest, size)
   bvals = bvals[::-1]
 
+  def split(flat, rs) -> list:
+    """The values of ranges rs (the last fastest) at flat index `flat` of their product."""
+    if len(rs) == 1: return [flat]
+    out = []
+    for r in reversed(rs):
+      out.append(x.urem(flat, r.src[0].arg))
+      flat = x.udiv(flat, r.src[0].arg)
+    return out[::-1]
+
+  gp = [x.v(f"addrspacecast ptr addrspace(1) %g{i} to ptr", "gp") for i in range(nbufs)]
+  ptr_args = [f"ptr {p}" for p in gp]
+
   def batch_offset(op: Operand):
     off = op.base
     for v, s in zip(bvals, op.stride_batch): off = x.add(off, x.mul(x.zext64(v), s, "i64"), "i64")
@@ -250,12 +285,48 @@ def render_gemm(plan: GemmPlan, nbufs: int, epilogue: str, cfg: Config = Config(
       out.append((dst, x.add(elem, boff, "i64"), BK * op.stride_k, x.lt(free, FSIZE), kidx))
     return out
 
-  a_cp = copies(plan.a, At, m0, M, 0)
-  b_cp = copies(plan.b, Bt, n0, N, A_BYTES)
+  def gathers(tile: SmemTile, f0, FSIZE: int, slot_off: int):
+    """Per element of the tile this thread computes: (shared offset, free index, its bound check, k in the tile).
+    Consecutive threads take consecutive k (a row-major factor's addresses)."""
+    per = tile.rows * BK // T
+    if per * T != tile.rows * BK: raise ValueError(f"a {tile.rows} x {BK} tile for {T} threads")
+    out = []
+    for i in range(per):
+      e = x.add(tid, i * T)
+      f, kk = x.udiv(e, BK), x.urem(e, BK)
+      dst = x.add(x.add(tile.offset(x, f, x.lshr(kk, 3)), x.mul(x.and_(kk, 7), 2)), slot_off)
+      free = x.add(f0, f)
+      out.append((dst, free, x.lt(free, FSIZE), kk))
+    return out
+
+  def gather(opnd, elems, kt, slot, fn, free_rs):
+    """Compute k-tile `kt` of a gathered factor into the ring slot at `slot`: each element through its loader, 0
+    outside the matrix (where the loader is called at index 0 instead, which every factor may read)."""
+    for dst, free, free_ok, kk in elems:
+      k = x.add(kk, x.mul(kt, BK))
+      ok = x.and1(free_ok, x.lt(k, K))
+      if not isinstance(ok, bool):
+        free = x.v(f"select i1 {ok}, i32 {free}, i32 0", "s")
+        k = x.v(f"select i1 {ok}, i32 {k}, i32 0", "s")
+      vals = dict(zip(plan.batch, bvals))
+      vals.update(zip(free_rs, split(free, free_rs)))
+      vals.update(zip(plan.ks, split(k, plan.ks)))
+      args = ptr_args + [f"i64 {x.zext64(vals.get(r, 0))}" for r in (*plan.ranges, *plan.ks)]
+      v = x.v(f"call i16 @{fn}({', '.join(args)})", "ld")
+      if not isinstance(ok, bool): v = x.v(f"select i1 {ok}, i16 {v}, i16 0", "s")
+      elif not ok: v = 0
+      p = x.v(f"getelementptr i8, ptr addrspace(3) @smem, i32 {x.add(slot, dst)}", "sp")
+      x.do(f"store i16 {v}, ptr addrspace(3) {p}, align 2")
+
+  a_cp = copies(plan.a, At, m0, M, 0) if isinstance(plan.a, Operand) else gathers(At, m0, M, 0)
+  b_cp = copies(plan.b, Bt, n0, N, A_BYTES) if isinstance(plan.b, Operand) else gathers(Bt, n0, N, A_BYTES)
 
   def issue(kt, slot):
-    """cp.async k-tile `kt` of A and B into the ring slot at byte offset `slot`."""
-    for cps, opnd in ((a_cp, plan.a), (b_cp, plan.b)):
+    """k-tile `kt` of A and B into the ring slot at byte offset `slot`: cp.async copies, or gathered."""
+    for cps, opnd, fn, rs in ((a_cp, plan.a, LOAD_A, plan.ms), (b_cp, plan.b, LOAD_B, plan.ns)):
+      if isinstance(opnd, Gather):
+        gather(opnd, cps, kt, slot, fn, rs)
+        continue
       base = f"%g{opnd.slot}"
       for dst, elem, step, free_ok, kidx in cps:
         k = x.add(kidx, x.mul(kt, BK))
@@ -357,9 +428,7 @@ def render_gemm(plan: GemmPlan, nbufs: int, epilogue: str, cfg: Config = Config(
   x.do('call void asm sideeffect "cp.async.wait_group 0;", "~{memory}"()')   # nothing may fly at exit
 
   # *** the epilogue: the kernel's store per accumulator (c0, c1 at row g, columns 2t, 2t+1; c2, c3 at row g + 8) ***
-  ptrs = [x.v(f"addrspacecast ptr addrspace(1) %g{i} to ptr", "gp") for i in range(nbufs)]
-  rvals = {}
-  for r, v in zip(plan.batch, bvals): rvals[r] = x.zext64(v)
+  rvals = dict(zip(plan.batch, bvals))
   crow, ccol = x.add(x.add(m0, wrow), g), x.add(x.add(n0, wcol), x.mul(t, 2))
   for mi in range(MT):
     for h8 in range(2):
@@ -369,8 +438,9 @@ def render_gemm(plan: GemmPlan, nbufs: int, epilogue: str, cfg: Config = Config(
         for j in range(2):
           n = x.add(ccol, ni * 8 + j)
           ok = x.i1(x.and1(m_ok, x.lt(n, N)))
-          rvals[plan.m], rvals[plan.n] = x.zext64(m), x.zext64(n)
-          args = [f"ptr {p}" for p in ptrs] + [f"i64 {rvals[r]}" for r in plan.ranges]
+          rvals.update(zip(plan.ms, split(m, plan.ms)))
+          rvals.update(zip(plan.ns, split(n, plan.ns)))
+          args = ptr_args + [f"i64 {x.zext64(rvals[r])}" for r in plan.ranges]
           acc = final[(mi * NT + ni) * 4 + 2 * h8 + j]
           x.do(f"call void @{EPILOGUE}({', '.join(args)}, float {acc}, i1 {ok})")
   x.do("ret void")
@@ -382,7 +452,7 @@ def render_gemm(plan: GemmPlan, nbufs: int, epilogue: str, cfg: Config = Config(
           "declare i32 @llvm.nvvm.read.ptx.sreg.ctaid.y()", "declare i32 @llvm.nvvm.read.ptx.sreg.ctaid.z()",
           "declare void @llvm.nvvm.barrier0()",
           f"define ptx_kernel void @entry({params}) #0 {{", "entry:"]
-  tail = ["}", f'attributes #0 = {{ "nvvm.maxntid"="{T}" }}', epilogue, ""]
+  tail = ["}", f'attributes #0 = {{ "nvvm.maxntid"="{T}" }}', parts, ""]
   nb = 1
   for s in plan.batch_sizes: nb *= s
   launch = Launch((-(-N // BN), -(-M // BM), nb), T, cfg.smem)

@@ -12,6 +12,7 @@ buffers, each at an address of its own. The inline PTX is given its documented m
   * mma.m16n8k16: the fragment layouts of PTX's documentation, computed in float32.
 Branches must be uniform across a block (the kernel's are). The epilogue call is not run: each (ranges, acc) it is
 called with where its flag is set is recorded, and the caller checks them (and may run the epilogue on the CPU).
+A gathered factor's loader is called per lane through `loaders` (the caller compiles it for the CPU).
 """
 from __future__ import annotations
 
@@ -29,9 +30,10 @@ def _half_to_f32(bits: np.ndarray, ty: str) -> np.ndarray:
   return (bits.astype(np.uint32) << 16).view(np.float32)
 
 
-def run(ir_text: str, launch, buffers: list[np.ndarray], early: bool = False) -> list[tuple[tuple[int, ...], float]]:
+def run(ir_text: str, launch, buffers: list[np.ndarray], early: bool = False, loaders=None) -> list[tuple[tuple[int, ...], float]]:
   """The (range values, acc) of every epilogue call whose flag is set, over the whole grid. buffers: the kernel's
-  buffers as numpy arrays (read as bytes)."""
+  buffers as numpy arrays (read as bytes). loaders: name -> f(list of i64 arguments per lane) -> the 16 bits, for
+  each gathered factor's loader (its pointer arguments are left out: the caller knows its buffers)."""
   T, W = launch.block, launch.block // 32
   body = ir_text.split("\nentry:\n", 1)[1].split("\n}\n", 1)[0]
   blocks, cur = {"entry": []}, "entry"
@@ -158,6 +160,10 @@ def run(ir_text: str, launch, buffers: list[np.ndarray], early: bool = False) ->
               acc = val(args[-2])
               for i in np.nonzero(ok)[0]: calls.append((tuple(int(v[i]) for v in ints), float(acc[i])))
               continue
+            if s.startswith("store i16 "):
+              v_, p = re.match(r"store i16 (\S+), ptr addrspace\(3\) (\S+), align", s).groups()
+              smem[sh(val(p), 2)] = (val(v_).astype(np.int64)[:, None] >> np.array([0, 8])) & 0xFF
+              continue
             name, expr = s.split(" = ", 1) if " = " in s.split('"')[0] else (None, s)
             op = expr.split()[0]
             if op in ("add", "mul", "xor", "or", "and", "shl", "lshr", "udiv", "urem"):
@@ -169,6 +175,11 @@ def run(ir_text: str, launch, buffers: list[np.ndarray], early: bool = False) ->
                      "and": lambda: a & b, "shl": lambda: a << b, "lshr": lambda: a >> b, "udiv": lambda: a // b,
                      "urem": lambda: a % b}[op]()
                 r = r & M32 if ty == "i32" else r
+            elif op == "call" and expr.startswith("call i16 @"):
+              fn = expr.split("@")[1].split("(")[0]
+              args = [a.strip().rsplit(" ", 1)[1] for a in expr[expr.index("(") + 1:-1].split(",")]
+              ints = [val(a) for a in args if not a.startswith("%gp")]
+              r = np.array([loaders[fn]([int(v[i]) for v in ints]) for i in range(T)], np.int64)
             elif op == "call":
               if "@llvm.nvvm.read.ptx.sreg" in expr:
                 reg = expr.split("sreg.")[1].split("(")[0]
@@ -188,7 +199,7 @@ def run(ir_text: str, launch, buffers: list[np.ndarray], early: bool = False) ->
               cc, a, b = re.match(r"icmp (\w+) i(?:32|64) ([^,]+), (.+)", expr).groups()
               r = (val(a) < val(b)) if cc == "ult" else (val(a) == val(b))
             elif op == "select":
-              c, ty, a, b = re.match(r"select i1 (\S+), (i32|ptr addrspace\(1\)) ([^,]+), \S+(?: addrspace\(1\))? (.+)", expr).groups()
+              c, ty, a, b = re.match(r"select i1 (\S+), (i16|i32|ptr addrspace\(1\)) ([^,]+), \S+(?: addrspace\(1\))? (.+)", expr).groups()
               r = np.where(val(c), val(a), val(b))
             elif op == "extractvalue": r = val(expr.split("} ")[1].split(",")[0])[int(expr.split(",")[-1])]
             else: raise NotImplementedError(s)
