@@ -1,19 +1,23 @@
-"""Which kernels are a matrix product the tensor cores can run, and how their operands lie in memory.
+"""Which kernels are a matrix product the tensor cores can run, and how each factor reaches shared memory.
 
 A kernel qualifies when it is one store of an elementwise function (the epilogue) of one sum
 
-    out[b..., m, n] = f(sum_k A[b..., m, k] * B[b..., k, n], other loads at (b..., m, n))
+    out[b..., m..., n...] = f(sum over k... of X * Y, other loads at the output's ranges)
 
-where A and B are loads of the same 2-byte float type (float16 or bfloat16), the sum is a REDUCE(ADD) over one
-range k of their product (MUL of the two loads, of their float32 casts, or the float32 cast of it), and every
-index is affine in the ranges with constant strides. The output ranges split three ways by which operand reads
-them: a range only A reads is m, one only B reads is n, one both read is a batch range (batched matmul, the heads
-of attention). A plan needs exactly one m and one n range; batch ranges are any number.
+where X and Y are expressions of the same 2-byte float type (float16 or bfloat16; the product may be of their
+float32 casts, or cast to float32 itself). The output ranges split three ways by which factor reads them: read
+only by X they are m (A's rows, flattened, the last fastest), only by Y n, by both a batch range (batched matmul,
+attention's heads). The sum's ranges are k. A convolution is one: m = (n, oh, ow), n = (o,), k = (c, kh, kw).
 
-The tensor-core kernel (codegen/nvptx_gemm.py) copies 16-byte chunks (8 elements) of each operand with cp.async,
-so an operand must be contiguous along k or along its own free axis (stride 1), with every other stride, its base
-offset and the length of its contiguous axis a multiple of 8 elements. A kernel that fails any of this gets no
-plan, with the reason in one line (`why_not`), and runs on the CUDA device's ordinary renderer.
+Each factor reaches shared memory one of two ways (codegen/nvptx_gemm.py):
+  * copied (`Operand`): a load of the 2-byte type at an affine index over one free range and one k range,
+    contiguous along one of them (stride 1), every other stride, its offset and the length of its contiguous axis
+    a multiple of 8 elements: 16-byte cp.async copies, in flight while earlier tiles multiply;
+  * gathered (`Gather`): anything else (a cast fused in, as autocast makes; a padded or strided view; a
+    convolution's window): its expression, rendered by the CPU renderer as a function of the ranges, computes
+    each element of the tile.
+A kernel that is not a product of two such factors gets no plan, with the reason in one line (`why_not`), and runs
+on the CUDA device's ordinary renderer.
 
 The tensor cores multiply exactly and accumulate in float32: the product of two 2-byte floats is not rounded to
 the 2-byte type before it is summed, as the ordinary renderers' MUL of two float16 values is. The result is the

@@ -139,8 +139,10 @@ def compile_kernel(kernel: Kernel, arch: str = "sm_80", vars=None) -> PTXProgram
   import llvmlite.binding as llvm
   plan = tensor_core_plan(kernel, arch) if vars is None or not vars else None
   launch = None
-  if plan is not None: (text, launch), threads = render_tensor_cores(kernel, plan), 1
-  else: text, threads = render(kernel, vars)
+  if plan is not None:
+    (text, launch), threads = render_tensor_cores(kernel, plan), 1
+    if launch.grid[1] > 65535: launch = None   # (more row blocks than a grid's y holds: the ordinary renderer)
+  if launch is None: text, threads = render(kernel, vars)
   tm = _target_machine(arch)
   mod = llvm.parse_assembly(text)
   mod.triple, mod.data_layout = "nvptx64-nvidia-cuda", str(tm.target_data)

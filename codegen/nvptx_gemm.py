@@ -9,7 +9,10 @@ The kernel, per block of 256 threads (8 warps, 2 x 4), computes a BM x BN tile o
     fly while tile t is multiplied. An operand's tile is laid out as rows along its strided axis and 16-byte chunks
     along its contiguous one; a chunk's index is XOR-ed with bits of its row (SmemTile), so that the 8 rows one
     ldmatrix reads fall in different banks. A copy past the matrix's edge (a ragged M, N or K) copies 0 bytes and
-    fills the chunk with zeros (cp.async's src-size operand), so the sum is unchanged by it.
+    fills the chunk with zeros (cp.async's src-size operand), so the sum is unchanged by it. A gathered factor
+    (gemm_plan.Gather) is computed instead, an element per thread at a time, by its loader (the factor's
+    expression rendered by the CPU renderer as a function of the ranges, inlined) and stored to the slot; outside
+    the matrix it is 0. It is laid out as [free][k] rows.
   * fragments leave shared memory by ldmatrix.x4, transposed or not by the operand's layout, and each warp runs
     mma.sync.m16n8k16 (float32 accumulation) over its 64 x 32 part of the tile: 4 x 4 tiles, 64 accumulators a thread.
   * the epilogue is the kernel's own store, rendered by the CPU renderer (codegen/llvmir.py) as a function of the
