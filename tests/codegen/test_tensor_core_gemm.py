@@ -114,8 +114,7 @@ def test_emulated_kernel_matches_numpy(d, name):
       assert abs(acc - want) <= 1e-4 * (1 + np.abs(A[ia] * B[ib]).sum())
   # the stored tensor, epilogue applied, against the CPU device's (which rounds each product to the 2-byte type)
   want = t.numpy().astype(np.float32)
-  got = out.view(want.dtype if out.dtype == want.dtype else out.dtype).astype(np.float32).reshape(want.shape) \
-    if out.dtype != np.float32 else out.reshape(want.shape)
+  got = out.astype(np.float32).reshape(want.shape)
   np.testing.assert_allclose(got, want, rtol=2e-2, atol=3e-2 * np.sqrt(p.K))
 
 
@@ -157,3 +156,27 @@ def test_a_tensor_core_kernel_compiles_to_ptx(monkeypatch):
     with open(path, "w") as f: f.write(prog.ptx)
     res = subprocess.run(["ptxas", "-arch=sm_90", "-v", path, "-o", os.devnull], capture_output=True, text=True)
     assert res.returncode == 0 and "spill stores" in res.stderr and " 0 bytes spill stores" in res.stderr, res.stderr
+
+
+from hypothesis import given, settings, strategies as st  # noqa: E402
+
+
+@settings(max_examples=int(os.environ.get("RULEC_TC_EXAMPLES", "12")))
+@given(m=st.integers(1, 140), n=st.integers(1, 140), k=st.integers(1, 100), ta=st.booleans(), tb=st.booleans(),
+       batch=st.sampled_from([(), (2,), (2, 1)]), bf16=st.booleans(), bias=st.booleans())
+def test_random_matmuls_against_numpy(m, n, k, ta, tb, batch, bf16, bias):
+  """Any shape and layout (copied or gathered factors, ragged everywhere), emulated, against the CPU device."""
+  d = dtypes.bfloat16 if bf16 else dtypes.float16
+  a = T(*batch, k, m, dtype=d).transpose(-1, -2) if ta else T(*batch, m, k, dtype=d)
+  b = T(*batch, n, k, dtype=d).transpose(-1, -2) if tb else T(*batch, k, n, dtype=d)
+  t = a @ b
+  if bias: t = t + T(n, dtype=d)
+  k_ = kernel_of(t)
+  if gemm_plan.why_not(k_) is not None:   # (a product over ranges of size 1 may fold into no sum at all)
+    assert m == 1 or n == 1 or k == 1, gemm_plan.why_not(k_)
+    return
+  out, p, calls, _ = run_emulated(t)
+  assert len(calls) == int(np.prod([*batch, m, n]))
+  want = t.numpy().astype(np.float32)
+  np.testing.assert_allclose(out.astype(np.float32).reshape(want.shape), want, rtol=2e-2,
+                             atol=(3e-2 if bf16 else 4e-3) * np.sqrt(k) * 4)
