@@ -133,7 +133,7 @@ def tinygrad_time(dtype_name, shape, reps):
   for env in ({"DEV": "CUDA"}, {"DEV": "CUDA", "CUDA_PTX": "1"}, {"CUDA": "1", "PTX": "1"}):
     try:
       r = subprocess.run([sys.executable, "-c", TINYGRAD, repr((batch, M, N, K, bt, dtype_name, reps))],
-                         capture_output=True, text=True, timeout=120, env={**os.environ, **env})
+                         capture_output=True, text=True, timeout=90, env={**os.environ, **env})
     except subprocess.TimeoutExpired: continue
     for line in r.stdout.splitlines():
       if line.startswith("MS "): return float(line.split()[1]), " ".join(f"{k}={v}" for k, v in env.items())
