@@ -148,6 +148,7 @@ def main():
   p.add_argument("--only", default="", help="comma-separated prefixes of row names")
   p.add_argument("--no-tinygrad", action="store_true")
   args = p.parse_args()
+  os.environ["RULEC_CUDA_PROFILE"] = "1"   # (read when the device opens: events around every launch)
   from rulec.runtime import cuda_device
   dev = cuda_device.get_device()
   print(f"device: {dev.name} ({dev.arch}); {time.strftime('%Y-%m-%d %H:%M:%S')}")

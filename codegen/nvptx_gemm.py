@@ -268,7 +268,7 @@ def render_gemm(plan: GemmPlan, nbufs: int, parts: str, cfg: Config = Config()) 
     return off
 
   # *** each thread's cp.async chunks: fixed destinations, sources that step along k ***
-  def copies(op: Operand, tile: SmemTile, f0, FSIZE: int, slot_off: int):
+  def copies(op: Operand, tile: SmemTile, f0, FSIZE: int, slot_off: int, ftile: int):
     """Per chunk of this thread: (shared offset, global element offset at k-tile 0 as i64, element step per
     k-tile, the free index's bound check, the k index at k-tile 0)."""
     out = []
@@ -285,10 +285,11 @@ def render_gemm(plan: GemmPlan, nbufs: int, parts: str, cfg: Config = Config()) 
       else:                 # row: k; chunk: the free index in steps of 8
         free, kidx = x.add(f0, x.mul(chunk, CHUNK)), row
         elem = x.add(x.mul(x.zext64(kidx), op.stride_k, "i64"), x.zext64(free), "i64")
-      out.append((dst, x.add(elem, boff, "i64"), BK * op.stride_k, x.lt(free, FSIZE), kidx))
+      # (a free size that whole tiles cover needs no check: f0 + row < f0 + tile <= FSIZE)
+      out.append((dst, x.add(elem, boff, "i64"), BK * op.stride_k, True if FSIZE % ftile == 0 else x.lt(free, FSIZE), kidx))
     return out
 
-  def gathers(tile: SmemTile, f0, FSIZE: int, slot_off: int):
+  def gathers(tile: SmemTile, f0, FSIZE: int, slot_off: int, ftile: int):
     """Per element of the tile this thread computes: (shared offset, free index, its bound check, k in the tile).
     Consecutive threads take consecutive k (a row-major factor's addresses)."""
     per = tile.rows * BK // T
@@ -299,7 +300,7 @@ def render_gemm(plan: GemmPlan, nbufs: int, parts: str, cfg: Config = Config()) 
       f, kk = x.udiv(e, BK), x.urem(e, BK)
       dst = x.add(x.add(tile.offset(x, f, x.lshr(kk, 3)), x.mul(x.and_(kk, 7), 2)), slot_off)
       free = x.add(f0, f)
-      out.append((dst, free, x.lt(free, FSIZE), kk))
+      out.append((dst, free, True if FSIZE % ftile == 0 else x.lt(free, FSIZE), kk))
     return out
 
   def gather(opnd, elems, kt, slot, fn, free_rs):
@@ -307,7 +308,7 @@ def render_gemm(plan: GemmPlan, nbufs: int, parts: str, cfg: Config = Config()) 
     outside the matrix (where the loader is called at index 0 instead, which every factor may read)."""
     for dst, free, free_ok, kk in elems:
       k = x.add(kk, x.mul(kt, BK))
-      ok = x.and1(free_ok, x.lt(k, K))
+      ok = x.and1(free_ok, True if k_whole else x.lt(k, K))
       if not isinstance(ok, bool):
         free = x.v(f"select i1 {ok}, i32 {free}, i32 0", "s")
         k = x.v(f"select i1 {ok}, i32 {k}, i32 0", "s")
@@ -321,8 +322,9 @@ def render_gemm(plan: GemmPlan, nbufs: int, parts: str, cfg: Config = Config()) 
       p = x.v(f"getelementptr i8, ptr addrspace(3) @smem, i32 {x.add(slot, dst)}", "sp")
       x.do(f"store i16 {v}, ptr addrspace(3) {p}, align 2")
 
-  a_cp = copies(plan.a, At, m0, M, 0) if isinstance(plan.a, Operand) else gathers(At, m0, M, 0)
-  b_cp = copies(plan.b, Bt, n0, N, A_BYTES) if isinstance(plan.b, Operand) else gathers(Bt, n0, N, A_BYTES)
+  a_cp = copies(plan.a, At, m0, M, 0, BM) if isinstance(plan.a, Operand) else gathers(At, m0, M, 0, BM)
+  b_cp = copies(plan.b, Bt, n0, N, A_BYTES, BN) if isinstance(plan.b, Operand) else gathers(Bt, n0, N, A_BYTES, BN)
+  k_whole = K % BK == 0   # (every k-tile is whole: no k check)
 
   def issue(kt, slot):
     """k-tile `kt` of A and B into the ring slot at byte offset `slot`: cp.async copies, or gathered."""
@@ -333,7 +335,7 @@ def render_gemm(plan: GemmPlan, nbufs: int, parts: str, cfg: Config = Config()) 
       base = f"%g{opnd.slot}"
       for dst, elem, step, free_ok, kidx in cps:
         k = x.add(kidx, x.mul(kt, BK))
-        ok = x.and1(free_ok, x.lt(k, K))
+        ok = x.and1(free_ok, True if k_whole else x.lt(k, K))
         e = x.add(elem, x.mul(x.zext64(kt), step, "i64"), "i64")
         src = x.gep(base, x.mul(e, 2, "i64"), 1)
         if not isinstance(ok, bool):
@@ -436,11 +438,11 @@ def render_gemm(plan: GemmPlan, nbufs: int, parts: str, cfg: Config = Config()) 
   for mi in range(MT):
     for h8 in range(2):
       m = x.add(crow, mi * 16 + 8 * h8)
-      m_ok = x.lt(m, M)
+      m_ok = True if M % BM == 0 else x.lt(m, M)
       for ni in range(NT):
         for j in range(2):
           n = x.add(ccol, ni * 8 + j)
-          ok = x.i1(x.and1(m_ok, x.lt(n, N)))
+          ok = x.i1(x.and1(m_ok, True if N % BN == 0 else x.lt(n, N)))
           rvals.update(zip(plan.ms, split(m, plan.ms)))
           rvals.update(zip(plan.ns, split(n, plan.ns)))
           args = ptr_args + [f"i64 {x.zext64(rvals[r])}" for r in plan.ranges]

@@ -46,6 +46,7 @@ def programs(d):
     "k shorter than a tile": lambda: T(33, 8, dtype=d) @ T(8, 40, dtype=d),
     "float32 sum of casts": lambda: a.float() @ b.float(),
     "several tiles": lambda: T(260, 96, dtype=d) @ T(96, 264, dtype=d),
+    "whole tiles (no edge checks)": lambda: T(256, 64, dtype=d) @ T(64, 128, dtype=d),
     # gathered factors: computed element by element into shared memory
     "casts fused in (autocast)": lambda: T(70, 48, dtype=dtypes.float32).cast(d) @ T(40, 48, dtype=dtypes.float32).cast(d).T,
     "unaligned strides": lambda: T(65, 130, dtype=d) @ T(130, 33, dtype=d),
@@ -56,7 +57,7 @@ def programs(d):
 
 
 COPIED = ["matmul, ragged m", "x @ W.T + bias, relu", "A.T @ A, ragged k", "A.T @ W.T", "batched, broadcast gelu",
-          "two batch ranges (heads)", "k shorter than a tile", "float32 sum of casts", "several tiles"]
+          "two batch ranges (heads)", "k shorter than a tile", "float32 sum of casts", "several tiles", "whole tiles (no edge checks)"]
 CASES = [(d, name) for d in (dtypes.float16, dtypes.bfloat16) for name in programs(dtypes.float16)]
 
 
