@@ -146,9 +146,30 @@ class SmemTile:
 
 # *** the epilogue and the gathered factors: parts of the kernel, rendered by the CPU renderer ***
 
+# the GPU's own conversions between float and the 2-byte floats (one cvt instruction each, round to nearest even),
+# in place of the CPU renderer's integer code (about 30 instructions, which made the epilogue of a 128 x 128 tile
+# as long as the k loop); a NaN becomes the canonical one, where the integer code keeps its top payload bits
+_GPU_CVT = {"rulec.f2h": ("cvt.rn.f16.f32 $0, $1;", "=h,f", ir.IntType(16), ir.FloatType()),
+            "rulec.h2f": ("cvt.f32.f16 $0, $1;", "=f,h", ir.FloatType(), ir.IntType(16)),
+            "rulec.f2b": ("cvt.rn.bf16.f32 $0, $1;", "=h,f", ir.IntType(16), ir.FloatType())}
+
+
 class _Part(llvmir.LLVMRenderer):
   """A function of the kernel's ranges rendered from its own nodes: `ranges` become i64 parameters after the
-  buffers' pointers; `extra` more parameter types follow them."""
+  buffers' pointers; `extra` more parameter types follow them. gpu: the 2-byte float conversions as PTX cvt
+  instructions (else the CPU renderer's, so that the parts also compile for the CPU, as the tests run them)."""
+  gpu = False
+
+  def _half_fn(self, name: str) -> ir.Function:
+    if not self.gpu or name not in _GPU_CVT or name in self._half_fns: return super()._half_fn(name)
+    asm, constraint, ret, arg = _GPU_CVT[name]
+    fn = self._half_fns[name] = ir.Function(self.module, ir.FunctionType(ret, [arg]), name=name)
+    fn.linkage = "internal"
+    fn.attributes.add("alwaysinline")
+    b = ir.IRBuilder(fn.append_basic_block("entry"))
+    b.ret(b.asm(ir.FunctionType(ret, [arg]), asm, constraint, [fn.args[0]], False))
+    return fn
+
   def __init__(self, kernel: Kernel, module: ir.Module, helpers: dict, name: str, ranges: tuple[UOp, ...],
                ret: ir.Type, extra: list):
     super().__init__(kernel, "unused")
@@ -168,10 +189,11 @@ class _Part(llvmir.LLVMRenderer):
     self.extra = args[nb + nv + len(ranges):]
 
 
-def _epilogue(kernel: Kernel, module, helpers, red: UOp, ranges: tuple[UOp, ...]) -> None:
+def _epilogue(kernel: Kernel, module, helpers, red: UOp, ranges: tuple[UOp, ...], gpu: bool) -> None:
   """void rulec_tc_epilogue(ptr p..., i64 r... (the store's ranges, in the END's order), float acc, i1 ok): the
   kernel's store of one element whose sum is acc, when ok."""
   r = _Part(kernel, module, helpers, EPILOGUE, ranges, ir.VoidType(), [ir.FloatType(), ir.IntType(1)])
+  r.gpu = gpu
   acc, ok = r.extra
   body, done = r.fn.append_basic_block("store"), r.fn.append_basic_block("done")
   r.b.cbranch(ok, body, done)
@@ -186,30 +208,32 @@ def _epilogue(kernel: Kernel, module, helpers, red: UOp, ranges: tuple[UOp, ...]
   r.b.ret_void()
 
 
-def _loader(kernel: Kernel, module, helpers, expr: UOp, name: str, ranges: tuple[UOp, ...]) -> None:
+def _loader(kernel: Kernel, module, helpers, expr: UOp, name: str, ranges: tuple[UOp, ...], gpu: bool) -> None:
   """i16 name(ptr p..., i64 r... (the store's ranges, then the sum's)): the bits of factor `expr` there."""
   r = _Part(kernel, module, helpers, name, ranges, ir.IntType(16), [])
+  r.gpu = gpu
   r.scopes = [{}]
   r.b.ret(r.value(expr))
 
 
-def parts_ir(kernel: Kernel, plan: GemmPlan) -> str:
+def parts_ir(kernel: Kernel, plan: GemmPlan, gpu: bool = True) -> str:
   """The functions the tensor-core kernel calls, from `kernel` (the planned kernel after its decompositions,
-  whose nodes replace the plan's by position): the epilogue, and a loader per gathered factor."""
+  whose nodes replace the plan's by position): the epilogue, and a loader per gathered factor. gpu=False: with the
+  CPU's conversions, for running them on the CPU (the tests)."""
   end = kernel.ast.src[0]
   reds = [u for u in end.src[0].src[1].toposort() if u.op is Ops.REDUCE]
   if len(reds) != 1 or len(end.src) != len(plan.ranges) + 1 or len(reds[0].src) != len(plan.ks) + 1:
     raise ValueError("the decompositions changed the kernel's sum or ranges")
   red, ranges = reds[0], tuple(end.src[1:])
   module, helpers = ir.Module(name="rulec_tc"), {}
-  _epilogue(kernel, module, helpers, red, ranges)
+  _epilogue(kernel, module, helpers, red, ranges, gpu)
   body = red.src[0]
   if body.op is Ops.CAST and body.src[0].op is Ops.MUL: body = body.src[0]
   for opnd, name in ((plan.a, LOAD_A), (plan.b, LOAD_B)):
     if isinstance(opnd, Gather):
       expr = body.src[opnd.position]
       if expr.op is Ops.CAST and expr.dtype is dtypes.float32: expr = expr.src[0]
-      _loader(kernel, module, helpers, expr, name, ranges + tuple(red.src[1:]))
+      _loader(kernel, module, helpers, expr, name, ranges + tuple(red.src[1:]), gpu)
   return "\n".join(line for line in str(module).splitlines() if not line.startswith(("target ", "; ModuleID")))
 
 

@@ -83,7 +83,7 @@ def run_emulated(t: Tensor):
   """(the stored tensor as the emulated kernel and the epilogue compute it, the plan, the sums it computed)."""
   k = kernel_of(t)
   p = gemm_plan.plan(k)
-  parts = nvptx_gemm.parts_ir(decomposed(k, nvptx.OPTIONAL), p)
+  parts = nvptx_gemm.parts_ir(decomposed(k, nvptx.OPTIONAL), p, gpu=False)
   text, launch = nvptx_gemm.render_gemm(p, len(k.bufs), parts)
   bufs = [np.array(buffer_of(x).host_view()) for x in k.bufs]
   bufs[0][...] = 0
@@ -124,7 +124,7 @@ def test_a_refill_never_overwrites_a_slot_being_read():
   a, b = T(64, 256), T(256, 64)
   k = kernel_of(a @ b)
   p = gemm_plan.plan(k)
-  text, launch = nvptx_gemm.render_gemm(p, len(k.bufs), nvptx_gemm.parts_ir(decomposed(k, nvptx.OPTIONAL), p))
+  text, launch = nvptx_gemm.render_gemm(p, len(k.bufs), nvptx_gemm.parts_ir(decomposed(k, nvptx.OPTIONAL), p, gpu=False))
   bufs = [np.array(buffer_of(x).host_view()) for x in k.bufs]
   late, early = emu.run(text, launch, bufs), emu.run(text, launch, bufs, early=True)
   assert late == early and len(late) == 64 * 64
