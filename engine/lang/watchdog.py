@@ -11,6 +11,7 @@ interrupted; the operand checks are what keep those short."""
 from __future__ import annotations
 
 import ctypes
+import gc
 import os
 import sys
 import threading
@@ -68,6 +69,19 @@ def _raise_in(tid: int) -> None:
   ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(tid), ctypes.py_object(RuleTimeout))
 
 
+def _other_frames() -> dict | None:
+  """sys._current_frames(), with the garbage collector held off while it runs. CPython 3.11 builds the dict while
+  holding its lock on the thread list; an allocation there that starts a collection which needs that lock again
+  deadlocks the process, this thread holding the GIL (a CI run of `rulec prove` hung so, the main thread waiting for
+  the GIL inside z3's Z3_inc_ref, this one inside gc_collect_main under _PyThread_CurrentFrames). None on error."""
+  was = gc.isenabled()
+  gc.disable()
+  try: return sys._current_frames()
+  except Exception: return None   # noqa: BLE001
+  finally:
+    if was: gc.enable()
+
+
 def _watch() -> None:
   me = threading.get_ident()
   since: dict[int, tuple[tuple, float]] = {}     # thread id -> (what it runs, when first seen)
@@ -76,8 +90,8 @@ def _watch() -> None:
     limit = rule_time_limit()
     time.sleep(min(0.25, limit / 4))
     now = time.monotonic()
-    try: frames = sys._current_frames()
-    except Exception: continue   # noqa: BLE001
+    frames = _other_frames()
+    if frames is None: continue
     for tid in list(since):
       if tid not in frames: del since[tid]
     for tid, top in frames.items():
