@@ -45,6 +45,7 @@ The last line is
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 import platform
 import statistics
@@ -89,10 +90,33 @@ def event_ms(events) -> float:
   return sum(e.profile.end - e.profile.start for e in events) / 1e6
 
 
+DTYPE = "float32"   # --dtype: the inputs' and results' dtype on both sides (float16 / bfloat16: half rows)
+
+
+def half_workload(w: Workload, dtype: str) -> Workload:
+  """w with 2-byte float inputs: half the bytes moved, tolerances of the 2-byte type's rounding (every op rounds
+  its result; sums accumulate in float32 on both sides)."""
+  if dtype == "float32": return w
+  eps = 2.0 ** -8 if dtype == "bfloat16" else 2.0 ** -11
+  return dataclasses.replace(w, name=f"{w.name} {dtype}", nbytes=w.nbytes // 2, rtol=8 * eps, atol=8 * eps,
+                             sum_tol=max(w.sum_tol, 4 * eps), results={})
+
+
+def _half_inputs(inp: Inputs, dtype: str) -> None:
+  """Round the input sets to dtype (as float32 arrays), and recompute the reference on them."""
+  if dtype == "float32": return
+  np_d = np.dtype(dtype)
+  inp.sets = [[a.astype(np_d).astype(np.float32) for a in s] for s in inp.sets]
+  inp.refs = [inp.w.numpy(*s) for s in inp.sets]
+
+
+def _as_dtype(a: np.ndarray) -> np.ndarray: return a if DTYPE == "float32" else a.astype(np.dtype(DTYPE))
+
+
 def time_rulec(w: Workload, inp: Inputs, failures: list[str], reps: int) -> tuple[list[float], list[float]]:
   walls, kerns, again, again_kernel = [], [], [], []
   for i in range(-1, reps):   # one warm-up: compiles every kernel
-    ts = [RT(a, device="CL") for a in inp.fresh(i)]
+    ts = [RT(_as_dtype(a), device="CL") for a in inp.fresh(i)]
     out = w.rulec(*ts)
     kernels, views = rulec_schedule([out.uop], "CL")
     resident(kernels)
@@ -114,7 +138,7 @@ def time_rulec(w: Workload, inp: Inputs, failures: list[str], reps: int) -> tupl
       if programs_made() != compiled:
         failures.append(f"{w.name}: rulec compiled or loaded {programs_made() - compiled} kernel(s) while timing")
     out.uop = views[0]
-    check(w, inp, i, out.numpy(), "rulec" if i >= 0 else "rulec (warm-up)", failures)
+    check(w, inp, i, out.numpy().astype(np.float32), "rulec" if i >= 0 else "rulec (warm-up)", failures)
   w.results["kernels"] = len(kernels)
   w.results["again"] = statistics.median(again)
   w.results["resident"] = statistics.median(again_kernel)
@@ -127,7 +151,7 @@ def time_torch(w: Workload, inp: Inputs, failures: list[str], reps: int) -> tupl
   torch = TORCH
   walls, kerns, resident = [], [], []
   for i in range(-2, reps):
-    ts = [torch.from_numpy(a).cuda() for a in inp.fresh(i)]
+    ts = [torch.from_numpy(a).cuda().to(getattr(torch, DTYPE)) for a in inp.fresh(i)]
     torch.cuda.synchronize()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     t0 = time.perf_counter()
@@ -145,7 +169,7 @@ def time_torch(w: Workload, inp: Inputs, failures: list[str], reps: int) -> tupl
       walls.append(dt * 1e3)
       kerns.append(start.elapsed_time(end))
       resident.append(start2.elapsed_time(end2))
-    check(w, inp, i, out.cpu().numpy(), "torch" if i >= 0 else "torch (warm-up)", failures)
+    check(w, inp, i, out.float().cpu().numpy(), "torch" if i >= 0 else "torch (warm-up)", failures)
   w.results["torch_resident"] = statistics.median(resident)
   return walls, kerns
 
@@ -202,6 +226,8 @@ def machine_info() -> list[str]:
 
 
 def main(args) -> None:
+  global DTYPE
+  DTYPE = getattr(args, "dtype", "float32")
   t_start = time.perf_counter()
   if TORCH is not None:
     TORCH.backends.cuda.matmul.allow_tf32 = False
@@ -213,12 +239,14 @@ def main(args) -> None:
   print(f"copy bandwidth: OpenCL float4 copy {bw:.0f} GB/s (scalar float copy {bw1:.0f}); torch copy_ {fmt(tbw, 0)} GB/s "
         f"({size >> 20} MiB, read + write)")
   sys.stdout.flush()
-  workloads = [scaled(w, args.scale) for w in WORKLOADS if not args.only or any(s.lower() in w.name.lower() for s in args.only)]
+  workloads = [half_workload(scaled(w, args.scale), DTYPE) for w in WORKLOADS
+               if not args.only or any(s.lower() in w.name.lower() for s in args.only)]
   failures: list[str] = []
   rows = []
   for seed, w in enumerate(workloads):
     t0 = time.perf_counter()
     inp = Inputs(w, seed)
+    _half_inputs(inp, DTYPE)
     reps = 20 if not w.flops else 7
     rw, rk = time_rulec(w, inp, failures, reps)
     tw, tk = time_torch(w, inp, failures, reps) if TORCH is not None else ([float("nan")], [float("nan")])
@@ -247,7 +275,7 @@ def main(args) -> None:
     print("RESULT CHECK FAILURES:")
     for f in failures: print("  " + f)
   compile_line = compile_times.summary(args)
-  by = {w.name.split(" /")[0]: (w, rk, tk) for w, _, rk, _, tk in rows}
+  by = {w.name.split(" /")[0].removesuffix(f" {DTYPE}"): (w, rk, tk) for w, _, rk, _, tk in rows}
   def frac(name, fresh=False, same_bytes=False):
     if name not in by or same_bytes and by[name][0].name not in same: return "nan"
     w, rk, _ = by[name]

@@ -1,7 +1,8 @@
 """Kernel run time: rulec on its CPU device against numpy and tinygrad 0.14 (CPU), same workloads, same run.
 
 Run:  python bench/kernels.py [--device CPU] [--only NAME ...]
-      python bench/kernels.py --device CL     (an OpenCL device against torch on CUDA: bench/cl_kernels.py;
+      python bench/kernels.py --device CL [--dtype float16|bfloat16]   (an OpenCL device against torch on CUDA,
+                                               in float32 or a 2-byte float on both sides: bench/cl_kernels.py;
                                                 bench/h200.sh runs it, and the CL test suite, on an H200)
 The workloads, their numpy references and the result checks are in bench/workloads.py.
 Needs `pip install '.[bench]'` (tinygrad==0.14.0) and Debian's `clang` (tinygrad's
@@ -91,8 +92,12 @@ def parse_args(argv=None):
                  help="run only workloads whose name contains one of these strings (the summary line then covers those)")
   p.add_argument("--scale", type=int, default=1, help="CL only: divide every workload's size by this (a quick check on PoCL)")
   p.add_argument("--skip-compile", action="store_true", help="leave out the cold / warm compile-time table")
+  p.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"],
+                 help="CL only: the inputs' and outputs' dtype on both sides (rulec and torch); the reference is float32 "
+                      "numpy on the inputs rounded to it")
   args = p.parse_args(argv)
   args.device = args.device.upper()
+  if args.dtype != "float32" and args.device != "CL": p.error("--dtype float16/bfloat16 is for --device CL")
   if args.device not in DEVICES: p.error(f"--device {args.device}: rulec can be benchmarked on {', '.join(DEVICES)}")
   return args
 

@@ -108,6 +108,7 @@ WORKLOADS = [
 class Inputs:
   """Two pre-generated input sets; fresh(i) gives new arrays holding set i % 2, and numpy's result on it."""
   def __init__(self, w: Workload, seed: int):
+    self.w = w
     rng = np.random.default_rng(seed)
     self.sets = [[rng.standard_normal(s, dtype=np.float32) for s in w.shapes] for _ in range(2)]
     self.refs = [w.numpy(*s) for s in self.sets]
