@@ -24,59 +24,14 @@ below, default 256x256x160) against numpy. With $OUT set, a GPU run also writes 
 import argparse, ctypes, datetime, os, shutil, subprocess, sys, time, traceback
 import numpy as np
 
-# ----------------------------------------------------------------------------------------------------------------
-# A tiny helper for writing LLVM IR as text: fresh SSA names, and integer arithmetic that folds Python ints, so the
-# generator can mix compile-time constants (tile sizes, unrolled indices) and run-time values (thread ids) freely
-# and the IR only carries what really depends on run-time values.
-# ----------------------------------------------------------------------------------------------------------------
+# LLVM IR as text: the package's writer (codegen/nvptx_gemm.py, which grew from this probe), plus the `or` the
+# probe's packed stores use.
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from rulec.codegen.nvptx_gemm import IRText as _IRText, log2i  # noqa: E402
 
-class IRText:
-  def __init__(self):
-    self.lines, self.n, self.block = [], 0, "entry"
 
-  def v(self, expr, hint="v"):
-    """Emit `%name = expr` and return %name."""
-    self.n += 1
-    name = f"%{hint}{self.n}"
-    self.lines.append(f"  {name} = {expr}")
-    return name
-
-  def do(self, stmt):
-    self.lines.append(f"  {stmt}")
-
-  def label(self, name):
-    self.lines.append(f"{name}:")
-    self.block = name
-
-  # integer ops; a, b are Python ints or SSA names of type `ty`
-  def _bin(self, op, a, b, ty, fold, ident=None, zero=None):
-    if isinstance(a, int) and isinstance(b, int): return fold(a, b)
-    if ident is not None and isinstance(b, int) and b == ident: return a
-    if ident is not None and op in ("add", "mul", "or", "xor") and isinstance(a, int) and a == ident: return b
-    if zero is not None and ((isinstance(a, int) and a == zero) or (isinstance(b, int) and b == zero)): return 0
-    return self.v(f"{op} {ty} {a}, {b}", op[0])
-
-  def add(self, a, b, ty="i32"): return self._bin("add", a, b, ty, lambda x, y: x + y, 0)
-  def mul(self, a, b, ty="i32"): return self._bin("mul", a, b, ty, lambda x, y: x * y, 1, 0)
-  def xor(self, a, b, ty="i32"): return self._bin("xor", a, b, ty, lambda x, y: x ^ y, 0)
+class IRText(_IRText):
   def or_(self, a, b, ty="i32"): return self._bin("or", a, b, ty, lambda x, y: x | y, 0)
-  def and_(self, a, b, ty="i32"): return self._bin("and", a, b, ty, lambda x, y: x & y, None, 0)
-  def shl(self, a, b, ty="i32"): return self._bin("shl", a, b, ty, lambda x, y: x << y, 0)
-  def lshr(self, a, b, ty="i32"): return self._bin("lshr", a, b, ty, lambda x, y: x >> y, 0)
-
-  def zext64(self, a):
-    return a if isinstance(a, int) else self.v(f"zext i32 {a} to i64", "z")
-
-  def gep(self, base, byte_off, space):
-    """Byte-offset pointer arithmetic on `ptr addrspace(space)`; offsets are i64 for global, i32 for shared."""
-    ity = "i32" if space == 3 else "i64"
-    if isinstance(byte_off, int) and byte_off == 0: return base
-    return self.v(f"getelementptr i8, ptr addrspace({space}) {base}, {ity} {byte_off}", "p")
-
-
-def log2i(x):
-  assert x > 0 and x & (x - 1) == 0, f"{x} is not a power of two"
-  return x.bit_length() - 1
 
 
 class SmemTile:

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import attrs
 
+from rulec.codegen.opt.transform import free_ranges
 from rulec.engine.ir.dtypes import DType, dtypes
 from rulec.engine.ir.kernel import Kernel
 from rulec.engine.ir.ops import Ops
@@ -120,11 +121,7 @@ def _factors(red: UOp) -> tuple[UOp, UOp]:
   return x, y
 
 
-def _ranges_of(u: UOp) -> set:
-  return {r for r in u.toposort() if r.op is Ops.RANGE}
-
-
-def _copied(expr: UOp, free: tuple, k: tuple, batch: tuple, name: str) -> Operand | None:
+def _copied(expr: UOp, free: tuple, k: tuple, batch: tuple) -> Operand | None:
   """The factor as an Operand the kernel copies with cp.async, or None where it must be gathered: a load of the
   2-byte type at an affine index, over one free range and one k range, contiguous along one of them, aligned."""
   if len(free) != 1 or len(k) != 1: return None
@@ -167,7 +164,7 @@ def plan(kernel: Kernel) -> GemmPlan:
   if not ks or any(r.op is not Ops.RANGE or not isinstance(r.src[0].arg, int) for r in ks):
     raise NoPlan("the sum is not over ranges of constant sizes")
   x, y = _factors(red)
-  in_x, in_y = _ranges_of(x), _ranges_of(y)
+  in_x, in_y = free_ranges(x), free_ranges(y)   # (a factor holds no reduce: every range under it)
   if any(r not in ranges and r not in ks for r in in_x | in_y): raise NoPlan("a factor opens a range of its own")
   ms = tuple(r for r in ranges if r in in_x and r not in in_y)
   ns = tuple(r for r in ranges if r in in_y and r not in in_x)
@@ -177,8 +174,8 @@ def plan(kernel: Kernel) -> GemmPlan:
   if _size(batch) > MAX_GRID_YZ: raise NoPlan(f"{_size(batch)} batches, more than a grid's {MAX_GRID_YZ}")
   if any(u.op is Ops.RANGE and u not in ranges and u not in ks for u in value.toposort()):
     raise NoPlan("the epilogue opens a range of its own")
-  a = _copied(x, ms, ks, batch, "A") or Gather(x, 0)
-  b = _copied(y, ns, ks, batch, "B") or Gather(y, 1)
+  a = _copied(x, ms, ks, batch) or Gather(x, 0)
+  b = _copied(y, ns, ks, batch) or Gather(y, 1)
   return GemmPlan(x.dtype, _size(ms), _size(ns), _size(ks), ms, ns, ks, batch, a, b, red, store, ranges)
 
 

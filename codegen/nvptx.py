@@ -137,11 +137,11 @@ def compile_kernel(kernel: Kernel, arch: str = "sm_80", vars=None) -> PTXProgram
   """The kernel as a PTX program for the GPU architecture `arch` ("sm_90"); NotImplementedError for an op the
   GPU cannot compute yet. A matmul of 2-byte floats (codegen/gemm_plan.py) runs on the tensor cores."""
   import llvmlite.binding as llvm
-  plan = tensor_core_plan(kernel, arch) if vars is None or not vars else None
+  plan = tensor_core_plan(kernel, arch) if not vars else None
+  # (more row blocks than a grid's y holds: the ordinary renderer)
+  if plan is not None and -(-plan.M // tile_config().BM) > 65535: plan = None
   launch = None
-  if plan is not None:
-    (text, launch), threads = render_tensor_cores(kernel, plan), 1
-    if launch.grid[1] > 65535: launch = None   # (more row blocks than a grid's y holds: the ordinary renderer)
+  if plan is not None: (text, launch), threads = render_tensor_cores(kernel, plan), 1
   if launch is None: text, threads = render(kernel, vars)
   tm = _target_machine(arch)
   mod = llvm.parse_assembly(text)
