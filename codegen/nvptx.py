@@ -124,13 +124,18 @@ def render_tensor_cores(kernel: Kernel, plan) -> tuple[str, object]:
 
 def tile_config():
   """The tensor-core kernel's tiles: nvptx_gemm.Config's defaults, or RULEC_CUDA_TC_TILE="BM,BN,BK,stages,WM,WN"
-  (for bench/half_matmul.py's comparison of shapes)."""
+  with an optional seventh number, the launch order's band of block rows (Config.raster), for
+  bench/half_matmul.py's comparison of shapes."""
   from rulec.codegen import nvptx_gemm
   spec = os.environ.get("RULEC_CUDA_TC_TILE", "").strip()
   if not spec: return nvptx_gemm.Config()
-  try: bm, bn, bk, st, wm, wn = (int(v) for v in spec.split(","))
-  except ValueError: raise ValueError(f"RULEC_CUDA_TC_TILE={spec!r}: expected six integers BM,BN,BK,stages,WM,WN") from None
-  return nvptx_gemm.Config(bm, bn, bk, wm, wn, st)
+  try:
+    nums = [int(v) for v in spec.split(",")]
+    if len(nums) not in (6, 7): raise ValueError
+  except ValueError:
+    raise ValueError(f"RULEC_CUDA_TC_TILE={spec!r}: expected six or seven integers BM,BN,BK,stages,WM,WN[,raster]") from None
+  bm, bn, bk, st, wm, wn = nums[:6]
+  return nvptx_gemm.Config(bm, bn, bk, wm, wn, st, *nums[6:])
 
 
 def compile_kernel(kernel: Kernel, arch: str = "sm_80", vars=None) -> PTXProgram:

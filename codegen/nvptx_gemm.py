@@ -49,6 +49,7 @@ class Config:
   WM: int = 2       # warps along m and n
   WN: int = 4
   stages: int = 3   # cp.async ring slots
+  raster: int = 1   # block rows per band of the launch order (see render_gemm); 1: row after row
 
   @property
   def threads(self) -> int: return 32 * self.WM * self.WN
@@ -244,6 +245,24 @@ def _operand_tile(op, free_tile: int, BK: int) -> SmemTile:
   return SmemTile(free_tile, BK * 2) if op.k_contiguous else SmemTile(BK, free_tile * 2)
 
 
+def _rastered(x: IRText, bx, by, gx: int, gy: int, band: int):
+  """(column, row) of the output tile this block computes, where blocks run in bands of `band` rows: the blocks
+  the GPU runs at once (it starts them in order of blockIdx.y, then x) go down a band's rows before moving to the
+  next column, so that they share the columns of B as well as the rows of A in L2. A last band of fewer rows
+  takes what is left."""
+  if band <= 1 or gy <= band: return bx, by
+  pid = x.add(x.mul(by, gx), bx)
+  per = band * gx
+  first = x.mul(x.udiv(pid, per), band)
+  within = x.urem(pid, per)
+  rows = band
+  if gy % band:
+    rest = x.add(gy, x.mul(first, -1))   # (gy - first: the band's rows when fewer than `band` are left)
+    short = x.lt(rest, band)
+    rows = x.v(f"select i1 {short}, i32 {rest}, i32 {band}", "rows")
+  return x.udiv(within, rows), x.add(first, x.urem(within, rows))
+
+
 def render_gemm(plan: GemmPlan, nbufs: int, parts: str, cfg: Config = Config()) -> tuple[str, Launch]:
   """(LLVM IR text of the kernel `entry(ptr addrspace(1) g..., i64 n)`, its launch) for a plan; `parts` is
   parts_ir's text (the epilogue and loaders the kernel calls)."""
@@ -256,11 +275,13 @@ def render_gemm(plan: GemmPlan, nbufs: int, parts: str, cfg: Config = Config()) 
   A_BYTES, STAGE = BM * BK * 2, (BM * BK + BK * BN) * 2
   M, N, K = plan.M, plan.N, plan.K
   ktiles = -(-K // BK)
+  if cfg.raster < 1: raise ValueError(f"a tile configuration the kernel cannot take: {cfg}")
 
   x = IRText()
   tid = x.v("call i32 @llvm.nvvm.read.ptx.sreg.tid.x()", "tid")
   bx = x.v("call i32 @llvm.nvvm.read.ptx.sreg.ctaid.x()", "bx")   # block column (n)
   by = x.v("call i32 @llvm.nvvm.read.ptx.sreg.ctaid.y()", "by")   # block row (m)
+  bx, by = _rastered(x, bx, by, -(-N // BN), -(-M // BM), cfg.raster)
   bz = x.v("call i32 @llvm.nvvm.read.ptx.sreg.ctaid.z()", "bz") if plan.batch else 0
   lane, warp = x.and_(tid, 31), x.lshr(tid, 5)
   wm, wn = x.lshr(warp, log2i(WN)), x.and_(warp, WN - 1)

@@ -79,12 +79,12 @@ def _host_parts(text: str, nbufs: int, nranges: int, nks: int):
   return epi, loaders, engine
 
 
-def run_emulated(t: Tensor):
+def run_emulated(t: Tensor, cfg: nvptx_gemm.Config = nvptx_gemm.Config()):
   """(the stored tensor as the emulated kernel and the epilogue compute it, the plan, the sums it computed)."""
   k = kernel_of(t)
   p = gemm_plan.plan(k)
   parts = nvptx_gemm.parts_ir(decomposed(k, nvptx.OPTIONAL), p, gpu=False)
-  text, launch = nvptx_gemm.render_gemm(p, len(k.bufs), parts)
+  text, launch = nvptx_gemm.render_gemm(p, len(k.bufs), parts, cfg)
   bufs = [np.array(buffer_of(x).host_view()) for x in k.bufs]
   bufs[0][...] = 0
   epi, loaders, engine = _host_parts(parts, len(k.bufs), len(p.ranges), len(p.ks))
@@ -117,6 +117,23 @@ def test_emulated_kernel_matches_numpy(d, name):
   want = t.numpy().astype(np.float32)
   got = out.astype(np.float32).reshape(want.shape)
   np.testing.assert_allclose(got, want, rtol=2e-2, atol=3e-2 * np.sqrt(p.K))
+
+
+@pytest.mark.parametrize("band", [2, 3])
+def test_blocks_in_bands_still_cover_every_output_once(band):
+  # 5 block rows in bands of 2 (the last band one row) or 3 (the last two): each tile computed by exactly one block
+  a, b = T(5 * 128 - 7, 40), T(40, 2 * 128 + 3)
+  want = a.numpy().astype(np.float32) @ b.numpy().astype(np.float32)
+  out, p, calls, _ = run_emulated(a @ b, nvptx_gemm.Config(raster=band))
+  assert len(calls) == want.size and len({v for v, _ in calls}) == want.size
+  np.testing.assert_allclose(out.astype(np.float32).reshape(want.shape), want, rtol=2e-2, atol=0.2)
+
+
+def test_tile_config_reads_the_environment(monkeypatch):
+  monkeypatch.setenv("RULEC_CUDA_TC_TILE", "128,64,32,4,2,2,8")
+  assert nvptx.tile_config() == nvptx_gemm.Config(128, 64, 32, 2, 2, 4, 8)
+  monkeypatch.setenv("RULEC_CUDA_TC_TILE", "128,64")
+  with pytest.raises(ValueError, match="six or seven integers"): nvptx.tile_config()
 
 
 def test_a_refill_never_overwrites_a_slot_being_read():
