@@ -54,43 +54,104 @@ OUTPUT_TILE = 32
 # 0.492 for the matmul alone; the MLP backward's gelu' over dy @ W2.T (about 120) 0.770 fused, 0.511 + 0.115 stored
 # (bench/results/gpu-2026-12-06-session26.txt)
 TILE_EPILOGUE_OPS = int(os.environ.get("RULEC_TILE_EPILOGUE_OPS", "80"))
+# ctx.reads counts buffers up to this many (the rules compare it with max_reads): a region's set of buffers is kept
+# per node, and a model's output would otherwise carry every weight of the model
+READS_CAP = 64
 
 
-def _uses(sink: UOp, staged: set[UOp], contexts: dict[UOp, int] | None = None,
-          repeats: dict[UOp, float] | None = None) -> dict[UOp, float]:
-  """How many times each node's value would be computed: distinct index contexts, weighted by expansion.
+class _UseCounts:
+  """How many times each node's value would be computed: distinct index contexts, weighted by expansion, worked
+  out on demand and kept until a decision changes them (FusionFacts.uses, contexts, repeats).
 
   Elementwise users index a value exactly as they are indexed, so they share
   one context; a movement op or a reduce starts a new one; an EXPAND repeats
   its source once per element it adds. A realized node starts afresh.
-  `contexts`, if given, receives each node's number of contexts, unweighted. `repeats` receives how many
-  times a reduction recomputes each element, in the node's most repeated context: the expansions between a
-  reduce and the node along axes the reduce keeps (a matmul's reduction reads its left operand once per output
-  column). Other expansions are not counted there: a reduce's own loop is its innermost, so a value broadcast
-  along the reduced axes only is computed outside it (a pool over a batchnorm's output: the channel's scale
-  once per channel), and an elementwise consumer's loops over a broadcast axis are inside the value's loops."""
-  order = sink.toposort()
-  outputs = set(sink.src)
-  ctxs: dict[UOp, dict[Any, float]] = {u: {} for u in order}
-  # per context: (0, None) while no reduce is above the node in it, else (the expansion since the reduce along
-  # axes it keeps, at least 1; the kind of each of the node's axes for that reduce, None where not known)
-  reps: dict[UOp, dict[Any, tuple]] = {u: {} for u in order}
-  ctxs[sink], reps[sink] = {(): 1.0}, {(): (0.0, None)}
-  out: dict[UOp, float] = {}
-  for u in reversed(order):
-    mine, mine_r = ctxs[u], reps[u]
-    # (each output is computed by a kernel of its own: a context of its own, as a stored value)
-    if u in staged or u.op in (Ops.CONTIGUOUS, Ops.STORE) or u is sink or u in outputs:
-      own, own_r = {(u,): 1.0}, {(u,): (0.0, None)}
-    else: own, own_r = mine, mine_r
-    if len(own) > 16:   # too many paths to track: collapse them
-      own, own_r = {(u,): float(sum(own.values()))}, {(u,): (max(r for r, _ in own_r.values()), None)}
-    out[u] = sum(mine.values())
-    if contexts is not None: contexts[u] = len(mine)
+  A node's contexts are those its users pass down, so they depend only on the nodes above it: a node's are
+  computed from its users' (theirs first, consumers before producers, as the fusion rules visit them), and a
+  decision to store or hoist x changes only the contexts below x, down to the nodes that start afresh. Those are
+  dropped (`fixed`), and computed again when asked: each decision costs the part of the graph it changes, not the
+  graph.
+  `repeats` is how many times a reduction recomputes each element, in the node's most repeated context: the
+  expansions between a reduce and the node along axes the reduce keeps (a matmul's reduction reads its left operand
+  once per output column). Other expansions are not counted there: a reduce's own loop is its innermost, so a value
+  broadcast along the reduced axes only is computed outside it (a pool over a batchnorm's output: the channel's
+  scale once per channel), and an elementwise consumer's loops over a broadcast axis are inside the value's loops."""
+  def __init__(self, sink: UOp, users: dict[UOp, list[UOp]], position: dict[UOp, int], decided: set[UOp]):
+    self.sink, self.users, self.position, self.decided = sink, users, position, decided
+    self.outputs = set(sink.src)
+    # per node: (contexts -> weight, contexts -> (0, None) while no reduce is above the node in that context, else
+    # (the expansion since the reduce along axes it keeps, at least 1; the kind of each of the node's axes for that
+    # reduce, None where not known)); and what it passes to its sources
+    self._ctx: dict[UOp, tuple[dict, dict]] = {}
+    self._own: dict[UOp, tuple[dict, dict]] = {}
+
+  def afresh(self, u: UOp) -> bool:
+    """u's sources see it as a context of its own (a stored, hoisted or realized value, or an output)."""
+    return u in self.decided or u.op in (Ops.CONTIGUOUS, Ops.STORE) or u is self.sink or u in self.outputs
+
+  def uses(self, u: UOp) -> float: return float(sum(self.contexts_of(u)[0].values()))
+
+  def count(self, u: UOp) -> int: return len(self.contexts_of(u)[0])
+
+  def repeats(self, u: UOp) -> float:
     # (a node the same all along the reduce's loop, every reduced axis broadcast, is computed outside that loop)
-    if repeats is not None:
-      repeats[u] = max((r for r, m in mine_r.values() if m is None or REDUCED in m or not m), default=0.0)
-    for s in u.src:
+    return max((r for r, m in self.contexts_of(u)[1].values() if m is None or REDUCED in m or not m), default=0.0)
+
+  def get(self, u: UOp, default=0):   # (as a mapping of node -> uses, for _needed_below)
+    return self.uses(u)
+
+  def changed(self, x: UOp) -> None:
+    """x now starts afresh (stored or hoisted): forget what its sources and the nodes below them were told."""
+    self._own.pop(x, None)
+    todo = list(x.src)
+    while todo:
+      s = todo.pop()
+      if self._ctx.pop(s, None) is None: continue   # (not known, so neither is anything below it through s)
+      self._own.pop(s, None)
+      if not self.afresh(s): todo += s.src
+
+  def contexts_of(self, u: UOp) -> tuple[dict, dict]:
+    hit = self._ctx.get(u)
+    if hit is not None: return hit
+    # every node above u whose contexts u needs and nobody has asked for yet, consumers first
+    need, seen = [], {u}
+    todo = [u]
+    while todo:
+      v = todo.pop()
+      need.append(v)
+      for w in self.users.get(v, ()):
+        if w not in seen and w not in self._ctx and not self.afresh(w):
+          seen.add(w)
+          todo.append(w)
+    need.sort(key=self._order_key, reverse=True)
+    for v in need: self._ctx[v] = self._pull(v)
+    return self._ctx[u]
+
+  def _order_key(self, u: UOp) -> int: return self.position[u]
+
+  def _passed(self, u: UOp) -> tuple[dict, dict]:
+    """What u passes to its sources: its own context where it starts afresh, else its contexts (too many paths
+    to track are collapsed into one)."""
+    hit = self._own.get(u)
+    if hit is not None: return hit
+    if self.afresh(u): own, own_r = {(u,): 1.0}, {(u,): (0.0, None)}
+    else:
+      own, own_r = self._ctx[u]
+      if len(own) > 16: own, own_r = {(u,): float(sum(own.values()))}, {(u,): (max(r for r, _ in own_r.values()), None)}
+    self._own[u] = (own, own_r)
+    return own, own_r
+
+  def _pull(self, s: UOp) -> tuple[dict, dict]:
+    if s is self.sink: return {(): 1.0}, {(): (0.0, None)}
+    tgt: dict = {}
+    tgt_r: dict = {}
+    last = None
+    # (users in the graph's order from the last: the order in which the one-pass count reached s, which settles
+    # ties between masks of equal repeats)
+    for u in reversed(self.users.get(s, ())):
+      if u is last: continue
+      last = u
+      own, own_r = self._passed(u)
       if u.op in ALU or u.op in (Ops.CAST, Ops.BITCAST): add, add_r = own, own_r
       elif u.op in MOVEMENT or u.op is Ops.REDUCE_AXIS:
         f = prod(u.shape) / max(1, prod(s.shape)) if u.op is Ops.EXPAND and s._shape else 1.0
@@ -106,11 +167,10 @@ def _uses(sink: UOp, staged: set[UOp], contexts: dict[UOp, int] | None = None,
             add_r[(k, u)] = (r * factor, below) if r else (0.0, None)
         else: add_r = {(k, u): (r, _through(u, s, m)) for k, (r, m) in own_r.items()}
       else: add, add_r = {(k, u): w for k, w in own.items()}, {(k, u): (r, None) for k, (r, _) in own_r.items()}
-      tgt, tgt_r = ctxs[s], reps[s]
       for k, w in add.items(): tgt[k] = max(tgt.get(k, 0.0), w)
       for k, r in add_r.items():
         if r[0] >= tgt_r.get(k, (0.0, None))[0]: tgt_r[k] = r
-  return out
+    return tgt, tgt_r
 
 
 # The kinds of axis a mask (_through) gives each axis of a node below a reduce: one the reduce keeps (an output's),
@@ -203,8 +263,9 @@ class FusionFacts:
   The driver offers every node of the graph to each set in turn, consumers before producers; a rule decides
   with one of three calls: `store(x)` (x gets a buffer of its own: a kernel boundary), `hoist(x)` (a single
   value computed once at the top of its one consumer's kernel, on devices that do so) or `keep(x)` (x stays
-  fused into its consumers; later sets may still decide otherwise). A node no rule decides stays fused. Uses
-  are counted again after each store or hoist: a realized value starts afresh."""
+  fused into its consumers; later sets may still decide otherwise). A node no rule decides stays fused. A store
+  or a hoist changes the facts it touches (a realized value starts afresh): the counts below it, the regions and
+  costs above it, which are worked out again when asked."""
   def __init__(self, sink: UOp, hoists: bool, hoists_rows: bool | None = None, lane_guards: bool | None = None,
                tiled_epilogues: bool = False):
     self.sink, self.hoists = sink, hoists
@@ -224,30 +285,45 @@ class FusionFacts:
       for x in u.src: self._users.setdefault(x, []).append(u)
     self._online = _online_softmax_nodes(self.order, self._users, set(sink.src))
     self.online_bytes = ONLINE_SOFTMAX_BYTES
-    self._recount()
-
-  def _recount(self) -> None:
-    self._contexts: dict[UOp, int] = {}
-    self._repeats: dict[UOp, float] = {}
-    self._uses = _uses(self.sink, self.staged | self.hoisted, self._contexts, self._repeats)
-    self._regions: dict[UOp, tuple[int, bool]] = {}
+    # (the counts and regions are worked out when a rule asks, and a decision forgets only what it changes: the
+    # counts below the decided node, the regions and costs above it)
+    self._decided: set[UOp] = set()
+    self._counts = _UseCounts(sink, self._users, self._position, self._decided)
+    self._regions: dict[UOp, tuple[frozenset | None, bool]] = {}
     self._costs: dict[UOp, tuple[int, int]] = {}
+
+  def _decide(self, x: UOp) -> None:
+    self._decided.add(x)
+    self._counts.changed(x)
+    # the regions that reached x through nodes that are not stored (a hoisted node's region is its reads)
+    todo = [x]
+    while todo:
+      for w in self._users.get(todo.pop(), ()):
+        if self._regions.pop(w, None) is not None and not self._stop(w): todo.append(w)
+    # the costs that counted x's ops: up through the elementwise ops above it
+    todo, seen = [x], set()
+    while todo:
+      for w in self._users.get(todo.pop(), ()):
+        if w in seen: continue
+        seen.add(w)
+        self._costs.pop(w, None)
+        if not self._cost_edge(w): todo.append(w)
 
   # *** facts ***
   def uses(self, x: UOp) -> float:
     """How many times x's value would be computed: its distinct index contexts, weighted by expansion."""
-    return self._uses.get(x, 0)
+    return self._counts.uses(x) if x in self._position else 0
 
   def contexts(self, x: UOp) -> int:
     """How many distinct index contexts read x (unweighted)."""
-    return self._contexts.get(x, 0)
+    return self._counts.count(x) if x in self._position else 0
 
   def repeats(self, x: UOp) -> float:
     """How many times a reduction would compute each element of x on its trips: the expansions between a reduce
     and x in the most repeated context (a matmul recomputes its left operand once per output column); 1 for a
     reduce reading x as it is (a sum of x), 0 where no reduce reads x in its kernel (an elementwise consumer
     computes a broadcast value outside the loop over the broadcast axes)."""
-    return self._repeats.get(x, 0)
+    return self._counts.repeats(x) if x in self._position else 0
 
   def cost(self, x: UOp) -> int:
     """ALU ops recomputing one element of x runs, each transcendental or division counted as several (TRANSCENDENTAL_OPS):
@@ -296,11 +372,11 @@ class FusionFacts:
 
   def needed_below(self, x: UOp) -> bool:
     """A reduce inside x's epilogue is used more often than x, or an epilogue value below x at least as often."""
-    return _needed_below(x, self._epilogues, self._uses, stored=self.staged, users=self._users, position=self._position)
+    return _needed_below(x, self._epilogues, self._counts, stored=self.staged, users=self._users, position=self._position)
 
   def needed_more_below(self, x: UOp) -> bool:
     """A reduce or an epilogue value inside x's epilogue is used more often than x: something besides x reads it."""
-    return _needed_below(x, self._epilogues, self._uses, strict=True, stored=self.staged, users=self._users,
+    return _needed_below(x, self._epilogues, self._counts, strict=True, stored=self.staged, users=self._users,
                         position=self._position)
 
   def _sole_chain(self, x: UOp, ops) -> tuple[UOp, set]:
@@ -386,8 +462,10 @@ class FusionFacts:
     return False
 
   def reads(self, x: UOp) -> int:
-    """How many buffers recomputing x reads (inputs, realized values, stores chosen so far)."""
-    return self._region(x)[0]
+    """How many buffers recomputing x reads (inputs, realized values, stores chosen so far); counted up to
+    READS_CAP, and READS_CAP + 1 for more."""
+    found = self._region(x)[0]
+    return READS_CAP + 1 if found is None else len(found)
 
   def reduces_inside(self, x: UOp) -> bool:
     """Recomputing x would run a reduce (one not stored so far)."""
@@ -396,20 +474,41 @@ class FusionFacts:
   def decided(self, x: UOp) -> bool:
     return x in self.staged or x in self.hoisted
 
-  def _region(self, u: UOp) -> tuple[int, bool]:
-    """(buffers read, a reduce is run) of recomputing u."""
+  def _stop(self, x: UOp) -> bool: return x in self.staged or x.op in (Ops.CONTIGUOUS, Ops.BUFFER)
+
+  def _reached(self, s: UOp) -> tuple[frozenset | None, bool]:
+    """What a region that reaches s gets from it: s itself where it is a buffer, a hoisted value's reads (it is
+    computed once in the kernel that reads it, however often it is read: recomputing a region does not recompute
+    the reduces inside it), or s's own region."""
+    if self._stop(s): return frozenset((s,)), False
+    reads, reduce = self._regions[s]
+    return (reads, False) if s in self.hoisted else (reads, reduce)
+
+  def _region(self, u: UOp) -> tuple[frozenset | None, bool]:
+    """(the buffers read, None for more than READS_CAP; a reduce is run) recomputing u: from its sources' regions,
+    each worked out once (below the nodes not asked about yet first)."""
     hit = self._regions.get(u)
-    if hit is None:
-      reads, reduce = set(), False
-      stop = lambda x: x in self.staged or x.op in (Ops.CONTIGUOUS, Ops.BUFFER)  # noqa: E731
-      # (a hoisted value is computed once in the kernel that reads it, however often it is read: recomputing u
-      # does not recompute the reduces inside it)
-      for x in u.toposort(gate=lambda x: x is u or not (stop(x) or x in self.hoisted)):
-        if x is not u and stop(x): reads.add(x)
-        elif x is not u and x in self.hoisted: reads.update(b for b in x.toposort() if stop(b))
-        elif x.op is Ops.REDUCE_AXIS: reduce = True
-      hit = self._regions[u] = (len(reads), reduce)
-    return hit
+    if hit is not None: return hit
+    todo = [(u, False)]
+    while todo:
+      v, ready = todo.pop()
+      if v in self._regions: continue
+      if not ready:
+        todo.append((v, True))
+        todo += [(s, False) for s in v.src if not self._stop(s) and s not in self._regions]
+        continue
+      reads: frozenset | None = frozenset()
+      reduce = v.op is Ops.REDUCE_AXIS
+      for s in v.src:
+        got, red = self._reached(s)
+        reduce = reduce or red
+        if reads is not None: reads = None if got is None else reads | got
+        if reads is not None and len(reads) > READS_CAP: reads = None
+      self._regions[v] = (reads, reduce)
+    return self._regions[u]
+
+  def _cost_edge(self, x: UOp) -> bool:
+    return x in self.staged or x in self.hoisted or x.op in (Ops.CONTIGUOUS, Ops.BUFFER, Ops.REDUCE_AXIS, Ops.EXPAND)
 
   def _own_cost(self, u: UOp) -> tuple[int, int]:
     """(transcendentals, ALU cost) of recomputing one element of u: its elementwise ops down to the buffers and
@@ -419,10 +518,8 @@ class FusionFacts:
     hit = self._costs.get(u)
     if hit is None:
       costly, ops = 0, 0
-      edge = lambda x: (x in self.staged or x in self.hoisted  # noqa: E731
-                        or x.op in (Ops.CONTIGUOUS, Ops.BUFFER, Ops.REDUCE_AXIS, Ops.EXPAND))
-      for x in u.toposort(gate=lambda x: x is u or not edge(x)):
-        if x is not u and edge(x): continue
+      for x in u.toposort(gate=lambda x: x is u or not self._cost_edge(x)):
+        if x is not u and self._cost_edge(x): continue
         if x.op in TRANSCENDENTAL: costly, ops = costly + 1, ops + TRANSCENDENTAL_OPS[x.op]
         elif x.op in ALU: ops += 1
       hit = self._costs[u] = (costly, ops)
@@ -432,13 +529,13 @@ class FusionFacts:
   def store(self, x: UOp) -> UOp | None:
     if self.decided(x): return None
     self.staged.add(x)
-    self._recount()
+    self._decide(x)
     return UOp(Ops.STAGE, x.dtype, (x,), x.device)
 
   def hoist(self, x: UOp) -> UOp | None:
     if self.decided(x): return None
     self.hoisted.add(x)
-    self._recount()
+    self._decide(x)
     return UOp(Ops.FUSE, x.dtype, (x,), "hoist")
 
   def keep(self, x: UOp) -> UOp | None:
