@@ -84,15 +84,25 @@ class RuleRuntimeError(RuntimeError):
 
 
 class _Budget:
-  """The rewrite step bound; sized from the graph only if a rewrite gets that far."""
+  """The rewrite step bound: 50 rewrites per node of the graph, counting the nodes the rewrite has finished so far
+  as well as those it was given (a pass that expands the graph, rangeify's index for every context a value is
+  read in, grows its budget with the graph it builds), sized only if a rewrite gets past FREE steps. A rule that
+  loops makes new nodes without finishing any (each rewrite's result is rewritten again before its slot is done),
+  so its budget stops growing and the loop is named; a rewrite back to a node being rewritten is named at once.
+  RULEC_REWRITE_LIMIT (or max_steps) fixes the bound instead."""
   FREE = 100_000
   def __init__(self, sink: UOp, max_steps: int | None):
     self.sink, self.limit = sink, max_steps
+    self.fixed = max_steps is not None or bool(os.environ.get("RULEC_REWRITE_LIMIT"))
+    self.given = -1             # nodes of the graph given (counted when first needed)
     self.recent = None          # the traversal's recently rewritten nodes, for error messages
-  def exceeded(self, steps: int) -> bool:
-    if self.limit is None:
-      if steps <= self.FREE: return False
-      self.limit = _limit(len(self.sink.toposort()))
+  def exceeded(self, steps: int, finished: int) -> bool:
+    if self.fixed:
+      if self.limit is None: self.limit = _limit(0)
+      return steps > self.limit
+    if steps <= self.FREE: return False
+    if self.given < 0: self.given = len(self.sink.toposort())
+    self.limit = max(_limit(self.given), 50 * finished)
     return steps > self.limit
 
 
@@ -132,7 +142,7 @@ def _post_order(root: UOp, rewrite, matcher, ctx, budget: _Budget, done: dict[UO
         continue
       steps += 1
       recent.append(x)
-      if budget.exceeded(steps): raise _loop_error(matcher, ctx, recent, f"more than {budget.limit} rewrites")
+      if budget.exceeded(steps, len(done)): raise _loop_error(matcher, ctx, recent, f"more than {budget.limit} rewrites")
       if r in pending or r is n or r is x:
         raise _loop_error(matcher, ctx, recent, f"a rewrite of {x.op.name} led back to a node being rewritten")
       if r in done:
@@ -162,7 +172,7 @@ def _pre_order(root: UOp, rewrite, matcher, ctx, budget: _Budget, done: dict[UOp
       while (r := rewrite(x)) is not None:
         steps += 1
         recent.append(x)
-        if budget.exceeded(steps): raise _loop_error(matcher, ctx, recent, f"more than {budget.limit} rewrites")
+        if budget.exceeded(steps, len(done)): raise _loop_error(matcher, ctx, recent, f"more than {budget.limit} rewrites")
         if r in seen or r in pending:
           raise _loop_error(matcher, ctx, recent, f"a rewrite of {x.op.name} led back to a node being rewritten")
         seen.add(r)

@@ -397,6 +397,29 @@ class _Fitter:
     if (got := self.range_sets.get(u)) is None: got = self.range_sets[u] = frozenset(_ranges_of(u))
     return got
 
+  def fittable(self, u: UOp) -> bool:
+    """rebuild could change u: among the values it walks (as rebuild does: through WHEREs, reduces' values and
+    float arithmetic), a load whose index, or a WHERE whose condition, has a // or %. Kept per node (_FITTABLE)."""
+    hit = _FITTABLE.get(u)
+    if hit is not None: return hit
+    def walked(n: UOp) -> tuple[UOp, ...]:
+      if not _is_value(n) or n.op in (Ops.RANGE, Ops.CONST, Ops.INDEX): return ()
+      if n.op is Ops.REDUCE: return (n.src[0],)
+      if n.op is not Ops.WHERE and n.dtype.is_int: return ()
+      return n.src
+    todo = [(u, False)]
+    while todo:
+      n, ready = todo.pop()
+      if n in _FITTABLE: continue
+      if not ready:
+        todo.append((n, True))
+        todo += [(s, False) for s in walked(n) if s not in _FITTABLE]
+        continue
+      if n.op is Ops.INDEX: _FITTABLE[n] = _is_value(n) and any(self.has_divmod(i) for i in n.src[1:])
+      else:
+        _FITTABLE[n] = ((n.op is Ops.WHERE and self.has_divmod(n.src[0])) or any(_FITTABLE[s] for s in walked(n)))
+    return _FITTABLE[u]
+
   def has_divmod(self, u: UOp) -> bool:
     for n in u.toposort(lambda m: m not in self.divmod):
       if n not in self.divmod: self.divmod[n] = n.op in (Ops.IDIV, Ops.MOD) or any(self.divmod.get(x, False) for x in n.src)
@@ -633,6 +656,10 @@ class _Fitter:
     return self.simplified(idx, self.usable(guards))
 
   def rebuild(self, u: UOp, guards: tuple) -> UOp:
+    # (nothing under u that a fit could change: no load index or guard with a // or % in it. A chain of nested
+    # WHEREs, x.maximum(f(x)) repeated, is reached under as many guard tuples as it has paths, so the walk must
+    # not go where it cannot change anything)
+    if not self.fittable(u): return u
     key = (u, guards)
     if key in self.memo: return self.memo[key]
     if not _is_value(u) or u.op in (Ops.RANGE, Ops.CONST): out = u   # (shared structure: left as it is)
@@ -650,6 +677,7 @@ class _Fitter:
 
 
 _AFFINE: "weakref.WeakKeyDictionary[UOp, UOp | None]" = weakref.WeakKeyDictionary()
+_FITTABLE: "weakref.WeakKeyDictionary[UOp, bool]" = weakref.WeakKeyDictionary()   # _Fitter.fittable
 
 
 @rule_helper
@@ -666,7 +694,7 @@ def affine_given(w: UOp) -> UOp | None:
   cond, t, f = w.src
   fitter = _Fitter()
   new_cond = fitter.guard(cond, ())
-  new = fitter.rebuild(t, (new_cond,)) if any(n.op is Ops.INDEX for n in _values_of(t)) else t
+  new = fitter.rebuild(t, (new_cond,))
   out = None if new_cond is cond and new is t else UOp(Ops.WHERE, w.dtype, (new_cond, new, f))
   _AFFINE[w] = out
   return out

@@ -2,6 +2,7 @@
 import pytest
 
 from rulec.engine.ir.dtypes import dtypes
+from rulec.engine.ir.ops import Ops
 from rulec.engine.ir.rewrite import RewriteLoopError, graph_rewrite, substitute
 from rulec.engine.ir.uop import UOp
 from tests.helpers import TextMatcher
@@ -65,6 +66,24 @@ def test_an_ever_growing_rewrite_hits_the_step_bound():
   m = TextMatcher("ruleset s:\n  rule grow: x:DEFINE_VAR => x + 0\n  rule grow2: y + 0 => (y + 0) + 1\n", "s")
   with pytest.raises(RewriteLoopError):
     graph_rewrite(UOp.variable("a", 0, 9), m, max_steps=200)
+
+
+def test_the_step_bound_grows_with_the_graph_a_rewrite_builds(monkeypatch):
+  # a pass that expands a small graph into a large one (rangeify's index per context does) is not refused: its
+  # bound counts the nodes it has finished; a rule that grows forever finishes none and is still stopped
+  from rulec.engine.ir import rewrite as rw
+  monkeypatch.setattr(rw._Budget, "FREE", 200)
+  monkeypatch.setattr(rw, "_limit", lambda n: max(200, 50 * n))
+  class Unfold:   # v<i> -> v<2i+1> + v<2i+2> below 3000: 3000 rewrites of a one-node graph, a finite tree
+    def rewrite(self, u, ctx=None):
+      if u.op is not Ops.DEFINE_VAR or (i := int(u.arg[0][1:])) >= 3000: return None
+      return UOp.variable(f"v{2 * i + 1}", 0, 9) + UOp.variable(f"v{2 * i + 2}", 0, 9)
+  for bottom_up in (False, True):
+    out = graph_rewrite(UOp.variable("v0", 0, 9), Unfold(), bottom_up=bottom_up)
+    assert sum(1 for u in out.toposort() if u.op is Ops.DEFINE_VAR) == 3001
+  m = TextMatcher("ruleset s:\n  rule grow: x:DEFINE_VAR => x + 0\n  rule grow2: y + 0 => (y + 0) + 1\n", "s")
+  with pytest.raises(RewriteLoopError, match="more than"):
+    graph_rewrite(UOp.variable("a", 0, 9), m)
 
 
 def test_loop_error_from_library_matcher_names_rule(tmp_path, cache_dir):

@@ -126,3 +126,16 @@ def test_a_long_program_works_out_each_count_a_bounded_number_of_times(monkeypat
     nodes = len(sink.toposort())
     assert len(staged) > n // 10
     assert len(counted) <= 3 * nodes, (n, len(counted), nodes)
+
+
+def test_a_long_chain_of_maximums_of_itself_schedules():
+  # y.maximum(f(y)) is a WHERE over y twice: 300 of them nested once reached the symbolic rules' guarded rebuild
+  # under 2**depth guard tuples (where_affine timed out); there is no // or % to fit here, so nothing is walked
+  x = Tensor(np.random.default_rng(4).standard_normal((8, 8)).astype(np.float32))
+  y, want = x, x.numpy().astype(np.float64)
+  for i in range(300):
+    y = (y * 1.0001 + 0.5).sin()
+    y = y.maximum(y * 0.5)
+    want = np.sin(want * 1.0001 + 0.5)
+    want = np.maximum(want, want * 0.5)
+  np.testing.assert_allclose(y.numpy(), want, rtol=1e-4, atol=1e-4)
