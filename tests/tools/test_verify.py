@@ -110,7 +110,9 @@ def test_cli_exit_codes_and_json(tmp_path, capsys):
 KNOWN_REFUTED: set[str] = set()
 
 
-@pytest.mark.parametrize("examples", [8])
+# (3 examples a rule: the README's test command runs `rulec verify --examples 20` over the same rules first, which
+# fails on any refuted rule; this test checks what the report says of each)
+@pytest.mark.parametrize("examples", [3])
 def test_shipped_rules(examples):
   results = [r for rs in verify_library(load_library(), examples=examples) for r in rs.rules]
   assert len(results) == sum(len(rs.rules) for rs in load_library().checked.rulesets.values())
