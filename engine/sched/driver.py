@@ -87,16 +87,18 @@ def _traced_pass(name: str, sink: UOp, matcher, quiet: bool, **kw) -> UOp:
 
 # the fusion rule sets (rules/fusion.rules), offered every node in this order
 FUSION_SETS = ("fuse_reduces", "fuse_values")
+# ... and then these, producers first
+FUSION_UPWARD_SETS = ("bound_kernels",)
 
 
 def _fusion(sink: UOp, hoists: bool, hoists_rows: bool, lane_guards: bool, tiled_epilogues: bool = False) -> set[UOp]:
   """Pass 2: the nodes the fusion rules store (decision rules: they record, the graph is not rewritten)."""
-  sets = [_m(name) for name in FUSION_SETS]
-  if not DEBUG: return choose_stages(sink, sets, hoists, hoists_rows, lane_guards, tiled_epilogues)
-  counting = [_Counting(m) for m in sets]
+  sets, upward = [_m(name) for name in FUSION_SETS], [_m(name) for name in FUSION_UPWARD_SETS]
+  if not DEBUG: return choose_stages(sink, sets, hoists, hoists_rows, lane_guards, tiled_epilogues, upward)
+  counting, counting_up = [_Counting(m) for m in sets], [_Counting(m) for m in upward]
   t0 = time.perf_counter()
-  staged = choose_stages(sink, counting, hoists, hoists_rows, lane_guards, tiled_epilogues)
-  fired = ", ".join(s for s in (c.summary() for c in counting) if s)
+  staged = choose_stages(sink, counting, hoists, hoists_rows, lane_guards, tiled_epilogues, counting_up)
+  fired = ", ".join(s for s in (c.summary() for c in counting + counting_up) if s)
   print(f"[schedule] {'fusion':<10} {len(staged):>6} stores {' ' * 10}{(time.perf_counter() - t0) * 1e3:7.2f} ms  "
         f"{fired or 'no rules fired'}")
   return staged

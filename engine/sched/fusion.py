@@ -54,6 +54,12 @@ OUTPUT_TILE = 32
 # 0.492 for the matmul alone; the MLP backward's gelu' over dy @ W2.T (about 120) 0.770 fused, 0.511 + 0.115 stored
 # (bench/results/gpu-2026-12-06-session26.txt)
 TILE_EPILOGUE_OPS = int(os.environ.get("RULEC_TILE_EPILOGUE_OPS", "80"))
+# The ALU ops one kernel may compute per element (ctx.max_kernel_ops; rules/fusion.rules bound_kernels): past it a
+# value is stored and the kernel split there. LLVM's compile time grows faster than the kernel: 1,000 chained
+# multiply-adds (2,000 ops) compile in 0.8 s on this project's 2-core CPU host, 3,000 in 4.5 s, 10,000 in 45 s
+# (bench/results/schedule-2026-12-06-session30.txt). A transcendental counts as TRANSCENDENTAL_OPS says (its
+# polynomial's ops).
+MAX_KERNEL_OPS = int(os.environ.get("RULEC_MAX_KERNEL_OPS", "2000"))
 # ctx.reads counts buffers up to this many (the rules compare it with max_reads): a region's set of buffers is kept
 # per node, and a model's output would otherwise carry every weight of the model
 READS_CAP = 64
@@ -289,17 +295,24 @@ class FusionFacts:
     # counts below the decided node, the regions and costs above it)
     self._decided: set[UOp] = set()
     self._counts = _UseCounts(sink, self._users, self._position, self._decided)
-    self._regions: dict[UOp, tuple[frozenset | None, bool]] = {}
+    self._regions: dict[UOp, tuple[frozenset | None, bool, int]] = {}
     self._costs: dict[UOp, tuple[int, int]] = {}
+    self._below: dict[UOp, frozenset | None] = {}
+    self.max_kernel_ops = MAX_KERNEL_OPS
 
   def _decide(self, x: UOp) -> None:
     self._decided.add(x)
     self._counts.changed(x)
-    # the regions that reached x through nodes that are not stored (a hoisted node's region is its reads)
-    todo = [x]
-    while todo:
-      for w in self._users.get(todo.pop(), ()):
-        if self._regions.pop(w, None) is not None and not self._stop(w): todo.append(w)
+    self._forget_regions_above(x)
+    # a stored x is one more buffer below everything above it, stored or not: a hoisted value's reads are every
+    # buffer below it (_reached), so the regions that reach such a value change too
+    if x in self.staged:
+      todo = [x]
+      while todo:
+        v = todo.pop()
+        if self._below.pop(v, None) is None: continue   # (not known, so neither is anything above it through v)
+        if v in self.hoisted: self._forget_regions_above(v)
+        todo += self._users.get(v, ())
     # the costs that counted x's ops: up through the elementwise ops above it
     todo, seen = [x], set()
     while todo:
@@ -308,6 +321,33 @@ class FusionFacts:
         seen.add(w)
         self._costs.pop(w, None)
         if not self._cost_edge(w): todo.append(w)
+
+  def _forget_regions_above(self, x: UOp) -> None:
+    """The regions that reached x through nodes that are not stored."""
+    todo = [x]
+    while todo:
+      for w in self._users.get(todo.pop(), ()):
+        if self._regions.pop(w, None) is not None and not self._stop(w): todo.append(w)
+
+  def _buffers_below(self, u: UOp) -> frozenset | None:
+    """Every buffer and stored value in u's graph, u included (None for more than READS_CAP), from its sources'."""
+    hit = self._below.get(u, False)
+    if hit is not False: return hit
+    todo = [(u, False)]
+    while todo:
+      v, ready = todo.pop()
+      if v in self._below: continue
+      if not ready:
+        todo.append((v, True))
+        todo += [(s, False) for s in v.src if s not in self._below]
+        continue
+      got: frozenset | None = frozenset((v,)) if self._stop(v) else frozenset()
+      for s in v.src:
+        b = self._below[s]
+        got = None if got is None or b is None else got | b
+        if got is not None and len(got) > READS_CAP: got = None
+      self._below[v] = got
+    return self._below[u]
 
   # *** facts ***
   def uses(self, x: UOp) -> float:
@@ -476,17 +516,27 @@ class FusionFacts:
 
   def _stop(self, x: UOp) -> bool: return x in self.staged or x.op in (Ops.CONTIGUOUS, Ops.BUFFER)
 
-  def _reached(self, s: UOp) -> tuple[frozenset | None, bool]:
-    """What a region that reaches s gets from it: s itself where it is a buffer, a hoisted value's reads (it is
-    computed once in the kernel that reads it, however often it is read: recomputing a region does not recompute
-    the reduces inside it), or s's own region."""
-    if self._stop(s): return frozenset((s,)), False
-    reads, reduce = self._regions[s]
-    return (reads, False) if s in self.hoisted else (reads, reduce)
+  def kernel_ops(self, x: UOp) -> int:
+    """ALU ops computing one element of x in its kernel: every op of its region down to the buffers and stored
+    values it reads (reduces' bodies and hoisted values too: they run in that kernel), each once however often it
+    is read, a transcendental as TRANSCENDENTAL_OPS says."""
+    ops = self._region(x)[2]
+    if ops <= self.max_kernel_ops: return ops   # (the count per path is at least the count per op)
+    stop = lambda u: u is not x and self._stop(u)  # noqa: E731
+    return sum(_op_weight(u) for u in x.toposort(gate=lambda u: not stop(u)) if not stop(u))
 
-  def _region(self, u: UOp) -> tuple[frozenset | None, bool]:
-    """(the buffers read, None for more than READS_CAP; a reduce is run) recomputing u: from its sources' regions,
-    each worked out once (below the nodes not asked about yet first)."""
+  def _reached(self, s: UOp) -> tuple[frozenset | None, bool, int]:
+    """What a region that reaches s gets from it: s itself where it is a buffer; for a hoisted value (computed once
+    in the kernel that reads it, however often it is read: recomputing a region does not recompute the reduces
+    inside it) its ops, and as its reads every buffer and stored value below it; or s's own region."""
+    if self._stop(s): return frozenset((s,)), False, 0
+    reads, reduce, ops = self._regions[s]
+    return (self._buffers_below(s), False, ops) if s in self.hoisted else (reads, reduce, ops)
+
+  def _region(self, u: UOp) -> tuple[frozenset | None, bool, int]:
+    """(the buffers read, None for more than READS_CAP; a reduce is run; ALU ops, counted once per path: an upper
+    bound of kernel_ops that a sum over the sources keeps) recomputing u: from its sources' regions, each worked
+    out once (below the nodes not asked about yet first)."""
     hit = self._regions.get(u)
     if hit is not None: return hit
     todo = [(u, False)]
@@ -498,13 +548,13 @@ class FusionFacts:
         todo += [(s, False) for s in v.src if not self._stop(s) and s not in self._regions]
         continue
       reads: frozenset | None = frozenset()
-      reduce = v.op is Ops.REDUCE_AXIS
-      for s in v.src:
-        got, red = self._reached(s)
-        reduce = reduce or red
+      reduce, ops = v.op is Ops.REDUCE_AXIS, _op_weight(v)
+      for s in dict.fromkeys(v.src):
+        got, red, n = self._reached(s)
+        reduce, ops = reduce or red, min(ops + n, OPS_CAP)
         if reads is not None: reads = None if got is None else reads | got
         if reads is not None and len(reads) > READS_CAP: reads = None
-      self._regions[v] = (reads, reduce)
+      self._regions[v] = (reads, reduce, ops)
     return self._regions[u]
 
   def _cost_edge(self, x: UOp) -> bool:
@@ -540,6 +590,13 @@ class FusionFacts:
 
   def keep(self, x: UOp) -> UOp | None:
     return None if self.decided(x) else UOp(Ops.FUSE, x.dtype, (x,))
+
+
+OPS_CAP = 1 << 40   # (a count per path doubles with each x.maximum(f(x)) nested)
+
+
+def _op_weight(u: UOp) -> int:
+  return TRANSCENDENTAL_OPS[u.op] if u.op in TRANSCENDENTAL else 1 if u.op in ALU else 0
 
 
 def _online_softmax_nodes(order: list[UOp], users: dict[UOp, list[UOp]], outputs: set[UOp]) -> dict[UOp, int]:
@@ -620,8 +677,10 @@ def _contracted_last(r: UOp, shape: tuple, only) -> bool:
 
 
 def choose_stages(sink: UOp, rule_sets, hoists: bool = False, hoists_rows: bool | None = None,
-                  lane_guards: bool | None = None, tiled_epilogues: bool = False) -> set[UOp]:
-  """Nodes to realize: every node offered to each fusion rule set (a matcher) in turn, consumers first.
+                  lane_guards: bool | None = None, tiled_epilogues: bool = False, upward_sets=()) -> set[UOp]:
+  """Nodes to realize: every node offered to each fusion rule set (a matcher) in turn, consumers first; then to
+  each of `upward_sets`, producers first (rules/fusion.rules bound_kernels: what a kernel computes below a node is
+  decided by then, so a kernel's size can be bounded from its inputs up).
 
   `hoists`: the devices compute a reduce that depends on no loop around it once per kernel (CPU, NUMPY), so a
   whole-tensor value with one consumer may stay in that consumer's kernel however far it is broadcast
@@ -633,6 +692,8 @@ def choose_stages(sink: UOp, rule_sets, hoists: bool = False, hoists_rows: bool 
   facts = FusionFacts(sink, hoists, hoists_rows, lane_guards, tiled_epilogues)
   for m in rule_sets:
     for u in reversed(facts.order): m.rewrite(u, facts)
+  for m in upward_sets:
+    for u in facts.order: m.rewrite(u, facts)
   return facts.staged
 
 

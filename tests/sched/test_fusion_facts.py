@@ -74,7 +74,8 @@ def _answers(facts: fusion.FusionFacts, nodes) -> dict:
   out = {}
   for u in nodes:
     out[u] = (facts.uses(u), facts.contexts(u), facts.repeats(u), facts.reads(u), facts.reduces_inside(u),
-              facts.cost(u), facts.transcendentals(u), facts.epilogue_cost(u) if u.op is Ops.REDUCE_AXIS else None)
+              facts.cost(u), facts.transcendentals(u), facts.epilogue_cost(u) if u.op is Ops.REDUCE_AXIS else None,
+              facts.kernel_ops(u), facts._region(u)[2])
   return out
 
 
@@ -99,12 +100,15 @@ def test_facts_kept_between_decisions_are_those_counted_afresh(name, data):
     # a few nodes, drawn: facts are worked out for them (and for what they depend on) and kept
     k = data.draw(st.integers(0, 3))
     _answers(facts, [order[data.draw(st.integers(0, len(order) - 1))] for _ in range(k)])
+  *args, upward = args
   facts = fusion.FusionFacts(sink, *args)
   real_store, real_hoist = facts.store, facts.hoist
   facts.store = lambda x: (decisions.append(("store", x)), real_store(x))[1]
   facts.hoist = lambda x: (decisions.append(("hoist", x)), real_hoist(x))[1]
   for m in [_Asking(m, ask) for m in sets]:
     for u in reversed(facts.order): m.rewrite(u, facts)
+  for m in [_Asking(m, ask) for m in upward]:
+    for u in facts.order: m.rewrite(u, facts)
   assert decisions, "no decision to keep facts across"
   # afresh: the same decisions on a new set of facts that knows nothing yet
   fresh = fusion.FusionFacts(sink, *args)
