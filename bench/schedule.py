@@ -116,6 +116,97 @@ def batched_matmul(T, make):
   return (a @ w + b, c @ v + d)
 
 
+# *** model-sized programs (#36): the graphs of whole models, scheduled as they are; run by --models ***
+
+def _gpt2(T, make, layers=12, batch=1, seq=1024, dim=768, heads=12, vocab=50257):
+  """GPT-2 small's forward from its input embeddings (token + position, as a buffer: the lookup is one gather)
+  to the logits over the whole vocabulary, with every weight an input: (logits, the weights)."""
+  hd = dim // heads
+  ws = []
+  def w(*s):
+    ws.append(make(*s))
+    return ws[-1]
+  def norm(x, g, b): return x.layernorm() * g + b
+  x = make(batch, seq, dim)
+  mask = make(seq, seq)   # (the causal mask as an input: 0 or -inf)
+  for _ in range(layers):
+    g1, b1, wqkv, bqkv, wo, bo = w(dim), w(dim), w(dim, 3 * dim), w(3 * dim), w(dim, dim), w(dim)
+    g2, b2, w1, c1, w2, c2 = w(dim), w(dim), w(dim, 4 * dim), w(4 * dim), w(4 * dim, dim), w(dim)
+    qkv = norm(x, g1, b1) @ wqkv + bqkv
+    q, k, v = [qkv[:, :, i * dim:(i + 1) * dim].reshape(batch, seq, heads, hd).transpose(1, 2) for i in range(3)]
+    att = (q @ k.transpose(-1, -2) * (1 / math.sqrt(hd)) + mask).softmax(-1)
+    x = x + (att @ v).transpose(1, 2).reshape(batch, seq, dim) @ wo + bo
+    x = x + (norm(x, g2, b2) @ w1 + c1).gelu() @ w2 + c2
+  gf, bf, wte = w(dim), w(dim), w(vocab, dim)
+  return norm(x, gf, bf) @ wte.transpose(0, 1), ws
+
+
+def gpt2_forward(T, make): return (_gpt2(T, make)[0],)
+
+
+def gpt2_train_step(T, make):
+  """A training step: cross-entropy against one-hot targets (a buffer), every gradient, and an SGD update of every
+  weight."""
+  logits, ws = _gpt2(T, make)
+  target = make(*logits.shape)
+  loss = -(logits.log_softmax(-1) * target).sum() * (1 / (logits.shape[0] * logits.shape[1]))
+  return (loss, *(p - g * 1e-4 for p, g in zip(ws, loss.gradient(*ws))))
+
+
+def _resnet50(T, make, batch=1, size=224, classes=1000):
+  """ResNet-50's forward (training-mode batch norm: each batch's statistics): (logits, the weights)."""
+  ws = []
+  def w(*s):
+    ws.append(make(*s))
+    return ws[-1]
+  def bn(x):
+    c = x.shape[1]
+    g, b = w(1, c, 1, 1), w(1, c, 1, 1)
+    mean = x.mean(axis=(0, 2, 3), keepdim=True)
+    var = ((x - mean) * (x - mean)).mean(axis=(0, 2, 3), keepdim=True)
+    return (x - mean) * (var + 1e-5).rsqrt() * g + b
+  def conv(x, cout, k, stride=1):
+    return x.conv2d(w(cout, x.shape[1], k, k), stride=stride, padding=k // 2)
+  x = make(batch, 3, size, size)
+  x = bn(conv(x, 64, 7, 2)).relu().max_pool2d(kernel_size=3, stride=2, padding=1)
+  for width, blocks, stride in ((64, 3, 1), (128, 4, 2), (256, 6, 2), (512, 3, 2)):
+    for i in range(blocks):
+      s = stride if i == 0 else 1
+      h = bn(conv(x, width, 1)).relu()
+      h = bn(conv(h, width, 3, s)).relu()
+      h = bn(conv(h, width * 4, 1))
+      short = bn(conv(x, width * 4, 1, s)) if i == 0 else x
+      x = (h + short).relu()
+  fc, fb = w(2048, classes), w(classes)
+  return x.mean(axis=(2, 3)) @ fc + fb, ws
+
+
+def resnet50_forward(T, make): return (_resnet50(T, make)[0],)
+
+
+def resnet50_train_step(T, make):
+  logits, ws = _resnet50(T, make)
+  target = make(*logits.shape)
+  loss = -(logits.log_softmax(-1) * target).sum() * (1 / logits.shape[0])
+  return (loss, *(p - g * 1e-4 for p, g in zip(ws, loss.gradient(*ws))))
+
+
+def chain_1000(T, make):
+  """1,000 elementwise ops (sin, a maximum every third step, a mean-centering every fifth) on 64x64."""
+  x = make(64, 64)
+  y, ops = x, 0
+  while ops < 1000:
+    y, ops = (y * 1.0001 + 0.5).sin(), ops + 3
+    if ops % 9 == 0: y, ops = y.maximum(x), ops + 1
+    if ops % 15 == 0: y, ops = y - y.mean(), ops + 2
+  return (y,)
+
+
+MODEL_PROGRAMS = {"GPT-2 12L T1024 forward": gpt2_forward, "GPT-2 12L T1024 train step": gpt2_train_step,
+                  "ResNet-50 forward": resnet50_forward, "ResNet-50 train step": resnet50_train_step,
+                  "1000-op chain": chain_1000}
+
+
 # a second device on the host for each front end: rulec's NUMPY reference device (CPU when that is
 # the default), tinygrad's PYTHON device (it schedules like any other: kernels and COPY calls)
 def other_device(T, here: str) -> str:

@@ -607,6 +607,7 @@ def _online_softmax_nodes(order: list[UOp], users: dict[UOp, list[UOp]], outputs
   Returns each node of those softmaxes (what computes x, x, m, the exponent's ops, e, the sum and p) -> the bytes
   of its score matrix x."""
   out: dict[UOp, int] = {}
+  position = {u: i for i, u in enumerate(order)}
   only = lambda v: users.get(v, []) if v not in outputs else []  # noqa: E731
   for m in order:
     if m.op is not Ops.REDUCE_AXIS or m.arg[0] is not Ops.MAX or m.shape[-1:] != (1,): continue
@@ -636,12 +637,12 @@ def _online_softmax_nodes(order: list[UOp], users: dict[UOp, list[UOp]], outputs
     p = probs[0]
     # p = e * (a row value over the sum): e times an EXPAND of something that reads the sum
     if p.op is Ops.MUL and len(p.src) == 2 and (o := p.src[1] if p.src[0] is e else p.src[0]).op is Ops.EXPAND \
-       and o.src[0].shape == m.shape and sums[0] in o.src[0].toposort(): pass
+       and o.src[0].shape == m.shape and sums[0] in (over_sum := _reaching(o, sums[0], position)): pass
     else: continue
     if not all(_contracted_last(u, x.shape, only) for u in only(p)) or not only(p): continue
     # (the row's max and sum too: after the kernel rules the max is gone and the sum runs in the product's loop, on
     # any device; left to the row-value rules, a device that does not hoist rows would store them)
-    found = {x, *chain, p, m, bm[0], *(n for n in o.toposort() if sums[0] in n.toposort())}
+    found = {x, *chain, p, m, bm[0], *over_sum}
     # (and what only the scores read, down to the reduce that computes them: q @ k.T, scaled, masked)
     todo = [s for s in x.src]
     while todo:
@@ -651,6 +652,17 @@ def _online_softmax_nodes(order: list[UOp], users: dict[UOp, list[UOp]], outputs
       if v.op is not Ops.REDUCE_AXIS: todo += v.src
     for n in found: out[n] = max(out.get(n, 0), x.size * x.dtype.itemsize)
   return out
+
+
+def _reaching(top: UOp, target: UOp, position: dict[UOp, int]) -> set[UOp]:
+  """The nodes of top's graph that have target in theirs (target and top included, where top reaches it): one walk,
+  never below target's place in the graph's order (nothing there can reach it)."""
+  floor = position[target]
+  walk = top.toposort(gate=lambda u: position.get(u, -1) > floor)
+  got: set[UOp] = set()
+  for u in walk:   # (sources first)
+    if u is target or any(s in got for s in u.src): got.add(u)
+  return got
 
 
 def _broadcast_const(x: UOp) -> bool:
