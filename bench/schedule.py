@@ -19,7 +19,9 @@ and gets no kernel in either front end.
 
 Needs `pip install '.[bench]'` (tinygrad==0.14.0) and Debian's `clang`
 (tinygrad's CPU device looks for it when it starts). Run: python bench/schedule.py
-(`--check` also runs every program in both front ends on the same random inputs and compares the outputs)
+(`--check` also runs every program in both front ends on the same random inputs and compares the outputs;
+`--models` schedules the model-sized programs instead, each cold in a new process and then warm: a 12-layer GPT-2
+at T 1024 forward and training step, ResNet-50 forward and training step, a 1000-op elementwise chain)
 
 The last three programs are backward passes: the loss of a forward program and its gradients for every input,
 through `Tensor.gradient` in both front ends (rulec's gradients come from rules/gradient.rules).
@@ -302,7 +304,42 @@ def check_same_results(seed: int = 0) -> None:
   print(f"--check: rulec and tinygrad agree on all {len(PROGRAMS)} programs")
 
 
+def one_model(name: str, front: str) -> None:
+  """--one NAME FRONT (a child process of --models): schedule the model program cold (this process's first
+  schedule: imports done, matchers loaded from the disk cache or compiled) and then warm (a fresh graph of the
+  same program), and print both."""
+  run = rulec_run if front == "rulec" else tinygrad_run
+  cold, kernels, _ = run(MODEL_PROGRAMS[name])
+  warm, _, _ = run(MODEL_PROGRAMS[name])
+  print(f"RESULT {cold} {warm} {kernels}")
+
+
+def models() -> None:
+  """--models: the model-sized programs, rulec and tinygrad, each cold in a process of its own and then warm."""
+  import subprocess
+  print(machine())
+  print("model-sized programs: scheduling only, cold = the first schedule in a new process (after imports), warm = "
+        "a fresh graph of the same program in that process")
+  head = (f"{'program':<28} {'rulec cold s':>12} {'tg cold s':>10} {'cold x':>7} {'rulec warm s':>12} {'tg warm s':>10} "
+          f"{'warm x':>7} {'rulec kernels':>14} {'tg kernels':>11}")
+  print(head)
+  print("-" * len(head))
+  for name in MODEL_PROGRAMS:
+    got = {}
+    for front in ("rulec", "tinygrad"):
+      out = subprocess.run([sys.executable, __file__, "--one", name, front], capture_output=True, text=True)
+      line = next((x for x in out.stdout.splitlines() if x.startswith("RESULT ")), None)
+      if line is None: raise SystemExit(f"{front} {name} failed:\n{out.stderr[-2000:]}")
+      cold, warm, k = line.split()[1:]
+      got[front] = (float(cold), float(warm), int(k))
+    (rc, rw, rk), (tc, tw, tk) = got["rulec"], got["tinygrad"]
+    print(f"{name:<28} {rc:>12.2f} {tc:>10.2f} {tc / rc:>7.2f} {rw:>12.2f} {tw:>10.2f} {tw / rw:>7.2f} {rk:>14} {tk:>11}",
+          flush=True)
+
+
 def main():
+  if sys.argv[1:2] == ["--one"]: return one_model(sys.argv[2], sys.argv[3])
+  if "--models" in sys.argv[1:]: return models()
   check_inputs()
   if "--check" in sys.argv[1:]: check_same_results()
   rows = []

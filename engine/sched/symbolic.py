@@ -394,8 +394,16 @@ class _Fitter:
     self.too_big = False   # a group of a guard had too many points for bounds_form
 
   def ranges(self, u: UOp) -> frozenset:
-    if (got := self.range_sets.get(u)) is None: got = self.range_sets[u] = frozenset(_ranges_of(u))
-    return got
+    """The RANGEs u depends on, from its sources' (each node's kept: a walk per node would be quadratic in a deep
+    guard)."""
+    got = self.range_sets.get(u)
+    if got is not None: return got
+    for n in u.toposort(lambda m: m not in self.range_sets):
+      if n in self.range_sets: continue
+      got = frozenset((n,)) if n.op is Ops.RANGE else frozenset()
+      for s in n.src: got = got | self.range_sets[s]
+      self.range_sets[n] = got
+    return self.range_sets[u]
 
   def fittable(self, u: UOp) -> bool:
     """rebuild could change u: among the values it walks (as rebuild does: through WHEREs, reduces' values and
@@ -431,11 +439,19 @@ class _Fitter:
     out = []
     for g in guards:
       for c in _conjuncts(g):
-        if (ok := self.arithmetic.get(c)) is None:
-          ok = self.arithmetic[c] = all(n.op in (Ops.RANGE, Ops.CONST) or (n.src and n.op not in (Ops.INDEX, Ops.REDUCE))
-                                        for n in c.toposort())
-        if ok: out.append(c)
+        if self.is_arithmetic(c): out.append(c)
     return out
+
+  def is_arithmetic(self, c: UOp) -> bool:
+    """c is arithmetic on ranges and constants all the way down (no load, no reduce), from its sources' answers
+    (each node's kept: a guard over a long computed value is walked once, not once per guard that holds it)."""
+    got = self.arithmetic.get(c)
+    if got is not None: return got
+    for n in c.toposort(lambda m: m not in self.arithmetic):
+      if n in self.arithmetic: continue
+      self.arithmetic[n] = n.op in (Ops.RANGE, Ops.CONST) or (
+        bool(n.src) and n.op not in (Ops.INDEX, Ops.REDUCE) and all(self.arithmetic[x] for x in n.src))
+    return self.arithmetic[c]
 
   def fit(self, u: UOp, conds: list[UOp]) -> UOp | None:
     got = self.fit_bounded(u, conds)
