@@ -172,7 +172,13 @@ def show(u: UOp, names: dict[UOp, str] | None = None, limit: int = _SHOW_LIMIT) 
 
   def typed(s: UOp) -> bool: return not (s.op is Ops.CONST and not s.src)
 
-  def go(u: UOp, ctx: DType | None = None, top: bool = False) -> str:
+  # (a graph thousands of nodes deep, or a DAG whose tree is exponential, is cut off where the text would be: the
+  # walk stops past the limit's worth of nodes and below a depth no line shows)
+  visits = [0]
+
+  def go(u: UOp, ctx: DType | None = None, top: bool = False, depth: int = 0) -> str:
+    visits[0] += 1
+    if visits[0] > limit or depth > 100: return "..."
     if u in names: return names[u]
     if u.op is Ops.CONST and not u.src: return lit(u, ctx)
     if u.op is Ops.DEFINE_VAR and isinstance(u.arg, tuple) and len(u.arg) == 3 and isinstance(u.arg[0], str):
@@ -181,7 +187,7 @@ def show(u: UOp, names: dict[UOp, str] | None = None, limit: int = _SHOW_LIMIT) 
     if u.op is Ops.RANGE and u.dtype is dtypes.index and len(u.src) == 1 and isinstance(u.arg, tuple) and len(u.arg) == 2:
       axis, kind = u.arg
       tail = "" if (axis, kind) == (0, "loop") else f"[{axis}]" if kind == "loop" and isinstance(axis, int) else f"[{u.arg!r}]"
-      return f"RANGE({go(u.src[0], dtypes.index, True)}){tail}"
+      return f"RANGE({go(u.src[0], dtypes.index, True, depth + 1)}){tail}"
     ctxs: list[DType | None] = [None] * len(u.src)
     if u.op in ALU:
       if u.op is Ops.WHERE and len(u.src) == 3:
@@ -194,11 +200,11 @@ def show(u: UOp, names: dict[UOp, str] | None = None, limit: int = _SHOW_LIMIT) 
     try: want = GraphBuilder.infer_dtype(u.op, u.src, None) if u.src or u.op not in ALU else None
     except Exception: want = None
     if u.op in _SUGAR and len(u.src) == 2 and u.arg is None and u.dtype is want:
-      s = f"{go(u.src[0], ctxs[0])} {_SUGAR[u.op]} {go(u.src[1], ctxs[1])}"
+      s = f"{go(u.src[0], ctxs[0], False, depth + 1)} {_SUGAR[u.op]} {go(u.src[1], ctxs[1], False, depth + 1)}"
       return s if top else f"({s})"
-    if u.op is Ops.NEG and len(u.src) == 1 and u.arg is None and u.dtype is want: return f"-{go(u.src[0], ctxs[0])}"
+    if u.op is Ops.NEG and len(u.src) == 1 and u.arg is None and u.dtype is want: return f"-{go(u.src[0], ctxs[0], False, depth + 1)}"
     out = u.op.name
-    if u.src: out += "(" + ", ".join(go(s, c, True) for s, c in zip(u.src, ctxs)) + ")"
+    if u.src: out += "(" + ", ".join(go(s, c, True, depth + 1) for s, c in zip(u.src, ctxs)) + ")"
     if u.arg is not None: out += f"[{u.arg!r}]"
     if u.dtype is not want: out += f"{{{u.dtype.name}}}"
     return out

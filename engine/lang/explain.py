@@ -307,13 +307,20 @@ class RewriteRecorder:
   def _decision_pass(self, orig):
     """A decision pass (DECISION_PASSES) whose rule sets holding the rule are watched."""
     def watched_pass(sink, rule_sets, *args, **kw):
-      sets, held = [], False
-      for m in rule_sets:
-        w = self._watched(m)
-        sets.append(m if w is None else w[0])
-        if w is not None:
-          held = True
-          if w[1] not in self.rec.decision_sets: self.rec.decision_sets.append(w[1])
+      held = False
+      def watch(ms):
+        nonlocal held
+        out = []
+        for m in ms:
+          w = self._watched(m)
+          out.append(m if w is None else w[0])
+          if w is not None:
+            held = True
+            if w[1] not in self.rec.decision_sets: self.rec.decision_sets.append(w[1])
+        return out
+      sets = watch(rule_sets)
+      # (the sets offered producers first, bound_kernels: a keyword of choose_stages)
+      if kw.get("upward_sets"): kw = {**kw, "upward_sets": watch(kw["upward_sets"])}
       if held: self.rec.decisions += 1
       return orig(sink, sets, *args, **kw)
     return watched_pass

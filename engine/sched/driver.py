@@ -94,10 +94,10 @@ FUSION_UPWARD_SETS = ("bound_kernels",)
 def _fusion(sink: UOp, hoists: bool, hoists_rows: bool, lane_guards: bool, tiled_epilogues: bool = False) -> set[UOp]:
   """Pass 2: the nodes the fusion rules store (decision rules: they record, the graph is not rewritten)."""
   sets, upward = [_m(name) for name in FUSION_SETS], [_m(name) for name in FUSION_UPWARD_SETS]
-  if not DEBUG: return choose_stages(sink, sets, hoists, hoists_rows, lane_guards, tiled_epilogues, upward)
+  if not DEBUG: return choose_stages(sink, sets, hoists, hoists_rows, lane_guards, tiled_epilogues, upward_sets=upward)
   counting, counting_up = [_Counting(m) for m in sets], [_Counting(m) for m in upward]
   t0 = time.perf_counter()
-  staged = choose_stages(sink, counting, hoists, hoists_rows, lane_guards, tiled_epilogues, counting_up)
+  staged = choose_stages(sink, counting, hoists, hoists_rows, lane_guards, tiled_epilogues, upward_sets=counting_up)
   fired = ", ".join(s for s in (c.summary() for c in counting + counting_up) if s)
   print(f"[schedule] {'fusion':<10} {len(staged):>6} stores {' ' * 10}{(time.perf_counter() - t0) * 1e3:7.2f} ms  "
         f"{fired or 'no rules fired'}")

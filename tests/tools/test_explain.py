@@ -298,3 +298,15 @@ def test_docs_fusion_example_runs_as_shown(tmp_path):
                         env=subprocess_env(RULEC_DEVICE="CPU", RULEC_CACHE_DIR=str(tmp_path / "cache")), timeout=300)
   assert proc.returncode == 0, proc.stderr
   assert proc.stdout.replace(str(REPO) + "/", "").rstrip("\n") == expected.rstrip("\n"), "docs/explain.md is out of date"
+
+
+def test_the_kernel_bound_rule_is_explained_on_a_deep_program(tmp_path, capsys):
+  # bound_kernels is offered producers first (choose_stages' upward_sets): explain watches it too, and the node it
+  # fired on, 2,400 ops deep, prints cut off instead of recursing through the whole chain
+  (tmp_path / "prog.py").write_text("from rulec import Tensor\nimport numpy as np\nx = Tensor(np.ones((4, 4), np.float32))\n"
+                                    "y = x\nfor _ in range(1200): y = y * 0.999 + x\ny.realize()\n")
+  assert rulec(["explain", "store_large_kernel", str(tmp_path / "prog.py")]) == 0
+  out = capsys.readouterr().out.splitlines()
+  assert out[0].startswith("rule 'store_large_kernel' (")
+  assert out[0].endswith(" fired 1 time in 1 fusion pass with bound_kernels, on 1 distinct node:")
+  assert out[1].startswith("node (") and len(out[1]) < 400 and len(out) == 2
