@@ -795,11 +795,13 @@ def _needed_below(u: UOp, epilogues: set[UOp], uses: dict[UOp, float], strict: b
     seen.add(v)
     # (an elementwise value below that is needed as often is stored instead: the one nearest the reduce is)
     # (a value needed as often as u but read beside it too is needed more: u's kernel would not spare it)
-    nv, nu = uses.get(v, 0), uses.get(u, 0)
-    if nv > nu or (nv >= nu and ((not strict and v.op is not Ops.REDUCE_AXIS)
-                                 or (users is not None and nu > 1 and _read_besides(v, u, users, position)))):
-      if doms is None: doms = _dominating_values(u, epilogues, stored)
-      if v in doms: return True
+    # (only a dominating value can answer yes: that is asked first, the use counts of values far below only of those)
+    if doms is None: doms = _dominating_values(u, epilogues, stored)
+    if v in doms:
+      nv, nu = uses.get(v, 0), uses.get(u, 0)
+      if nv > nu or (nv >= nu and ((not strict and v.op is not Ops.REDUCE_AXIS)
+                                   or (users is not None and nu > 1 and _read_besides(v, u, users, position)))):
+        return True
     if v.op is not Ops.REDUCE_AXIS: todo += v.src
   return False
 

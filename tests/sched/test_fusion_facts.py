@@ -58,9 +58,9 @@ def _fusion_input(make):
   """(the sink the fusion pass is given, its arguments) for the program's outputs, scheduled on the CPU."""
   seen = []
   real = driver.choose_stages
-  def spy(sink, sets, *args):
-    seen.append((sink, sets, args))
-    return real(sink, sets, *args)
+  def spy(sink, sets, *args, upward_sets=()):
+    seen.append((sink, sets, (*args, upward_sets)))
+    return real(sink, sets, *args, upward_sets=upward_sets)
   with pytest.MonkeyPatch.context() as mp:
     mp.setattr(driver, "choose_stages", spy)
     schedule_cache.clear()
@@ -126,7 +126,8 @@ def test_a_long_program_works_out_each_count_a_bounded_number_of_times(monkeypat
     sink, sets, args = _fusion_input(lambda: _chain(n))
     monkeypatch.setattr(fusion._UseCounts, "_pull", lambda self, s: (counted.append(s), real(self, s))[1])
     counted.clear()
-    staged = fusion.choose_stages(sink, sets, *args)
+    *args, upward = args
+    staged = fusion.choose_stages(sink, sets, *args, upward_sets=upward)
     nodes = len(sink.toposort())
     assert len(staged) > n // 10
     assert len(counted) <= 3 * nodes, (n, len(counted), nodes)
