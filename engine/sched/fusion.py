@@ -333,14 +333,7 @@ class FusionFacts:
     """Every buffer and stored value in u's graph, u included (None for more than READS_CAP), from its sources'."""
     hit = self._below.get(u, False)
     if hit is not False: return hit
-    todo = [(u, False)]
-    while todo:
-      v, ready = todo.pop()
-      if v in self._below: continue
-      if not ready:
-        todo.append((v, True))
-        todo += [(s, False) for s in v.src if s not in self._below]
-        continue
+    for v in _missing_below(u, self._below):
       got: frozenset | None = frozenset((v,)) if self._stop(v) else frozenset()
       for s in v.src:
         b = self._below[s]
@@ -539,14 +532,7 @@ class FusionFacts:
     out once (below the nodes not asked about yet first)."""
     hit = self._regions.get(u)
     if hit is not None: return hit
-    todo = [(u, False)]
-    while todo:
-      v, ready = todo.pop()
-      if v in self._regions: continue
-      if not ready:
-        todo.append((v, True))
-        todo += [(s, False) for s in v.src if not self._stop(s) and s not in self._regions]
-        continue
+    for v in _missing_below(u, self._regions, lambda s: not self._stop(s)):
       reads: frozenset | None = frozenset()
       reduce, ops = v.op is Ops.REDUCE_AXIS, _op_weight(v)
       for s in dict.fromkeys(v.src):
@@ -590,6 +576,22 @@ class FusionFacts:
 
   def keep(self, x: UOp) -> UOp | None:
     return None if self.decided(x) else UOp(Ops.FUSE, x.dtype, (x,))
+
+
+def _missing_below(u: UOp, known: dict, through=None) -> list[UOp]:
+  """The nodes of u's graph (u included) that `known` lacks, sources before users, going down only into the sources
+  `through` accepts (all where None): what a fact built from the sources' must work out, in the order to do it."""
+  out: list[UOp] = []
+  seen: set[UOp] = set()
+  todo = [(u, False)]
+  while todo:
+    v, ready = todo.pop()
+    if ready: out.append(v); continue
+    if v in seen or v in known: continue
+    seen.add(v)
+    todo.append((v, True))
+    todo += [(s, False) for s in v.src if s not in known and s not in seen and (through is None or through(s))]
+  return out
 
 
 OPS_CAP = 1 << 40   # (a count per path doubles with each x.maximum(f(x)) nested)
