@@ -92,14 +92,13 @@ class _Budget:
   RULEC_REWRITE_LIMIT (or max_steps) fixes the bound instead."""
   FREE = 100_000
   def __init__(self, sink: UOp, max_steps: int | None):
-    self.sink, self.limit = sink, max_steps
-    self.fixed = max_steps is not None or bool(os.environ.get("RULEC_REWRITE_LIMIT"))
+    env = os.environ.get("RULEC_REWRITE_LIMIT")
+    self.sink, self.limit = sink, max_steps if max_steps is not None else int(env) if env else None
+    self.fixed = self.limit is not None
     self.given = -1             # nodes of the graph given (counted when first needed)
     self.recent = None          # the traversal's recently rewritten nodes, for error messages
   def exceeded(self, steps: int, finished: int) -> bool:
-    if self.fixed:
-      if self.limit is None: self.limit = _limit(0)
-      return steps > self.limit
+    if self.fixed: return steps > self.limit
     if steps <= self.FREE: return False
     if self.given < 0: self.given = len(self.sink.toposort())
     self.limit = max(_limit(self.given), 50 * finished)

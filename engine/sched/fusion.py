@@ -581,17 +581,8 @@ class FusionFacts:
 def _missing_below(u: UOp, known: dict, through=None) -> list[UOp]:
   """The nodes of u's graph (u included) that `known` lacks, sources before users, going down only into the sources
   `through` accepts (all where None): what a fact built from the sources' must work out, in the order to do it."""
-  out: list[UOp] = []
-  seen: set[UOp] = set()
-  todo = [(u, False)]
-  while todo:
-    v, ready = todo.pop()
-    if ready: out.append(v); continue
-    if v in seen or v in known: continue
-    seen.add(v)
-    todo.append((v, True))
-    todo += [(s, False) for s in v.src if s not in known and s not in seen and (through is None or through(s))]
-  return out
+  ok = lambda m: m is u or (m not in known and (through is None or through(m)))  # noqa: E731
+  return [n for n in u.toposort(gate=ok) if ok(n)]
 
 
 OPS_CAP = 1 << 40   # (a count per path doubles with each x.maximum(f(x)) nested)

@@ -380,6 +380,14 @@ _NESTED_REWRITES = 16                   # the most parts of indices one WHERE's 
                                         # hundreds of guarded WHEREs: each new guard would ask again)
 
 
+def _kept(u: UOp, memo, of) -> object:
+  """A fact of u worked out from its sources' facts (`of(node)`, which reads theirs from memo), each node's kept in
+  memo: a deep expression is walked once, not once per node asked about."""
+  for n in u.toposort(lambda m: m not in memo):
+    if n not in memo: memo[n] = of(n)
+  return memo[u]
+
+
 class _Fitter:
   """Rewrites the load indices under a WHERE: each nonlinear term of an index (a // or % and what it is
   multiplied by) that is affine in its ranges at every point where the guards around the load hold becomes
@@ -394,16 +402,9 @@ class _Fitter:
     self.too_big = False   # a group of a guard had too many points for bounds_form
 
   def ranges(self, u: UOp) -> frozenset:
-    """The RANGEs u depends on, from its sources' (each node's kept: a walk per node would be quadratic in a deep
-    guard)."""
-    got = self.range_sets.get(u)
-    if got is not None: return got
-    for n in u.toposort(lambda m: m not in self.range_sets):
-      if n in self.range_sets: continue
-      got = frozenset((n,)) if n.op is Ops.RANGE else frozenset()
-      for s in n.src: got = got | self.range_sets[s]
-      self.range_sets[n] = got
-    return self.range_sets[u]
+    """The RANGEs u depends on."""
+    return _kept(u, self.range_sets, lambda n: frozenset((n,)) if n.op is Ops.RANGE else
+                 frozenset().union(*(self.range_sets[s] for s in n.src)))
 
   def fittable(self, u: UOp) -> bool:
     """rebuild could change u: among the values it walks (as rebuild does: through WHEREs, reduces' values and
@@ -423,15 +424,13 @@ class _Fitter:
         todo.append((n, True))
         todo += [(s, False) for s in walked(n) if s not in _FITTABLE]
         continue
-      if n.op is Ops.INDEX: _FITTABLE[n] = _is_value(n) and any(self.has_divmod(i) for i in n.src[1:])
+      if n.op is Ops.INDEX: _FITTABLE[n] = any(self.has_divmod(i) for i in n.src[1:])
       else:
         _FITTABLE[n] = ((n.op is Ops.WHERE and self.has_divmod(n.src[0])) or any(_FITTABLE[s] for s in walked(n)))
     return _FITTABLE[u]
 
   def has_divmod(self, u: UOp) -> bool:
-    for n in u.toposort(lambda m: m not in self.divmod):
-      if n not in self.divmod: self.divmod[n] = n.op in (Ops.IDIV, Ops.MOD) or any(self.divmod.get(x, False) for x in n.src)
-    return self.divmod[u]
+    return _kept(u, self.divmod, lambda n: n.op in (Ops.IDIV, Ops.MOD) or any(self.divmod[x] for x in n.src))
 
   def usable(self, guards: tuple) -> list[UOp]:
     """The conjuncts of the guards that are arithmetic on ranges (one that reads memory is left out: the points
@@ -443,15 +442,9 @@ class _Fitter:
     return out
 
   def is_arithmetic(self, c: UOp) -> bool:
-    """c is arithmetic on ranges and constants all the way down (no load, no reduce), from its sources' answers
-    (each node's kept: a guard over a long computed value is walked once, not once per guard that holds it)."""
-    got = self.arithmetic.get(c)
-    if got is not None: return got
-    for n in c.toposort(lambda m: m not in self.arithmetic):
-      if n in self.arithmetic: continue
-      self.arithmetic[n] = n.op in (Ops.RANGE, Ops.CONST) or (
-        bool(n.src) and n.op not in (Ops.INDEX, Ops.REDUCE) and all(self.arithmetic[x] for x in n.src))
-    return self.arithmetic[c]
+    """c is arithmetic on ranges and constants all the way down (no load, no reduce)."""
+    return _kept(c, self.arithmetic, lambda n: n.op in (Ops.RANGE, Ops.CONST) or (
+      bool(n.src) and n.op not in (Ops.INDEX, Ops.REDUCE) and all(self.arithmetic[x] for x in n.src)))
 
   def fit(self, u: UOp, conds: list[UOp]) -> UOp | None:
     got = self.fit_bounded(u, conds)
