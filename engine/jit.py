@@ -39,7 +39,8 @@ from typing import Any, Callable
 
 import numpy as np
 
-from rulec.engine import realize as _realize
+from rulec.engine import memory_plan, realize as _realize
+from rulec.engine.tensor import base as _base
 from rulec.engine.realize import JitError
 from rulec.engine.ir.ops import MOVEMENT, Ops
 from rulec.engine.ir.rewrite import substitute
@@ -330,6 +331,10 @@ class TinyJit:
     if not reads <= set(key):   # (built for bound values a replay could not check: never replay it)
       self._remember(key, _PLAIN)
       return ret
+    # the step's intermediates no live tensor or history can read share buffers where their lifetimes allow: a
+    # replay keeps only what the step needs at once (engine/memory_plan.py; each realize inside was planned alone)
+    seen = _base.visible_buffer_ids()
+    kernels = memory_plan.plan(kernels, {b for k in kernels for b in k.bufs if b.arg[0] not in seen and b not in set(bufs)})
     self.captured = _Captured(kernels, bufs, names, infos, _statics(args, kwargs), ret)
     if not reads and self.general.get(variables) == 1: self.general[variables] = self.captured
     else: self._remember(key, self.captured)

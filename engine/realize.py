@@ -15,7 +15,7 @@ from typing import Sequence
 import numpy as np
 
 from rulec.engine.sched import cache as schedule_cache
-from rulec.engine import tensor_eval
+from rulec.engine import memory_plan, tensor_eval
 from rulec.runtime import progress
 from rulec.runtime.devices import default_device, run_kernel
 from rulec.engine.ir.ops import MOVEMENT, Ops
@@ -130,7 +130,7 @@ def realize(uops: Sequence[UOp], devices: Sequence[str] | None = None) -> list[U
 
 
 def realize_map(uops: Sequence[UOp], devices: Sequence[str] | None = None,
-                kept: dict[UOp, UOp] | None = None) -> dict[UOp, UOp]:
+                kept: dict[UOp, UOp] | None = None, held=None) -> dict[UOp, UOp]:
   """Realize `uops`; the realized view of each one not realized before, and of every ASSIGN that was carried out.
 
   `devices[i]` is where uops[i] is stored when its graph names no device (constants only). ASSIGN nodes write
@@ -142,12 +142,15 @@ def realize_map(uops: Sequence[UOp], devices: Sequence[str] | None = None,
 
   `kept`, when given, receives the intermediate values of the graphs the kernels stored into buffers of their
   own, each with its realized view (engine/sched/driver.py's `_kept_values`): the caller may substitute those
-  in every live graph too, so that no later realize computes them again."""
+  in every live graph too, so that no later realize computes them again. `held(nodes)`, when given, says which of
+  those values a live graph still holds: the others' buffers are nobody's after the call, and the memory planner
+  may give them to other intermediates (engine/memory_plan.py); without it every kept value keeps its buffer."""
   uops = list(uops)
   devices = list(devices) if devices is not None else [default_device()] * len(uops)
   todo = [(u, d) for u, d in zip(uops, devices) if not is_realized(u)]
   if not todo: return {}
-  assigns = [a for a in _toposort([u for u, _ in todo]) if a.op is Ops.ASSIGN]
+  nodes = _toposort([u for u, _ in todo])
+  assigns = [a for a in nodes if a.op is Ops.ASSIGN]
   for a in assigns: view_indices(a.src[0])   # rejects padded or expanded targets with a clear error
   done = {a: a.src[0] for a in assigns if a.src[0].base.op is Ops.BUFFER}
   if os.environ.get("RULEC_REALIZE", "") == "eval":
@@ -158,6 +161,13 @@ def realize_map(uops: Sequence[UOp], devices: Sequence[str] | None = None,
     kernels, views, handed = schedule_cache.schedule_keeping([u for u, _ in todo], default_device(),
                                                              [d for _, d in todo], keep=kept is not None)
     COUNTERS["scheduled"] += len(kernels)
+    # intermediates no one sees after this realize share buffers where their lifetimes allow (engine/memory_plan.py):
+    # not a buffer the graphs read (inputs, assign targets), nor one under an output's view or a value handed back
+    seen = {u for u in nodes if u.op is Ops.BUFFER}
+    wanted = held([x for x, _ in handed]) if held is not None and handed else None
+    for v in [*views, *(v for x, v in handed if wanted is None or x in wanted)]:
+      seen.update(b for b in v.toposort() if b.op is Ops.BUFFER)
+    kernels = memory_plan.plan(kernels, {b for k in kernels for b in k.bufs if b not in seen})
     job.phase, job.total = "compiling and running kernels", len(kernels)
     for k in kernels:
       _run(k)

@@ -280,10 +280,7 @@ class _CountersMeta(type):
 
 def _live_bytes() -> dict[str, int]:
   from rulec.runtime import buffer as _buffer
-  out: dict[str, int] = defaultdict(int)
-  for b in list(_buffer._storage.values()):
-    if b.allocated: out[b.device] += b.nbytes
-  return dict(out)
+  return {d: m["used"] for d, m in _buffer.MEMORY.items() if m["used"]}
 
 
 class GlobalCounters(metaclass=_CountersMeta):

@@ -25,6 +25,28 @@ from rulec.engine.ir.uop import UOp
 
 _storage: "weakref.WeakKeyDictionary[UOp, Buffer]" = weakref.WeakKeyDictionary()
 
+# Bytes held by allocated buffers, per device: `used` now, `peak` the most since reset_peak(). A buffer counts its
+# size once from the moment it has storage (a host copy or a device copy) until it is freed, as a device
+# allocation would (tinygrad's GlobalCounters.mem_used counts the same way); the host copy a GPU buffer keeps for
+# reading back is not counted again.
+MEMORY: dict[str, dict[str, int]] = {}
+
+
+def memory_used(device: str | None = None) -> int:
+  """Bytes held now by allocated buffers on `device` (every device when None)."""
+  return sum(m["used"] for d, m in MEMORY.items() if device is None or d == device)
+
+
+def memory_peak(device: str | None = None) -> int:
+  """The most bytes allocated buffers held at once on `device` since reset_peak() (each device's own peak, summed
+  when device is None)."""
+  return sum(m["peak"] for d, m in MEMORY.items() if device is None or d == device)
+
+
+def reset_peak() -> None:
+  """Start measuring peaks again from what is held now."""
+  for m in MEMORY.values(): m["peak"] = m["used"]
+
 
 def np_dtype(dtype: DType) -> np.dtype:
   if dtype.np_name is None: raise TypeError(f"{dtype} has no numpy equivalent")
@@ -65,11 +87,30 @@ class Buffer:
   def __init__(self, device: str, size: int, dtype: DType):
     self.device, self.size, self.dtype = device, size, dtype
     self._data: np.ndarray | None = None
-    self.mirror: Mirror | None = None
+    self._mirror: Mirror | None = None
     self.host_valid = True    # False: the mirror was written after the host copy
+    self._counted = 0         # bytes this buffer adds to MEMORY (0 until it has storage)
+
+  def _count(self) -> None:
+    if self._counted: return
+    self._counted = self.nbytes
+    m = MEMORY.setdefault(self.device, {"used": 0, "peak": 0})
+    m["used"] += self._counted
+    if m["used"] > m["peak"]: m["peak"] = m["used"]
+
+  def __del__(self):
+    if self._counted: MEMORY[self.device]["used"] -= self._counted
 
   @property
-  def allocated(self) -> bool: return self._data is not None or self.mirror is not None
+  def mirror(self) -> Mirror | None: return self._mirror
+
+  @mirror.setter
+  def mirror(self, m: Mirror | None) -> None:
+    self._mirror = m
+    if m is not None: self._count()
+
+  @property
+  def allocated(self) -> bool: return self._data is not None or self._mirror is not None
 
   @property
   def untouched(self) -> bool:
@@ -77,7 +118,9 @@ class Buffer:
     return self._data is None and self.host_valid
 
   def _host(self) -> np.ndarray:
-    if self._data is None: self._data = host_array(self.size, np_dtype(self.dtype), zero=True)
+    if self._data is None:
+      self._data = host_array(self.size, np_dtype(self.dtype), zero=True)
+      self._count()
     if not self.host_valid:
       assert self.mirror is not None and self.mirror.valid
       self.mirror.read_into(self._data)
@@ -102,6 +145,7 @@ class Buffer:
     if arr.size != self.size: raise ValueError(f"copyin of {arr.size} elements into a buffer of {self.size}")
     # a new array, not the old one overwritten: an earlier host view someone holds keeps what it showed
     self._data = host_array(self.size, np_dtype(self.dtype))
+    self._count()
     np.copyto(self._data, arr, casting="unsafe")
     self.host_valid = True
     if self.mirror is not None: self.mirror.valid = False
@@ -114,7 +158,9 @@ class Buffer:
     device copy of src is read back once and stays valid there); a device copy of this buffer is stale after."""
     if src.size != self.size or src.dtype is not self.dtype:
       raise ValueError(f"copy of {src!r} into {self!r}: sizes or dtypes differ")
-    if self._data is None: self._data = host_array(self.size, np_dtype(self.dtype))
+    if self._data is None:
+      self._data = host_array(self.size, np_dtype(self.dtype))
+      self._count()
     np.copyto(self._data, src.host_view())
     self.host_valid = True
     if self.mirror is not None: self.mirror.valid = False
@@ -142,4 +188,5 @@ def buffer_of(u: UOp) -> Buffer:
   return buf
 
 
-__all__ = ["Buffer", "Mirror", "new_buffer", "buffer_of", "host_array", "np_dtype", "dtypes"]
+__all__ = ["Buffer", "Mirror", "new_buffer", "buffer_of", "host_array", "np_dtype", "dtypes", "MEMORY", "memory_used",
+           "memory_peak", "reset_peak"]

@@ -83,6 +83,35 @@ def _hand_back(kept: dict[UOp, UOp]) -> None:
     if memo.get(x) is v: _history.record(v, x.replace(src=tuple(memo.get(s, s) for s in x.src)))
 
 
+def _held(targets: list[UOp]):
+  """For realize_map: which of the intermediate values of a realize of `targets` a live graph still holds after it
+  (those are handed back to the graphs, _hand_back; the others' buffers may be reused, engine/memory_plan.py). A
+  tensor that is a target becomes its buffer; any other graph keeps what it holds, a target's graph included
+  (_became replaces only assigns: another tensor holding a realized graph computes it again, from the buffers the
+  values under it are handed)."""
+  def held(nodes: list[UOp]) -> set[UOp]:
+    want, stop, found, seen = set(nodes), set(targets), set(), set()
+    for t in list(_LIVE):
+      if t.uop in stop: continue
+      for x in t.uop.toposort(lambda x: x not in seen and x.op is not Ops.BUFFER):
+        seen.add(x)
+        if x in want: found.add(x)
+    return found
+  return held
+
+
+def visible_buffer_ids() -> set[int]:
+  """The ids of every buffer a live tensor can still read: in its graph (realized or not), or through a kept history
+  (autograd). TinyJit's capture plans the memory of the other buffers its kernels touch (engine/memory_plan.py)."""
+  out = _history.read_by_any()
+  seen: set[UOp] = set()
+  for t in list(_LIVE):
+    for u in t.uop.toposort(lambda u: u not in seen):
+      seen.add(u)
+      if u.op is Ops.BUFFER: out.add(u.arg[0])
+  return out
+
+
 def _carry_out(writes: list[UOp]) -> None:
   """Carry out pending writes one realize each, in order (each reads the buffers as the ones before left them)."""
   done: dict[UOp, UOp] = {}
@@ -91,7 +120,7 @@ def _carry_out(writes: list[UOp]) -> None:
     plan = _inplace.plan([now])
     extra, devices = plan.extra() if plan is not None else ([], [])
     kept: dict[UOp, UOp] = {}
-    result = _engine.realize_map([now, *extra], [w.src[0].base.arg[1], *devices], kept)
+    result = _engine.realize_map([now, *extra], [w.src[0].base.arg[1], *devices], kept, _held([now, *extra]))
     if plan is not None: plan.realized(result)
     result[w] = done[w] = result.get(now, now.src[0])
     _became(result, plan)
@@ -294,7 +323,7 @@ class TensorBase:
       plan = _inplace.plan(uops)
       extra, extra_devices = plan.extra() if plan is not None else ([], [])
       kept: dict[UOp, UOp] = {}
-      done = _engine.realize_map(uops + extra, devices + extra_devices, kept)
+      done = _engine.realize_map(uops + extra, devices + extra_devices, kept, _held(uops + extra))
       if plan is not None: plan.realized(done)
       for t, u in zip(todo, uops):
         graph = t.uop

@@ -120,6 +120,13 @@ def leads_to_gradient(graph: UOp) -> bool:
   return False
 
 
+def read_by_any() -> set[int]:
+  """The ids of every buffer some kept history reads (what a backward through a realized value could still read)."""
+  out: set[int] = set()
+  for graph, _ in list(_HISTORY.values()): out |= reads(graph)
+  return out
+
+
 def history(node: UOp) -> UOp | None:
   entry = _HISTORY.get(node)
   if entry is None: return None

@@ -1,0 +1,119 @@
+"""The memory planner: intermediates whose lifetimes do not overlap share one buffer.
+
+A realize runs a list of kernels; a TinyJit capture keeps the kernels of a whole step and replays them. Every
+intermediate value they store (a value no tensor shows afterwards: a matmul's output read by the next layer's
+kernel, a softmax's row sums) gets a BUFFER of its own from the scheduler, and each keeps its memory for as long
+as the kernel list lives: all of them at once at the end of a realize, and for the life of a jitted function
+after its capture. Here the list is planned instead. An intermediate's lifetime is the kernels from its first
+write to its last use; intermediates of one device and dtype whose lifetimes do not overlap (not even in one
+kernel: a kernel that reads one while writing the other must not see its own writes) are stored in one buffer,
+as large as the largest of them (a kernel's buffer may be larger than its PARAM: engine/ir/kernel.py). tinygrad's
+JIT does the same (its `_internal_memory_planner`); its buffers are raw bytes, so dtypes mix there, not here.
+
+Which buffers may be planned is the caller's to say (`candidates`): only those no one can see after the kernels
+ran (not an input, not an output, not a value handed to a live tensor, not one a live graph or a kept autograd
+history reads). The planner itself keeps out any candidate it cannot prove is written before it is read:
+- one whose first use reads it (a kernel that updates it in place, or reads it before any kernel writes it:
+  its contents from before matter);
+- one that a copy between devices touches (the copy moves whole buffers of one size: runtime/devices.py).
+So a planned buffer's contents before its first write are never read, and sharing it changes no value.
+
+`RULEC_MEMORY_PLAN=0` turns planning off (every intermediate keeps a buffer of its own, as before). `STATS` counts
+what planning saved.
+"""
+from __future__ import annotations
+
+import os
+from typing import Iterable
+
+from rulec.engine.ir.kernel import Kernel
+from rulec.engine.ir.uop import UOp
+from rulec.runtime.buffer import new_buffer
+from rulec.runtime.devices import copy_buffers
+
+__all__ = ["enabled", "plan", "STATS"]
+
+# buffers planned, buffers they were stored in, bytes those would have taken apart and take together
+STATS = {"planned": 0, "shared": 0, "bytes_before": 0, "bytes_after": 0}
+
+
+def enabled() -> bool:
+  """Planning is on unless RULEC_MEMORY_PLAN=0 (read on every call, so tests can switch it)."""
+  return os.environ.get("RULEC_MEMORY_PLAN", "1") != "0"
+
+
+def _lifetimes(kernels: list[Kernel], candidates: set[UOp]) -> dict[UOp, list[int]]:
+  """For each candidate that may be planned: [first kernel, last kernel] of its uses."""
+  span: dict[UOp, list[int]] = {}
+  refused: set[UOp] = set()
+  for i, k in enumerate(kernels):
+    mine = [b for b in k.bufs if b in candidates]
+    if not mine: continue
+    if copy_buffers(k) is not None:
+      refused.update(mine)
+      continue
+    written = {k.bufs[s] for s in k.outputs}
+    read = {k.bufs[s] for s in k.inputs}
+    for b in mine:
+      if b in refused: continue
+      if b not in span:
+        # first use: it must be written here and not read (reading it would see what it held before)
+        if b not in written or b in read:
+          refused.add(b)
+          continue
+        span[b] = [i, i]
+      else: span[b][1] = i
+  for b in refused: span.pop(b, None)
+  return span
+
+
+def plan(kernels: list[Kernel], candidates: Iterable[UOp]) -> list[Kernel]:
+  """`kernels` with the candidates among their buffers stored in shared buffers where lifetimes allow (the list
+  itself when nothing is shared). The shared buffers are new BUFFERs: a candidate that shares nothing keeps its
+  own."""
+  candidates = set(candidates)
+  if not candidates or not enabled(): return kernels
+  span = _lifetimes(kernels, candidates)
+  if len(span) < 2: return kernels
+  # A sweep over the kernels in order: at kernel i the buffers whose last use was before i are free again; each
+  # buffer first written at i takes the smallest free one of its device and dtype that holds it, else the largest
+  # free one, grown to hold it, else a new one (sizes are only settled at the end: nothing is allocated yet).
+  starts: dict[int, list[UOp]] = {}
+  for b, (first, _) in span.items(): starts.setdefault(first, []).append(b)
+  ends: dict[int, list[int]] = {}     # kernel index -> slots whose last use is there
+  free: dict[tuple, list[int]] = {}   # (device, dtype) -> free slots
+  kinds: list[tuple] = []             # slot -> (device, dtype)
+  sizes: list[int] = []               # slot -> elements (the most any member needs)
+  members: list[list[UOp]] = []
+  for i in sorted(set(starts) | {last for _, last in span.values()}):
+    # (larger buffers first: they take the large free slots, the small ones what is left)
+    for b in sorted(starts.get(i, ()), key=lambda b: -b.arg[2]):
+      kind, need = (b.arg[1], b.dtype), b.arg[2]
+      pool = free.get(kind)
+      if pool:
+        fits = [s for s in pool if sizes[s] >= need]
+        s = min(fits, key=lambda s: sizes[s]) if fits else max(pool, key=lambda s: sizes[s])
+        pool.remove(s)
+        sizes[s] = max(sizes[s], need)
+      else:
+        s = len(kinds)
+        kinds.append(kind)
+        sizes.append(need)
+        members.append([])
+      members[s].append(b)
+      ends.setdefault(span[b][1], []).append(s)
+    # (after the kernel's own buffers took theirs: a slot freed at i is free from i + 1 on)
+    for s in ends.pop(i, ()): free.setdefault(kinds[s], []).append(s)
+  mapping: dict[UOp, UOp] = {}
+  for (device, dtype), size, group in zip(kinds, sizes, members):
+    if len(group) < 2: continue
+    shared = new_buffer(device, size, dtype)
+    for b in group: mapping[b] = shared
+  nbytes = lambda b: b.arg[2] * b.dtype.itemsize
+  STATS["planned"] += len(span)
+  STATS["shared"] += len(kinds)
+  STATS["bytes_before"] += sum(nbytes(b) for b in span)
+  STATS["bytes_after"] += sum(n * d.itemsize for (_, d), n in zip(kinds, sizes))
+  if not mapping: return kernels
+  return [Kernel(k.ast, tuple(mapping.get(b, b) for b in k.bufs), k.vals)
+          if any(b in mapping for b in k.bufs) else k for k in kernels]
