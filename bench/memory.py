@@ -78,6 +78,7 @@ def gpt2_step(T, nn, a):
     loss = model(tok).sparse_categorical_crossentropy(target)
     loss.backward()
     opt.step()
+    if a.drop_grads: opt.zero_grad()
     return loss
 
   def inputs(rng):
@@ -96,6 +97,7 @@ def mlp_step(T, nn, a):
     loss = layers[2](layers[1](layers[0](x).relu()).relu()).sparse_categorical_crossentropy(y)
     loss.backward()
     opt.step()
+    if a.drop_grads: opt.zero_grad()
     return loss
 
   def inputs(rng): return rng.standard_normal((256, 784)).astype("float32"), rng.integers(0, 10, 256).astype("int32")
@@ -197,6 +199,7 @@ def run_torch(name: str, a, rng) -> dict:
     loss = loss_of(x, y)
     loss.backward()
     opt.step()
+    if a.drop_grads: opt.zero_grad(set_to_none=True)
     return loss
   rss = lambda: resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
   base = rss()
@@ -233,6 +236,8 @@ def main() -> None:
   ap.add_argument("--heads", type=int, default=12)
   ap.add_argument("--vocab", type=int, default=50257)
   ap.add_argument("--only", default="gpt2,mlp")
+  ap.add_argument("--drop-grads", action="store_true",
+                  help="the step ends with opt.zero_grad(): no gradient is held after it (a JIT may reuse their memory)")
   ap.add_argument("--side", help=argparse.SUPPRESS)
   ap.add_argument("--no-torch", action="store_true")
   ap.add_argument("--no-tinygrad", action="store_true")
@@ -242,10 +247,11 @@ def main() -> None:
     print("RESULT " + json.dumps(run_side(a.side, names[0], a)))
     return
   argv = [f"--{k}={getattr(a, k)}" for k in ("layers", "seq", "batch", "dim", "heads", "vocab")]
+  if a.drop_grads: argv.append("--drop-grads")
   print(f"machine: {platform.processor() or platform.machine()} ({platform.system()}), {os.cpu_count()} CPUs; "
         f"rulec on CPU, tinygrad 0.14 on DEV=NULL (allocations counted, no kernels run), torch eager")
   print(f"gpt2: {a.layers} layers, seq {a.seq}, batch {a.batch}, dim {a.dim}, heads {a.heads}, vocab {a.vocab}; "
-        f"figures of call {CALLS} (a JIT replay), MiB")
+        f"figures of call {CALLS} (a JIT replay), MiB" + ("; each step ends with opt.zero_grad()" if a.drop_grads else ""))
   head = (f"{'step':<6} {'rulec peak':>10} {'held':>8} {'unplanned':>10} {'tinygrad':>9} {'held':>8} {'tg/rulec':>9} "
           f"{'torch':>9} {'torch/rulec':>11}")
   print(head)

@@ -13,8 +13,13 @@ is overwritten by the next call (copy it, `.clone().realize()` or `.numpy()`, to
 effects, host data created inside the function (`Tensor(np_array)`) and random draws are baked in at
 capture. Tensor state the function leaves unrealized is not updated by replays: realize what must persist.
 A returned Tensor that is a view of an input (the function assigned into its argument and returned it) is
-re-pointed at this call's input. `RULEC_JIT=0` runs the function on every call; `RULEC_REALIZE=eval` runs no
+re-pointed at this call's input. Gradients the capture's backward left on tensors (`.grad`) are cleared after it
+(None), unless returned: replays would not update them, and the memory planner reuses their buffers (below). `RULEC_JIT=0` runs the function on every call; `RULEC_REALIZE=eval` runs no
 kernels, so there is nothing to capture (JitError).
+
+Memory: the capture's kernels keep their buffers for as long as the TinyJit lives, so their intermediates (every
+buffer no live tensor, kept history, input or output can read after the capture) share buffers where their
+lifetimes do not overlap (engine/memory_plan.py, as tinygrad's JIT plans its memory).
 
 Checked on every replay: the same argument names hold Tensors, and each input has the shape, view, dtype
 and device it had at capture (else JitError, as in tinygrad). Non-Tensor arguments must equal the captured
@@ -34,6 +39,7 @@ from __future__ import annotations
 
 import functools
 import os
+import weakref
 from collections import OrderedDict
 from typing import Any, Callable
 
@@ -306,6 +312,8 @@ class TinyJit:
     if _realize.CAPTURING: raise RuntimeError("having TinyJit inside another TinyJit is not supported")
     kernels: list[Kernel] = []
     reads: set[UOp] = set()
+    # (by id, with a weak reference to tell a tensor from a later one at the same address: Tensors compare elementwise)
+    grads_before = {id(t): (weakref.ref(t), id(t.grad)) for t in list(_base._LIVE)}
     _realize.CAPTURING.append(kernels)
     _uop.BOUND_READS.append(reads)
     try:
@@ -331,6 +339,7 @@ class TinyJit:
     if not reads <= set(key):   # (built for bound values a replay could not check: never replay it)
       self._remember(key, _PLAIN)
       return ret
+    _drop_step_grads(grads_before, ret)
     # the step's intermediates no live tensor or history can read share buffers where their lifetimes allow: a
     # replay keeps only what the step needs at once (engine/memory_plan.py; each realize inside was planned alone)
     seen = _base.visible_buffer_ids()
@@ -339,6 +348,20 @@ class TinyJit:
     if not reads and self.general.get(variables) == 1: self.general[variables] = self.captured
     else: self._remember(key, self.captured)
     return ret
+
+
+def _drop_step_grads(before: dict[int, tuple], ret: Any) -> None:
+  """The gradients the captured call left on tensors (`.grad` set or replaced by its backward) are cleared, unless
+  the function returned them. A replay runs no Python, so it would not set them again: they would show call 2's
+  values for ever, or hold buffers the memory planner must leave alone (a layernorm weight's gradient left as a
+  graph reads a training step's activations). tinygrad's are stale graphs after a replay; here they are None, so
+  reading one fails at once instead of giving old numbers. Return a gradient to read it after each call."""
+  returned = {id(t) for t in _returned(ret)}
+  for t in list(_base._LIVE):
+    g = t.grad
+    if g is None or id(g) in returned: continue
+    ref, was = before.get(id(t), (None, None))
+    if ref is None or ref() is not t or was != id(g): t.grad = None
 
 
 _PLAIN = object()   # a TinyJit.runs state: run the function on every call

@@ -82,6 +82,17 @@ def _stops() -> set[UOp]:
   return {n for t in list(_LIVE) if t.requires_grad is False for n in _nodes(t)}
 
 
+
+def _shared_constant(t) -> bool:
+  """t is a constant no one asked a gradient of (requires_grad None) whose node is not its own: an untagged CONST
+  (a backward's seed, `x * 0` folded) is hash-consed with every equal constant of every graph, so it would "be in"
+  any graph that uses that number, and take the sum of the gradients of all those uses. A constant made to be a
+  leaf (Tensor.full, zeros, ones: tagged) or marked requires_grad=True still gets its gradient. (tinygrad gives one
+  to such a tensor too; here it would also keep the buffers its gradient's graph reads: a previous step's
+  `loss.grad`, the seed 1.0, took the next step's gradient and held a training step's intermediates.)"""
+  base = t.uop.base
+  return t.requires_grad is None and base.op is Ops.CONST and not (type(base.tag) is tuple and base.tag[:1] == ("leaf",))
+
 class AutogradMixin:
   """Gradients of tensor graphs."""
   __slots__ = ()
@@ -133,7 +144,7 @@ class AutogradMixin:
     root = _root(self)
     graph = set(root.toposort())
     targets = [t for t in list(_LIVE) if t.dtype.is_float and t.requires_grad is not False
-               and any(n in graph for n in _nodes(t))]
+               and not _shared_constant(t) and any(n in graph for n in _nodes(t))]
     grads = _gradients(root, seed, [n for t in targets for n in _nodes(t)], _stops())
     for t in targets:
       parts = [grads[n] for n in _nodes(t) if n in grads]

@@ -219,3 +219,47 @@ def test_random_jitted_programs_match_numpy(ops, n_out):
     got = [o.numpy() for o in f(*(Tensor(a).realize() for a in xs))]
     want = run(xs, **n_ops)
     for g, w in zip(got, want): np.testing.assert_allclose(g, np.asarray(w, np.float32), rtol=1e-3, atol=1e-3)
+
+
+# *** what a jitted step leaves on tensors ***
+
+def test_capture_clears_the_step_gradients_unless_returned():
+  """`.grad` left by the captured call would never be updated by a replay (no Python runs): it is cleared, and its
+  buffers are the step's to reuse. A gradient the function returns is an output: right after every call."""
+  w = Tensor(np.linspace(-1, 1, 12, dtype=np.float32).reshape(3, 4), requires_grad=True).realize()
+  b = Tensor(np.zeros(4, np.float32), requires_grad=True).realize()
+
+  @TinyJit
+  def step(x):
+    w.grad = b.grad = None
+    loss = ((x @ w + b).relu() * 2).sum()
+    loss.backward()
+    return loss, b.grad
+
+  rng = np.random.default_rng(4)
+  for i in range(5):
+    xs = rng.standard_normal((5, 3), dtype=np.float32)
+    loss, gb = step(Tensor(xs).realize())
+    pre = xs @ w.numpy() + b.numpy()
+    np.testing.assert_allclose(loss.numpy(), (np.maximum(pre, 0) * 2).sum(), rtol=1e-5)
+    np.testing.assert_allclose(gb.numpy(), (2.0 * (pre > 0)).sum(0), rtol=1e-6)
+    if i == 0: assert w.grad is not None        # (a plain call: gradients as always)
+    else: assert w.grad is None and b.grad is gb   # (captured and replayed: only the returned one)
+
+
+def test_a_constant_seed_takes_no_gradient_from_a_later_backward():
+  """A backward's seed (loss.grad, the constant 1.0) is one node with every 1.0 in every graph: a later backward
+  must not give it the sum of their gradients (which also kept that step's intermediates alive)."""
+  x = Tensor([1.0, 2.0, 3.0], requires_grad=True).realize()
+  first = (x * 2).sum()
+  first.backward()
+  seed = first.grad   # (left lazy: realized, it would be a buffer of its own)
+  second = (x.square().sum() + 1.0) * 3   # (a scalar 1.0: the seed's node)
+  second.backward()
+  assert seed.grad is None and seed.numpy() == 1.0
+  np.testing.assert_allclose(x.grad.numpy(), 2 + 6 * np.array([1, 2, 3]))
+  # a constant made to be a leaf, or marked as wanting one, still gets its gradient
+  c, d = Tensor.full((3,), 1.0), Tensor.full((), 1.0).requires_grad_()
+  (x * c * d).sum().backward()
+  np.testing.assert_allclose(c.grad.numpy(), [1, 2, 3])
+  np.testing.assert_allclose(d.grad.numpy(), 6.0)
