@@ -48,7 +48,7 @@ from llvmlite import ir
 
 from rulec.codegen.opt.transform import else_zero, prefetch_ahead, range_kind, renamed_reduce
 from rulec.codegen.scoped import ScopedEmitter
-from rulec.engine.ir.dtypes import DType, dtypes
+from rulec.engine.ir.dtypes import DType, dtypes, np_dtype_named
 from rulec.engine.ir.ops import MAY_FUSE, TRANSCENDENTAL, Ops
 from rulec.engine.ir.rewrite import substitute
 from rulec.engine.ir.alu import identity_element
@@ -204,9 +204,9 @@ _ONE_BITS = {"float16": 0x3c00, "bfloat16": 0x3f80}
 
 
 def _half_bits(v: float, d: DType = dtypes.float16) -> int:
-  """The bits of v rounded once to the 2-byte float d (np.dtype("bfloat16") is ml_dtypes', registered by dtypes)."""
+  """The bits of v rounded once to the 2-byte float d (bfloat16: ml_dtypes', engine/ir/dtypes.py np_dtype_named)."""
   with np.errstate(over="ignore", invalid="ignore"):
-    return int(np.array(v, np.float64).astype(np.dtype(d.np_name)).view(np.uint16))
+    return int(np.array(v, np.float64).astype(np_dtype_named(d.np_name)).view(np.uint16))
 
 
 class _Loop:

@@ -79,7 +79,7 @@ from rulec.engine.ir.alu import wrap
 from rulec.codegen.opt.transform import (VECTOR_DTYPES, VECTOR_WIDTHS, contiguous_offset, free_ranges, group_vector, range_kind,
                                    block_dims, guarded_product, renamed_reduce, stage_split, staged_dims, staged_loads)
 from rulec.codegen.scoped import ScopedEmitter
-from rulec.engine.ir.dtypes import DType, dtypes
+from rulec.engine.ir.dtypes import DType, dtypes, np_dtype_named
 from rulec.engine.ir.ops import Ops
 from rulec.engine.ir.alu import identity_element
 from rulec.engine.ir.facts import multiple_of, offset_of, range_steps, terms_of
@@ -182,7 +182,7 @@ def _flit(v: float, d: DType) -> str:
   """A float constant, exact: hex literals of the value rounded to d."""
   c = "double" if d is dtypes.float64 else "float"
   if d is dtypes.bfloat16:   # (ml_dtypes rounds a float64 once, as the device's conversion does)
-    with np.errstate(over="ignore", invalid="ignore"): v = float(np.array(v, np.float64).astype(np.dtype("bfloat16")))
+    with np.errstate(over="ignore", invalid="ignore"): v = float(np.array(v, np.float64).astype(np_dtype_named("bfloat16")))
   else:
     with np.errstate(over="ignore"): v = float({dtypes.float16: np.float16, dtypes.float32: np.float32}.get(d, np.float64)(v))
   if math.isnan(v):   # (bfloat16: its canonical NaN by its bits; OpenCL's NAN may have other payload bits)

@@ -19,7 +19,7 @@ import weakref
 import numpy as np
 
 from rulec.codegen.decomp import load_slack
-from rulec.engine.ir.dtypes import DType, dtypes
+from rulec.engine.ir.dtypes import DType, dtypes, np_dtype_named
 from rulec.engine.ir.ops import Ops
 from rulec.engine.ir.uop import UOp
 
@@ -50,7 +50,7 @@ def reset_peak() -> None:
 
 def np_dtype(dtype: DType) -> np.dtype:
   if dtype.np_name is None: raise TypeError(f"{dtype} has no numpy equivalent")
-  return np.dtype(dtype.np_name)
+  return np_dtype_named(dtype.np_name)
 
 
 # Host storage starts on a cache line: numpy's allocator gives 16-byte alignment (an address 16, 32 or 48 bytes past

@@ -31,8 +31,8 @@ from typing import Iterable
 import numpy as np
 
 from rulec.codegen.online import running_max
-from rulec.engine.ir.alu import BFLOAT16, float_alu, half_alu, wrap
-from rulec.engine.ir.dtypes import DType
+from rulec.engine.ir.alu import float_alu, half_alu, is_bfloat16, wrap
+from rulec.engine.ir.dtypes import DType, np_dtype_named
 from rulec.engine.ir.ops import Ops
 from rulec.engine.ir.uop import UOp
 from rulec.runtime.buffer import buffer_of
@@ -81,7 +81,7 @@ def _debug_level() -> int:
 
 def np_of(dt: DType) -> np.dtype:
   if dt.np_name is None: raise NotImplementedError(f"the NUMPY device cannot compute in {dt.name}")
-  return np.dtype(dt.np_name)
+  return np_dtype_named(dt.np_name)
 
 
 _TWO63, _TWO64 = 2.0 ** 63, 2.0 ** 64
@@ -98,7 +98,7 @@ def _float_to_int(x: np.ndarray, t: np.dtype) -> np.ndarray:
 
 
 def _is_float(x: np.ndarray) -> bool:
-  return x.dtype.kind == "f" or x.dtype == BFLOAT16   # (ml_dtypes' bfloat16 is of numpy kind "V")
+  return x.dtype.kind == "f" or is_bfloat16(x.dtype)   # (ml_dtypes' bfloat16 is of numpy kind "V")
 
 
 def _cast(x: np.ndarray, dt: DType) -> np.ndarray:
@@ -106,7 +106,7 @@ def _cast(x: np.ndarray, dt: DType) -> np.ndarray:
   if dt.is_int and _is_float(x): return _float_to_int(x, t)
   # an integer reaches bfloat16 through float64 (one rounding below 2**53), as the CPU and CL devices convert it;
   # ml_dtypes would round 64-bit integers past that exactly
-  if t == BFLOAT16 and x.dtype.kind in "iub": return x.astype(np.float64).astype(t)
+  if is_bfloat16(t) and x.dtype.kind in "iub": return x.astype(np.float64).astype(t)
   return x.astype(t, copy=False)
 
 
@@ -125,7 +125,7 @@ _TO_FLOAT = frozenset({Ops.EXP2, Ops.LOG2, Ops.SIN, Ops.SQRT, Ops.RECIPROCAL, Op
 
 def _alu(op: Ops, dt: DType, srcs: list[np.ndarray]) -> np.ndarray:
   if op in _CMP:
-    a, b = (s.astype(np.float32) if s.dtype == BFLOAT16 else s for s in srcs)
+    a, b = (s.astype(np.float32) if is_bfloat16(s.dtype) else s for s in srcs)
     t = np.result_type(a, b)
     return _CMP[op](a.astype(t, copy=False), b.astype(t, copy=False))
   if op is Ops.WHERE:
@@ -138,7 +138,7 @@ def _alu(op: Ops, dt: DType, srcs: list[np.ndarray]) -> np.ndarray:
     return _alu_int(op, np.dtype(np.int64), [s.astype(np.int64) for s in srcs]) != 0
   t = np_of(dt)
   xs = [s.astype(t, copy=False) for s in srcs]
-  if t == BFLOAT16: return half_alu(op, xs, t)
+  if is_bfloat16(t): return half_alu(op, xs, t)
   if dt.is_float: return np.asarray(_alu_float(op, xs)).astype(t, copy=False)
   return _alu_int(op, t, xs)
 
@@ -334,7 +334,7 @@ class _Run:
     if (p := self.poison.get(id(u.src[0]))) is not None:
       self.add_poison(u, np.logical_or.reduce(np.broadcast_to(p[0], shape), axis=axes, keepdims=True), p[1])
     t = v.dtype
-    if t == BFLOAT16:   # a bfloat16 sum or product runs in float32 and rounds once, as the devices' accumulators do
+    if is_bfloat16(t):   # a bfloat16 sum or product runs in float32 and rounds once, as the devices' accumulators do
       return self._reduce_values(u, vb.astype(np.float32), axes).astype(t)
     return self._reduce_values(u, vb, axes)
 

@@ -1,6 +1,9 @@
 import os
 import tempfile
 
+# the tests name numpy's bfloat16 (np.dtype("bfloat16")): ml_dtypes registers it. rulec itself imports ml_dtypes only
+# when a bfloat16 is first needed (engine/ir/dtypes.py np_dtype_named), so a test must not rely on rulec having done so
+import ml_dtypes  # noqa: F401
 import pytest
 from hypothesis import settings
 

@@ -67,6 +67,7 @@ import traceback
 import warnings
 from typing import Any
 
+import ml_dtypes  # noqa: F401  (np.dtype("bfloat16"): rulec imports it only when a bfloat16 is first needed)
 import numpy as np
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

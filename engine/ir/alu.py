@@ -21,7 +21,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from rulec.engine.ir.dtypes import DType
+from rulec.engine.ir.dtypes import DType, np_dtype_named
 from rulec.engine.ir.ops import Ops
 
 
@@ -92,8 +92,20 @@ FLOAT_OPS = frozenset({Ops.NEG, Ops.EXP2, Ops.LOG2, Ops.SIN, Ops.SQRT, Ops.RECIP
 # float ops whose results IEEE 754 leaves to the implementation (each device approximates them its own way):
 # constant folding does not fold them on floats, so a constant gets the value the device would compute
 DEVICE_DEFINED = frozenset({Ops.EXP2, Ops.LOG2, Ops.SIN, Ops.POW})
-_NP_FLOAT = {"float16": np.float16, "bfloat16": np.dtype("bfloat16").type, "float32": np.float32, "float64": np.float64}
-BFLOAT16 = np.dtype("bfloat16")   # ml_dtypes' type (engine/ir/dtypes.py registers it)
+_FLOATS = ("float16", "bfloat16", "float32", "float64")   # the float dtypes computed with numpy's types
+_NP_FLOAT = {"float16": np.float16, "float32": np.float32, "float64": np.float64}   # (and bfloat16: _np_float)
+
+
+def _np_float(name: str):
+  """numpy's scalar type of a float dtype's np_name (bfloat16: ml_dtypes', imported on first use)."""
+  t = _NP_FLOAT.get(name)
+  if t is None: t = _NP_FLOAT[name] = np_dtype_named(name).type
+  return t
+
+
+def is_bfloat16(t: np.dtype) -> bool:
+  """t is ml_dtypes' bfloat16 (compared by name: asking needs no import of ml_dtypes)."""
+  return t.name == "bfloat16"
 
 
 def half_alu(op: Ops, xs: list, t: np.dtype) -> np.ndarray:
@@ -152,15 +164,15 @@ def round_float(value: float, dtype: DType) -> float:
   """value rounded to the nearest number dtype holds (float16, bfloat16 and float32; past the range: inf), as a
   Python float, so folding a constant gives what a kernel computing in that dtype gives."""
   if dtype.itemsize >= 8 or not math.isfinite(value): return value
-  with np.errstate(over="ignore"): return float(np.array(value, np.float64).astype(_NP_FLOAT[dtype.np_name]))
+  with np.errstate(over="ignore"): return float(np.array(value, np.float64).astype(_np_float(dtype.np_name)))
 
 
 def exec_alu(op: Ops, dtype: DType, operands: list[Any]) -> Any:
   """op on Python values of dtype, as dtype holds the result. A float op computes in the float dtype (float_alu)."""
-  if op in FLOAT_OPS and dtype.np_name in _NP_FLOAT:
-    t = _NP_FLOAT[dtype.np_name]
+  if op in FLOAT_OPS and dtype.np_name in _FLOATS:
+    t = _np_float(dtype.np_name)
     with np.errstate(all="ignore"):
-      if dtype.np_name == "bfloat16": return float(half_alu(op, operands, BFLOAT16))
+      if dtype.np_name == "bfloat16": return float(half_alu(op, operands, np.dtype(t)))
       return float(t(float_alu(op, [t(x) for x in operands])))
   return wrap(PYTHON_ALU[op](*operands), dtype)
 

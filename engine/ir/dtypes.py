@@ -7,9 +7,18 @@ offsets); it is an integer that codegen later narrows to int32 or int64.
 from __future__ import annotations
 
 import attrs
-# numpy has no bfloat16; ml_dtypes (the type JAX and TensorFlow share) registers one, so that np.dtype("bfloat16")
-# names it: host arrays, the NUMPY device and constant folding then hold bfloat16 as they hold float16
-import ml_dtypes  # noqa: F401
+import numpy as np
+
+
+def np_dtype_named(name: str) -> np.dtype:
+  """numpy's dtype of that name. numpy has no bfloat16: ml_dtypes' (the type JAX and TensorFlow share) stands for it,
+  so that host arrays, the NUMPY device and constant folding hold bfloat16 as they hold float16. ml_dtypes is
+  imported here, the first time a bfloat16 is needed, not with rulec: importing it takes about a second (most of a
+  fresh process's import time), which a program without bfloat16 should not pay."""
+  if name == "bfloat16":
+    import ml_dtypes
+    return np.dtype(ml_dtypes.bfloat16)
+  return np.dtype(name)
 
 
 @attrs.frozen(repr=False, eq=False)

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from rulec.engine.ir.alu import PYTHON_ALU, exec_alu, wrap
-from rulec.engine.ir.dtypes import DType
+from rulec.engine.ir.dtypes import DType, np_dtype_named
 from rulec.engine.ir.ops import ALU, MOVEMENT, Ops
 from rulec.engine.ir.uop import UOp
 from rulec.engine.lang import ast as A
@@ -58,7 +58,7 @@ def canon(v, dt: DType):
   """v as a value of dtype dt holds it."""
   v = wrap(v, dt)
   if dt.kind == "f" and dt.np_name in ("float16", "bfloat16", "float32"):
-    with np.errstate(all="ignore"): v = float(np.dtype(dt.np_name).type(v))
+    with np.errstate(all="ignore"): v = float(np_dtype_named(dt.np_name).type(v))
   return v
 
 

@@ -20,6 +20,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from rulec.engine.ir.dtypes import np_dtype_named
 from rulec.engine.tensor import Tensor
 from rulec.nn.torchfile import CheckpointError
 
@@ -172,7 +173,7 @@ def _nbytes(n: int, typ: int, fail: Callable[[str], Exception]) -> int:
 def _dequantize(raw: bytes, n: int, typ: int) -> np.ndarray:
   """n elements of ggml type typ from raw (exactly their bytes) as a flat numpy array."""
   if typ in _NATIVE: return np.frombuffer(raw, dtype=_NATIVE[typ], count=n).astype(np.dtype(_NATIVE[typ]).newbyteorder("="))
-  if typ == 30: return np.frombuffer(raw, dtype="<u2", count=n).astype(np.uint16).view(np.dtype("bfloat16"))
+  if typ == 30: return np.frombuffer(raw, dtype="<u2", count=n).astype(np.uint16).view(np_dtype_named("bfloat16"))
   _, block, size = GGML_TYPES[typ]
   blocks = np.frombuffer(raw, dtype=np.uint8).reshape(n // block, size)
   return _DEQUANT[typ](blocks).reshape(n)

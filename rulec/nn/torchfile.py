@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from rulec.engine.ir.dtypes import np_dtype_named
 from rulec.engine.tensor import Tensor
 
 __all__ = ["torch_load", "CheckpointError", "UnsafeCheckpointError"]
@@ -51,7 +52,7 @@ class _StorageType:
   """What the pickle gets for `torch.FloatStorage` and the like: a name and its element type, nothing callable."""
   def __init__(self, name: str):
     self.name = name
-    self.stored, self.dtype = np.dtype(_STORAGES[name][0]), np.dtype(_STORAGES[name][1])
+    self.stored, self.dtype = np.dtype(_STORAGES[name][0]), np_dtype_named(_STORAGES[name][1])
 
   def __repr__(self) -> str: return f"torch.{self.name}"
 
@@ -123,7 +124,7 @@ class _Reader:
 
 def _widen(arr: np.ndarray, stype: _StorageType) -> np.ndarray:
   """Stored elements as the tensor's dtype: native byte order, bfloat16 bits as bfloat16."""
-  if stype.name == "BFloat16Storage": return arr.astype(np.uint16).view(np.dtype("bfloat16"))
+  if stype.name == "BFloat16Storage": return arr.astype(np.uint16).view(np_dtype_named("bfloat16"))
   return arr.astype(stype.dtype)
 
 

@@ -1,6 +1,7 @@
 """bfloat16 as a Tensor dtype: creation, numpy interop, casts, arithmetic, promotion, reductions, gradients and files,
 on every device, against ml_dtypes' numpy bfloat16 (each op computed in float32 and rounded once to bfloat16) and
 against the NUMPY reference device bit for bit."""
+import ml_dtypes  # noqa: F401  (registers np.dtype("bfloat16"))
 import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
@@ -9,7 +10,7 @@ from rulec import Tensor, TinyJit, dtypes
 from rulec.nn.state import safe_load, safe_save
 from tests.helpers import available_devices
 
-BF16 = np.dtype("bfloat16")   # ml_dtypes' numpy type (rulec registers it on import)
+BF16 = np.dtype("bfloat16")   # ml_dtypes' numpy type (imported above: rulec imports it only when a bfloat16 is first needed)
 
 
 DEVICES = available_devices(("NUMPY", "CPU"))

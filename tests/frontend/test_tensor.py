@@ -12,6 +12,7 @@ import gc
 import math
 import os
 
+import ml_dtypes  # noqa: F401  (registers np.dtype("bfloat16"))
 import numpy as np
 
 from rulec.runtime.devices import DEVICES, default_device

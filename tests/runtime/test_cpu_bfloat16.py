@@ -5,6 +5,7 @@ edges of float32, float64 and the integers, elementwise ops, reductions, a TinyJ
 import math
 import operator
 
+import ml_dtypes  # noqa: F401  (registers np.dtype("bfloat16"))
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -16,7 +17,7 @@ from rulec.runtime import cpu_device
 from rulec.codegen.decomp import decomposed
 from tests.helpers import on
 
-BF = np.dtype("bfloat16")   # ml_dtypes' (importing rulec.engine.ir.dtypes registers the name)
+BF = np.dtype("bfloat16")
 BF16 = dtypes.bfloat16
 EVERY_BF16 = np.arange(1 << 16, dtype=np.uint16).view(BF)
 NP = {dtypes.bool: np.dtype(bool), dtypes.int32: np.dtype(np.int32), dtypes.int64: np.dtype(np.int64),

@@ -18,6 +18,7 @@ import pickle
 import struct
 import zipfile
 
+import ml_dtypes  # noqa: F401  (registers np.dtype("bfloat16"))
 import numpy as np
 import pytest
 
