@@ -10,6 +10,7 @@ import itertools
 from typing import Iterable
 
 from rulec.engine.ir.dtypes import dtypes
+from rulec.engine.ir.ops import Ops
 from rulec.engine.tensor import Tensor
 
 
@@ -17,6 +18,19 @@ def _dedup(ts: Iterable[Tensor]) -> list[Tensor]:
   """ts without repeats, by identity (a Tensor's == is elementwise, so `in` cannot be used)."""
   seen: set[int] = set()
   return [t for t in ts if not (id(t) in seen or seen.add(id(t)))]
+
+
+def _zeros_state(shape: tuple, dtype, device) -> Tensor:
+  """Optimizer state starting at zero, as a buffer (no kernel): a buffer nothing has written holds zeros on every
+  device (runtime/buffer.py, Buffer.untouched). On a device set, the constant, as before."""
+  if not isinstance(device, str): return Tensor.zeros(shape, dtype=dtype, device=device)
+  return Tensor.empty(shape, dtype=dtype, device=device).requires_grad_(False)
+
+
+def _ones_state(device) -> Tensor:
+  """A (1,) float32 state tensor starting at one (b1^t, b2^t), as a buffer."""
+  if not isinstance(device, str): return Tensor.ones((1,), dtype=dtypes.float32, device=device).requires_grad_(False)
+  return Tensor([1.0], dtype=dtypes.float32, device=device).requires_grad_(False)
 
 
 class Optimizer:
@@ -48,11 +62,20 @@ class Optimizer:
     self.fused = fused
     self.lr = Tensor([lr], device=self.device, dtype=dtypes.float32)
     if fused: self.pos_params = list(itertools.accumulate((t.numel() for t in self.params), initial=0))
+    # Parameters still lazy (a layer's random initialisation) are realized now, and the state is made of buffers
+    # (_zeros_state): the first step's graph is then the graph of every later step, so the second step finds its
+    # schedule in the cache (engine/sched/cache.py) instead of scheduling again; under TinyJit, the capture (call 2)
+    # runs no rule pass either.
+    # A trained parameter is a leaf: what it was initialised from (a history, engine/tensor/history.py) is
+    # forgotten, or the first backward would compute the parameter again from it inside the step.
+    lazy = [t for t in self.params + self.buffers if t.uop.base.op is not Ops.BUFFER and t.uop.op is not Ops.MSTACK]
+    if lazy: Tensor.realize(*lazy)
+    for t in self.params: t._forward = None
 
   def _new_optim_param(self) -> list[Tensor]:
     """Zero state: one float32 tensor per parameter, or one vector over all of them when fused."""
-    if self.fused: return [Tensor.zeros(self.pos_params[-1], dtype=self.param_dtype, device=self.device)]
-    return [Tensor.zeros(t.shape, dtype=self.param_dtype, device=self.device) for t in self.params]
+    shapes = [(self.pos_params[-1],)] if self.fused else [t.shape for t in self.params]
+    return [_zeros_state(s, self.param_dtype, self.device) for s in shapes]
 
   def zero_grad(self) -> None:
     """Drop the parameters' gradients (the next backward() starts from nothing)."""
@@ -184,7 +207,7 @@ class LAMB(Optimizer):
     super().__init__(params, lr, device, fused)
     self.b1, self.b2, self.eps, self.wd, self.adam = b1, b2, eps, weight_decay, adam
     # b1^t and b2^t as state tensors: the step count lives on the device, so a replayed step stays right
-    self.b1_t, self.b2_t = (Tensor.ones((1,), dtype=dtypes.float32, device=self.device).requires_grad_(False) for _ in (b1, b2))
+    self.b1_t, self.b2_t = (_ones_state(self.device) for _ in (b1, b2))
     self.m, self.v = self._new_optim_param(), self._new_optim_param()
 
   def _step(self, params: list[Tensor], grads: list[Tensor]) -> tuple[list[Tensor], list[Tensor]]:

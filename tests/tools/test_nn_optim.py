@@ -271,3 +271,34 @@ def test_a_step_with_its_gradient_updates_parameters_in_place(name):
     assert not (inputs <= params and len(inputs) == 1 and not written & params), f"a copy of a parameter: {k}"
     assert not (written <= params and len(k.bufs) == 2), f"a parameter copied back from a buffer: {k}"
   for got, want in zip([w.numpy() for w in ws], ref()[-1]): np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("jit", [False, True])
+def test_the_second_step_finds_its_schedule(jit):
+  """The optimizer realizes lazy parameters and makes its state buffers when it is built, so the first step's graph
+  is every step's: the second step (TinyJit's capture) schedules nothing anew, a cache hit for each realize."""
+  from rulec import TinyJit
+  from rulec.engine.sched import cache as schedule_cache
+  Tensor.manual_seed(3)
+  layers = [nn.Linear(12, 16), nn.Linear(16, 3)]
+  opt = Adam(nn.state.get_parameters(layers), lr=1e-2)
+  assert all(p.uop.base.op.name == "BUFFER" for p in opt.params + opt.m + opt.v + [opt.b1_t, opt.b2_t])
+  assert all(np.array_equal(m.numpy(), np.zeros(m.shape)) for m in opt.m + opt.v) and opt.b1_t.numpy() == 1.0
+
+  def step(x, y):
+    with Tensor.train():
+      opt.zero_grad()
+      loss = layers[1](layers[0](x).relu()).sparse_categorical_crossentropy(y)
+      loss.backward()
+      opt.step()
+      return loss
+  run = TinyJit(step) if jit else step
+  rng = np.random.default_rng(0)
+  misses = []
+  schedule_cache.clear()
+  for _ in range(3):
+    x, y = Tensor(rng.standard_normal((8, 12), dtype=np.float32)), Tensor(rng.integers(0, 3, 8))
+    before = schedule_cache.STATS["misses"]
+    assert np.isfinite(run(x, y).numpy())
+    misses.append(schedule_cache.STATS["misses"] - before)
+  assert misses[0] > 0 and misses[1] == 0 and misses[2] == 0
