@@ -44,6 +44,11 @@ milliseconds to wake: small eager ops then run far slower at 2 threads than at 1
 step 14.4 ms at 1 thread, 327 ms at 2). rulec's workers poll instead (runtime/cpu_workers.py). `RULEC_THREADS=1`
 runs both at one thread; `--torch-threads N` sets torch's alone.
 
+Peak memory (the column "peak MiB r/t/tg": rulec / torch / tinygrad): the most bytes each side's buffers held at once
+during one call after the warm-up, weights and the JIT's buffers included: rulec's runtime/buffer.py counter,
+tinygrad's GlobalCounters.mem_used followed through every buffer allocation, torch's max_memory_allocated() on
+CUDA ("-" on a CPU: torch's CPU allocator counts nothing). bench/memory.py compares whole training steps.
+
 Columns: ms per call; TFLOP/s of rulec (dense flops counted: 2*M*N*K per product, the causal rows count the full
 S*S products, a backward is 2x its forward) or GB/s (the LLaMA step: weights and the cache positions read);
 torch ms and torch ms / rulec ms (> 1: rulec is faster); the same for tinygrad; rulec's kernels per call; the max
@@ -266,17 +271,39 @@ def torch_forward(torch, row: Row, s: dict, ins: dict, w: dict):
 
 def rulec_lib(device: str) -> types.SimpleNamespace:
   import rulec
+  from rulec.runtime import buffer as membuf
+  sync = rulec.Device[device].synchronize
+  def peak(call):   # (the bytes rulec's buffers held at most during one call: runtime/buffer.py's counter)
+    membuf.reset_peak()
+    call()
+    sync()
+    return membuf.memory_peak()
   return types.SimpleNamespace(name="rulec", Tensor=rulec.Tensor, TinyJit=rulec.TinyJit, variable=rulec.Variable,
-                               no_grad=rulec.no_grad, sync=rulec.Device[device].synchronize,
-                               kernels=lambda jit: len(jit.captured.plan))
+                               no_grad=rulec.no_grad, sync=sync, kernels=lambda jit: len(jit.captured.plan), peak=peak)
 
 
 def tinygrad_lib() -> types.SimpleNamespace:
   from tinygrad import Device, Tensor, TinyJit
   from tinygrad.uop.ops import UOp
+  from tinygrad.helpers import GlobalCounters
+  import tinygrad.device as tdev
   def kernels(jit): return sum(1 for c in jit.captured.linear.src if c.src and c.src[0].op.name == "PROGRAM")
+  # its peak: GlobalCounters.mem_used (bytes of allocated buffers) followed through every allocation
+  most = [0]
+  allocate = tdev.Buffer.allocate
+  def counted(self, *args, **kw):
+    out = allocate(self, *args, **kw)
+    most[0] = max(most[0], GlobalCounters.mem_used)
+    return out
+  tdev.Buffer.allocate = counted
+  sync = Device[Device.DEFAULT].synchronize
+  def peak(call):
+    most[0] = GlobalCounters.mem_used
+    call()
+    sync()
+    return most[0]
   return types.SimpleNamespace(name="tinygrad", Tensor=Tensor, TinyJit=TinyJit, variable=UOp.variable,
-                               no_grad=contextlib.nullcontext, sync=Device[Device.DEFAULT].synchronize, kernels=kernels)
+                               no_grad=contextlib.nullcontext, sync=sync, kernels=kernels, peak=peak)
 
 
 def lib_call(lib, row: Row, s: dict):
@@ -332,6 +359,7 @@ class Side:
   fetch: Callable[[list], list] = list    # outputs -> numpy arrays
   build_s: float = 0.0             # the warm-up calls' seconds (rulec, tinygrad: run, capture, one replay)
   kernels: int | None = None       # per call (the JIT's capture)
+  peak: int | None = None          # bytes of buffers held at most during a call after the warm-up (None: not measured)
   times: list = field(default_factory=list)
   outs: list = field(default_factory=list)  # the outputs of a call after the timed ones, as numpy arrays
 
@@ -362,6 +390,7 @@ def lib_side(lib, row: Row, s: dict) -> Side:
   call, jit = lib_call(lib, row, s)
   side = Side(call, lib.sync, lambda outs: [o.float().numpy() for o in outs]).warm()
   side.kernels = lib.kernels(jit)
+  side.peak = lib.peak(call)
   return side
 
 
@@ -422,8 +451,14 @@ def torch_call(torch, row: Row, s: dict, dev: str):
 
 
 def torch_side(torch, row: Row, s: dict, dev: str) -> Side:
-  return Side(torch_call(torch, row, s, dev), torch.cuda.synchronize if dev == "cuda" else (lambda: None),
+  side = Side(torch_call(torch, row, s, dev), torch.cuda.synchronize if dev == "cuda" else (lambda: None),
               lambda outs: [o.detach().float().cpu().numpy() for o in outs]).warm()
+  if dev == "cuda":   # (on a CPU torch counts no allocations: no figure)
+    torch.cuda.reset_peak_memory_stats()
+    side.call()
+    torch.cuda.synchronize()
+    side.peak = torch.cuda.max_memory_allocated()
+  return side
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -440,7 +475,7 @@ def side_tinygrad(a) -> None:
   row = next(r for r in ROWS if r.name == a.side_tinygrad)
   side = lib_side(tinygrad_lib(), row, SHAPES[row.kind][a.size])
   time_side(side, a.reps, a.budget)
-  print(json.dumps({"ms": side.ms, "kernels": side.kernels}))
+  print(json.dumps({"ms": side.ms, "kernels": side.kernels, "peak": side.peak}))
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -512,7 +547,7 @@ def measure(a, lib, torch, tdev: str, row: Row, notes: list) -> tuple[Side | Non
   if not a.no_tinygrad:
     res = run_tinygrad_row(a, row)
     if "error" in res: notes.append((row.name, "tinygrad", res["error"]))
-    else: g = Side(list, lambda: None, kernels=res["kernels"], times=[res["ms"] * 1e-3])
+    else: g = Side(list, lambda: None, kernels=res["kernels"], times=[res["ms"] * 1e-3], peak=res.get("peak"))
   return r, t, g
 
 
@@ -585,7 +620,8 @@ def main() -> None:
       if r and x: ratios[side][row.name] = x.ms / r.ms
     body.append([f"{row.name} {describe(row.kind, s)}", fmt(r and r.ms), f"{fmt(rate)} {unit}" if r else "-",
                  fmt(t and t.ms), fmt(ratios["torch"].get(row.name)), fmt(g and g.ms),
-                 fmt(ratios["tinygrad"].get(row.name)), str(r.kernels) if r else "-", err or "-",
+                 fmt(ratios["tinygrad"].get(row.name)), str(r.kernels) if r else "-",
+                 "/".join(f"{x.peak / 2**20:.1f}" if x and x.peak is not None else "-" for x in (r, t, g)), err or "-",
                  grad_err or "-"])
     print(f"  done {row.name}: rulec {fmt(r and r.ms)} ms ({r.kernels if r else '-'} kernels, run + capture + one replay "
           f"{fmt(r and r.build_s)} s, {len(r.times) if r else 0} timed), torch {fmt(t and t.ms)} ms, tinygrad "
@@ -593,7 +629,7 @@ def main() -> None:
     sys.stdout.flush()
   print()
   print_table(["row", "rulec ms", "rulec rate", "torch ms", "torch/rulec", "tinygrad ms", "tinygrad/rulec", "kernels",
-               "err out", "err grads (rel)"], body)
+               "peak MiB r/t/tg", "err out", "err grads (rel)"], body)
   for n in group_notes(notes): print(f"note: {n}")
   for side, by in ratios.items():
     geo = math.exp(statistics.fmean(math.log(v) for v in by.values())) if by else float("nan")

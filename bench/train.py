@@ -12,6 +12,10 @@ Measured, after WARMUP steps (jit capture, compilation):
   no work, so what is left is the time outside kernels: building input tensors, the jit's replay (checking
   inputs, launching each kernel), and the fixed cost of each kernel launch. rulec's engine/realize.py exposes
   no timer around kernel execution, so this is the method for all three (an upper bound on the overhead).
+- peak MiB: the most memory the framework's buffers held at once during one step after the warm-up (weights,
+  optimizer state and the JIT's buffers included): rulec's runtime/buffer.py counter, tinygrad's
+  GlobalCounters.mem_used followed through every allocation, torch's max_memory_allocated() on CUDA ("-" on a
+  CPU, where torch counts nothing).
 Ratios are rulec's steps/s over the other's (above 1: rulec is faster) and the other's overhead over rulec's.
 
 Run: python bench/train.py [--device CPU|NUMPY|CL] [--steps N]. `--device CL` runs rulec on OpenCL (PoCL on a
@@ -57,7 +61,13 @@ def rulec_runner(sd: dict[str, np.ndarray], device: str):
     if device == "CL":
       from rulec.runtime import cl_device
       cl_device.synchronize()
-  return run, sync, lambda loss: loss.item(), lambda: len(step.captured.plan)
+  from rulec.runtime import buffer as membuf
+  def peak_of(fn):   # (the bytes rulec's buffers held at most during fn: runtime/buffer.py's counter)
+    membuf.reset_peak()
+    fn()
+    sync()
+    return membuf.memory_peak()
+  return run, sync, lambda loss: loss.item(), lambda: len(step.captured.plan), peak_of
 
 
 # *** tinygrad ***
@@ -84,7 +94,23 @@ def tinygrad_runner(sd: dict[str, np.ndarray]):
       return loss.realize(*opt.schedule_step())
   def run(x, y): return step(TT(x), TT(y))
   def kernels(): return sum(1 for c in step.captured.linear.src if c.src and c.src[0].op.name == "PROGRAM")
-  return run, lambda: Device[Device.DEFAULT].synchronize(), lambda loss: loss.item(), kernels
+  from tinygrad.helpers import GlobalCounters
+  import tinygrad.device as tdev
+  most = [0]
+  if not hasattr(tdev.Buffer.allocate, "counted"):   # its peak: mem_used followed through every allocation
+    allocate = tdev.Buffer.allocate
+    def counted(self, *args, **kw):
+      out = allocate(self, *args, **kw)
+      counted.most = max(counted.most, GlobalCounters.mem_used)
+      return out
+    counted.counted, counted.most = True, 0
+    tdev.Buffer.allocate = counted
+  def peak_of(fn):
+    tdev.Buffer.allocate.most = GlobalCounters.mem_used
+    fn()
+    Device[Device.DEFAULT].synchronize()
+    return tdev.Buffer.allocate.most
+  return run, lambda: Device[Device.DEFAULT].synchronize(), lambda loss: loss.item(), kernels, peak_of
 
 
 # *** torch ***
@@ -113,32 +139,40 @@ def torch_runner(sd: dict[str, np.ndarray], want_cuda: bool):
     return loss
   def sync():
     if dev == "cuda": torch.cuda.synchronize()
-  return run, sync, lambda loss: loss.item(), lambda: None, dev
+  def peak_of(fn):   # (on a CPU torch counts no allocations: no figure)
+    if dev != "cuda": return None
+    torch.cuda.reset_peak_memory_stats()
+    fn()
+    torch.cuda.synchronize()
+    return torch.cuda.max_memory_allocated()
+  return run, sync, lambda loss: loss.item(), lambda: None, peak_of, dev
 
 
 # *** timing ***
 
-def timed(run, sync, item, kernels, xtr, ytr, batch: int, steps: int) -> tuple[float, float, int | None]:
-  """(first loss, seconds per step, kernels per replayed step) over `steps` steps after WARMUP, synchronised
-  once at the end."""
+def timed(run, sync, item, kernels, peak_of, xtr, ytr, batch: int, steps: int) -> tuple[float, float, int | None, int | None]:
+  """(first loss, seconds per step, kernels per replayed step, peak bytes of one step after the warm-up) over
+  `steps` steps after WARMUP, synchronised once at the end."""
   idx = batches(len(xtr), batch, WARMUP + steps)
   first = item(run(xtr[idx[0]], ytr[idx[0]]))
   for i in idx[1:WARMUP]: run(xtr[i], ytr[i])
   sync()
+  peak = peak_of(lambda: run(xtr[idx[1]], ytr[idx[1]]))
   data = [(xtr[i], ytr[i]) for i in idx[WARMUP:]]
   t0 = time.perf_counter()
   for x, y in data: loss = run(x, y)
   item(loss)
   sync()
-  return first, (time.perf_counter() - t0) / steps, kernels()
+  return first, (time.perf_counter() - t0) / steps, kernels(), peak
 
 
 def measure(make, xtr, ytr, steps: int) -> dict:
   """steps/s at BATCH and host overhead (a TINY-batch step), each with a runner of its own (a jit per shape)."""
   t_make = time.perf_counter()
-  first, per_step, kernels = timed(*make()[:4], xtr, ytr, BATCH, steps)
-  _, tiny, _ = timed(*make()[:4], xtr, ytr, TINY, steps)
-  return {"loss0": first, "step": per_step, "host": tiny, "kernels": kernels, "total": time.perf_counter() - t_make}
+  first, per_step, kernels, peak = timed(*make()[:5], xtr, ytr, BATCH, steps)
+  _, tiny, _, _ = timed(*make()[:5], xtr, ytr, TINY, steps)
+  return {"loss0": first, "step": per_step, "host": tiny, "kernels": kernels, "peak": peak,
+          "total": time.perf_counter() - t_make}
 
 
 def machine() -> str:
@@ -188,7 +222,7 @@ def _report(rows: dict, device: str, steps: int, torch_note: str, tg_version: st
         f"{steps} timed steps after {WARMUP} warm-up; rulec threads {threads() if device == 'CPU' else '-'}, "
         f"tinygrad {tg_version}, {torch_note}")
   head = (f"{'framework':<30} {'steps/s':>8} {'ms/step':>8} {'host ms/step':>13} {'rulec speedup':>14} "
-          f"{'overhead vs rulec':>18} {'kernels':>8} {'first loss':>11} {'wall s':>7}")
+          f"{'overhead vs rulec':>18} {'kernels':>8} {'peak MiB':>9} {'first loss':>11} {'wall s':>7}")
   print(head)
   print("-" * len(head))
   ref = next(iter(rows.values()))
@@ -197,8 +231,9 @@ def _report(rows: dict, device: str, steps: int, torch_note: str, tg_version: st
       print(f"{name:<30} {'not installed':>8}")
       continue
     kernels = "-" if r["kernels"] is None else r["kernels"]
+    peak = "-" if r["peak"] is None else f"{r['peak'] / 2**20:.2f}"
     print(f"{name:<30} {1 / r['step']:>8.1f} {r['step'] * 1e3:>8.2f} {r['host'] * 1e3:>13.3f} "
-          f"{r['step'] / ref['step']:>14.2f} {r['host'] / ref['host']:>18.2f} {kernels:>8} {r['loss0']:>11.5f} "
+          f"{r['step'] / ref['step']:>14.2f} {r['host'] / ref['host']:>18.2f} {kernels:>8} {peak:>9} {r['loss0']:>11.5f} "
           f"{r['total']:>7.1f}")
   losses = [r["loss0"] for r in rows.values() if r is not None]
   agree = max(losses) - min(losses) <= 1e-4 * max(1.0, abs(losses[0]))
