@@ -17,7 +17,7 @@ import numpy as np
 from rulec.engine.sched import cache as schedule_cache
 from rulec.engine import memory_plan, tensor_eval
 from rulec.runtime import progress
-from rulec.runtime.devices import default_device, run_kernel
+from rulec.runtime.devices import default_device, prepare, run_kernel
 from rulec.engine.ir.ops import MOVEMENT, Ops
 from rulec.engine.ir.uop import UOp, concrete_arg, trim_to_sizes, with_sizes
 from rulec.runtime.buffer import buffer_of, new_buffer
@@ -168,7 +168,9 @@ def realize_map(uops: Sequence[UOp], devices: Sequence[str] | None = None,
     for v in [*views, *(v for x, v in handed if wanted is None or x in wanted)]:
       seen.update(b for b in v.toposort() if b.op is Ops.BUFFER)
     kernels = memory_plan.plan(kernels, {b for k in kernels for b in k.bufs if b not in seen})
-    job.phase, job.total = "compiling and running kernels", len(kernels)
+    job.phase = "compiling kernels"
+    prepare(kernels)   # (the CPU builds new kernels' objects in worker processes, runtime/cpu_device.py)
+    job.phase, job.total = "running kernels", len(kernels)
     for k in kernels:
       _run(k)
       job.advance()

@@ -21,6 +21,7 @@ where a libm call would not. RULEC_CPU_LIBM=1 keeps the libm calls.
 """
 from __future__ import annotations
 
+import atexit
 import ctypes
 import hashlib
 import os
@@ -35,6 +36,7 @@ import llvmlite.binding as llvm
 from rulec.engine.ir.ops import Ops
 from rulec.engine.ir.uop import prod
 from rulec.engine import diskcache
+from rulec.runtime import llvm_build
 from rulec.runtime.buffer import buffer_of, host_array
 from rulec.codegen import llvmir, pipeline
 from rulec.codegen.opt import choose, format_actions, kernel_key, range_kind, transform
@@ -124,12 +126,8 @@ _target: tuple[str, str] | None = None   # the (cpu, features) the JIT compiles 
 def _jit():
   global _target_machine, _engine, _target
   if _engine is None:
-    llvm.initialize_native_target()
-    llvm.initialize_native_asmprinter()
-    target = llvm.Target.from_triple(llvm.get_process_triple())
     cpu, features = _target = target_cpu()
-    _target_machine = target.create_target_machine(cpu=cpu, features=features, opt=3, reloc="default",
-                                                   codemodel="jitdefault", jit=True)
+    _target_machine = llvm_build.target_machine(cpu, features)
     _engine = llvm.create_mcjit_compiler(llvm.parse_assembly(""), _target_machine)
   return _target_machine, _engine
 
@@ -166,18 +164,9 @@ def _cache_key(ir_text: str) -> str: return diskcache.key("cpu", ir_text, *_targ
 
 
 def _build(ir_text: str) -> bytes:
-  """Object code for the IR: verified, optimised at O3 with both vectorisers, emitted for the target machine."""
+  """Object code for the IR, built in this process (runtime/llvm_build.py; prepare() builds in worker processes)."""
   tm, _ = _jit()
-  mod = llvm.parse_assembly(_vector_width_attribute(ir_text))
-  mod.triple = llvm.get_process_triple()
-  mod.data_layout = str(tm.target_data)
-  mod.verify()
-  pto = llvm.create_pipeline_tuning_options(speed_level=3)
-  pto.loop_vectorization = True
-  pto.slp_vectorization = True
-  pb = llvm.create_pass_builder(tm, pto)
-  pb.getModulePassManager().run(mod, pb)
-  return tm.emit_object(mod)
+  return llvm_build.build(tm, _vector_width_attribute(ir_text))
 
 
 class Program:
@@ -214,19 +203,53 @@ def _from_disk(digest: str, name: str, nbufs: int, nvars: int = 0) -> Program | 
   return Program(name, nbufs, True, time.perf_counter() - t0, nvars)
 
 
-def _from_ir(text: str, name: str, nbufs: int, digest: str, tried: bool = False, nvars: int = 0) -> Program:
-  """The program for IR text whose function is `name`: from the disk cache (unless `tried` already), else built
-  (and stored)."""
-  prog = None if tried else _from_disk(digest, name, nbufs, nvars)
-  if prog is not None: return prog
-  if name in _refused: text, name = text.replace(name, name + "r"), name + "r"
-  t0 = time.perf_counter()
-  obj = _build(text)
-  _, ee = _jit()
-  ee.add_object_file(llvm.ObjectFileRef.from_data(obj))
-  ee.finalize_object()
-  diskcache.store("cpu", digest, obj)
-  return Program(name, nbufs, False, time.perf_counter() - t0, nvars)
+class _Rendered:
+  """A kernel's program between rendering and LLVM: its IR, the function's name, the object's digest, the size of
+  its thread range and whether the last two tiles run together; `key`/`kkey` where it is a scheduled kernel's (the
+  process's and the disk's record to fill in)."""
+  __slots__ = ("text", "name", "digest", "split", "pair", "nbufs", "nvars", "key", "kkey", "record")
+
+  def __init__(self, opt: Kernel, nbufs: int, vars: tuple):
+    text, rng = pipeline.render(opt, "CPU", vars=tuple(vars))
+    self.split = rng.src[0].arg if rng is not None else None
+    self.pair = rng is not None and range_kind(rng)[1] is not None
+    # named by its IR: the same in every process, so a cached object's symbol is the one asked for, and distinct
+    # programs in one JIT never share a name
+    self.name = "k" + hashlib.sha256(text.encode()).hexdigest()[:24]
+    self.text = text.replace('@"kernel"', f'@"{self.name}"').replace("@kernel(", f"@{self.name}(")
+    self.digest = _cache_key(self.text)
+    self.nbufs, self.nvars, self.key, self.kkey, self.record = nbufs, len(vars), None, None, None
+
+  def known(self, tried: str | None) -> Program | None:
+    """The program from the process's programs or the disk (not the disk when its object is the `tried` one that
+    failed), or None: it must be built. A name LLVM refused before is built under another."""
+    prog = _by_digest.get(self.digest) or (None if tried == self.digest else
+                                           _from_disk(self.digest, self.name, self.nbufs, self.nvars))
+    if prog is None and self.name in _refused: self.text, self.name = self.text.replace(self.name, self.name + "r"), self.name + "r"
+    return prog
+
+  def load(self, obj: bytes, seconds: float) -> Program:
+    """The built object added to the JIT (and stored on disk)."""
+    t0 = time.perf_counter()
+    _, ee = _jit()
+    ee.add_object_file(llvm.ObjectFileRef.from_data(obj))
+    ee.finalize_object()
+    diskcache.store("cpu", self.digest, obj)
+    return Program(self.name, self.nbufs, False, seconds + time.perf_counter() - t0, self.nvars)
+
+  def build(self) -> Program:
+    t0 = time.perf_counter()
+    return self.load(_build(self.text), time.perf_counter() - t0)
+
+  def finish(self, prog: Program) -> tuple[Program, int | None]:
+    """Remember the program: by digest, and for a scheduled kernel by AST and on disk."""
+    prog.pair_last = self.pair
+    _by_digest[self.digest] = prog
+    if self.kkey is not None: diskcache.store_json("cpu", self.kkey, {"object": self.digest, "name": prog.name,
+                                                                        "split": self.split, "pair": prog.pair_last,
+                                                                        **self.record})
+    if self.key is not None: _by_ast[self.key] = prog, self.split
+    return prog, self.split
 
 
 VECTOR_MATH = frozenset({Ops.EXP2, Ops.LOG2})
@@ -282,48 +305,104 @@ def compile_kernel(kernel: Kernel, var_vals: tuple[int, ...] | None = None) -> t
   hit = _by_ast.get((kernel.ast, alias))
   if hit is not None: return hit
   with _lock:
-    nbufs, nvars = len(kernel.bufs), len(kernel.vars)
-    kkey = _kernel_key(kernel, alias) if diskcache.enabled() else None
-    entry = diskcache.load_json("cpu", kkey) if kkey is not None else None
-    if entry is not None and not (isinstance(entry.get("object"), str) and isinstance(entry.get("name"), str)
-                                  and (entry.get("split") is None or isinstance(entry.get("split"), int))):
-      entry = None   # a record with sound bytes but not our fields: rendered again, and rewritten
-    if entry is not None:
-      digest, name, split = entry["object"], entry["name"], entry["split"]
-      if _debug_level() >= 2: print(f"[opt] CPU kernel {entry.get('key', '?')} {kernel!r}: {entry.get('actions', '?')} (cached)", file=sys.stderr)
-      prog = _by_digest.get(digest) or _from_disk(digest, name, nbufs, nvars)
-      if prog is not None:
-        prog.pair_last = entry.get("pair") is True
-        _by_digest[digest] = prog
-        _by_ast[(kernel.ast, alias)] = prog, split
-        return prog, split
-    lowered = pipeline.lower(kernel, "CPU", opt_target(), optional_decompositions(),
-                             timer=lambda k: _time_candidate(kernel, k, var_vals))
-    low, actions = lowered.low, lowered.actions
-    prog, split, digest = _program_for(lowered.kernel, nbufs, tried=entry["object"] if entry is not None else None,
-                                       vars=kernel.vars)
-    if kkey is not None: diskcache.store_json("cpu", kkey, {"object": digest, "name": prog.name, "split": split,
-                                                                  "pair": prog.pair_last,
-                                                                  "key": kernel_key(low), "actions": format_actions(actions)})
-    _by_ast[(kernel.ast, alias)] = prog, split
-  return prog, split
+    got = _begin(kernel, alias, var_vals)
+    return got.finish(got.build()) if isinstance(got, _Rendered) else got
+
+
+def _begin(kernel: Kernel, alias, var_vals) -> tuple[Program, int | None] | _Rendered:
+  """compile_kernel up to LLVM: the program and split where a cache has them, else the rendered kernel whose IR
+  must be built (then `finish` it). Called under _lock."""
+  nbufs = len(kernel.bufs)
+  kkey = _kernel_key(kernel, alias) if diskcache.enabled() else None
+  entry = diskcache.load_json("cpu", kkey) if kkey is not None else None
+  if entry is not None and not (isinstance(entry.get("object"), str) and isinstance(entry.get("name"), str)
+                                and (entry.get("split") is None or isinstance(entry.get("split"), int))):
+    entry = None   # a record with sound bytes but not our fields: rendered again, and rewritten
+  if entry is not None:
+    digest, name, split = entry["object"], entry["name"], entry["split"]
+    if _debug_level() >= 2: print(f"[opt] CPU kernel {entry.get('key', '?')} {kernel!r}: {entry.get('actions', '?')} (cached)", file=sys.stderr)
+    prog = _by_digest.get(digest) or _from_disk(digest, name, nbufs, len(kernel.vars))
+    if prog is not None:
+      prog.pair_last = entry.get("pair") is True
+      _by_digest[digest] = prog
+      _by_ast[(kernel.ast, alias)] = prog, split
+      return prog, split
+  lowered = pipeline.lower(kernel, "CPU", opt_target(), optional_decompositions(),
+                           timer=lambda k: _time_candidate(kernel, k, var_vals))
+  r = _Rendered(lowered.kernel, nbufs, kernel.vars)
+  r.key, r.kkey = (kernel.ast, alias), kkey
+  r.record = {"key": kernel_key(lowered.low), "actions": format_actions(lowered.actions)}
+  prog = r.known(entry["object"] if entry is not None else None)
+  return r.finish(prog) if prog is not None else r
 
 
 def _program_for(opt: Kernel, nbufs: int, tried: str | None = None, vars=()) -> tuple[Program, int | None, str]:
   """The program for an optimized kernel (rendered, then from the process's programs, the disk or LLVM), the size
   of its thread range and the object's digest. tried: an object digest the disk cache already failed to give.
   vars: the scheduled kernel's variables, the program's scalar arguments in that order."""
-  text, rng = pipeline.render(opt, "CPU", vars=tuple(vars))
-  split = rng.src[0].arg if rng is not None else None
-  # named by its IR: the same in every process, so a cached object's symbol is the one asked for, and distinct
-  # programs in one JIT never share a name
-  name = "k" + hashlib.sha256(text.encode()).hexdigest()[:24]
-  text = text.replace('@"kernel"', f'@"{name}"').replace("@kernel(", f"@{name}(")
-  digest = _cache_key(text)
-  prog = _by_digest.get(digest) or _from_ir(text, name, nbufs, digest, tried=tried == digest, nvars=len(vars))
-  prog.pair_last = rng is not None and range_kind(rng)[1] is not None
-  _by_digest[digest] = prog
-  return prog, split, digest
+  r = _Rendered(opt, nbufs, tuple(vars))
+  prog, split = r.finish(r.known(tried) or r.build())
+  return prog, split, r.digest
+
+
+# *** building many kernels at once ***
+
+_builders: llvm_build.Builders | None | bool = None   # (False: workers could not start in this process)
+
+
+BUILD_TIMEOUT_S = 600   # a hang guard: a worker's build not back by then is built here instead
+
+
+def compile_workers() -> int:
+  """Worker processes that build kernels' objects while this one lowers the next (prepare): RULEC_COMPILE_WORKERS,
+  by default one less than the threads (RULEC_THREADS), at most 8; 0 builds everything in this process."""
+  try: n = int(os.environ.get("RULEC_COMPILE_WORKERS", threads() - 1))
+  except ValueError: n = threads() - 1
+  return max(0, min(n, 8))
+
+
+def prepare(kernels) -> int:
+  """Compile the kernels among `kernels` that this process has not compiled, before they run: each is lowered and
+  rendered here, and its object built by a worker process (runtime/llvm_build.py) while this process goes on to
+  the next, then loaded into the JIT. Programs a cache has are loaded as compile_kernel would. Nothing to do with
+  no workers, with fewer than two kernels to build, or while RULEC_SEARCH times candidates (a candidate runs on
+  the kernel's buffers). Returns how many objects the workers built."""
+  global _builders
+  if compile_workers() == 0 or os.environ.get("RULEC_SEARCH", "") not in ("", "0"): return 0
+  todo, seen = [], set()
+  for k in kernels:
+    key = (k.ast, _aliasing(k.bufs))
+    if key not in _by_ast and key not in seen:
+      seen.add(key)
+      todo.append((k, key[1]))
+  if len(todo) < 2: return 0
+  built = 0
+  with _lock:
+    waiting, asked = [], {}   # (asked: digest -> its build, once: two kernels may render to the same IR)
+    for k, alias in todo:
+      got = _begin(k, alias, None)
+      if not isinstance(got, _Rendered): continue
+      if got.digest not in asked:
+        if _builders is None:
+          _jit()
+          try: _builders = llvm_build.Builders(compile_workers(), *_target)
+          except OSError as e:   # (no worker can start here: every build stays in this process)
+            _builders = False
+            print(f"rulec: LLVM build workers could not start ({e}); kernels compile one at a time", file=sys.stderr)
+          else: atexit.register(_builders.close)
+        if _builders: asked[got.digest] = _builders.submit(_vector_width_attribute(got.text))
+      waiting.append(got)
+    for r in waiting:
+      prog = _by_digest.get(r.digest)   # (built for an earlier kernel of the same IR)
+      if prog is None:
+        try: seconds, obj = asked[r.digest].result(timeout=BUILD_TIMEOUT_S)
+        # (no worker, or it failed: built here, where a real error is raised)
+        except Exception: prog = r.build()
+        else:
+          prog = r.load(obj, seconds)
+          built += 1
+      r.finish(prog)
+  return built
 
 
 def _time_candidate(kernel: Kernel, opt: Kernel, var_vals: tuple[int, ...] | None = None) -> float:

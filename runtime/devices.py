@@ -213,6 +213,16 @@ def launcher(kernel, device: str):
   return cl_device.Launcher(kernel, index)
 
 
+def prepare(kernels) -> None:
+  """Compile ahead the kernels a realize is about to run, where a device can do that faster than one by one: the CPU
+  builds their objects in worker processes while it lowers the next (runtime/cpu_device.py prepare). The others
+  compile each kernel when it first runs."""
+  cpu = [k for k in kernels if k.bufs and parse_device(k.bufs[0].arg[1])[0] == "CPU" and copy_buffers(k) is None]
+  if len(cpu) > 1:
+    from rulec.runtime import cpu_device
+    cpu_device.prepare(cpu)
+
+
 def run_kernel(kernel, device: str, var_vals: tuple[int, ...] = ()) -> None:
   """Run `kernel` on `device`. var_vals: the values of the kernel's variables (DEFINE_VAR), one int each, in
   `kernel.vars` order (none given: the kernel's own `vals`, which the scheduler fills in; empty for a kernel without

@@ -9,6 +9,7 @@ its results), leave float64 to libm, and leave no call in the machine code, the 
 max softmax takes first (a float max reduction, run in interleaved lanes) is the NUMPY reference device's."""
 import re
 
+import ml_dtypes  # noqa: F401  (registers np.dtype("bfloat16"))
 import numpy as np
 import pytest
 from hypothesis import given, settings

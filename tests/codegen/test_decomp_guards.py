@@ -9,6 +9,7 @@ they are, with alu.py's semantics), on the CPU and on CL; and by structure: what
 """
 import operator
 
+import ml_dtypes  # noqa: F401  (registers np.dtype("bfloat16"))
 import numpy as np
 import pytest
 

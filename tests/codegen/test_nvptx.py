@@ -2,6 +2,7 @@
 compiles on any machine); tests/runtime/test_cuda_on_gpu.py runs them where there is one."""
 import re
 
+import ml_dtypes  # noqa: F401  (registers np.dtype("bfloat16"))
 import numpy as np
 import pytest
 

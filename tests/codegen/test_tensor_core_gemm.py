@@ -9,6 +9,7 @@ import shutil
 import subprocess
 import sys
 
+import ml_dtypes  # noqa: F401  (registers np.dtype("bfloat16"))
 import numpy as np
 import pytest
 

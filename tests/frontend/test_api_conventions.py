@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import itertools
 
+import ml_dtypes  # noqa: F401  (registers np.dtype("bfloat16"))
 import numpy as np
 import pytest
 from hypothesis import given, settings

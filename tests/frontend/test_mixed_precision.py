@@ -1,6 +1,7 @@
 """Mixed-precision training: float32 master weights, the forward and backward in bfloat16 (or float16 with a loss
 scale), the update in float32. The gradient of a cast is the cast back, so the master weights get float32
 gradients; the training curve follows float32's within the half type's rounding."""
+import ml_dtypes  # noqa: F401  (registers np.dtype("bfloat16"))
 import numpy as np
 import pytest
 

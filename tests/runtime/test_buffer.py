@@ -1,6 +1,7 @@
 """Host storage of buffers: aligned to a cache line (the CPU kernels' vector loads), and never the caller's array."""
 from __future__ import annotations
 
+import ml_dtypes  # noqa: F401  (registers np.dtype("bfloat16"))
 import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st

@@ -14,6 +14,7 @@ import tempfile
 
 import re
 
+import ml_dtypes  # noqa: F401  (registers np.dtype("bfloat16"))
 import numpy as np
 import pytest
 

@@ -6,6 +6,7 @@ import math
 import operator
 import re
 
+import ml_dtypes  # noqa: F401  (registers np.dtype("bfloat16"))
 import numpy as np
 import pytest
 from hypothesis import given, settings

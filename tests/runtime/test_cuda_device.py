@@ -8,6 +8,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
+import ml_dtypes  # noqa: F401  (registers np.dtype("bfloat16"))
 import numpy as np
 import pytest
 

@@ -3,6 +3,7 @@ matmul, float16 / bfloat16 casts, a jitted loop, reading results back, and movin
 Bit for bit where the result is one correctly rounded operation (+ - * and casts); sums within a float tolerance
 (the GPU adds in another order). Skipped where no CUDA device can be opened (tests/runtime/test_cuda_device.py
 covers that case)."""
+import ml_dtypes  # noqa: F401  (registers np.dtype("bfloat16"))
 import numpy as np
 import pytest
 

@@ -11,6 +11,7 @@ LLVM's folding and the running code agree)."""
 import math
 import operator
 
+import ml_dtypes  # noqa: F401  (registers np.dtype("bfloat16"))
 import numpy as np
 import pytest
 from hypothesis import given, settings

@@ -5,6 +5,7 @@ import subprocess
 import sys
 import textwrap
 
+import ml_dtypes  # noqa: F401  (registers np.dtype("bfloat16"))
 import numpy as np
 import pytest
 
