@@ -22,7 +22,7 @@ LAYERS = {
   "rulec.codegen": 2,
   "rulec.runtime": 3,
   "rulec.engine.sched": 4, "rulec.engine.trace": 4,
-  "rulec.engine.realize": 5, "rulec.engine.tensor_eval": 5,
+  "rulec.engine.realize": 5, "rulec.engine.tensor_eval": 5, "rulec.engine.memory_plan": 5,
   "rulec.engine.autograd": 6, "rulec.engine.tensor": 6,
   "rulec.engine.jit": 7, "rulec.engine.verify": 7,
   "rulec": 8, "rulec.engine": 8,
