@@ -101,7 +101,12 @@ published files from the folder `path` (uint8 tensors, images NCHW, as tinygrad'
   `kernel_count` (copies between devices count one each, as tinygrad's), `global_ops` (an estimate: each value op
   once per iteration of the loops its value depends on, a reduce once per iteration; a matmul is 2*M*N*K),
   `global_mem` (bytes of the buffers each kernel reads and writes, once per buffer), `time_sum_s` (host seconds
-  running them; on CL, enqueueing them). `mem_used` / `mem_used_per_device`: bytes of allocated buffers now.
+  running them; on CL, enqueueing them). `mem_used` / `mem_used_per_device`: bytes of allocated buffers now
+  (the peak since a point: `rulec.runtime.buffer.reset_peak()`, then `memory_peak()`).
+- `TinyJit`: as tinygrad's (engine/jit.py's docstring has the rules). Its capture's intermediates share buffers
+  where their lifetimes allow (engine/memory_plan.py, as tinygrad's memory planner), and the capture clears the
+  `.grad` its call left on tensors unless the function returns it: a replay runs no Python, so it would never
+  update them (tinygrad leaves them as stale graphs). Return a gradient to read it after each call.
 - `Device`: `Device.DEFAULT` (RULEC_DEVICE, else CPU; assigning it raises, as in tinygrad 0.14: use
   `Context(DEV=...)`), `Device[name]` with `.device`, `.renderer.supported_dtypes()` (every Tensor dtype, bfloat16
   included; float64 only on an OpenCL device with cl_khr_fp64) and `.synchronize()`, `Device.canonicalize(name)`,

@@ -48,7 +48,7 @@ _lock = threading.Lock()
 _target_machine = None
 _engine = None
 COUNTERS = {"compiled": 0, "loaded": 0, "run": 0}
-TIMES = {"compile_s": 0.0, "load_s": 0.0}
+TIMES = {"compile_s": 0.0, "load_s": 0.0, "slowest_compile_s": 0.0}   # (slowest: one program's build, the longest)
 # loop iterations below which one thread is faster than two: a split launch costs about 14 us more than a call
 # (runtime/cpu_workers.py); exp(2x + 1) over 65536 elements 28.6 us on one thread against 33.4 split, over 131044
 # 54.6 against 44.5, 262144: 98.7 against 63.0 (the digits CNN train step unchanged, 250-256 steps/s)
@@ -181,6 +181,7 @@ class Program:
                                ctypes.c_int64)(ee.get_function_address(name))
     COUNTERS["loaded" if loaded else "compiled"] += 1
     TIMES["load_s" if loaded else "compile_s"] += seconds
+    if not loaded and seconds > TIMES["slowest_compile_s"]: TIMES["slowest_compile_s"] = seconds
 
 
 _refused: set[str] = set()   # symbols of objects LLVM refused to load: a rebuild takes another name

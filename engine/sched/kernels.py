@@ -46,21 +46,45 @@ class KernelSplit:
 
 
 def order_kernels(built: list[tuple[Kernel, KernelBuilder, UOp]]) -> list[Kernel]:
-  """Kernels in an order that respects reads after writes (AFTER) and writes after reads:
-  a kernel that overwrites an existing buffer (an assign) runs after every kernel
-  that reads that buffer's old contents."""
+  """Kernels in an order that respects reads after writes (AFTER) and writes after reads: a kernel that overwrites
+  an existing buffer (an assign) runs after every kernel that reads that buffer's old contents; kernels writing one
+  buffer keep their order.
+
+  Within that, each kernel runs as late as its consumers allow: a depth-first walk from the kernels nobody waits
+  for (in the order they were built) emits a kernel's inputs just before it. The memory planner
+  (engine/memory_plan.py) keeps a buffer from its first write to its last read, so the order decides the memory a
+  realize needs: in a training step each weight's gradient is computed right before the optimizer's update that
+  reads it, instead of every gradient of the backward pass waiting for the updates at the end (a 12-layer GPT-2,
+  T 256: X MiB less at the peak). (Before, the lowest-numbered ready kernel ran first.)"""
   n = len(built)
-  writer = {buf: i for i, (_, _, buf) in enumerate(built)}
+  writers: dict[UOp, list[int]] = {}
+  for i, (_, _, buf) in enumerate(built): writers.setdefault(buf, []).append(i)
   deps: list[set[int]] = [set() for _ in range(n)]
+  for ws in writers.values():
+    for a, b in zip(ws, ws[1:]): deps[b].add(a)
   for i, (_, ctx, out) in enumerate(built):
     for b in ctx.bufs:
-      if b is out: continue
-      if b in ctx.after_reads and b in writer: deps[i].add(writer[b])         # read after write
-      elif b not in ctx.after_reads and b in writer: deps[writer[b]].add(i)   # the overwrite waits for this read
-  order, done = [], set()
-  while len(order) < n:
-    ready = [i for i in range(n) if i not in done and deps[i] <= done]
-    if not ready: raise RuntimeError("cycle in the kernel graph: two kernels each need the other's buffer first")
-    done.add(ready[0])
-    order.append(ready[0])
+      if b is out or b not in writers: continue
+      if b in ctx.after_reads: deps[i].update(w for w in writers[b] if w != i)   # read after write
+      else:
+        for w in writers[b]:
+          if w != i: deps[w].add(i)   # the overwrite waits for this read
+  waited_for = set().union(*deps) if deps else set()
+  order: list[int] = []
+  state = [0] * n   # 0 not seen, 1 on the walk's stack, 2 emitted
+  for root in [i for i in range(n) if i not in waited_for] + list(range(n)):
+    if state[root]: continue
+    stack = [(root, iter(sorted(deps[root])))]
+    state[root] = 1
+    while stack:
+      i, it = stack[-1]
+      nxt = next(it, None)
+      if nxt is None:
+        stack.pop()
+        state[i] = 2
+        order.append(i)
+      elif state[nxt] == 1: raise RuntimeError("cycle in the kernel graph: two kernels each need the other's buffer first")
+      elif state[nxt] == 0:
+        state[nxt] = 1
+        stack.append((nxt, iter(sorted(deps[nxt]))))
   return [built[i][0] for i in order]
