@@ -354,6 +354,15 @@ _builders: llvm_build.Builders | None | bool = None   # (False: workers could no
 BUILD_TIMEOUT_S = 600   # a hang guard: a worker's build not back by then is built here instead
 
 
+def _forget_builders() -> None:
+  """In a forked child: the parent's workers are the parent's (their pipes' threads did not fork): start anew."""
+  global _builders
+  _builders = None
+
+
+os.register_at_fork(after_in_child=_forget_builders)
+
+
 def compile_workers() -> int:
   """Worker processes that build kernels' objects while this one lowers the next (prepare): RULEC_COMPILE_WORKERS,
   by default one less than the threads (RULEC_THREADS), at most 8; 0 builds everything in this process."""

@@ -96,3 +96,27 @@ def test_builders_report_errors_and_exits():
     late = b.submit('define void @g() {\n  ret void\n}\n')
     with pytest.raises(RuntimeError): late.result(timeout=120)
   finally: b.close()
+
+
+@pytest.mark.skipif(not hasattr(__import__("os"), "fork") or not __import__("os").path.exists("/proc/self/stat"),
+                    reason="forks and reads /proc")
+def test_a_forked_child_starts_workers_of_its_own(fresh):
+  """A child forked after the workers started (a data loader's) must not wait on the parent's pipes."""
+  import os
+  fresh.setenv("RULEC_COMPILE_WORKERS", "1")
+  _check(*_program(2.25))
+  assert cpu_device._builders
+  pid = os.fork()
+  if pid == 0:   # (the child: new kernels, built through workers of its own; exit status says how it went)
+    try:
+      cpu_device._by_ast.clear()
+      cpu_device._by_digest.clear()
+      os.environ["RULEC_CACHE_DIR"] = tempfile.mkdtemp()
+      _check(*_program(2.5))
+      worker = cpu_device._builders._workers[0]["proc"].pid
+      with open(f"/proc/{worker}/stat") as f: parent = int(f.read().rsplit(")", 1)[1].split()[1])
+      os._exit(0 if parent == os.getpid() else 3)   # (its builds went to a worker it started)
+    except BaseException:
+      os._exit(1)
+  _, status = os.waitpid(pid, 0)
+  assert os.waitstatus_to_exitcode(status) == 0
