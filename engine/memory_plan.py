@@ -23,6 +23,7 @@ what planning saved.
 """
 from __future__ import annotations
 
+import bisect
 import os
 from typing import Iterable
 
@@ -75,35 +76,31 @@ def plan(kernels: list[Kernel], candidates: Iterable[UOp]) -> list[Kernel]:
   if not candidates or not enabled(): return kernels
   span = _lifetimes(kernels, candidates)
   if len(span) < 2: return kernels
-  # A sweep over the kernels in order: at kernel i the buffers whose last use was before i are free again; each
-  # buffer first written at i takes the smallest free one of its device and dtype that holds it, else the largest
-  # free one, grown to hold it, else a new one (sizes are only settled at the end: nothing is allocated yet).
-  starts: dict[int, list[UOp]] = {}
-  for b, (first, _) in span.items(): starts.setdefault(first, []).append(b)
-  ends: dict[int, list[int]] = {}     # kernel index -> slots whose last use is there
-  free: dict[tuple, list[int]] = {}   # (device, dtype) -> free slots
+  # Largest first: each buffer goes to the smallest slot of its device and dtype that is free for its whole
+  # lifetime (every slot made before it is at least as large), else to a new slot of its size. Sweeping the kernels
+  # in order instead, and growing a free slot to the next buffer's size, left a 2-layer GPT-2 step 15% above the
+  # most bytes live at once (a slot grown to a gradient's size for a moment held it for the step).
   kinds: list[tuple] = []             # slot -> (device, dtype)
-  sizes: list[int] = []               # slot -> elements (the most any member needs)
+  sizes: list[int] = []               # slot -> elements (its first, largest member's)
+  taken: list[list[tuple]] = []       # slot -> the (first, last) kernels of its members, sorted
   members: list[list[UOp]] = []
-  for i in sorted(set(starts) | {last for _, last in span.values()}):
-    # (larger buffers first: they take the large free slots, the small ones what is left)
-    for b in sorted(starts.get(i, ()), key=lambda b: -b.arg[2]):
-      kind, need = (b.arg[1], b.dtype), b.arg[2]
-      pool = free.get(kind)
-      if pool:
-        fits = [s for s in pool if sizes[s] >= need]
-        s = min(fits, key=lambda s: sizes[s]) if fits else max(pool, key=lambda s: sizes[s])
-        pool.remove(s)
-        sizes[s] = max(sizes[s], need)
-      else:
-        s = len(kinds)
-        kinds.append(kind)
-        sizes.append(need)
-        members.append([])
-      members[s].append(b)
-      ends.setdefault(span[b][1], []).append(s)
-    # (after the kernel's own buffers took theirs: a slot freed at i is free from i + 1 on)
-    for s in ends.pop(i, ()): free.setdefault(kinds[s], []).append(s)
+  for b in sorted(span, key=lambda b: (-b.arg[2] * b.dtype.itemsize, span[b][0])):
+    kind, (first, last) = (b.arg[1], b.dtype), span[b]
+    best = None
+    for s, k in enumerate(kinds):
+      if k != kind or (best is not None and sizes[s] >= sizes[best]): continue
+      i = bisect.bisect_left(taken[s], (first, last))
+      if i > 0 and taken[s][i - 1][1] >= first: continue    # (overlaps the member before)
+      if i < len(taken[s]) and taken[s][i][0] <= last: continue   # (or the one after)
+      best = s
+    if best is None:
+      best = len(kinds)
+      kinds.append(kind)
+      sizes.append(b.arg[2])
+      taken.append([])
+      members.append([])
+    bisect.insort(taken[best], (first, last))
+    members[best].append(b)
   mapping: dict[UOp, UOp] = {}
   for (device, dtype), size, group in zip(kinds, sizes, members):
     if len(group) < 2: continue

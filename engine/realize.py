@@ -167,7 +167,9 @@ def realize_map(uops: Sequence[UOp], devices: Sequence[str] | None = None,
     wanted = held([x for x, _ in handed]) if held is not None and handed else None
     for v in [*views, *(v for x, v in handed if wanted is None or x in wanted)]:
       seen.update(b for b in v.toposort() if b.op is Ops.BUFFER)
-    kernels = memory_plan.plan(kernels, {b for k in kernels for b in k.bufs if b not in seen})
+    # (not while TinyJit captures: it plans the whole step from each intermediate's own lifetime, which a buffer
+    # shared here would blur into one long one)
+    if not CAPTURING: kernels = memory_plan.plan(kernels, {b for k in kernels for b in k.bufs if b not in seen})
     job.phase = "compiling kernels"
     prepare(kernels)   # (the CPU builds new kernels' objects in worker processes, runtime/cpu_device.py)
     job.phase, job.total = "running kernels", len(kernels)

@@ -100,14 +100,17 @@ class Kernel:
 
   @property
   def inputs(self) -> tuple[int, ...]:
-    """The slots read (INDEX nodes that are not store targets), sorted."""
-    # (a load and a store target with the same index are one hash-consed node, so look below the targets only)
-    slots: set[int] = set()
-    for st in self.stores:
-      for part in st.src[0].src[1:] + st.src[1:]:
-        for u in part.toposort():
-          if u.op is Ops.INDEX and u.src and u.src[0].op is Ops.PARAM: slots.add(u.src[0].arg[0])
-    return tuple(sorted(slots))
+    """The slots read (INDEX nodes that are not store targets), sorted (memoised per AST: the memory planner asks
+    for every kernel of every realize)."""
+    def read(ast: UOp) -> tuple[int, ...]:
+      # (a load and a store target with the same index are one hash-consed node, so look below the targets only)
+      slots: set[int] = set()
+      for st in self.stores:
+        for part in st.src[0].src[1:] + st.src[1:]:
+          for u in part.toposort():
+            if u.op is Ops.INDEX and u.src and u.src[0].op is Ops.PARAM: slots.add(u.src[0].arg[0])
+      return tuple(sorted(slots))
+    return self.ast.memo_root("kernel_inputs", read)
 
   @property
   def ranges(self) -> tuple[UOp, ...]:
