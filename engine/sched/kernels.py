@@ -71,11 +71,7 @@ def order_kernels(built: list[tuple[Kernel, KernelBuilder, UOp]]) -> list[Kernel
         for w in writers[b]:
           if w != i: deps[w].add(i)   # the overwrite waits for this read
   waited_for = set().union(*deps) if deps else set()
-  height = _heights(deps)
-  # a kernel's inputs deepest first: what a long chain computes is then ready last, and the short ones wait less
-  # (a GPT-2 step's tied embedding gradient: the head's part, the vocabulary times the width, is computed after the
-  # backward through every layer, right before the sum that reads it, not held across it)
-  def inputs(i: int): return iter(sorted(deps[i], key=lambda d: (-height[d], d)))
+  def inputs(i: int): return iter(sorted(deps[i]))
   order: list[int] = []
   state = [0] * n   # 0 not seen, 1 on the walk's stack, 2 emitted
   for root in [i for i in range(n) if i not in waited_for] + list(range(n)):
@@ -95,21 +91,3 @@ def order_kernels(built: list[tuple[Kernel, KernelBuilder, UOp]]) -> list[Kernel
         stack.append((nxt, inputs(nxt)))
   return [built[i][0] for i in order]
 
-
-def _heights(deps: list[set[int]]) -> list[int]:
-  """Each kernel's longest chain of kernels it waits for (0: it waits for none); a cycle is left to the caller."""
-  height = [-1] * len(deps)
-  for root in range(len(deps)):
-    if height[root] >= 0: continue
-    stack = [(root, iter(deps[root]))]
-    height[root] = -2   # (on the stack)
-    while stack:
-      i, it = stack[-1]
-      nxt = next(it, None)
-      if nxt is None:
-        stack.pop()
-        height[i] = 1 + max((height[d] for d in deps[i]), default=-1)
-      elif height[nxt] == -1:
-        height[nxt] = -2
-        stack.append((nxt, iter(deps[nxt])))
-  return height
