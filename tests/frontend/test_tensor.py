@@ -193,8 +193,7 @@ def test_binary_ops_broadcast_like_numpy(shapes, da, db, op, seed, special):
   rng = np.random.default_rng(seed)
   a, b = make(rng, shapes[0], da, special=special), make(rng, shapes[1], db, special=special)
   dt = ours_promote(da, db)
-  # numpy refuses negative integer powers (and `% 4` of a bool array is int64: the dtype is kept)
-  if op == "**" and not dt.is_float: a, b = np.abs(a), (np.abs(b) % 4).astype(b.dtype)
+  if op == "**" and not dt.is_float: a, b = np.abs(a), np.abs(b) % 4  # numpy refuses negative integer powers
   ta, tb = Tensor(a), Tensor(b)
   if op in ("&", "|", "^") and dt.is_float:
     with pytest.raises(TypeError): apply_binary(op, ta, tb)
