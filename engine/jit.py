@@ -341,9 +341,10 @@ class TinyJit:
       return ret
     _drop_step_grads(grads_before, ret)
     # the step's intermediates no live tensor or history can read share buffers where their lifetimes allow: a
-    # replay keeps only what the step needs at once (engine/memory_plan.py; each realize inside was planned alone)
-    seen = _base.visible_buffer_ids()
-    kernels = memory_plan.plan(kernels, {b for k in kernels for b in k.bufs if b.arg[0] not in seen and b not in set(bufs)})
+    # replay keeps only what the step needs at once (engine/memory_plan.py; the realizes inside were not planned,
+    # engine/realize.py, so each intermediate's own lifetime is seen here)
+    seen, inputs = _base.visible_buffer_ids(), set(bufs)
+    kernels = memory_plan.plan(kernels, {b for k in kernels for b in k.bufs if b.arg[0] not in seen and b not in inputs})
     self.captured = _Captured(kernels, bufs, names, infos, _statics(args, kwargs), ret)
     if not reads and self.general.get(variables) == 1: self.general[variables] = self.captured
     else: self._remember(key, self.captured)

@@ -3,6 +3,7 @@ lowered here and built by worker processes, with the same programs and values as
 falls back to building in this process. Counted (objects built by workers, programs compiled), never timed."""
 from __future__ import annotations
 
+import os
 import tempfile
 
 import numpy as np
@@ -98,11 +99,9 @@ def test_builders_report_errors_and_exits():
   finally: b.close()
 
 
-@pytest.mark.skipif(not hasattr(__import__("os"), "fork") or not __import__("os").path.exists("/proc/self/stat"),
-                    reason="forks and reads /proc")
+@pytest.mark.skipif(not hasattr(os, "fork") or not os.path.exists("/proc/self/stat"), reason="forks and reads /proc")
 def test_a_forked_child_starts_workers_of_its_own(fresh):
   """A child forked after the workers started (a data loader's) must not wait on the parent's pipes."""
-  import os
   fresh.setenv("RULEC_COMPILE_WORKERS", "1")
   _check(*_program(2.25))
   assert cpu_device._builders
