@@ -137,6 +137,7 @@ _LIVE: weakref.WeakSet = weakref.WeakSet()
 # (the histories keep only what can still lead a gradient to one of these: engine/tensor/history.py's prune)
 _history.live_values = lambda: [t.uop for t in list(_LIVE)]
 _history.grad_values = lambda: [t.uop for t in list(_LIVE) if t.requires_grad is True]
+_history.held_values = lambda: {u for t in list(_LIVE) for u in t.uop.toposort()}
 
 
 

@@ -35,6 +35,17 @@ _HISTORY: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 live_values = None
 # and the nodes of every live tensor that requires a gradient (requires_grad True): `leads_to_gradient`
 grad_values = None
+# and every node some live tensor's graph holds (its own node included, histories not followed)
+held_values = None
+
+# Histories that lead no gradient to a tensor that requires one (requires_grad True) when recorded: a value read
+# (`loss.item()`) or realized from tensors left at requires_grad None. Such a history is followed only while its
+# node is held by a live tensor's graph, so `print(loss.item()); loss.backward()` and
+# `z = x.exp().realize(); (z * x).sum().backward()` still reach x, but a loop that carries a realized value
+# (`x = f(x, w).realize()`, w a weight nobody trains) does not chain every step's buffers through w: the step
+# before is dropped once no tensor holds it. tinygrad's realize cuts every graph; torch gives such tensors no
+# gradient at all. A history that does lead to such a tensor is kept whole (backpropagation through time).
+_SHALLOW: weakref.WeakSet = weakref.WeakSet()
 PRUNE_EVERY = 16
 _PRUNE_AT = [PRUNE_EVERY]
 
@@ -67,6 +78,8 @@ def record(node: UOp, graph: UOp | None, rewritten: bool = False) -> None:
     stand = UOp.new_buffer(node.base.arg[1], node.base.arg[2], node.dtype).reshape(node.shape)
     _HISTORY[node] = (substitute(graph, {node: stand}), stand)
   else: _HISTORY[node] = (graph, None)
+  if not rewritten and not leads_to_gradient(graph): _SHALLOW.add(node)
+  else: _SHALLOW.discard(node)
   if len(_HISTORY) >= _PRUNE_AT[0] and live_values is not None:
     prune(live_values())
     _PRUNE_AT[0] = len(_HISTORY) + PRUNE_EVERY
@@ -76,6 +89,9 @@ def prune(live) -> None:
   """Drop every history that cannot lead a gradient to one of the nodes `live` (the live tensors' values): one
   whose graph holds none of them and no node whose own history can. Those graphs are all that kept the realized
   nodes they read (and so their buffers) alive."""
+  if _SHALLOW and held_values is not None:   # (a shallow history no live tensor holds is never followed again)
+    held = held_values()
+    for node in [n for n in list(_SHALLOW) if n not in held]: _HISTORY.pop(node, None); _SHALLOW.discard(node)
   # a live tensor's gradient is found at its node, or at the graph its node was realized from (autograd's _nodes):
   # both count, except a node's own graph for its own history
   owners: dict[UOp, set] = {}
@@ -127,16 +143,21 @@ def read_by_any() -> set[int]:
   return out
 
 
-def history(node: UOp) -> UOp | None:
+def history(node: UOp, held: set | None = None) -> UOp | None:
+  """What `node` was computed from, or None (`held`: held_values(), when the caller has it already)."""
   entry = _HISTORY.get(node)
   if entry is None: return None
+  if node in _SHALLOW and held_values is not None and node not in (held if held is not None else held_values()):
+    return None
   graph, stand = entry
   return graph if stand is None else substitute(graph, {stand: node})
 
 
 def recorded(nodes) -> dict[UOp, UOp]:
   """The history of every node among `nodes` that has one."""
-  return {n: h for n in nodes if n in _HISTORY and (h := history(n)) is not None}
+  nodes = [n for n in nodes if n in _HISTORY]
+  held = held_values() if held_values is not None and any(n in _SHALLOW for n in nodes) else None
+  return {n: h for n in nodes if (h := history(n, held)) is not None}
 
 
 def forget_written(written: set[UOp], parts, readers: bool = True) -> None:
