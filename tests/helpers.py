@@ -72,7 +72,7 @@ def same_as_reference(device: str, data, dtype, fn) -> np.ndarray:
 
 # *** the wheel ***
 
-WHEEL_SOURCES = ("engine", "codegen", "runtime", "rulec", "rules", "pyproject.toml", "README.md")
+WHEEL_SOURCES = ("engine", "codegen", "runtime", "rulec", "rules", "pyproject.toml", "setup.py", "README.md")
 
 
 def copy_sources(dst: Path) -> None:

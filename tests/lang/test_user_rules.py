@@ -262,3 +262,17 @@ def test_installed_wheel_has_the_rule_authors_tools(installed, tmp_path):
   lsp = run(str(bin_ / "rulec"), "lsp", input=framed)
   reply = json.JSONDecoder().raw_decode(lsp.stdout[lsp.stdout.find("{"):])[0]
   assert reply["id"] == 1 and reply["result"]["capabilities"]["hoverProvider"], lsp.stderr
+
+
+def test_installed_wheel_runs_its_first_program_without_compiling_the_shipped_rules(installed, tmp_path):
+  # the wheel's build compiled every rule set (setup.py, engine/lang/shipped.py): with an empty cache, a fresh
+  # install's first program loads them all from the package, compiles none; a user's rules directory is compiled
+  prog = tmp_path / "first.py"
+  prog.write_text(PROGRAM.replace("print(n,", "from rulec.engine.lang import loader\nprint(loader.COMPILED['shipped'], "
+                                  "loader.COMPILED['compiled'], loader.COMPILED['cached'], n,"))
+  py = str(installed / "bin" / "python")
+  shipped, compiled, cached, n, value, *_ = _run(installed, tmp_path, py, str(prog)).split()
+  assert int(shipped) >= 10 and (compiled, cached) == ("0", "0") and (n, value) == ("1", "4.0")
+  d = user_dir(tmp_path, extra=EXTEND)
+  shipped, compiled, cached, n, value, *_ = _run(installed, tmp_path, py, str(prog), RULEC_RULES=str(d)).split()
+  assert shipped == "0" and int(compiled) >= 10 and (n, value) == ("2", "4.0")
