@@ -351,6 +351,7 @@ def _program_for(opt: Kernel, nbufs: int, tried: str | None = None, vars=()) -> 
 _builders: llvm_build.Builders | None | bool = None   # (False: workers could not start in this process)
 
 
+WORKERS_START_AT = 4   # kernels to build in one realize before the worker processes are started
 BUILD_TIMEOUT_S = 600   # a hang guard: a worker's build not back by then is built here instead
 
 
@@ -375,8 +376,9 @@ def prepare(kernels) -> int:
   """Compile the kernels among `kernels` that this process has not compiled, before they run: each is lowered and
   rendered here, and its object built by a worker process (runtime/llvm_build.py) while this process goes on to
   the next, then loaded into the JIT. Programs a cache has are loaded as compile_kernel would. Nothing to do with
-  no workers, with fewer than two kernels to build, or while RULEC_SEARCH times candidates (a candidate runs on
-  the kernel's buffers). Returns how many objects the workers built."""
+  no workers, with fewer than two kernels to build (fewer than WORKERS_START_AT before the workers have started),
+  or while RULEC_SEARCH times candidates (a candidate runs on the kernel's buffers). Returns how many objects the
+  workers built."""
   global _builders
   if compile_workers() == 0 or os.environ.get("RULEC_SEARCH", "") not in ("", "0"): return 0
   todo, seen = [], set()
@@ -385,7 +387,9 @@ def prepare(kernels) -> int:
     if key not in _by_ast and key not in seen:
       seen.add(key)
       todo.append((k, key[1]))
-  if len(todo) < 2: return 0
+  # (starting the workers costs a process and llvmlite's import, about 0.15 s here: more than building two or three
+  # small kernels in this process, as the README's snippet does; once they run, two kernels are worth sending)
+  if len(todo) < (2 if _builders else WORKERS_START_AT): return 0
   built = 0
   with _lock:
     waiting, asked = [], {}   # (asked: digest -> its build, once: two kernels may render to the same IR)

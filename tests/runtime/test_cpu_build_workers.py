@@ -119,3 +119,18 @@ def test_a_forked_child_starts_workers_of_its_own(fresh):
       os._exit(1)
   _, status = os.waitpid(pid, 0)
   assert os.waitstatus_to_exitcode(status) == 0
+
+
+def test_a_small_first_realize_builds_here_without_starting_workers(fresh):
+  # (starting the workers costs more than building two or three small kernels: the README's snippet)
+  fresh.setenv("RULEC_COMPILE_WORKERS", "1")
+  fresh.setattr(cpu_device, "_builders", None)
+  x = Tensor(np.arange(6, dtype=np.float32).reshape(2, 3) / 7.25).realize()
+  built = []
+  prepare = cpu_device.prepare
+  fresh.setattr(cpu_device, "prepare", lambda ks: built.append(prepare(ks)) or built[-1])
+  got = (x @ x.T).relu().softmax(-1).numpy()
+  a = x.numpy() @ x.numpy().T
+  want = np.exp(a - a.max(1, keepdims=True))
+  np.testing.assert_allclose(got, want / want.sum(1, keepdims=True), rtol=1e-5)
+  assert built and sum(built) == 0 and cpu_device._builders is None
