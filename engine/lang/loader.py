@@ -16,6 +16,7 @@ import atexit
 import hashlib
 import os
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -277,9 +278,31 @@ def load_library(paths: list[str | Path] | None = None, user: list[str | Path] |
   files, top = rule_files(paths), rule_files(user) if user else []
   key = (tuple(str(f) for f in files), tuple(str(f) for f in top))
   lib = _LIBRARIES.get(key)
+  stamps = _stamps(files + top)
+  if lib is not None and stamps is not None and _STAMPS.get(key) == stamps: return lib
   if lib is None or any(lib.raw[str(f)] != read_rule_file(f) for f in files + top):
     lib = _LIBRARIES[key] = RuleLibrary(files, top)
+  _STAMPS[key] = stamps
   return lib
+
+
+# load_library's check that no file changed: each file's (inode, size, modification time), so that asking for the
+# library again (the scheduler's helpers ask hundreds of times a schedule) stats the files instead of reading them.
+# A file modified in the last RACY_S seconds is read every time (a write within the file system's timestamp
+# granularity could leave all three as they were: git's "racy" files)
+_STAMPS: dict[tuple, tuple | None] = {}
+RACY_S = 2.0
+
+
+def _stamps(files: list[Path]) -> tuple | None:
+  out = []
+  now = time.time_ns()
+  for f in files:
+    try: st = os.stat(f, follow_symlinks=False)
+    except OSError: return None
+    if now - st.st_mtime_ns < RACY_S * 1e9: return None
+    out.append((st.st_ino, st.st_size, st.st_mtime_ns))
+  return tuple(out)
 
 
 def matcher(*names: str) -> Matcher:

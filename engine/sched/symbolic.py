@@ -383,9 +383,26 @@ _NESTED_REWRITES = 16                   # the most parts of indices one WHERE's 
 def _kept(u: UOp, memo, of) -> object:
   """A fact of u worked out from its sources' facts (`of(node)`, which reads theirs from memo), each node's kept in
   memo: a deep expression is walked once, not once per node asked about."""
+  if (got := memo.get(u)) is not None: return got
   for n in u.toposort(lambda m: m not in memo):
     if n not in memo: memo[n] = of(n)
   return memo[u]
+
+
+def _range_set(u: UOp) -> frozenset:
+  """The RANGEs u depends on (kept per node)."""
+  return _kept(u, _RANGE_SETS, lambda n: frozenset((n,)) if n.op is Ops.RANGE else
+               frozenset().union(*(_RANGE_SETS[s] for s in n.src)))
+
+
+_READS: "weakref.WeakKeyDictionary[UOp, bool]" = weakref.WeakKeyDictionary()   # holds a LOAD or an INDEX
+
+
+@rule_helper
+def reads_memory(u: UOp) -> bool:
+  """u's graph holds a LOAD or an INDEX (kept per node: a condition over loads is walked once, not once per WHERE
+  that asks)."""
+  return _kept(u, _READS, lambda n: n.op in (Ops.LOAD, Ops.INDEX) or any(_READS[x] for x in n.src))
 
 
 class _Fitter:
@@ -401,10 +418,7 @@ class _Fitter:
     self.guards: dict[tuple, UOp] = {}
     self.too_big = False   # a group of a guard had too many points for bounds_form
 
-  def ranges(self, u: UOp) -> frozenset:
-    """The RANGEs u depends on."""
-    return _kept(u, self.range_sets, lambda n: frozenset((n,)) if n.op is Ops.RANGE else
-                 frozenset().union(*(self.range_sets[s] for s in n.src)))
+  def ranges(self, u: UOp) -> frozenset: return _range_set(u)
 
   def fittable(self, u: UOp) -> bool:
     """rebuild could change u: among the values it walks (as rebuild does: through WHEREs, reduces' values and
@@ -726,12 +740,15 @@ def narrowed_reduce(red: UOp) -> UOp | None:
     if c.op is not Ops.CMPLT or c.src[1].op is not Ops.CONST or not any(c.src[0] is r for r in rngs): continue
     r, k = c.src[0], c.src[1].arg
     if r.op is not Ops.RANGE or r.src[0].op is not Ops.CONST or not 1 <= k < r.src[0].arg: continue
+    # (only what reads r is rebuilt: the value may read buffers other kernels write, whole graphs below)
+    outside = lambda x: r not in _range_set(x)
     if k == 1:   # one iteration: r is 0 there, and the reduce keeps its other ranges (a range of 1 is no range)
       rest = tuple(x for x in rngs if x is not r)
-      body = substitute(val, {r: UOp.const(r.dtype, 0)})
+      body = substitute(val, {r: UOp.const(r.dtype, 0)}, frozen=outside)
       return UOp(Ops.REDUCE, red.dtype, (body, *rest), red.arg) if rest else body
     new = UOp(Ops.RANGE, r.dtype, (UOp.const(r.src[0].dtype, k),), r.arg, r.tag)
-    return UOp(Ops.REDUCE, red.dtype, (substitute(val, {r: new}), *(new if x is r else x for x in rngs)), red.arg)
+    return UOp(Ops.REDUCE, red.dtype, (substitute(val, {r: new}, frozen=outside), *(new if x is r else x for x in rngs)),
+               red.arg)
   return None
 
 
