@@ -141,9 +141,86 @@ def tg_divmod_parts(x: UOp, c: int, div: bool):
     if r: lo, hi = lo + min(r * vmin, r * vmax), hi + max(r * vmin, r * vmax)
     xlo, xhi = xlo + min(coef * vmin, coef * vmax), xhi + max(coef * vmin, coef * vmax)
     parts.append((q, r, v))
-  if lo < 0 or hi >= c or xlo < _I64[0] or xhi > _I64[1]: return None
-  if not div: return sum(((v if r == 1 else v * r) for q, r, v in parts if r), x.const_like(rk))
-  return sum(((v if q == 1 else v * q) for q, r, v in parts if q), x.const_like(qk))
+  lim = _I64 if x.dtype is tdtypes.weakint else (x.dtype.min, x.dtype.max)
+  if xlo < lim[0] or xhi > lim[1]: return None
+  rest = _tg_sum_of([(r, v) for q, r, v in parts if r], x.const_like(rk))
+  quot = _tg_sum_of([(q, v) for q, r, v in parts if q], x.const_like(qk))
+  if 0 <= lo and hi < c: return quot if div else rest
+  if (split := _tg_factor_parts(terms, const, c, div, x.dtype)) is not None: return split
+  if const < 0 or any(coef < 0 or v.vmin < 0 for coef, v in terms) or not (qk or any(q for q, _, _ in parts)): return None
+  return quot + rest // c if div else rest % c
+
+
+def _tg_sum_of(terms, start: UOp) -> UOp: return sum(((v if coef == 1 else v * coef) for coef, v in terms), start)
+
+
+def _tg_factor_parts(terms, k: int, c: int, div: bool, dtype) -> UOp | None:
+  """rulec.engine.sched.symbolic._factor_parts: x = g*Q + R with g | c and R in [0, g) (index arithmetic only)."""
+  if dtype is not tdtypes.weakint: return None
+  for g in sorted({abs(coef) for coef, _ in terms if 1 < abs(coef) < c and c % abs(coef) == 0}, reverse=True):
+    m, (kq, kr) = c // g, divmod(k, g)
+    big = [(coef // g, v) for coef, v in terms if coef % g == 0]
+    small = [(coef, v) for coef, v in terms if coef % g]
+    if not small: continue
+    lo = kr + sum(min(coef * v.vmin, coef * v.vmax) for coef, v in small)
+    hi = kr + sum(max(coef * v.vmin, coef * v.vmax) for coef, v in small)
+    if not (0 <= lo and hi < g): continue
+    q = _tg_sum_of(big, UOp.const(kq, dtype))
+    return q // m if div else _tg_sum_of(small, (q % m) * g + kr)
+  return None
+
+
+def tg_recombined_divmod(s: UOp) -> UOp | None:
+  """rulec.engine.sched.symbolic.recombined_divmod: (x // c) * (k*c) + (x % c) * k among a sum's terms is k * x."""
+  terms, k = _tg_terms(s)
+  if len(terms) < 2: return None
+  divs = {(v.src[0], v.src[1].arg): i for i, (_, v) in enumerate(terms)
+          if v.op is TOps.FLOORDIV and v.src[1].op is TOps.CONST and isinstance(v.src[1].arg, int) and v.src[1].arg > 0}
+  if not divs: return None
+  out, used = list(terms), set()
+  for j, (coef, v) in enumerate(terms):
+    if v.op is not TOps.FLOORMOD or v.src[1].op is not TOps.CONST or (i := divs.get((v.src[0], v.src[1].arg))) is None:
+      continue
+    if i in used or terms[i][0] != coef * v.src[1].arg or v.src[0].dtype != s.dtype: continue
+    used |= {i, j}
+    out[i], out[j] = (coef, v.src[0]), None
+  if not used: return None
+  total = UOp.const(k, s.dtype)
+  for t in out:
+    if t is not None: total = total + (t[1] if t[0] == 1 else t[1] * t[0])
+  return total
+
+
+def tg_exact_bounds(u: UOp) -> tuple[int, int] | None:
+  """rulec.engine.sched.symbolic.exact_bounds: an ADD/SUB/MUL-by-constant expression's bounds when no step wraps."""
+  if u.dtype not in INTS: return None
+  if u.op is TOps.CONST: return (u.arg, u.arg) if isinstance(u.arg, int) else None
+  if u.op in (TOps.ADD, TOps.SUB) or (u.op is TOps.MUL and TOps.CONST in (u.src[0].op, u.src[1].op)):
+    a, b = tg_exact_bounds(u.src[0]), tg_exact_bounds(u.src[1])
+    if a is None or b is None: return None
+    if u.op is TOps.ADD: lo, hi = a[0] + b[0], a[1] + b[1]
+    elif u.op is TOps.SUB: lo, hi = a[0] - b[1], a[1] - b[0]
+    else: lo, hi = min(p := (a[0] * b[0], a[0] * b[1], a[1] * b[0], a[1] * b[1])), max(p)
+  else:
+    lo, hi = u.vmin, u.vmax
+    if not (isinstance(lo, int) and isinstance(hi, int)): return None
+  lim = _tg_limits(u.dtype)
+  return (lo, hi) if lim[0] <= lo and hi <= lim[1] else None
+
+
+def tg_invariant_to_right(s: UOp, c: UOp) -> UOp | None:
+  """rulec.engine.sched.symbolic.invariant_to_right: (x + y) < c, x over ranges and y over Variables only, as
+  x < c - y when neither side wraps."""
+  x, y = s.src
+  def ranged(u: UOp) -> bool: return any(n.op is TOps.RANGE for n in u.toposort())
+  def variable(u: UOp) -> bool: return not ranged(u) and any(n.op is TOps.DEFINE_VAR for n in u.toposort())
+  if variable(x) and ranged(y): x, y = y, x
+  if not (ranged(x) and variable(y)): return None
+  if y.op is TOps.SUB and y.src[0].op is TOps.CONST:
+    k = c.arg - y.src[0].arg
+    right = y.src[1] if k == 0 else y.src[1] + k
+  else: right = c - y
+  return x < right if tg_exact_bounds(s) is not None and tg_exact_bounds(right) is not None else None
 
 
 # helpers of the rules added for symbolic parity (engine/sched/symbolic.py: lossless, fold_cast, lt_gcd)
@@ -279,11 +356,14 @@ tinygrad_symbolic = PatternMatcher([
    lambda s, x, c1, c2: (x + c1.arg % c2.arg) % c2 if c2.arg > 0 and not 0 <= c1.arg < c2.arg
    and tg_no_wrap(s, x + c1.arg % c2.arg) else None),
   (_add(_mul(_idiv(_x, _c), _c), _mod(_x, _c)), lambda x, c: x if c.arg != 0 else None),            # divmod_recombine
+  (UPat(TOps.ADD, dtype=INTS, name="s"), tg_recombined_divmod),                                      # divmod_recombine_sum
   (_idiv(_xi, _c), lambda x, c: tg_divmod_parts(x, c.arg, True) if c.arg > 0 else None),             # fold_div_parts
   (_mod(_xi, _c), lambda x, c: tg_divmod_parts(x, c.arg, False) if c.arg > 0 else None),             # fold_mod_parts
   # value bounds decide
   (_idiv(_x, _c), lambda x, c: x.const_like(0) if c.arg > 0 and 0 <= x.vmin and x.vmax < c.arg else None),  # div_small
   (_mod(_x, _c), lambda x, c: x if c.arg > 0 and 0 <= x.vmin and x.vmax < c.arg else None),                 # mod_small
+  (_mod(_xi, _c), lambda x, c: x + x.const_like(-(x.vmin // c.arg * c.arg))                         # mod_one_period
+   if c.arg > 0 and x.vmin // c.arg == x.vmax // c.arg and x.vmin // c.arg != 0 else None),
   (UPat(TOps.CMPLT, src=(_x, _c)),                                                                   # lt_bounds
    lambda x, c: UOp.const(x.vmax < c.arg, tdtypes.bool) if x.vmax < c.arg or x.vmin >= c.arg else None),
   (UPat(TOps.MAX, src=[_x, _y]), lambda x, y: x if not tdtypes.is_float(x.dtype) and x.vmin >= y.vmax else None),  # max_bounds
@@ -362,6 +442,8 @@ tinygrad_symbolic = PatternMatcher([
   # comparisons
   (_lt(_add(_xi, _c0).named("s"), _c1),                                                              # lt_add_const
    lambda s, x, c0, c1: x < (c1.arg - c0.arg) if tg_no_wrap(s, x) and _tg_fits(x.dtype, c1.arg - c0.arg) else None),
+  (_lt(UPat(TOps.ADD, src=[UPat(dtype=INTS), _y], name="s"), _c),                                    # lt_add_invariant
+   lambda s, y, c: tg_invariant_to_right(s, c) if y.op is not TOps.CONST else None),
   (_lt(_c0, _add(_xi, _c1).named("s")),                                                              # const_lt_add
    lambda s, x, c0, c1: x.const_like(c0.arg - c1.arg) < x if tg_no_wrap(s, x) and _tg_fits(x.dtype, c0.arg - c1.arg) else None),
   (_lt(_mul(_xi, _c0).named("m"), _c1),                                                              # lt_mul_pos
