@@ -29,8 +29,8 @@ from typing import Iterable
 
 from rulec.engine.ir.kernel import Kernel
 from rulec.engine.ir.uop import UOp
-from rulec.runtime.buffer import new_buffer
-from rulec.runtime.devices import copy_buffers
+from rulec.runtime.buffer import ALIGN, ARENA_DEVICES, new_arena_views, new_buffer
+from rulec.runtime.devices import copy_buffers, device_kind
 
 __all__ = ["enabled", "plan", "STATS"]
 
@@ -76,6 +76,49 @@ def plan(kernels: list[Kernel], candidates: Iterable[UOp]) -> list[Kernel]:
   if not candidates or not enabled(): return kernels
   span = _lifetimes(kernels, candidates)
   if len(span) < 2: return kernels
+  nbytes = lambda b: b.arg[2] * b.dtype.itemsize
+  STATS["planned"] += len(span)
+  STATS["bytes_before"] += sum(nbytes(b) for b in span)
+  mapping: dict[UOp, UOp] = {}
+  on_host: dict[str, list[UOp]] = {}
+  for b in span:
+    if device_kind(b.arg[1]) in ARENA_DEVICES: on_host.setdefault(b.arg[1], []).append(b)
+  for device, bufs in on_host.items(): mapping.update(_arena(device, bufs, span))
+  mapping.update(_slots([b for b in span if b not in mapping], span))
+  if not mapping: return kernels
+  return [Kernel(k.ast, tuple(mapping.get(b, b) for b in k.bufs), k.vals)
+          if any(b in mapping for b in k.bufs) else k for k in kernels]
+
+
+def _arena(device: str, bufs: list[UOp], span: dict[UOp, list[int]]) -> dict[UOp, UOp]:
+  """Host devices: the buffers as views of one arena of bytes, each at an offset no buffer whose lifetime meets its
+  own uses at the same time. Largest first, each at the lowest offset that is free for its whole lifetime (greedy by
+  size, as TensorFlow Lite's arena planner places tensors): several small intermediates fit where a
+  large one lives at another time, which slots of one buffer each cannot do (a GPT-2 step's token-embedding
+  gradient, 147 MiB, idle through the backward pass while the layers' activations each kept a slot)."""
+  if len(bufs) < 2: return {}
+  placed: list[tuple[int, int, int, int]] = []   # (first, last, start byte, end byte)
+  layout: dict[UOp, int] = {}
+  total = 0
+  for b in sorted(bufs, key=lambda b: (-b.arg[2] * b.dtype.itemsize, span[b][0])):
+    (first, last), size = span[b], -(-(b.arg[2] * b.dtype.itemsize) // ALIGN) * ALIGN
+    busy = sorted((s, e) for f, l, s, e in placed if f <= last and first <= l)
+    at = 0
+    for s, e in busy:
+      if at + size <= s: break
+      at = max(at, e)
+    layout[b] = at
+    placed.append((first, last, at, at + size))
+    total = max(total, at + size)
+  order = list(layout)
+  views = new_arena_views(device, total, [(layout[b], b.arg[2], b.dtype) for b in order])
+  STATS["shared"] += 1
+  STATS["bytes_after"] += total
+  return dict(zip(order, views))
+
+
+def _slots(bufs: list[UOp], span: dict[UOp, list[int]]) -> dict[UOp, UOp]:
+  """Other devices: the buffers stored in shared buffers, one member at a time each."""
   # Largest first: each buffer goes to the smallest slot of its device and dtype that is free for its whole
   # lifetime (every slot made before it is at least as large), else to a new slot of its size. Sweeping the kernels
   # in order instead, and growing a free slot to the next buffer's size, left a 2-layer GPT-2 step 15% above the
@@ -84,7 +127,7 @@ def plan(kernels: list[Kernel], candidates: Iterable[UOp]) -> list[Kernel]:
   sizes: list[int] = []               # slot -> elements (its first, largest member's)
   taken: list[list[tuple]] = []       # slot -> the (first, last) kernels of its members, sorted
   members: list[list[UOp]] = []
-  for b in sorted(span, key=lambda b: (-b.arg[2] * b.dtype.itemsize, span[b][0])):
+  for b in sorted(bufs, key=lambda b: (-b.arg[2] * b.dtype.itemsize, span[b][0])):
     kind, (first, last) = (b.arg[1], b.dtype), span[b]
     best = None
     for s, k in enumerate(kinds):
@@ -106,11 +149,6 @@ def plan(kernels: list[Kernel], candidates: Iterable[UOp]) -> list[Kernel]:
     if len(group) < 2: continue
     shared = new_buffer(device, size, dtype)
     for b in group: mapping[b] = shared
-  nbytes = lambda b: b.arg[2] * b.dtype.itemsize
-  STATS["planned"] += len(span)
   STATS["shared"] += len(kinds)
-  STATS["bytes_before"] += sum(nbytes(b) for b in span)
   STATS["bytes_after"] += sum(n * d.itemsize for (_, d), n in zip(kinds, sizes))
-  if not mapping: return kernels
-  return [Kernel(k.ast, tuple(mapping.get(b, b) for b in k.bufs), k.vals)
-          if any(b in mapping for b in k.bufs) else k for k in kernels]
+  return mapping

@@ -172,6 +172,60 @@ class Buffer:
   def __repr__(self): return f"<Buffer {self.device} {self.size} x {self.dtype.name}>"
 
 
+class ArenaView(Buffer):
+  """A Buffer whose storage is bytes [offset, offset + nbytes) of an arena: one host Buffer of bytes that the memory
+  planner (engine/memory_plan.py) shares among intermediates whose lifetimes do not overlap, each at an offset of
+  its own while it lives, so several small ones fit where a large one lives at another time. Only for devices that
+  compute on the host arrays themselves (CPU, NUMPY: `ARENA_DEVICES`). The arena counts its bytes once; a view
+  counts none. The bytes around a view (LOAD_SLACK's reads, discarded by a WHERE) are the arena's: other views'
+  contents or the arena's own zeroed slack."""
+  def __init__(self, arena: Buffer, offset: int, size: int, dtype: DType):
+    super().__init__(arena.device, size, dtype)
+    self.arena, self.offset = arena, offset
+
+  def _count(self) -> None: pass
+
+  @property
+  def allocated(self) -> bool: return True
+
+  @property
+  def untouched(self) -> bool: return False
+
+  def _host(self) -> np.ndarray:
+    if self._data is None:
+      dt = np_dtype(self.dtype)
+      self._data = self.arena._host()[self.offset:self.offset + self.size * dt.itemsize].view(dt)
+    return self._data
+
+  def copyin(self, data: np.ndarray):
+    arr = np.asarray(data).reshape(-1)
+    if arr.size != self.size: raise ValueError(f"copyin of {arr.size} elements into a buffer of {self.size}")
+    np.copyto(self._host(), arr, casting="unsafe")
+
+  def copy_from(self, src: "Buffer") -> None:
+    if src.size != self.size or src.dtype is not self.dtype:
+      raise ValueError(f"copy of {src!r} into {self!r}: sizes or dtypes differ")
+    np.copyto(self._host(), src.host_view())
+
+  def __repr__(self): return f"<ArenaView {self.device} {self.size} x {self.dtype.name} at byte {self.offset}>"
+
+
+# the devices whose kernels read and write the host arrays of Buffers (ArenaView)
+ARENA_DEVICES = ("CPU", "NUMPY")
+
+
+def new_arena_views(device: str, nbytes: int, layout: list[tuple[int, int, DType]]) -> list[UOp]:
+  """BUFFERs of `layout` ((byte offset, size, dtype) each, offsets multiples of ALIGN) viewing one new arena of
+  `nbytes` bytes on `device`."""
+  arena = Buffer(device, nbytes, dtypes.uint8)
+  out = []
+  for offset, size, dtype in layout:
+    u = UOp.new_buffer(device, size, dtype)
+    _storage[u] = ArenaView(arena, offset, size, dtype)
+    out.append(u)
+  return out
+
+
 def new_buffer(device: str, size: int, dtype: DType) -> UOp:
   """A fresh BUFFER UOp with its storage registered."""
   u = UOp.new_buffer(device, size, dtype)
@@ -188,5 +242,5 @@ def buffer_of(u: UOp) -> Buffer:
   return buf
 
 
-__all__ = ["Buffer", "Mirror", "new_buffer", "buffer_of", "host_array", "np_dtype", "dtypes", "MEMORY", "memory_used",
+__all__ = ["Buffer", "Mirror", "ArenaView", "ARENA_DEVICES", "new_arena_views", "new_buffer", "buffer_of", "host_array", "np_dtype", "dtypes", "MEMORY", "memory_used",
            "memory_peak", "reset_peak"]

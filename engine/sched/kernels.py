@@ -51,7 +51,7 @@ def order_kernels(built: list[tuple[Kernel, KernelBuilder, UOp]]) -> list[Kernel
   buffer keep their order.
 
   Within that, each kernel runs as late as its consumers allow: a depth-first walk from the kernels nobody waits
-  for (in the order they were built) emits a kernel's inputs just before it. The memory planner
+  for (the last built first) emits a kernel's inputs just before it. The memory planner
   (engine/memory_plan.py) keeps a buffer from its first write to its last read, so the order decides the memory a
   realize needs: in a training step each weight's gradient is computed right before the optimizer's update that
   reads it, instead of every gradient of the backward pass waiting for the updates at the end (a 12-layer GPT-2
@@ -74,7 +74,12 @@ def order_kernels(built: list[tuple[Kernel, KernelBuilder, UOp]]) -> list[Kernel
   def inputs(i: int): return iter(sorted(deps[i]))
   order: list[int] = []
   state = [0] * n   # 0 not seen, 1 on the walk's stack, 2 emitted
-  for root in [i for i in range(n) if i not in waited_for] + list(range(n)):
+  # (the last built first: a training step builds its optimizer updates in the parameters' order, input to output,
+  # while the backward pass makes gradients output to input; walked from the last parameter, each layer's weight
+  # gradient and update follow the backward down the model and free its activations there, and the token
+  # embedding's gradient, read first, tied to the logits' matmul, comes last instead of living through it all)
+  roots = [i for i in reversed(range(n)) if i not in waited_for]
+  for root in roots + list(range(n)):
     if state[root]: continue
     stack = [(root, inputs(root))]
     state[root] = 1

@@ -12,6 +12,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from rulec import Tensor, TinyJit, nn
+from rulec.runtime.buffer import buffer_of
 from rulec.engine import memory_plan
 from rulec.engine.ir.ops import Ops
 from rulec.runtime import buffer as membuf
@@ -122,9 +123,15 @@ def test_jitted_training_step_is_planned_and_computes_the_same(planning):
   # the same kernels on the same data: bit for bit the same losses and weights, through four replays
   assert losses0 == losses1
   for a, b in zip(weights0, weights1): assert np.array_equal(a, b)
-  assert len(bufs1) < len(bufs0)
-  size = lambda bs: sum(b.arg[2] * b.dtype.itemsize for b in bs)
-  assert size(bufs1) < size(bufs0)
+  # fewer storages, fewer bytes (on the CPU the planned ones are views of one arena: runtime/buffer.py ArenaView)
+  def storages(bs) -> dict[int, int]:
+    out = {}
+    for b in bs:
+      base = getattr(buffer_of(b), "arena", buffer_of(b))
+      out[id(base)] = base.nbytes
+    return out
+  s0, s1 = storages(bufs0), storages(bufs1)
+  assert len(s1) < len(s0) and sum(s1.values()) < sum(s0.values())
   # a replay allocates nothing: its buffers were all allocated when it was captured
   assert peaks1[3:] == [0, 0, 0]
 
@@ -263,3 +270,30 @@ def test_a_constant_seed_takes_no_gradient_from_a_later_backward():
   (x * c * d).sum().backward()
   np.testing.assert_allclose(c.grad.numpy(), [1, 2, 3])
   np.testing.assert_allclose(d.grad.numpy(), 6.0)
+
+
+def test_an_arena_fits_small_intermediates_where_a_large_one_lived():
+  """CPU and NUMPY intermediates are views of one arena (runtime/buffer.py ArenaView): three that live at once after
+  a large one is gone take its bytes side by side (slots of one buffer each needed the large one's and two more)."""
+  from rulec.engine.ir.dtypes import dtypes
+  from rulec.engine.ir.uop import UOp
+  big = UOp.new_buffer("CPU", 4096, dtypes.float32)
+  small = [UOp.new_buffer("CPU", 1024, dt) for dt in (dtypes.float32, dtypes.int32, dtypes.float32)]
+  later = UOp.new_buffer("CPU", 2048, dtypes.float32)
+  span = {big: [0, 1], **{s: [2, 4] for s in small}, later: [5, 6]}
+  views = memory_plan._arena("CPU", [big, *small, later], span)
+  arenas = {id(buffer_of(v).arena) for v in views.values()}
+  assert len(arenas) == 1 and buffer_of(views[big]).arena.nbytes == 4096 * 4   # (no more than the large one)
+  at = {b: (buffer_of(v).offset, buffer_of(v).offset + buffer_of(v).nbytes) for b, v in views.items()}
+  # buffers whose lifetimes meet never share a byte
+  for a in span:
+    for b in span:
+      if a is not b and span[a][0] <= span[b][1] and span[b][0] <= span[a][1]:
+        assert at[a][1] <= at[b][0] or at[b][1] <= at[a][0], (a, b)
+  # the views are the arena's bytes: what one writes, the arena holds, and a view live at the same time keeps its own
+  vs = [buffer_of(views[s]) for s in small]
+  vs[0].copyin(np.full(1024, 1.5, np.float32))
+  vs[1].copyin(np.arange(1024, dtype=np.int32))
+  vs[2].copyin(np.full(1024, -2.0, np.float32))
+  assert (vs[0].host_view() == 1.5).all() and (vs[1].host_view() == np.arange(1024)).all() and (vs[2].host_view() == -2).all()
+  assert membuf.memory_used() >= 4096 * 4
