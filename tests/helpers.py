@@ -7,6 +7,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import tomllib
 import zipfile
 from pathlib import Path
@@ -102,6 +103,12 @@ def build_wheel(src: Path, dist: Path) -> Path:
     globs = ["*.py", *st.get("package-data", {}).get(pkg, [])]
     for g in globs:
       for f in d.glob(g): files[f"{pkg.replace('.', '/')}/{f.name}"] = f.read_bytes()
+  # (and setup.py's build step: the shipped rules compiled into matcher modules, engine/lang/shipped.py)
+  from rulec.engine.lang import loader, shipped
+  with tempfile.TemporaryDirectory() as d:
+    out, rules = Path(d) / "shipped_matchers", src / "rules"
+    shipped.build(out, loader.RuleLibrary(loader.rule_files([rules])), rules)
+    for f in sorted(out.glob("*.py")): files[f"rulec/engine/lang/shipped_matchers/{f.name}"] = f.read_bytes()
   di = f"{name}-{version}.dist-info"
   files[f"{di}/METADATA"] = f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n".encode()
   files[f"{di}/WHEEL"] = b"Wheel-Version: 1.0\nGenerator: tests/lang/test_user_rules.py\nRoot-Is-Purelib: true\nTag: py3-none-any\n"

@@ -39,6 +39,6 @@ def test_the_wheel_installs_rulec_and_nothing_else(tmp_path):
   # setuptools' own record of it, where the wheel has one (the fallback builder in tests/helpers.py writes none)
   for info in (n for n in names if n.endswith(".dist-info/top_level.txt")):
     assert zipfile.ZipFile(wheel).read(info).decode().split() == ["rulec"]
-    # and setup.py's build step ran: every rule set compiled into a module (engine/lang/shipped.py)
-    built = {n.rsplit("/", 1)[1] for n in names if n.startswith("rulec/engine/lang/shipped_matchers/")}
-    assert {"__init__.py", "symbolic.py", "earliest.py", "split_kernels.py"} <= built, sorted(built)
+  # and setup.py's build step ran (or the fallback builder's copy of it): every rule set compiled into a module
+  built = {n.rsplit("/", 1)[1] for n in names if n.startswith("rulec/engine/lang/shipped_matchers/")}
+  assert {"__init__.py", "symbolic.py", "earliest.py", "split_kernels.py"} <= built, sorted(built)
