@@ -275,7 +275,7 @@ def load_library(paths: list[str | Path] | None = None, user: list[str | Path] |
 
   Errors surface as RuleError when a matcher is asked for (or on require_clean())."""
   if user is None and paths is None: user = user_rules_paths()
-  files, top = rule_files(paths), rule_files(user) if user else []
+  files, top = _listed(paths, user)
   key = (tuple(str(f) for f in files), tuple(str(f) for f in top))
   lib = _LIBRARIES.get(key)
   stamps = _stamps(files + top)
@@ -292,6 +292,29 @@ def load_library(paths: list[str | Path] | None = None, user: list[str | Path] |
 # granularity could leave all three as they were: git's "racy" files)
 _STAMPS: dict[tuple, tuple | None] = {}
 RACY_S = 2.0
+
+
+# and which files it has: rule_files' walk, again only when a directory of it changed (an entry added, removed or
+# renamed changes its directory's modification time; a new subdirectory, its parent's)
+_LISTS: dict[tuple, tuple] = {}
+
+
+def _listed(paths, user) -> tuple[list[Path], list[Path]]:
+  key = (None if paths is None else tuple(map(str, paths)), tuple(map(str, user or ())))
+  hit = _LISTS.get(key)
+  if hit is not None and hit[1] is not None and _stamps(hit[0]) == hit[1]: return hit[2], hit[3]
+  dirs = [d for p in ([default_rules_dir()] if not paths else [Path(p) for p in paths]) + [Path(p) for p in user or ()]
+          for d in _dirs_under(p)]
+  stamps = _stamps(dirs)   # (before the walk: a file added while it runs changes a stamp the next call compares)
+  files, top = rule_files(paths), rule_files(user) if user else []
+  _LISTS[key] = (dirs, stamps, files, top)
+  return files, top
+
+
+def _dirs_under(p: Path) -> list[Path]:
+  """p and every directory below it (a file: the directory it is in)."""
+  if not p.is_dir(): return [p.parent]
+  return [Path(d) for d, _, _ in os.walk(p)]
 
 
 def _stamps(files: list[Path]) -> tuple | None:

@@ -123,3 +123,30 @@ def test_cli_compile_emit(tmp_path, cache_dir, capsys):
 def test_demo_runs_and_checks_itself(capsys, cache_dir):
   assert main(["demo", "--count", "300"]) == 0
   assert "0 mismatches" in capsys.readouterr().out
+
+
+def test_load_library_sees_added_and_edited_rule_files_without_reading_unchanged_ones(tmp_path, monkeypatch):
+  # load_library stats the files and directories it read (engine/lang/loader.py _stamps, _listed) instead of
+  # walking and reading them on every call; a change to either is seen on the next call, recent or not
+  import os
+  from rulec.engine.lang import loader
+  mine = tmp_path / "mine"
+  (mine / "sub").mkdir(parents=True)
+  (mine / "a.rules").write_text("ruleset extra_a:\n  rule keep_a: x:EXP2 => None\n")
+  def age(*paths):   # (older than loader.RACY_S: the stamps are trusted)
+    for p in paths: os.utime(p, ns=(10**18, 10**18))
+  age(mine, mine / "sub", mine / "a.rules")
+  lib = load_library(user=[mine])
+  assert "extra_a" in lib.ruleset_names() and load_library(user=[mine]) is lib
+  reads = []
+  real = loader.read_rule_file
+  monkeypatch.setattr(loader, "read_rule_file", lambda f: reads.append(f) or real(f))
+  assert load_library(user=[mine]) is lib and not reads          # (nothing changed: nothing read)
+  (mine / "sub" / "b.rules").write_text("ruleset extra_b:\n  rule keep_b: x:EXP2 => None\n")
+  assert "extra_b" in load_library(user=[mine]).ruleset_names()   # a file added in a subdirectory
+  age(mine / "sub", mine / "sub" / "b.rules")
+  # an edit of the same size, whose modification time is old but not the one stamped
+  (mine / "a.rules").write_text("ruleset extra_c:\n  rule keep_c: x:EXP2 => None\n")
+  os.utime(mine / "a.rules", ns=(10**18 + 1, 10**18 + 1))
+  names = load_library(user=[mine]).ruleset_names()
+  assert "extra_c" in names and "extra_a" not in names and "extra_b" in names
