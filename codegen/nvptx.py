@@ -123,12 +123,14 @@ def render_tensor_cores(kernel: Kernel, plan) -> tuple[str, object]:
 
 
 def tile_config():
-  """The tensor-core kernel's tiles: nvptx_gemm.Config's defaults, or RULEC_CUDA_TC_TILE="BM,BN,BK,stages,WM,WN"
+  """The tensor-core kernel's tiles on the GPU (the fastest measured), or RULEC_CUDA_TC_TILE="BM,BN,BK,stages,WM,WN"
   with an optional seventh number, the launch order's band of block rows (Config.raster), for
   bench/half_matmul.py's comparison of shapes."""
   from rulec.codegen import nvptx_gemm
   spec = os.environ.get("RULEC_CUDA_TC_TILE", "").strip()
-  if not spec: return nvptx_gemm.Config()
+  # (measured on an H100, 4096^3 float16 and bfloat16, bench/half_matmul.py --tiles: 128x128 blocks of 2x2 warps, a
+  # k step of 64 in 3 stages, bands of 8 block rows: 0.366 ms, 376 TFLOP/s, against 0.394 ms for Config()'s shape)
+  if not spec: return nvptx_gemm.Config(BM=128, BN=128, BK=64, WM=2, WN=2, stages=3, raster=8)
   try:
     nums = [int(v) for v in spec.split(",")]
     if len(nums) not in (6, 7): raise ValueError

@@ -130,6 +130,17 @@ def test_blocks_in_bands_still_cover_every_output_once(band):
   np.testing.assert_allclose(out.astype(np.float32).reshape(want.shape), want, rtol=2e-2, atol=0.2)
 
 
+def test_the_gpu_tiles_cover_a_ragged_product_once(monkeypatch):
+  # nvptx.tile_config()'s shape (the GPU's: 2x2 warps, a k step of 64, bands of 8 block rows) on ragged sizes and a
+  # k that is no multiple of 64 (bench/half_matmul.py timed it at 4096^3 only)
+  monkeypatch.delenv("RULEC_CUDA_TC_TILE", raising=False)
+  a, b = T(3 * 128 - 5, 100), T(100, 128 + 9)
+  want = a.numpy().astype(np.float32) @ b.numpy().astype(np.float32)
+  out, p, calls, _ = run_emulated(a @ b, nvptx.tile_config())
+  assert len(calls) == want.size and len({v for v, _ in calls}) == want.size
+  np.testing.assert_allclose(out.astype(np.float32).reshape(want.shape), want, rtol=2e-2, atol=0.2)
+
+
 def test_tile_config_reads_the_environment(monkeypatch):
   monkeypatch.setenv("RULEC_CUDA_TC_TILE", "128,64,32,4,2,2,8")
   assert nvptx.tile_config() == nvptx_gemm.Config(128, 64, 32, 2, 2, 4, 8)
@@ -163,7 +174,9 @@ def test_kernels_without_a_plan_say_why(make, why):
 def test_a_tensor_core_kernel_compiles_to_ptx(monkeypatch):
   k = kernel_of((T(130, 64, dtype=dtypes.bfloat16) @ T(72, 64, dtype=dtypes.bfloat16).T).relu())
   prog = nvptx.compile_kernel(k, "sm_90")
-  assert prog.launch is not None and prog.launch.grid == (1, 2, 1) and prog.launch.block == 256
+  # (the GPU's tiles, nvptx.tile_config: 128x128 blocks of 2x2 warps, a k step of 64 in 3 stages of shared memory)
+  assert prog.launch is not None and prog.launch.grid == (1, 2, 1) and prog.launch.block == 128
+  assert prog.launch.smem == 3 * (128 * 64 + 64 * 128) * 2
   assert "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32" in prog.ptx and "ldmatrix" in prog.ptx
   assert "cp.async.cg.shared.global" in prog.ptx and ".extern .shared" in prog.ptx
   # RULEC_CUDA_TC=0 and an architecture before sm_80 take the ordinary renderer
