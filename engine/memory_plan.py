@@ -76,9 +76,8 @@ def plan(kernels: list[Kernel], candidates: Iterable[UOp]) -> list[Kernel]:
   if not candidates or not enabled(): return kernels
   span = _lifetimes(kernels, candidates)
   if len(span) < 2: return kernels
-  nbytes = lambda b: b.arg[2] * b.dtype.itemsize
   STATS["planned"] += len(span)
-  STATS["bytes_before"] += sum(nbytes(b) for b in span)
+  STATS["bytes_before"] += sum(_nbytes(b) for b in span)
   mapping: dict[UOp, UOp] = {}
   on_host: dict[str, list[UOp]] = {}
   for b in span:
@@ -88,6 +87,13 @@ def plan(kernels: list[Kernel], candidates: Iterable[UOp]) -> list[Kernel]:
   if not mapping: return kernels
   return [Kernel(k.ast, tuple(mapping.get(b, b) for b in k.bufs), k.vals)
           if any(b in mapping for b in k.bufs) else k for k in kernels]
+
+
+def _nbytes(b: UOp) -> int: return b.arg[2] * b.dtype.itemsize
+
+
+def _largest_first(bufs: list[UOp], span: dict[UOp, list[int]]) -> list[UOp]:
+  return sorted(bufs, key=lambda b: (-_nbytes(b), span[b][0]))
 
 
 def _arena(device: str, bufs: list[UOp], span: dict[UOp, list[int]]) -> dict[UOp, UOp]:
@@ -100,8 +106,8 @@ def _arena(device: str, bufs: list[UOp], span: dict[UOp, list[int]]) -> dict[UOp
   placed: list[tuple[int, int, int, int]] = []   # (first, last, start byte, end byte)
   layout: dict[UOp, int] = {}
   total = 0
-  for b in sorted(bufs, key=lambda b: (-b.arg[2] * b.dtype.itemsize, span[b][0])):
-    (first, last), size = span[b], -(-(b.arg[2] * b.dtype.itemsize) // ALIGN) * ALIGN
+  for b in _largest_first(bufs, span):
+    (first, last), size = span[b], -(-_nbytes(b) // ALIGN) * ALIGN
     busy = sorted((s, e) for f, l, s, e in placed if f <= last and first <= l)
     at = 0
     for s, e in busy:
@@ -127,7 +133,7 @@ def _slots(bufs: list[UOp], span: dict[UOp, list[int]]) -> dict[UOp, UOp]:
   sizes: list[int] = []               # slot -> elements (its first, largest member's)
   taken: list[list[tuple]] = []       # slot -> the (first, last) kernels of its members, sorted
   members: list[list[UOp]] = []
-  for b in sorted(bufs, key=lambda b: (-b.arg[2] * b.dtype.itemsize, span[b][0])):
+  for b in _largest_first(bufs, span):
     kind, (first, last) = (b.arg[1], b.dtype), span[b]
     best = None
     for s, k in enumerate(kinds):

@@ -242,5 +242,5 @@ def buffer_of(u: UOp) -> Buffer:
   return buf
 
 
-__all__ = ["Buffer", "Mirror", "ArenaView", "ARENA_DEVICES", "new_arena_views", "new_buffer", "buffer_of", "host_array", "np_dtype", "dtypes", "MEMORY", "memory_used",
-           "memory_peak", "reset_peak"]
+__all__ = ["Buffer", "Mirror", "ArenaView", "ARENA_DEVICES", "new_arena_views", "new_buffer", "buffer_of", "host_array",
+           "np_dtype", "dtypes", "MEMORY", "memory_used", "memory_peak", "reset_peak"]

@@ -170,7 +170,7 @@ class RuleLibrary:
     return generate(self.rules_of(tuple(names)), self.checked.helpers_of, stats=stats, title="+".join(names))
 
   def _compiled(self, names: tuple[str, ...], stats: bool) -> tuple[str, dict]:
-    if not stats and not self.layers and (found := _shipped(self, names)) is not None:
+    if not stats and (found := _shipped(self, names)) is not None:
       COMPILED["shipped"] += 1
       return found
     key = hashlib.sha256(f"{self.digest}|{'+'.join(names)}|{int(stats)}".encode()).hexdigest()[:32]

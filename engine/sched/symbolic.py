@@ -413,7 +413,7 @@ class _Fitter:
     self.spent = 0
     self.memo: dict[tuple, UOp] = {}
     # facts of a node alone, shared by every fit (weak: they go with their nodes)
-    self.divmod, self.range_sets, self.arithmetic = _DIVMOD, _RANGE_SETS, _ARITHMETIC
+    self.divmod, self.arithmetic = _DIVMOD, _ARITHMETIC
     self.rewrites = 0    # symbolic rewrites of index parts (nested), bounded per WHERE by _NESTED_REWRITES
     self.guards: dict[tuple, UOp] = {}
     self.too_big = False   # a group of a guard had too many points for bounds_form

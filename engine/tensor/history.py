@@ -18,6 +18,7 @@ would keep its own key alive.
 from __future__ import annotations
 
 import weakref
+from typing import Callable
 
 from rulec.engine.ir.ops import Ops
 from rulec.engine.ir.rewrite import substitute
@@ -89,15 +90,15 @@ def prune(live) -> None:
   """Drop every history that cannot lead a gradient to one of the nodes `live` (the live tensors' values): one
   whose graph holds none of them and no node whose own history can. Those graphs are all that kept the realized
   nodes they read (and so their buffers) alive."""
+  held = _held_once()
   if _SHALLOW and held_values is not None:   # (a shallow history no live tensor holds is never followed again)
-    held = held_values()
-    for node in [n for n in list(_SHALLOW) if n not in held]: _HISTORY.pop(node, None); _SHALLOW.discard(node)
+    for node in [n for n in list(_SHALLOW) if n not in held()]: _HISTORY.pop(node, None); _SHALLOW.discard(node)
   # a live tensor's gradient is found at its node, or at the graph its node was realized from (autograd's _nodes):
   # both count, except a node's own graph for its own history
   owners: dict[UOp, set] = {}
   for n in live:
     owners.setdefault(n, set()).add(None)
-    if (h := history(n)) is not None: owners.setdefault(h, set()).add(n)
+    if (h := history(n, held)) is not None: owners.setdefault(h, set()).add(n)
   reaches: dict[UOp, bool] = {}
   users: dict[UOp, list[UOp]] = {}       # realized node -> the nodes whose history graph holds it
   todo: list[UOp] = []
@@ -120,10 +121,11 @@ def leads_to_gradient(graph: UOp) -> bool:
   """graph can lead a gradient to a live tensor that requires one (requires_grad True): it holds one's node or the
   graph that node was realized from, or a realized node whose history, followed down, does."""
   if grad_values is None: return True
+  held = _held_once()
   wanted = set()
   for n in grad_values():
     wanted.add(n)
-    if (h := history(n)) is not None: wanted.add(h)
+    if (h := history(n, held)) is not None: wanted.add(h)
   if not wanted: return False
   seen: set[UOp] = set()
   todo = [graph]
@@ -132,7 +134,7 @@ def leads_to_gradient(graph: UOp) -> bool:
       if u in seen: continue
       seen.add(u)
       if u in wanted: return True
-      if u in _HISTORY and (h := history(u)) is not None and h not in seen: todo.append(h)
+      if u in _HISTORY and (h := history(u, held)) is not None and h not in seen: todo.append(h)
   return False
 
 
@@ -143,11 +145,21 @@ def read_by_any() -> set[int]:
   return out
 
 
-def history(node: UOp, held: set | None = None) -> UOp | None:
-  """What `node` was computed from, or None (`held`: held_values(), when the caller has it already)."""
+def _held_once() -> Callable[[], set]:
+  """held_values(), walked at the first call and kept for the rest of one pass over many nodes (it walks every
+  live tensor's graph: once a pass, not once per shallow node met)."""
+  got: list[set] = []
+  def held() -> set:
+    if not got: got.append(held_values() if held_values is not None else set())
+    return got[0]
+  return held
+
+
+def history(node: UOp, held: Callable[[], set] | None = None) -> UOp | None:
+  """What `node` was computed from, or None (`held`: a _held_once() the caller shares between many nodes)."""
   entry = _HISTORY.get(node)
   if entry is None: return None
-  if node in _SHALLOW and held_values is not None and node not in (held if held is not None else held_values()):
+  if node in _SHALLOW and held_values is not None and node not in (held or _held_once())():
     return None
   graph, stand = entry
   return graph if stand is None else substitute(graph, {stand: node})
@@ -155,9 +167,8 @@ def history(node: UOp, held: set | None = None) -> UOp | None:
 
 def recorded(nodes) -> dict[UOp, UOp]:
   """The history of every node among `nodes` that has one."""
-  nodes = [n for n in nodes if n in _HISTORY]
-  held = held_values() if held_values is not None and any(n in _SHALLOW for n in nodes) else None
-  return {n: h for n in nodes if (h := history(n, held)) is not None}
+  held = _held_once()
+  return {n: h for n in nodes if n in _HISTORY and (h := history(n, held)) is not None}
 
 
 def forget_written(written: set[UOp], parts, readers: bool = True) -> None:
