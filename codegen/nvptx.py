@@ -60,13 +60,13 @@ def _thread_range(low: Kernel):
   return max(ranges, key=lambda r: r.src[0].arg, default=None)
 
 
-def _target_machine(arch: str):
+def _target_machine(arch: str, triple: str = "nvptx64-nvidia-cuda"):
   import llvmlite.binding as llvm
   llvm.initialize_all_targets()
   llvm.initialize_all_asmprinters()
   cc = int(re.sub(r"\D", "", arch) or 0)
   ptx = "+ptx80" if cc >= 90 else "+ptx78" if cc >= 89 else "+ptx70"
-  return llvm.Target.from_triple("nvptx64-nvidia-cuda").create_target_machine(cpu=arch, features=ptx, opt=3)
+  return llvm.Target.from_triple(triple).create_target_machine(cpu=arch, features=ptx, opt=3)
 
 
 def _check_calls(text: str) -> None:
@@ -140,23 +140,54 @@ def tile_config():
   return nvptx_gemm.Config(bm, bn, bk, wm, wn, st, *nums[6:])
 
 
+def _emit_ptx(text: str, arch: str, triple: str = "nvptx64-nvidia-cuda") -> str:
+  """PTX of LLVM IR text for `arch`, through LLVM's O3 pipeline for the GPU: the body inlined into the entry, so that
+  address-space inference sees where the pointers come from and makes the loads and stores global ones."""
+  import llvmlite.binding as llvm
+  tm = _target_machine(arch, triple)
+  mod = llvm.parse_assembly(text)
+  mod.triple, mod.data_layout = triple, str(tm.target_data)
+  mod.verify()
+  pb = llvm.create_pass_builder(tm, llvm.create_pipeline_tuning_options(3))
+  pb.getModulePassManager().run(mod, pb)
+  return tm.emit_assembly(mod)
+
+
 def compile_kernel(kernel: Kernel, arch: str = "sm_80", vars=None) -> PTXProgram:
   """The kernel as a PTX program for the GPU architecture `arch` ("sm_90"); NotImplementedError for an op the
   GPU cannot compute yet. A matmul of 2-byte floats (codegen/gemm_plan.py) runs on the tensor cores."""
-  import llvmlite.binding as llvm
   plan = tensor_core_plan(kernel, arch) if not vars else None
   # (more row blocks than a grid's y holds: the ordinary renderer)
   if plan is not None and -(-plan.M // tile_config().BM) > 65535: plan = None
   launch = None
   if plan is not None: (text, launch), threads = render_tensor_cores(kernel, plan), 1
   if launch is None: text, threads = render(kernel, vars)
-  tm = _target_machine(arch)
-  mod = llvm.parse_assembly(text)
-  mod.triple, mod.data_layout = "nvptx64-nvidia-cuda", str(tm.target_data)
-  mod.verify()
-  # LLVM's O3 pipeline for the GPU: the body inlined into the entry, so that address-space inference sees where
-  # the pointers come from and makes the loads and stores global ones
-  pb = llvm.create_pass_builder(tm, llvm.create_pipeline_tuning_options(3))
-  pb.getModulePassManager().run(mod, pb)
-  return PTXProgram(tm.emit_assembly(mod), "entry", max(1, threads), len(kernel.bufs),
+  return PTXProgram(_emit_ptx(text, arch), "entry", max(1, threads), len(kernel.bufs),
                     len(kernel.vars if vars is None else vars), launch)
+
+
+def opencl_tile_config(local_bytes: int):
+  """The tensor-core kernel's tiles under OpenCL, whose work-groups get at most `local_bytes` of local memory (48 KB
+  on NVIDIA): 128x128 blocks of 2x2 warps, a k step of 32, as many ring stages as fit (3 in 48 KB; on an H100 this
+  shape ran the 4096^3 float16 matmul in 0.370 ms under CUDA, beside 0.366 for tile_config()'s 96 KB one), or None
+  where not even 2 fit."""
+  from rulec.codegen import nvptx_gemm
+  cfg = nvptx_gemm.Config(BM=128, BN=128, BK=32, WM=2, WN=2, stages=2)
+  stages = min(3, local_bytes // (cfg.smem // cfg.stages))
+  return attrs.evolve(cfg, stages=stages) if stages >= 2 else None
+
+
+def compile_for_opencl(kernel: Kernel, arch: str, local_bytes: int) -> PTXProgram | None:
+  """A matmul of 2-byte floats as a tensor-core kernel in PTX for NVIDIA's OpenCL (which builds PTX given as a
+  program binary), or None where the kernel has no plan (or variables, or too many row blocks, or too little local
+  memory): the CL device then renders it as OpenCL C. The entry is `entry(global buffers..., long n, __local lds)`:
+  the launch's `smem` bytes of local memory are its last argument. RULEC_CL_TC=0 turns this off."""
+  from rulec.codegen import nvptx_gemm
+  if os.environ.get("RULEC_CL_TC", "1").strip() == "0" or kernel.vars: return None
+  plan = tensor_core_plan(kernel, arch)
+  cfg = opencl_tile_config(local_bytes) if plan is not None else None
+  if cfg is None or -(-plan.M // cfg.BM) > 65535: return None
+  parts = nvptx_gemm.parts_ir(decomposed(kernel, OPTIONAL), plan)
+  _check_calls(parts)
+  text, launch = nvptx_gemm.render_gemm(plan, len(kernel.bufs), parts, cfg, opencl=True)
+  return PTXProgram(_emit_ptx(text, arch, "nvptx64-nvidia-nvcl"), "entry", 1, len(kernel.bufs), 0, launch)

@@ -263,9 +263,12 @@ def _rastered(x: IRText, bx, by, gx: int, gy: int, band: int):
   return x.udiv(within, rows), x.add(first, x.urem(within, rows))
 
 
-def render_gemm(plan: GemmPlan, nbufs: int, parts: str, cfg: Config = Config()) -> tuple[str, Launch]:
+def render_gemm(plan: GemmPlan, nbufs: int, parts: str, cfg: Config = Config(), opencl: bool = False) -> tuple[str, Launch]:
   """(LLVM IR text of the kernel `entry(ptr addrspace(1) g..., i64 n)`, its launch) for a plan; `parts` is
-  parts_ir's text (the epilogue and loaders the kernel calls)."""
+  parts_ir's text (the epilogue and loaders the kernel calls). opencl: for NVIDIA's OpenCL, which builds PTX given
+  as a program binary (the CL device, runtime/cl_device.py): the triple nvptx64-nvidia-nvcl, whose PTX says which
+  parameters are global buffers, and the shared memory is a last parameter `ptr addrspace(3) %lds`, a `__local`
+  argument of Launch.smem bytes (OpenCL sizes dynamic shared memory only through such arguments)."""
   BM, BN, BK, WM, WN, S, T = cfg.BM, cfg.BN, cfg.BK, cfg.WM, cfg.WN, cfg.stages, cfg.threads
   WTM, WTN = BM // WM, BN // WN
   MT, NT, KS = WTM // 16, WTN // 8, BK // 16
@@ -286,7 +289,7 @@ def render_gemm(plan: GemmPlan, nbufs: int, parts: str, cfg: Config = Config()) 
   lane, warp = x.and_(tid, 31), x.lshr(tid, 5)
   wm, wn = x.lshr(warp, log2i(WN)), x.and_(warp, WN - 1)
   g, t = x.lshr(lane, 2), x.and_(lane, 3)
-  sbase = x.v("ptrtoint ptr addrspace(3) @smem to i32", "sb")
+  sbase = x.v(f"ptrtoint ptr addrspace(3) {'%lds' if opencl else '@smem'} to i32", "sb")
   m0, n0 = x.mul(by, BM), x.mul(bx, BN)
   # the batch ranges' values: blockIdx.z split by their sizes, the last range fastest
   bvals, rest = [], bz
@@ -495,9 +498,10 @@ def render_gemm(plan: GemmPlan, nbufs: int, parts: str, cfg: Config = Config()) 
           x.do(f"call void @{EPILOGUE}({', '.join(args)}, float {acc}, i1 {ok})")
   x.do("ret void")
 
-  params = ", ".join([f"ptr addrspace(1) noalias %g{i}" for i in range(nbufs)] + ["i64 %n"])
-  head = ['target triple = "nvptx64-nvidia-cuda"',
-          "@smem = external addrspace(3) global [0 x i8], align 16",
+  params = ", ".join([f"ptr addrspace(1) noalias %g{i}" for i in range(nbufs)] + ["i64 %n"]
+                     + (["ptr addrspace(3) align 16 %lds"] if opencl else []))
+  head = [f'target triple = "nvptx64-nvidia-{"nvcl" if opencl else "cuda"}"',
+          "" if opencl else "@smem = external addrspace(3) global [0 x i8], align 16",
           "declare i32 @llvm.nvvm.read.ptx.sreg.tid.x()", "declare i32 @llvm.nvvm.read.ptx.sreg.ctaid.x()",
           "declare i32 @llvm.nvvm.read.ptx.sreg.ctaid.y()", "declare i32 @llvm.nvvm.read.ptx.sreg.ctaid.z()",
           "declare void @llvm.nvvm.barrier0()",

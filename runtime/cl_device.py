@@ -40,6 +40,7 @@ import os
 import sys
 import threading
 import time
+import types
 import warnings
 import weakref
 
@@ -55,7 +56,7 @@ from rulec.codegen.opt.search import repetitions
 from rulec.engine.ir.kernel import Kernel
 
 DEVICE = "CL"
-COUNTERS = {"compiled": 0, "loaded": 0, "run": 0, "uploads": 0, "downloads": 0}
+COUNTERS = {"compiled": 0, "loaded": 0, "run": 0, "uploads": 0, "downloads": 0, "tensor_cores": 0}
 TIMES = {"build_s": 0.0, "load_s": 0.0, "upload_s": 0.0, "download_s": 0.0}
 
 EVENTS: list = []   # with RULEC_CL_PROFILE=1: every launch's event (the caller clears it)
@@ -105,6 +106,11 @@ def _nv_major(dev) -> int:
   except Exception: return 0   # (pyopencl raises its own errors for a missing extension; any of them means "unknown")
 
 
+def _nv_minor(dev) -> int:
+  try: return int(dev.compute_capability_minor_nv)
+  except Exception: return 0
+
+
 class CLDevice:
   """One OpenCL device with its context, in-order queue and compile target."""
   def __init__(self, index: int = 0):
@@ -142,6 +148,8 @@ class CLDevice:
     # steps (codegen/opencl._row_read: NVIDIA's compiler left them as scalar loads, 128 per 16 steps of the 4096^3
     # matmul; off: on the H100 it changed neither that matmul nor x @ W.T, bench/results/h100-2026-12-06-session25.txt)
     ptx = is_gpu and "NVIDIA" in self.dev.platform.name and _nv_major(self.dev) >= 8
+    # the architecture NVIDIA's OpenCL builds PTX for (its tensor-core matmuls, TensorCoreProgram), else None
+    self.nv_arch = f"sm_{_nv_major(self.dev)}{_nv_minor(self.dev)}" if ptx else None
     ring = int(os.environ.get("RULEC_CL_ASYNC", "") or (3 if ptx else 0))
     rows = os.environ.get("RULEC_CL_ASYNC_ROWS", "")
     # kernels with work-groups declare their size (reqd_work_group_size) on GPUs, so that NVIDIA's compiler knows the
@@ -280,6 +288,7 @@ class Program:
       while local * 2 <= limit and -(-n // (local * 2)) >= dev.units: local *= 2
       self.local = local
       self.global_ = -(-n // local) * local
+    self.global_dims, self.local_dims = (self.global_,), (self.local,)
     COUNTERS["loaded" if self.loaded else "compiled"] += 1
     TIMES["load_s" if self.loaded else "build_s"] += self.build_s
 
@@ -298,6 +307,43 @@ class Program:
     except (cl.Error, RuntimeError, ValueError):
       diskcache.reject("cl", digest)
       return None
+
+
+class TensorCoreProgram:
+  """A float16 / bfloat16 matmul on NVIDIA's tensor cores: codegen/nvptx.compile_for_opencl's PTX (the CUDA
+  device's kernel, codegen/nvptx_gemm.py, its tiles sized for OpenCL's local memory), which NVIDIA's OpenCL builds
+  as a program binary. Launched like a Program: its blocks are work-groups of a 3-D NDRange, and its shared memory
+  is a __local argument after the buffers and the kernel's unused `long n`."""
+  def __init__(self, dev: CLDevice, ptx):
+    cl = dev.cl
+    t0 = time.perf_counter()
+    self.source = ptx.ptx
+    try:
+      with warnings.catch_warnings():
+        warnings.simplefilter("ignore", cl.CompilerWarning)
+        self.program = cl.Program(dev.ctx, [dev.dev], [ptx.ptx.encode()]).build()
+      self.kernel = cl.Kernel(self.program, ptx.name)
+    except cl.Error as e:
+      raise CLBuildError(f"NVIDIA's OpenCL could not build a tensor-core kernel's PTX for {dev!r}: {e}\n"
+                         f"--- PTX ---\n{_numbered(ptx.ptx)}") from None
+    L = ptx.launch
+    self.local_dims, self.global_dims = (L.block, 1, 1), (L.grid[0] * L.block, L.grid[1], L.grid[2])
+    self.local, self.global_ = L.block, self.global_dims[0]
+    self.rendered = types.SimpleNamespace(name=ptx.name, source=ptx.ptx, global_size=math.prod(self.global_dims))
+    self.scratch = [np.int64(0), cl.LocalMemory(L.smem)]
+    self.typed, self.loaded = False, False
+    self.build_s = time.perf_counter() - t0
+    COUNTERS["compiled"] += 1
+    COUNTERS["tensor_cores"] += 1
+    TIMES["build_s"] += self.build_s
+
+
+def _tensor_core_program(kernel: Kernel, dev: CLDevice):
+  """The kernel's TensorCoreProgram where it is a matmul the tensor cores run on this device, else None."""
+  if dev.nv_arch is None: return None
+  from rulec.codegen import nvptx
+  ptx = nvptx.compile_for_opencl(kernel, dev.nv_arch, dev.dev.local_mem_size)
+  return TensorCoreProgram(dev, ptx) if ptx is not None else None
 
 
 _unsaved: list = []   # (device, program, key) built from source whose binaries are not on disk yet
@@ -404,6 +450,11 @@ def compile_kernel(kernel: Kernel, dev: CLDevice | None = None, var_vals: tuple[
   key = (kernel.ast, tuple(ids.index(i) for i in ids) if len(set(ids)) < len(ids) else None, dev.index)
   hit = _by_ast.get(key)
   if hit is not None: return hit
+  if dev.nv_arch is not None:
+    prog = _tensor_core_program(kernel, dev)
+    if prog is not None:
+      with _lock: _by_ast[key] = prog
+      return prog
   target = dev.target
   tried: set[str] = set()
   limit = 0   # the work-group size the device last allowed (set when a build was too large)
@@ -532,7 +583,7 @@ def _launch(dev: CLDevice, prog: Program, bufs: list[Buffer], var_vals: tuple[in
       prog.kernel.set_scalar_arg_dtypes([None] * len(mems) + [np.int64] * len(var_vals) + [None] * len(prog.scratch))
       prog.typed = True
     if mems or var_vals or prog.scratch: prog.kernel.set_args(*[m.mem for m in mems], *var_vals, *prog.scratch)
-    ev = dev.cl.enqueue_nd_range_kernel(dev.queue, prog.kernel, (prog.global_,), (prog.local,))
+    ev = dev.cl.enqueue_nd_range_kernel(dev.queue, prog.kernel, prog.global_dims, prog.local_dims)
     if dev.profile: EVENTS.append(ev)
     for slot in outputs: bufs[slot].device_wrote(mems[slot])   # (a buffer named twice is one device buffer)
 

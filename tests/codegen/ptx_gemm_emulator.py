@@ -68,8 +68,8 @@ def run(ir_text: str, launch, buffers: list[np.ndarray], early: bool = False, lo
 
         def val(tok):
           tok = tok.strip()
+          if tok in ("@smem", "%lds"): return np.full(T, SHARED, np.int64)   # (%lds: the OpenCL kernel's __local argument)
           if tok.startswith("%"): return env[tok]
-          if tok == "@smem": return np.full(T, SHARED, np.int64)
           if tok in ("true", "false"): return np.full(T, tok == "true")
           return np.full(T, float(tok), np.float32) if "." in tok else np.full(T, int(tok), np.int64)
 

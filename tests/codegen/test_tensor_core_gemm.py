@@ -80,12 +80,12 @@ def _host_parts(text: str, nbufs: int, nranges: int, nks: int):
   return epi, loaders, engine
 
 
-def run_emulated(t: Tensor, cfg: nvptx_gemm.Config = nvptx_gemm.Config()):
+def run_emulated(t: Tensor, cfg: nvptx_gemm.Config = nvptx_gemm.Config(), opencl: bool = False):
   """(the stored tensor as the emulated kernel and the epilogue compute it, the plan, the sums it computed)."""
   k = kernel_of(t)
   p = gemm_plan.plan(k)
   parts = nvptx_gemm.parts_ir(decomposed(k, nvptx.OPTIONAL), p, gpu=False)
-  text, launch = nvptx_gemm.render_gemm(p, len(k.bufs), parts, cfg)
+  text, launch = nvptx_gemm.render_gemm(p, len(k.bufs), parts, cfg, opencl=opencl)
   bufs = [np.array(buffer_of(x).host_view()) for x in k.bufs]
   bufs[0][...] = 0
   epi, loaders, engine = _host_parts(parts, len(k.bufs), len(p.ranges), len(p.ks))
@@ -139,6 +139,34 @@ def test_the_gpu_tiles_cover_a_ragged_product_once(monkeypatch):
   out, p, calls, _ = run_emulated(a @ b, nvptx.tile_config())
   assert len(calls) == want.size and len({v for v, _ in calls}) == want.size
   np.testing.assert_allclose(out.astype(np.float32).reshape(want.shape), want, rtol=2e-2, atol=0.2)
+
+
+@pytest.mark.parametrize("d", [dtypes.float16, dtypes.bfloat16])
+def test_the_opencl_kernel_takes_its_shared_memory_as_an_argument(d):
+  # the CL device's variant (runtime/cl_device.TensorCoreProgram): tiles that fit OpenCL's 48 KB of local memory,
+  # shared memory addressed from the kernel's last (__local) argument; emulated on a ragged batched product
+  cfg = nvptx.opencl_tile_config(48 * 1024)
+  assert cfg.smem <= 48 * 1024 and cfg.stages == 3
+  a, b = T(2, 3 * 64 - 5, 72, dtype=d), T(2, 72, 128 + 9, dtype=d)
+  want = a.numpy().astype(np.float32) @ b.numpy().astype(np.float32)
+  out, p, calls, _ = run_emulated(a @ b, cfg, opencl=True)
+  assert len(calls) == want.size and len({v for v, _ in calls}) == want.size
+  np.testing.assert_allclose(out.astype(np.float32).reshape(want.shape), want, rtol=2e-2, atol=0.2)
+
+
+def test_a_tensor_core_kernel_compiles_to_ptx_for_opencl(monkeypatch):
+  k = kernel_of((T(130, 64, dtype=dtypes.bfloat16) @ T(72, 64, dtype=dtypes.bfloat16).T).relu())
+  prog = nvptx.compile_for_opencl(k, "sm_90", 48 * 1024)
+  assert prog.launch.grid == (1, 2, 1) and prog.launch.block == 128 and prog.launch.smem == 48 * 1024
+  # NVIDIA's OpenCL learns its arguments' kinds from the PTX: three global buffers, the long, the __local bytes
+  head = prog.ptx[prog.ptx.index(".entry entry("):prog.ptx.index(")")]
+  assert head.count(".ptr .global") == 3 and head.count(".ptr .shared") == 1 and ".extern .shared" not in prog.ptx
+  assert "texmode_independent" in prog.ptx and "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32" in prog.ptx
+  # no plan under 16 KB of local memory (not even two stages), for a float32 matmul, or with RULEC_CL_TC=0
+  assert nvptx.compile_for_opencl(k, "sm_90", 16 * 1024 - 1) is None
+  assert nvptx.compile_for_opencl(kernel_of(T(16, 64, dtype=dtypes.float32) @ T(64, 16, dtype=dtypes.float32)), "sm_90", 48 * 1024) is None
+  monkeypatch.setenv("RULEC_CL_TC", "0")
+  assert nvptx.compile_for_opencl(k, "sm_90", 48 * 1024) is None
 
 
 def test_tile_config_reads_the_environment(monkeypatch):

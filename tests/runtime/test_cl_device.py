@@ -799,3 +799,32 @@ def test_a_row_value_inside_a_reduce_is_computed_once_per_output(group_reduction
   assert len(loops) == 3 and all(line.startswith("for (int r") for line in loops)   # three loops side by side, none nested
   assert src.count("  for (") == src.count("\n  for (")
   np.testing.assert_allclose(f(Tensor(x, device="CL")).numpy(), f(Tensor(x, device="NUMPY")).numpy(), rtol=1e-5)
+
+
+# *** tensor cores through NVIDIA's OpenCL (TensorCoreProgram: the CUDA device's PTX, built as a program binary) ***
+
+from tests.tensor_core_programs import TC_PROGRAMS, check   # noqa: E402
+
+needs_nv = pytest.mark.skipif(DEV.nv_arch is None, reason="tensor cores need NVIDIA's OpenCL on a GPU of sm_80 or later "
+                              "(bench/h200.sh tests runs these; PoCL builds no PTX)")
+
+
+@needs_nv
+@pytest.mark.parametrize("dtype", [dtypes.float16, dtypes.bfloat16])
+@pytest.mark.parametrize("name", list(TC_PROGRAMS))
+def test_half_matmuls_run_on_the_tensor_cores(name, dtype):
+  check("CL", cl_device.COUNTERS, name, dtype)
+
+
+@needs_nv
+def test_a_big_tensor_core_matmul_in_a_jitted_loop():
+  from rulec import TinyJit
+  rng = np.random.default_rng(3)
+  a, b = rng.standard_normal((1000, 2048)).astype(np.float32), rng.standard_normal((2048, 520)).astype(np.float32)
+  ta, tb = Tensor(a, device="CL").cast(dtypes.bfloat16).realize(), Tensor(b, device="CL").cast(dtypes.bfloat16).realize()
+  want = ta.float().numpy() @ tb.float().numpy()
+  step = TinyJit(lambda x, y: (x @ y).float().realize())
+  before = cl_device.COUNTERS["tensor_cores"]
+  for _ in range(20): got = step(ta, tb).numpy()
+  assert cl_device.COUNTERS["tensor_cores"] == before + 1   # built once, replayed
+  np.testing.assert_allclose(got, want, rtol=2e-2, atol=1.0)

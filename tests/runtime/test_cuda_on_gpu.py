@@ -11,6 +11,7 @@ from rulec.engine.ir.dtypes import dtypes
 from rulec.engine.tensor import Tensor
 from rulec.runtime import cuda_device
 from rulec.runtime.buffer import buffer_of
+from tests.tensor_core_programs import TC_PROGRAMS, check
 
 try: DEV = cuda_device.get_device()
 except cuda_device.CUDAUnavailable as e: pytest.skip(f"no CUDA device: {e}", allow_module_level=True)
@@ -87,35 +88,10 @@ def test_matmul(dtype):
   np.testing.assert_allclose(got, ref, rtol=tol, atol=tol * 10)
 
 
-TC_PROGRAMS = {   # matmuls the tensor cores run (codegen/gemm_plan.py): layouts, ragged edges, batches, epilogues,
-  # and factors gathered element by element (casts fused in, unaligned strides, convolution windows); (shapes, fn, k)
-  "ragged m, n, k": ((131, 64), (64, 72), lambda a, b, d: a.cast(d) @ b.cast(d), 64),
-  "x @ W.T + bias, relu": ((130, 64), (72, 64), lambda a, w, d: (a.cast(d) @ w.cast(d).T + w[:, 0].cast(d)).relu(), 64),
-  "A.T @ A": ((130, 64), (8, 8), lambda a, _, d: a.cast(d).realize().T @ a.cast(d).realize(), 130),
-  "batched, gelu": ((3, 40, 48), (3, 48, 136), lambda a, b, d: (a.cast(d) @ b.cast(d)).gelu(), 48),
-  "heads": ((2, 3, 17, 32), (2, 3, 32, 24), lambda a, b, d: a.cast(d) @ b.cast(d), 32),
-  "several tiles": ((300, 256), (256, 264), lambda a, b, d: a.cast(d) @ b.cast(d), 256),
-  "autocast (casts fused in)": ((70, 48), (40, 48), lambda a, w, d: a.cast(d) @ w.cast(d).T, 48),
-  "unaligned strides": ((65, 130), (130, 33), lambda a, b, d: a.cast(d) @ b.cast(d), 130),
-  "conv2d, padded": ((2, 16, 9, 9), (24, 16, 3, 3), lambda x, w, d: x.cast(d).conv2d(w.cast(d), padding=1), 144),
-  "conv2d, strided": ((1, 8, 12, 12), (16, 8, 3, 3), lambda x, w, d: x.cast(d).conv2d(w.cast(d), stride=2), 72),
-}
-
-
 @pytest.mark.parametrize("dtype", [dtypes.float16, dtypes.bfloat16])
 @pytest.mark.parametrize("name", list(TC_PROGRAMS))
 def test_tensor_core_matmuls(name, dtype):
-  sa, sb, fn, k = TC_PROGRAMS[name]
-  a, b = RNG.standard_normal(sa).astype(np.float32), RNG.standard_normal(sb).astype(np.float32)
-  # inputs realized in the 2-byte type first, except where the cast is meant to fuse into the matmul
-  if "autocast" not in name: a, b = (Tensor(v).cast(dtype).numpy().astype(np.float32) for v in (a, b))
-  before = cuda_device.COUNTERS["tensor_cores"]
-  got = fn(Tensor(a, device="CUDA"), Tensor(b, device="CUDA"), dtype).cast(dtypes.float32).numpy()
-  ref = fn(Tensor(a, device="NUMPY"), Tensor(b, device="NUMPY"), dtype).cast(dtypes.float32).numpy()
-  assert cuda_device.COUNTERS["tensor_cores"] >= before + 1   # (the matmul ran on the tensor cores)
-  # the reference rounds each product to the 2-byte type; the tensor cores do not: a few of its roundings apart
-  tol = (8e-3 if dtype is dtypes.float16 else 6e-2) * np.sqrt(k)
-  np.testing.assert_allclose(got, ref, rtol=5e-2, atol=tol)
+  check("CUDA", cuda_device.COUNTERS, name, dtype)
 
 
 def test_a_big_tensor_core_matmul_against_numpy():
