@@ -289,7 +289,8 @@ def render_gemm(plan: GemmPlan, nbufs: int, parts: str, cfg: Config = Config(), 
   lane, warp = x.and_(tid, 31), x.lshr(tid, 5)
   wm, wn = x.lshr(warp, log2i(WN)), x.and_(warp, WN - 1)
   g, t = x.lshr(lane, 2), x.and_(lane, 3)
-  sbase = x.v(f"ptrtoint ptr addrspace(3) {'%lds' if opencl else '@smem'} to i32", "sb")
+  smem = "%lds" if opencl else "@smem"   # the shared memory's base pointer
+  sbase = x.v(f"ptrtoint ptr addrspace(3) {smem} to i32", "sb")
   m0, n0 = x.mul(by, BM), x.mul(bx, BN)
   # the batch ranges' values: blockIdx.z split by their sizes, the last range fastest
   bvals, rest = [], bz
@@ -367,7 +368,7 @@ def render_gemm(plan: GemmPlan, nbufs: int, parts: str, cfg: Config = Config(), 
       v = x.v(f"call i16 @{fn}({', '.join(args)})", "ld")
       if not isinstance(ok, bool): v = x.v(f"select i1 {ok}, i16 {v}, i16 0", "s")
       elif not ok: v = 0
-      p = x.v(f"getelementptr i8, ptr addrspace(3) @smem, i32 {x.add(slot, dst)}", "sp")
+      p = x.v(f"getelementptr i8, ptr addrspace(3) {smem}, i32 {x.add(slot, dst)}", "sp")
       x.do(f"store i16 {v}, ptr addrspace(3) {p}, align 2")
 
   a_cp = copies(plan.a, At, m0, M, 0, BM) if isinstance(plan.a, Operand) else gathers(At, m0, M, 0, BM)

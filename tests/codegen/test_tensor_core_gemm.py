@@ -147,9 +147,9 @@ def test_the_opencl_kernel_takes_its_shared_memory_as_an_argument(d):
   # shared memory addressed from the kernel's last (__local) argument; emulated on a ragged batched product
   cfg = nvptx.opencl_tile_config(48 * 1024)
   assert cfg.smem <= 48 * 1024 and cfg.stages == 3
-  a, b = T(2, 3 * 64 - 5, 72, dtype=d), T(2, 72, 128 + 9, dtype=d)
-  want = a.numpy().astype(np.float32) @ b.numpy().astype(np.float32)
-  out, p, calls, _ = run_emulated(a @ b, cfg, opencl=True)
+  a, b = T(2, 3 * 64 - 5, 72, dtype=d), T(2, 128 + 9, 72, dtype=dtypes.float32)   # (b: a cast gathered in)
+  want = a.numpy().astype(np.float32) @ b.cast(d).numpy().astype(np.float32).transpose(0, 2, 1)
+  out, p, calls, _ = run_emulated(a @ b.cast(d).transpose(1, 2), cfg, opencl=True)
   assert len(calls) == want.size and len({v for v, _ in calls}) == want.size
   np.testing.assert_allclose(out.astype(np.float32).reshape(want.shape), want, rtol=2e-2, atol=0.2)
 
@@ -164,6 +164,10 @@ def test_a_tensor_core_kernel_compiles_to_ptx_for_opencl(monkeypatch):
   assert "texmode_independent" in prog.ptx and "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32" in prog.ptx
   # no plan under 16 KB of local memory (not even two stages), for a float32 matmul, or with RULEC_CL_TC=0
   assert nvptx.compile_for_opencl(k, "sm_90", 16 * 1024 - 1) is None
+  # every program of the emulated set compiles for OpenCL too (gathered factors store to the __local argument)
+  for d in (dtypes.float16, dtypes.bfloat16):
+    for name, make in programs(d).items():
+      assert ".ptr .shared" in nvptx.compile_for_opencl(kernel_of(make()), "sm_90", 48 * 1024).ptx, name
   assert nvptx.compile_for_opencl(kernel_of(T(16, 64, dtype=dtypes.float32) @ T(64, 16, dtype=dtypes.float32)), "sm_90", 48 * 1024) is None
   monkeypatch.setenv("RULEC_CL_TC", "0")
   assert nvptx.compile_for_opencl(k, "sm_90", 48 * 1024) is None
