@@ -127,15 +127,21 @@ def tile_config():
   with an optional seventh number, the launch order's band of block rows (Config.raster), for
   bench/half_matmul.py's comparison of shapes."""
   from rulec.codegen import nvptx_gemm
-  spec = os.environ.get("RULEC_CUDA_TC_TILE", "").strip()
   # (measured on an H100, 4096^3 float16 and bfloat16, bench/half_matmul.py --tiles: 128x128 blocks of 2x2 warps, a
   # k step of 64 in 3 stages, bands of 8 block rows: 0.366 ms, 376 TFLOP/s, against 0.394 ms for Config()'s shape)
-  if not spec: return nvptx_gemm.Config(BM=128, BN=128, BK=64, WM=2, WN=2, stages=3, raster=8)
+  return _tile_from_env("RULEC_CUDA_TC_TILE") or nvptx_gemm.Config(BM=128, BN=128, BK=64, WM=2, WN=2, stages=3, raster=8)
+
+
+def _tile_from_env(name: str):
+  """The nvptx_gemm.Config an environment variable spells as "BM,BN,BK,stages,WM,WN[,raster]", or None if unset."""
+  from rulec.codegen import nvptx_gemm
+  spec = os.environ.get(name, "").strip()
+  if not spec: return None
   try:
     nums = [int(v) for v in spec.split(",")]
     if len(nums) not in (6, 7): raise ValueError
   except ValueError:
-    raise ValueError(f"RULEC_CUDA_TC_TILE={spec!r}: expected six or seven integers BM,BN,BK,stages,WM,WN[,raster]") from None
+    raise ValueError(f"{name}={spec!r}: expected six or seven integers BM,BN,BK,stages,WM,WN[,raster]") from None
   bm, bn, bk, st, wm, wn = nums[:6]
   return nvptx_gemm.Config(bm, bn, bk, wm, wn, st, *nums[6:])
 
@@ -166,14 +172,20 @@ def compile_kernel(kernel: Kernel, arch: str = "sm_80", vars=None) -> PTXProgram
                     len(kernel.vars if vars is None else vars), launch)
 
 
+# local memory NVIDIA's OpenCL keeps for itself: on an H100 (49152 bytes of CL_DEVICE_LOCAL_MEM_SIZE) a launch asking
+# for all 48 KB failed with OUT_OF_RESOURCES, 32 KB ran
+OPENCL_LOCAL_RESERVE = 1024
+
+
 def opencl_tile_config(local_bytes: int):
   """The tensor-core kernel's tiles under OpenCL, whose work-groups get at most `local_bytes` of local memory (48 KB
-  on NVIDIA): 128x128 blocks of 2x2 warps, a k step of 32, as many ring stages as fit (3 in 48 KB; on an H100 this
-  shape ran the 4096^3 float16 matmul in 0.370 ms under CUDA, beside 0.366 for tile_config()'s 96 KB one), or None
-  where not even 2 fit."""
+  on NVIDIA, less OPENCL_LOCAL_RESERVE): 128x128 blocks of 2x2 warps, a k step of 32, as many ring stages as fit
+  (2 in 48 KB), or None where not even 2 fit. RULEC_CL_TC_TILE (RULEC_CUDA_TC_TILE's form) forces a shape."""
   from rulec.codegen import nvptx_gemm
+  forced = _tile_from_env("RULEC_CL_TC_TILE")
+  if forced is not None: return forced if forced.smem <= local_bytes - OPENCL_LOCAL_RESERVE else None
   cfg = nvptx_gemm.Config(BM=128, BN=128, BK=32, WM=2, WN=2, stages=2)
-  stages = min(3, local_bytes // (cfg.smem // cfg.stages))
+  stages = min(3, (local_bytes - OPENCL_LOCAL_RESERVE) // (cfg.smem // cfg.stages))
   return attrs.evolve(cfg, stages=stages) if stages >= 2 else None
 
 

@@ -146,7 +146,7 @@ def test_the_opencl_kernel_takes_its_shared_memory_as_an_argument(d):
   # the CL device's variant (runtime/cl_device.TensorCoreProgram): tiles that fit OpenCL's 48 KB of local memory,
   # shared memory addressed from the kernel's last (__local) argument; emulated on a ragged batched product
   cfg = nvptx.opencl_tile_config(48 * 1024)
-  assert cfg.smem <= 48 * 1024 and cfg.stages == 3
+  assert cfg.smem <= 48 * 1024 - nvptx.OPENCL_LOCAL_RESERVE and cfg.stages == 2
   a, b = T(2, 3 * 64 - 5, 72, dtype=d), T(2, 128 + 9, 72, dtype=dtypes.float32)   # (b: a cast gathered in)
   want = a.numpy().astype(np.float32) @ b.cast(d).numpy().astype(np.float32).transpose(0, 2, 1)
   out, p, calls, _ = run_emulated(a @ b.cast(d).transpose(1, 2), cfg, opencl=True)
@@ -157,7 +157,7 @@ def test_the_opencl_kernel_takes_its_shared_memory_as_an_argument(d):
 def test_a_tensor_core_kernel_compiles_to_ptx_for_opencl(monkeypatch):
   k = kernel_of((T(130, 64, dtype=dtypes.bfloat16) @ T(72, 64, dtype=dtypes.bfloat16).T).relu())
   prog = nvptx.compile_for_opencl(k, "sm_90", 48 * 1024)
-  assert prog.launch.grid == (1, 2, 1) and prog.launch.block == 128 and prog.launch.smem == 48 * 1024
+  assert prog.launch.grid == (1, 2, 1) and prog.launch.block == 128 and prog.launch.smem == 32 * 1024
   # NVIDIA's OpenCL learns its arguments' kinds from the PTX: three global buffers, the long, the __local bytes
   head = prog.ptx[prog.ptx.index(".entry entry("):prog.ptx.index(")")]
   assert head.count(".ptr .global") == 3 and head.count(".ptr .shared") == 1 and ".extern .shared" not in prog.ptx
