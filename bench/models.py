@@ -209,7 +209,9 @@ def lib_attention(lib, q, k, v, causal: bool):
   if causal:
     S = q.shape[-2]
     scores = lib.Tensor.ones(S, S, dtype="bool").tril().where(scores, float("-inf"))
-  return mm(scores.softmax(-1), v)
+  # (the probabilities back in the inputs' type, as torch's softmax of a float16 / bfloat16 tensor returns them: else
+  # a half row's attention output, and the residual stream after it, would be float32)
+  return mm(scores.softmax(-1).cast(v.dtype), v)
 
 
 def lib_mlp(x, w):

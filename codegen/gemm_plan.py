@@ -54,6 +54,8 @@ class Gather:
   function of the ranges): a cast, a padded or strided view, an index that is not affine (a convolution's window)."""
   expr: UOp                    # the factor, of the 2-byte float type (in the kernel as planned)
   position: int                # which source of the product it is (0 or 1)
+  free_fastest: bool = False   # its loads step by one element along the last free range, not the last k range: the
+                               # kernel's consecutive threads then take consecutive free indices (coalesced reads)
   k_contiguous = True          # (its tile is laid out as [free][k] rows, as a k-contiguous operand's)
 
 
@@ -121,21 +123,42 @@ def _factors(red: UOp) -> tuple[UOp, UOp]:
   return x, y
 
 
+def _flat_stride(ix: dict, rs: tuple) -> int | None:
+  """The stride of ranges rs (the last fastest) flattened into one index, in the affine index ix: the last range's
+  coefficient, where each range's is the next one's times its size; else None (the ranges do not flatten)."""
+  want = stride = ix.get(rs[-1], 0)
+  for r in reversed(rs):
+    if ix.get(r, 0) != want: return None
+    want *= r.src[0].arg
+  return stride
+
+
 def _copied(expr: UOp, free: tuple, k: tuple, batch: tuple) -> Operand | None:
   """The factor as an Operand the kernel copies with cp.async, or None where it must be gathered: a load of the
-  2-byte type at an affine index, over one free range and one k range, contiguous along one of them, aligned."""
-  if len(free) != 1 or len(k) != 1: return None
+  2-byte type at an affine index, over free and k ranges that each flatten into one index (a (batch, time) pair of
+  an activation does), contiguous along one of the two, aligned."""
   load = expr
   if not (load.op is Ops.INDEX and len(load.src) == 2 and load.src[0].op is Ops.PARAM): return None
   ix = affine(load.src[1])
-  if ix is None or any(r is not None and r not in (free[0], k[0], *batch) for r in ix): return None
-  sf, sk, base = ix.get(free[0], 0), ix.get(k[0], 0), ix.get(None, 0)
+  if ix is None or any(r is not None and r not in (*free, *k, *batch) for r in ix): return None
+  sf, sk, base = _flat_stride(ix, free), _flat_stride(ix, k), ix.get(None, 0)
+  if sf is None or sk is None: return None
   sb = tuple(ix.get(r, 0) for r in batch)
-  if sk == 1: contiguous, others = k[0], (sf, *sb, base)
-  elif sf == 1: contiguous, others = free[0], (sk, *sb, base)
+  if sk == 1: contiguous, others = k, (sf, *sb, base)
+  elif sf == 1: contiguous, others = free, (sk, *sb, base)
   else: return None
-  if any(s % CHUNK for s in others) or contiguous.src[0].arg % CHUNK or any(s < 0 for s in (sf, sk, *sb, base)): return None
+  if any(s % CHUNK for s in others) or _size(contiguous) % CHUNK or any(s < 0 for s in (sf, sk, *sb, base)): return None
   return Operand(load.src[0].arg[0], base, sf, sk, sb, sk == 1)
+
+
+def _gathered(expr: UOp, position: int, free: tuple, k: tuple) -> Gather:
+  """The factor as a Gather, told which way its widest load is contiguous (a cast of x.T, as autocast's weight
+  gradients make, reads along the free range)."""
+  # (the loads that read a matrix: over a free and a k range; a row's statistics or a column's scale are broadcasts)
+  loads = [ix for u in expr.toposort() if u.op is Ops.INDEX and len(u.src) == 2 and u.src[0].op is Ops.PARAM
+           for ix in [affine(u.src[1])] if ix is not None and any(r in ix for r in free) and any(r in ix for r in k)]
+  fast = bool(loads) and all(ix.get(free[-1], 0) == 1 and ix.get(k[-1], 0) != 1 for ix in loads)
+  return Gather(expr, position, fast)
 
 
 def _size(rs) -> int:
@@ -174,8 +197,8 @@ def plan(kernel: Kernel) -> GemmPlan:
   if _size(batch) > MAX_GRID_YZ: raise NoPlan(f"{_size(batch)} batches, more than a grid's {MAX_GRID_YZ}")
   if any(u.op is Ops.RANGE and u not in ranges and u not in ks for u in value.toposort()):
     raise NoPlan("the epilogue opens a range of its own")
-  a = _copied(x, ms, ks, batch) or Gather(x, 0)
-  b = _copied(y, ns, ks, batch) or Gather(y, 1)
+  a = _copied(x, ms, ks, batch) or _gathered(x, 0, ms, ks)
+  b = _copied(y, ns, ks, batch) or _gathered(y, 1, ns, ks)
   return GemmPlan(x.dtype, _size(ms), _size(ns), _size(ks), ms, ns, ks, batch, a, b, red, store, ranges)
 
 

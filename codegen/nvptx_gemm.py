@@ -338,15 +338,16 @@ def render_gemm(plan: GemmPlan, nbufs: int, parts: str, cfg: Config = Config(), 
       out.append((dst, x.add(elem, boff, "i64"), BK * op.stride_k, True if FSIZE % ftile == 0 else x.lt(free, FSIZE), kidx))
     return out
 
-  def gathers(tile: SmemTile, f0, FSIZE: int, slot_off: int, ftile: int):
+  def gathers(g: Gather, tile: SmemTile, f0, FSIZE: int, slot_off: int, ftile: int):
     """Per element of the tile this thread computes: (shared offset, free index, its bound check, k in the tile).
-    Consecutive threads take consecutive k (a row-major factor's addresses)."""
+    Consecutive threads take consecutive k (a row-major factor's addresses), or consecutive free indices where the
+    factor's loads are contiguous that way (Gather.free_fastest)."""
     per = tile.rows * BK // T
     if per * T != tile.rows * BK: raise ValueError(f"a {tile.rows} x {BK} tile for {T} threads")
     out = []
     for i in range(per):
       e = x.add(tid, i * T)
-      f, kk = x.udiv(e, BK), x.urem(e, BK)
+      f, kk = (x.urem(e, tile.rows), x.udiv(e, tile.rows)) if g.free_fastest else (x.udiv(e, BK), x.urem(e, BK))
       dst = x.add(x.add(tile.offset(x, f, x.lshr(kk, 3)), x.mul(x.and_(kk, 7), 2)), slot_off)
       free = x.add(f0, f)
       out.append((dst, free, True if FSIZE % ftile == 0 else x.lt(free, FSIZE), kk))
@@ -371,8 +372,8 @@ def render_gemm(plan: GemmPlan, nbufs: int, parts: str, cfg: Config = Config(), 
       p = x.v(f"getelementptr i8, ptr addrspace(3) {smem}, i32 {x.add(slot, dst)}", "sp")
       x.do(f"store i16 {v}, ptr addrspace(3) {p}, align 2")
 
-  a_cp = copies(plan.a, At, m0, M, 0, BM) if isinstance(plan.a, Operand) else gathers(At, m0, M, 0, BM)
-  b_cp = copies(plan.b, Bt, n0, N, A_BYTES, BN) if isinstance(plan.b, Operand) else gathers(Bt, n0, N, A_BYTES, BN)
+  a_cp = copies(plan.a, At, m0, M, 0, BM) if isinstance(plan.a, Operand) else gathers(plan.a, At, m0, M, 0, BM)
+  b_cp = copies(plan.b, Bt, n0, N, A_BYTES, BN) if isinstance(plan.b, Operand) else gathers(plan.b, Bt, n0, N, A_BYTES, BN)
   k_whole = K % BK == 0   # (every k-tile is whole: no k check)
 
   def issue(kt, slot):

@@ -48,16 +48,22 @@ def programs(d):
     "float32 sum of casts": lambda: a.float() @ b.float(),
     "several tiles": lambda: T(260, 96, dtype=d) @ T(96, 264, dtype=d),
     "whole tiles (no edge checks)": lambda: T(256, 64, dtype=d) @ T(64, 128, dtype=d),
+    # (batch, time) rows flattened into one m (copied); a sum over (batch, time), as a weight gradient's
+    "(batch, time) rows": lambda: T(2, 40, 64, dtype=d) @ T(64, 72, dtype=d),
+    "a sum over (batch, time)": lambda: (T(2, 40, 64, 1, dtype=d) * T(2, 40, 1, 24, dtype=d)).sum((0, 1)),
     # gathered factors: computed element by element into shared memory
     "casts fused in (autocast)": lambda: T(70, 48, dtype=dtypes.float32).cast(d) @ T(40, 48, dtype=dtypes.float32).cast(d).T,
     "unaligned strides": lambda: T(65, 130, dtype=d) @ T(130, 33, dtype=d),
+    # (x.T and dy cast in: the loads run along the free ranges, which consecutive threads then take)
+    "transposed casts (autocast's weight gradient)":
+      lambda: T(2, 40, 70, dtype=dtypes.float32).cast(d).reshape(80, 70).T @ T(2, 40, 36, dtype=dtypes.float32).cast(d).reshape(80, 36),
     "an elementwise factor": lambda: (a * 2 + 1) @ b,
     "conv2d, padded": lambda: T(2, 16, 9, 9, dtype=d).conv2d(T(24, 16, 3, 3, dtype=d), padding=1),
     "conv2d, strided": lambda: T(1, 8, 12, 12, dtype=d).conv2d(T(16, 8, 3, 3, dtype=d), stride=2),
   }
 
 
-COPIED = ["matmul, ragged m", "x @ W.T + bias, relu", "A.T @ A, ragged k", "A.T @ W.T", "batched, broadcast gelu",
+COPIED = ["(batch, time) rows", "a sum over (batch, time)", "matmul, ragged m", "x @ W.T + bias, relu", "A.T @ A, ragged k", "A.T @ W.T", "batched, broadcast gelu",
           "two batch ranges (heads)", "k shorter than a tile", "float32 sum of casts", "several tiles", "whole tiles (no edge checks)"]
 CASES = [(d, name) for d in (dtypes.float16, dtypes.bfloat16) for name in programs(dtypes.float16)]
 
@@ -107,11 +113,15 @@ def test_emulated_kernel_matches_numpy(d, name):
   if copied:
     A, B = (bufs[o.slot].astype(np.float32).ravel() for o in (p.a, p.b))
     ks = np.arange(p.K)
-    (m,), (n,) = p.ms, p.ns
+
+    def flat(env, rs):   # (several free ranges flatten into one index, the last fastest)
+      i = 0
+      for r in rs: i = i * r.src[0].arg + env[r]
+      return i
     for vals, acc in calls[::7]:
       env = dict(zip(p.ranges, vals))
-      ia = p.a.base + env[m] * p.a.stride_free + ks * p.a.stride_k + sum(env[r] * s for r, s in zip(p.batch, p.a.stride_batch))
-      ib = p.b.base + env[n] * p.b.stride_free + ks * p.b.stride_k + sum(env[r] * s for r, s in zip(p.batch, p.b.stride_batch))
+      ia = p.a.base + flat(env, p.ms) * p.a.stride_free + ks * p.a.stride_k + sum(env[r] * s for r, s in zip(p.batch, p.a.stride_batch))
+      ib = p.b.base + flat(env, p.ns) * p.b.stride_free + ks * p.b.stride_k + sum(env[r] * s for r, s in zip(p.batch, p.b.stride_batch))
       want = float(np.dot(A[ia].astype(np.float64), B[ib]))
       assert abs(acc - want) <= 1e-4 * (1 + np.abs(A[ia] * B[ib]).sum())
   # the stored tensor, epilogue applied, against the CPU device's (which rounds each product to the 2-byte type)
@@ -171,6 +181,13 @@ def test_a_tensor_core_kernel_compiles_to_ptx_for_opencl(monkeypatch):
   assert nvptx.compile_for_opencl(kernel_of(T(16, 64, dtype=dtypes.float32) @ T(64, 16, dtype=dtypes.float32)), "sm_90", 48 * 1024) is None
   monkeypatch.setenv("RULEC_CL_TC", "0")
   assert nvptx.compile_for_opencl(k, "sm_90", 48 * 1024) is None
+
+
+def test_a_gathered_factor_knows_which_way_its_loads_are_contiguous():
+  grad = gemm_plan.plan(kernel_of(programs(dtypes.bfloat16)["transposed casts (autocast's weight gradient)"]()))
+  fwd = gemm_plan.plan(kernel_of(programs(dtypes.bfloat16)["casts fused in (autocast)"]()))
+  assert isinstance(grad.a, gemm_plan.Gather) and isinstance(grad.b, gemm_plan.Gather)
+  assert grad.a.free_fastest and grad.b.free_fastest and not fwd.a.free_fastest and not fwd.b.free_fastest
 
 
 def test_tile_config_reads_the_environment(monkeypatch):
