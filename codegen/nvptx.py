@@ -177,23 +177,16 @@ def compile_kernel(kernel: Kernel, arch: str = "sm_80", vars=None) -> PTXProgram
 OPENCL_LOCAL_RESERVE = 1024
 
 
-def opencl_tile_config(local_bytes: int, plan=None):
+def opencl_tile_config(local_bytes: int):
   """The tensor-core kernel's tiles under OpenCL, whose work-groups get at most `local_bytes` of local memory (48 KB
-  on NVIDIA, less OPENCL_LOCAL_RESERVE): 128x128 blocks of 2x2 warps, a k step of 32, in 3 ring stages where they
-  fit; else (48 KB) 3 stages of 96 x 128 blocks (or 128 x 96) where the plan's A (or B) tile is laid out in rows
-  along its free range (96 rows are no power of two: the other layout's rows would be 192 bytes), else 2 stages of
-  128 x 128; None where not even that fits. RULEC_CL_TC_TILE (RULEC_CUDA_TC_TILE's form) forces a shape."""
+  on NVIDIA, less OPENCL_LOCAL_RESERVE): 128x128 blocks of 2x2 warps, a k step of 32, as many ring stages as fit
+  (2 in 48 KB), or None where not even 2 fit. RULEC_CL_TC_TILE (RULEC_CUDA_TC_TILE's form) forces a shape."""
   from rulec.codegen import nvptx_gemm
-  budget = local_bytes - OPENCL_LOCAL_RESERVE
   forced = _tile_from_env("RULEC_CL_TC_TILE")
-  if forced is not None: return forced if forced.smem <= budget else None
-  full = nvptx_gemm.Config(BM=128, BN=128, BK=32, WM=2, WN=2, stages=3)
-  if full.smem <= budget: return full
-  if plan is not None and (plan.a.k_contiguous or plan.b.k_contiguous):
-    narrow = attrs.evolve(full, BM=96) if plan.a.k_contiguous else attrs.evolve(full, BN=96)
-    if narrow.smem <= budget: return narrow
-  two = attrs.evolve(full, stages=2)
-  return two if two.smem <= budget else None
+  if forced is not None: return forced if forced.smem <= local_bytes - OPENCL_LOCAL_RESERVE else None
+  cfg = nvptx_gemm.Config(BM=128, BN=128, BK=32, WM=2, WN=2, stages=2)
+  stages = min(3, (local_bytes - OPENCL_LOCAL_RESERVE) // (cfg.smem // cfg.stages))
+  return attrs.evolve(cfg, stages=stages) if stages >= 2 else None
 
 
 def compile_for_opencl(kernel: Kernel, arch: str, local_bytes: int) -> PTXProgram | None:
@@ -204,7 +197,7 @@ def compile_for_opencl(kernel: Kernel, arch: str, local_bytes: int) -> PTXProgra
   from rulec.codegen import nvptx_gemm
   if os.environ.get("RULEC_CL_TC", "1").strip() == "0" or kernel.vars: return None
   plan = tensor_core_plan(kernel, arch)
-  cfg = opencl_tile_config(local_bytes, plan) if plan is not None else None
+  cfg = opencl_tile_config(local_bytes) if plan is not None else None
   if cfg is None or -(-plan.M // cfg.BM) > 65535: return None
   parts = nvptx_gemm.parts_ir(decomposed(kernel, OPTIONAL), plan)
   _check_calls(parts)
