@@ -180,7 +180,9 @@ OPENCL_LOCAL_RESERVE = 1024
 def opencl_tile_config(local_bytes: int):
   """The tensor-core kernel's tiles under OpenCL, whose work-groups get at most `local_bytes` of local memory (48 KB
   on NVIDIA, less OPENCL_LOCAL_RESERVE): 128x128 blocks of 2x2 warps, a k step of 32, as many ring stages as fit
-  (2 in 48 KB), or None where not even 2 fit. RULEC_CL_TC_TILE (RULEC_CUDA_TC_TILE's form) forces a shape."""
+  (2 in 48 KB), or None where not even 2 fit. RULEC_CL_TC_TILE (RULEC_CUDA_TC_TILE's form) forces a shape.
+  (Measured on an H100, 4096^3 bfloat16: 0.66 ms in 2 stages of 128x128, 0.75 in 3 stages of 96x128, 0.76 in 5
+  stages of 128x128x16, 0.89-0.91 in 3 stages of 128x64 or 64x128; CUDA's 3 stages of 128x128, 48 KB: 0.37.)"""
   from rulec.codegen import nvptx_gemm
   forced = _tile_from_env("RULEC_CL_TC_TILE")
   if forced is not None: return forced if forced.smem <= local_bytes - OPENCL_LOCAL_RESERVE else None
