@@ -135,6 +135,21 @@ def tiles_sums(device) -> bool:
   return (dev := _cl(device)) is not None and dev.target.tile > 0
 
 
+def tensor_cores(device) -> bool:
+  """Whether `device` runs a sum of float16 or bfloat16 products on tensor cores (codegen/gemm_plan.py): the CL
+  device on NVIDIA's OpenCL and the CUDA device, on GPUs of sm_80 or later. Their kernel copies a stored 2-byte
+  operand into shared memory 16 bytes at a time, but computes a fused one (a cast, a layernorm's output) an element
+  at a time (rules/fusion.rules store_half_factor)."""
+  if (dev := _cl(device)) is not None: return dev.nv_arch is not None and os.environ.get("RULEC_CL_TC", "1").strip() != "0"
+  try: kind, index = parse_device(device) if isinstance(device, str) else (None, 0)
+  except ValueError: return False
+  if kind != "CUDA": return False
+  from rulec.runtime import cuda_device
+  try: cc = cuda_device.get_device(index).cc
+  except cuda_device.CUDAUnavailable: return False
+  return cc[0] >= 8 and os.environ.get("RULEC_CUDA_TC", "1").strip() != "0"
+
+
 def winograd_convs(device) -> bool:
   """Whether a 3x3, stride-1 float32 convolution on `device` is computed as Winograd's F(2x2, 3x3)
   (engine/tensor/winograd.py: four kernels, the costly one a batched matmul): only when RULEC_WINOGRAD=1 (tinygrad's

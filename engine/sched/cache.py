@@ -27,7 +27,7 @@ from rulec.engine.sched import early as _helpers
 from rulec.engine.sched.variables import has_symbolic_args, rebind, unbind_graph
 from rulec.engine.ir.uop import UOp, with_sizes
 from rulec.runtime.buffer import new_buffer
-from rulec.runtime.devices import one_pass_groups, rows_shared, split_parts, tiles_sums
+from rulec.runtime.devices import one_pass_groups, rows_shared, split_parts, tensor_cores, tiles_sums
 from rulec.engine.ir.kernel import Kernel
 
 __all__ = ["STATS", "MAX_ENTRIES", "enabled", "graph_key", "schedule", "schedule_keeping", "clear"]
@@ -124,6 +124,7 @@ def _knobs(devices: set) -> tuple:
   ds = sorted(d for d in devices if d)
   return (tuple(_scheduler.max_kernel_buffers(d) for d in ds), tuple(split_parts(d) for d in ds),
           tuple(one_pass_groups(d) for d in ds), tuple(rows_shared(d) for d in ds), tuple(tiles_sums(d) for d in ds),
+          tuple(tensor_cores(d) for d in ds),
           _helpers.REDUCE_SPLIT_THRESHOLD, _scheduler.MAX_RECOMPUTE_READS, _scheduler.HOISTING_DEVICES,
           _scheduler.LANE_GUARD_DEVICES,
           _multi._ring_setting(),   # which allreduce form (RULEC_RING, RULEC_RING_THRESHOLD)

@@ -32,7 +32,7 @@ from rulec.engine.sched.kernels import KernelSplit, order_kernels
 from rulec.engine.sched.multi import split_by_device
 from rulec.engine.sched.stages import CopyReuse, Placement, StagePlan, snapshot_overwritten_reads
 from rulec.engine.ir.uop import UOp
-from rulec.runtime.devices import device_kind, rows_shared, tiles_sums
+from rulec.runtime.devices import device_kind, rows_shared, tensor_cores, tiles_sums
 from rulec.engine.ir.kernel import Kernel
 
 DEBUG = int(os.environ.get("RULEC_DEBUG", "0") or 0)
@@ -91,13 +91,15 @@ FUSION_SETS = ("fuse_reduces", "fuse_values")
 FUSION_UPWARD_SETS = ("bound_kernels",)
 
 
-def _fusion(sink: UOp, hoists: bool, hoists_rows: bool, lane_guards: bool, tiled_epilogues: bool = False) -> set[UOp]:
+def _fusion(sink: UOp, hoists: bool, hoists_rows: bool, lane_guards: bool, tiled_epilogues: bool = False,
+            tensor_cores: bool = False) -> set[UOp]:
   """Pass 2: the nodes the fusion rules store (decision rules: they record, the graph is not rewritten)."""
   sets, upward = [_m(name) for name in FUSION_SETS], [_m(name) for name in FUSION_UPWARD_SETS]
-  if not DEBUG: return choose_stages(sink, sets, hoists, hoists_rows, lane_guards, tiled_epilogues, upward_sets=upward)
+  if not DEBUG: return choose_stages(sink, sets, hoists, hoists_rows, lane_guards, tiled_epilogues, tensor_cores, upward_sets=upward)
   counting, counting_up = [_Counting(m) for m in sets], [_Counting(m) for m in upward]
   t0 = time.perf_counter()
-  staged = choose_stages(sink, counting, hoists, hoists_rows, lane_guards, tiled_epilogues, upward_sets=counting_up)
+  staged = choose_stages(sink, counting, hoists, hoists_rows, lane_guards, tiled_epilogues, tensor_cores,
+                         upward_sets=counting_up)
   fired = ", ".join(s for s in (c.summary() for c in counting + counting_up) if s)
   print(f"[schedule] {'fusion':<10} {len(staged):>6} stores {' ' * 10}{(time.perf_counter() - t0) * 1e3:7.2f} ms  "
         f"{fired or 'no rules fired'}")
@@ -190,7 +192,7 @@ def schedule_keeping(targets: list[UOp], default_device: str = "NUMPY", devices:
   hoists_rows = all(device_kind(d) in HOISTING_DEVICES or rows_shared(d) for d in used)
   lane_guards = all(device_kind(d) in LANE_GUARD_DEVICES for d in used)
   tiled_epilogues = all(tiles_sums(d) for d in used)
-  staged = _fusion(sink, hoists, hoists_rows, lane_guards, tiled_epilogues)
+  staged = _fusion(sink, hoists, hoists_rows, lane_guards, tiled_epilogues, all(tensor_cores(d) for d in used))
   # (values spread over devices are regrouped per target: what they keep is not handed back)
   one_device = tuple(targets) == originals.src and all(isinstance(t.device, str) for t in targets)
   kept = _kept_values(originals, became, staged, sink) if keep and one_device else []

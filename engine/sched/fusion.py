@@ -273,8 +273,8 @@ class FusionFacts:
   or a hoist changes the facts it touches (a realized value starts afresh): the counts below it, the regions and
   costs above it, which are worked out again when asked."""
   def __init__(self, sink: UOp, hoists: bool, hoists_rows: bool | None = None, lane_guards: bool | None = None,
-               tiled_epilogues: bool = False):
-    self.sink, self.hoists = sink, hoists
+               tiled_epilogues: bool = False, tensor_cores: bool = False):
+    self.sink, self.hoists, self.tensor_cores = sink, hoists, tensor_cores
     self.tiled_epilogues, self.tile_epilogue_ops = tiled_epilogues, TILE_EPILOGUE_OPS
     self.hoists_rows = hoists if hoists_rows is None else hoists_rows
     self.lane_guards = hoists if lane_guards is None else lane_guards
@@ -682,7 +682,8 @@ def _contracted_last(r: UOp, shape: tuple, only) -> bool:
 
 
 def choose_stages(sink: UOp, rule_sets, hoists: bool = False, hoists_rows: bool | None = None,
-                  lane_guards: bool | None = None, tiled_epilogues: bool = False, upward_sets=()) -> set[UOp]:
+                  lane_guards: bool | None = None, tiled_epilogues: bool = False, tensor_cores: bool = False,
+                  upward_sets=()) -> set[UOp]:
   """Nodes to realize: every node offered to each fusion rule set (a matcher) in turn, consumers first; then to
   each of `upward_sets`, producers first (rules/fusion.rules bound_kernels: what a kernel computes below a node is
   decided by then, so a kernel's size can be bounded from its inputs up).
@@ -693,8 +694,9 @@ def choose_stages(sink: UOp, rule_sets, hoists: bool = False, hoists_rows: bool 
   row's value once per row (CPU and NUMPY as above; a GPU's CL device in a work-group per row: codegen/opt SPREAD).
   `lane_guards` (default: `hoists`): a guarded read costs them in every vector lane (LANE_GUARD_DEVICES).
   `tiled_epilogues`: they run a contraction in register tiles on few threads, its epilogue too (runtime/devices.py
-  tiles_sums: a GPU's CL device)."""
-  facts = FusionFacts(sink, hoists, hoists_rows, lane_guards, tiled_epilogues)
+  tiles_sums: a GPU's CL device). `tensor_cores`: they run sums of 2-byte float products on tensor cores
+  (runtime/devices.py tensor_cores)."""
+  facts = FusionFacts(sink, hoists, hoists_rows, lane_guards, tiled_epilogues, tensor_cores)
   for m in rule_sets:
     for u in reversed(facts.order): m.rewrite(u, facts)
   for m in upward_sets:

@@ -280,3 +280,37 @@ def test_a_tiled_contractions_costly_epilogue_is_a_kernel_of_its_own(monkeypatch
     np.testing.assert_allclose(back.numpy(), want[0], rtol=1e-4, atol=1e-4)
     np.testing.assert_allclose(fwd.numpy(), want[1], rtol=1e-4, atol=1e-4)
   schedule_cache.clear()
+
+
+@pytest.mark.parametrize("tc", [False, True])
+def test_half_factors_of_a_contraction_are_stored_where_tensor_cores_run_it(monkeypatch, tc):
+  """store_half_factor: on devices with tensor cores (ctx.tensor_cores; forced here on the CPU, which runs the same
+  schedule), autocast's casts and a bfloat16 layernorm's output that a matmul reads are kernels of their own (the
+  tensor cores copy stored 2-byte operands, and compute fused ones an element at a time); elsewhere they stay fused.
+  The values are the same either way."""
+  from rulec.engine.ir.dtypes import dtypes
+  from rulec.engine.sched import driver
+  monkeypatch.setattr(driver, "tensor_cores", lambda d: tc)
+  monkeypatch.setattr(schedule_cache, "tensor_cores", lambda d: tc)
+  schedule_cache.clear()
+  rng = np.random.default_rng(33)
+  x, w, g = (rng.standard_normal(s).astype(np.float32) for s in ((2, 40, 64), (64, 96), (64,)))
+  def programs(device):
+    tx, tw = Tensor(x, device=device), Tensor(w, device=device)
+    autocast = tx.cast(dtypes.bfloat16) @ tw.cast(dtypes.bfloat16)
+    xb, wb = tx.cast(dtypes.bfloat16).contiguous().realize(), tw.cast(dtypes.bfloat16).contiguous().realize()
+    normed = (xb.layernorm() * Tensor(g, device=device).cast(dtypes.bfloat16)) @ wb
+    return autocast, normed
+  from rulec.codegen import gemm_plan
+  a, n = programs("CPU")
+  ka, kn = a.schedule(), n.schedule()
+  # autocast: two casts and the matmul, which then copies both factors (not 1 kernel computing the casts); the
+  # layernorm: its half output (its row reduces inside) and the matmul (not mean, variance, and a matmul that
+  # normalises its factor)
+  assert (len(ka), len(kn)) == ((3, 2) if tc else (1, 3)), (ka, kn)
+  for k in (ka[-1], kn[-1]):
+    p = gemm_plan.plan(k)
+    assert (isinstance(p.a, gemm_plan.Operand) and isinstance(p.b, gemm_plan.Operand)) == tc, (p.a, p.b)
+  for got, want in zip(programs("CPU"), programs("NUMPY")):
+    np.testing.assert_array_equal(got.float().numpy(), want.float().numpy())
+  schedule_cache.clear()
