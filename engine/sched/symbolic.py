@@ -304,12 +304,12 @@ def _simplified_given(t: UOp, bounds: list) -> UOp:
   values = _values_of(t)
   divs = [n for n in values if n.op in (Ops.MOD, Ops.IDIV)]
   if not divs: return t
-  inside, under_divs = set(values), {r for n in divs for r in n.toposort() if r.op is Ops.RANGE}
+  inside, under_divs = set(values), frozenset().union(*(_range_set(n) for n in divs))
   stand: dict[UOp, UOp] = {}
   for x, (lo, hi) in merged.items():
     if lo > hi or x not in inside: continue
     if x.op is Ops.RANGE and x not in under_divs: continue
-    if x.op is not Ops.RANGE and not any(n.op in (Ops.MOD, Ops.IDIV) for n in x.toposort()): continue
+    if x.op is not Ops.RANGE and not _holds_divmod(x): continue
     stand[x] = UOp.variable(f"given_{len(stand)}_{id(x)}", lo, hi, x.dtype)
   if not stand: return t
   ints = [t] if t.dtype.is_int else \
@@ -365,13 +365,23 @@ def _eval_grid(u: UOp, env: dict[UOp, np.ndarray], memo: dict[UOp, np.ndarray]) 
   return memo[u]
 
 
-def _ranges_of(u: UOp) -> list[UOp]: return [n for n in u.toposort() if n.op is Ops.RANGE]
+def _ranges_of(u: UOp) -> list[UOp]:
+  """u's RANGEs in u.toposort()'s order (kept per node: a conv's guarded indices ask for the same ones often)."""
+  hit = _RANGE_LISTS.get(u)
+  if hit is None: hit = _RANGE_LISTS[u] = tuple(n for n in u.toposort() if n.op is Ops.RANGE)
+  return list(hit)
+
+
+def _holds_divmod(u: UOp) -> bool:
+  """Whether u holds a // or % (kept per node)."""
+  return _kept(u, _DIVMOD, lambda n: n.op in (Ops.IDIV, Ops.MOD) or any(_DIVMOD[x] for x in n.src))
 
 
 _FITS: dict[tuple, tuple | None] = {}
 _NESTED: dict[tuple, UOp | None] = {}   # (a term, its guards, partial) -> nested's answer
 _DIVMOD: "weakref.WeakKeyDictionary[UOp, bool]" = weakref.WeakKeyDictionary()       # holds a // or %
 _RANGE_SETS: "weakref.WeakKeyDictionary[UOp, frozenset]" = weakref.WeakKeyDictionary()  # its ranges
+_RANGE_LISTS: "weakref.WeakKeyDictionary[UOp, tuple]" = weakref.WeakKeyDictionary()   # its ranges, in toposort order
 _ARITHMETIC: "weakref.WeakKeyDictionary[UOp, bool]" = weakref.WeakKeyDictionary()   # reads no memory
 _EXACT_GUARD: "weakref.WeakKeyDictionary[UOp, tuple]" = weakref.WeakKeyDictionary()  # cond -> (_grouped, too_big)
 _BOUNDS: dict[tuple, UOp | None] = {}   # conjuncts -> bounds_form's answer (exact: true whatever the guards)
@@ -444,7 +454,7 @@ class _Fitter:
     return _FITTABLE[u]
 
   def has_divmod(self, u: UOp) -> bool:
-    return _kept(u, self.divmod, lambda n: n.op in (Ops.IDIV, Ops.MOD) or any(self.divmod[x] for x in n.src))
+    return _holds_divmod(u)
 
   def usable(self, guards: tuple) -> list[UOp]:
     """The conjuncts of the guards that are arithmetic on ranges (one that reads memory is left out: the points
