@@ -323,7 +323,7 @@ class TensorCoreProgram:
         warnings.simplefilter("ignore", cl.CompilerWarning)
         self.program = cl.Program(dev.ctx, [dev.dev], [ptx.ptx.encode()]).build()
       self.kernel = cl.Kernel(self.program, ptx.name)
-    except cl.Error as e:
+    except (cl.Error, RuntimeError, ValueError) as e:
       raise CLBuildError(f"NVIDIA's OpenCL could not build a tensor-core kernel's PTX for {dev!r}: {e}\n"
                          f"--- PTX ---\n{_numbered(ptx.ptx)}") from None
     L = ptx.launch
@@ -338,12 +338,23 @@ class TensorCoreProgram:
     TIMES["build_s"] += self.build_s
 
 
+_tc_refused: set = set()   # devices whose driver refused a tensor-core kernel (warned once; OpenCL C from then on)
+
+
 def _tensor_core_program(kernel: Kernel, dev: CLDevice):
-  """The kernel's TensorCoreProgram where it is a matmul the tensor cores run on this device, else None."""
-  if dev.nv_arch is None: return None
+  """The kernel's TensorCoreProgram where it is a matmul the tensor cores run on this device, else None. A driver
+  that refuses the PTX (another GPU, another driver) costs one warning, and the device's matmuls are OpenCL C from
+  then on (correct, slower)."""
+  if dev.nv_arch is None or dev.index in _tc_refused: return None
   from rulec.codegen import nvptx
   ptx = nvptx.compile_for_opencl(kernel, dev.nv_arch, dev.dev.local_mem_size)
-  return TensorCoreProgram(dev, ptx) if ptx is not None else None
+  if ptx is None: return None
+  try: return TensorCoreProgram(dev, ptx)
+  except CLBuildError as e:
+    _tc_refused.add(dev.index)
+    warnings.warn(f"{str(e).splitlines()[0]}; CL:{dev.index} renders its float16/bfloat16 matmuls as OpenCL C instead "
+                  f"(RULEC_CL_TC=0 says so without trying)", RuntimeWarning, stacklevel=2)
+    return None
 
 
 _unsaved: list = []   # (device, program, key) built from source whose binaries are not on disk yet

@@ -140,7 +140,10 @@ def tensor_cores(device) -> bool:
   device on NVIDIA's OpenCL and the CUDA device, on GPUs of sm_80 or later. Their kernel copies a stored 2-byte
   operand into shared memory 16 bytes at a time, but computes a fused one (a cast, a layernorm's output) an element
   at a time (rules/fusion.rules store_half_factor)."""
-  if (dev := _cl(device)) is not None: return dev.nv_arch is not None and os.environ.get("RULEC_CL_TC", "1").strip() != "0"
+  if (dev := _cl(device)) is not None:
+    from rulec.runtime import cl_device
+    return (dev.nv_arch is not None and dev.index not in cl_device._tc_refused
+            and os.environ.get("RULEC_CL_TC", "1").strip() != "0")
   try: kind, index = parse_device(device) if isinstance(device, str) else (None, 0)
   except ValueError: return False
   if kind != "CUDA": return False

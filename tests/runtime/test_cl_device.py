@@ -828,3 +828,23 @@ def test_a_big_tensor_core_matmul_in_a_jitted_loop():
   for _ in range(20): got = step(ta, tb).numpy()
   assert cl_device.COUNTERS["tensor_cores"] == before + 1   # built once, replayed
   np.testing.assert_allclose(got, want, rtol=2e-2, atol=1.0)
+
+
+def test_a_driver_that_refuses_the_tensor_core_ptx_costs_one_warning(monkeypatch):
+  # told it is an sm_90 GPU, PoCL is handed the tensor-core kernel's PTX as a program binary and refuses it: one
+  # warning, then OpenCL C for this and every later half matmul, with the same values as the NUMPY device
+  import warnings
+  monkeypatch.setattr(DEV, "nv_arch", "sm_90")
+  monkeypatch.setattr(cl_device, "_tc_refused", set())
+  rng = np.random.default_rng(21)
+  a, b = rng.standard_normal((40, 24)).astype(np.float32), rng.standard_normal((24, 56)).astype(np.float32)
+  before = cl_device.COUNTERS["tensor_cores"]
+  with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    for n in (56, 48):   # (two kernels: the second is not tried)
+      got = (Tensor(a, device="CL").cast(dtypes.bfloat16) @ Tensor(b[:, :n], device="CL").cast(dtypes.bfloat16)).float().numpy()
+      want = (Tensor(a, device="NUMPY").cast(dtypes.bfloat16) @ Tensor(b[:, :n], device="NUMPY").cast(dtypes.bfloat16)).float().numpy()
+      np.testing.assert_array_equal(got, want)
+  said = [w for w in caught if "tensor-core kernel" in str(w.message)]
+  assert len(said) == 1 and "OpenCL C instead" in str(said[0].message), [str(w.message) for w in caught]
+  assert cl_device.COUNTERS["tensor_cores"] == before and DEV.index in cl_device._tc_refused
