@@ -21,6 +21,9 @@ _ucache: dict[tuple, weakref.ref] = {}
 _buffer_uids = itertools.count()   # one counter for every BUFFER, so two buffers never hash-cons into one
 
 
+_NEW, _SET, _REF = object.__new__, object.__setattr__, weakref.ref
+
+
 def _arg_kind(arg: Any) -> Any:
   """What keeps equal-hashing args apart in the cache key: CONST 0, 0.0 and False, and 0.0 and -0.0."""
   t = type(arg)
@@ -43,17 +46,20 @@ class UOp:
   tag: Any
 
   def __new__(cls, op: Ops, dtype: DType = dtypes.void, src: tuple[UOp, ...] = (), arg: Any = None, tag: Any = None):
-    key = (op, dtype, src, arg, _arg_kind(arg), tag)
+    # (_arg_kind inlined, and the slots set through _SET: this runs for every node every rewrite builds)
+    kind = type(arg)
+    if kind is float and arg == 0.0 and math.copysign(1.0, arg) < 0: kind = "-0.0"
+    key = (op, dtype, src, arg, kind, tag)
     wr = _ucache.get(key)
     if wr is not None and (ret := wr()) is not None: return ret
-    self = object.__new__(cls)
-    object.__setattr__(self, "op", op)
-    object.__setattr__(self, "dtype", dtype)
-    object.__setattr__(self, "src", src)
-    object.__setattr__(self, "arg", arg)
-    object.__setattr__(self, "tag", tag)
-    object.__setattr__(self, "_memo", None)
-    _ucache[key] = weakref.ref(self)
+    self = _NEW(cls)
+    _SET(self, "op", op)
+    _SET(self, "dtype", dtype)
+    _SET(self, "src", src)
+    _SET(self, "arg", arg)
+    _SET(self, "tag", tag)
+    _SET(self, "_memo", None)
+    _ucache[key] = _REF(self)
     return self
 
   def __setattr__(self, name, value): raise AttributeError(f"UOp is immutable: cannot set {name!r}")
