@@ -8,7 +8,8 @@ The rows (shapes in SHAPES below; `--size` picks a column: small on CPU, full on
 long check that everything runs):
   matmul                   a @ b, square
   attention [causal]       (q @ k^T * scale).softmax(-1) @ v, the causal rows masking with a lower triangle built
-                           in the graph; forward, and forward+backward (the gradients of q, k, v)
+                           in the graph, the softmax in float32 and its probabilities cast back to v's dtype (as
+                           torch's softmax of a half tensor returns them); forward, and forward+backward
   GPT-2 MLP                ((layernorm(x) * g + b) @ w1 + b1).gelu() @ w2 + b2 + x (hidden 4C); forward and fwd+bwd
   GPT-2 block              layernorm, qkv projection, causal attention, output projection, residual, the MLP above;
                            forward and forward+backward (the gradients of x and of every weight)
