@@ -15,7 +15,9 @@ NotImplementedError naming the op, before LLVM sees them (an LLVM that cannot se
 
 Why not NVIDIA's OpenCL: the same mma.sync kernel ran 1.5x faster as LLVM IR through this path than as OpenCL C
 with inline PTX on an H100 (355 against 227 TFLOP/s, bench/results/h100-tensor-cores-2026-12-06-session28.txt), and
-this path reaches sm_90a (wgmma, TMA) and more than OpenCL's 48 KB of shared memory.
+this path reaches sm_90a (wgmma, TMA) and more than OpenCL's 48 KB of shared memory. The CL device takes the same
+tensor-core kernel too, as PTX for the triple nvptx64-nvidia-nvcl that NVIDIA's OpenCL builds as a program binary
+(compile_for_opencl, with tiles that fit OpenCL's local memory), beside its own kernels for everything else.
 """
 from __future__ import annotations
 

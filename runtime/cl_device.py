@@ -14,6 +14,12 @@ A kernel's variables (DEFINE_VAR) are `long` arguments after its buffers, set
 at each launch from `var_vals` (np.int64): the source names them by position,
 so one program serves every value (and every name).
 
+On an NVIDIA GPU of sm_80 or later, a float16 / bfloat16 matmul (a kernel with a
+codegen/gemm_plan.py plan and no variables) is the CUDA device's tensor-core
+kernel instead, as PTX that NVIDIA's OpenCL builds as a program binary
+(TensorCoreProgram, codegen/nvptx.compile_for_opencl); RULEC_CL_TC=0 turns that
+off. COUNTERS["tensor_cores"] counts those programs.
+
 Programs built from source have their binaries written to the disk cache
 (engine/diskcache.py), keyed by the source, the device, platform and
 driver, the build options and pyopencl's version; a later process creates the
