@@ -100,15 +100,18 @@ def divmod_parts(x: UOp, c: int, div: bool) -> UOp | None:
     xlo, xhi = xlo + min(coef * vmin, coef * vmax), xhi + max(coef * vmin, coef * vmax)
     parts.append((q, r, v))
   if xlo < x.dtype.min() or xhi > x.dtype.max(): return None
-  rest = _sum_of([(r, v) for q, r, v in parts if r], UOp.const(x.dtype, rk))
-  quot = _sum_of([(q, v) for q, r, v in parts if q], UOp.const(x.dtype, qk))
-  if 0 <= lo and hi < c: return quot if div else rest
+  # (each part built only when it is the answer: most calls, a conv's indices, are refused below)
+  def rest() -> UOp: return _sum_of([(r, v) for q, r, v in parts if r], UOp.const(x.dtype, rk))
+  def quot() -> UOp: return _sum_of([(q, v) for q, r, v in parts if q], UOp.const(x.dtype, qk))
+  if 0 <= lo and hi < c: return quot() if div else rest()
   if (split := _factor_parts(terms, k, c, div, x.dtype)) is not None: return split
   # R not provably in [0, c): (c*Q + R) // c is still Q + R // c and (c*Q + R) % c is R % c (floor division,
   # exact sums). Taken only for sums of nonnegative terms with a multiple of c to drop (index arithmetic: the
   # window offsets of a convolution's gradient), where R is then smaller than x and nonnegative
   if k < 0 or any(coef < 0 or v.vmin < 0 for coef, v in terms) or not (qk or any(q for q, _, _ in parts)): return None
-  return quot + rest // c if div else rest % c
+  if not div: return rest() % c
+  r = rest()   # (the remainder's sum first, as before: the same nodes in the same order)
+  return quot() + r // c
 
 
 def _factor_parts(terms: list, k: int, c: int, div: bool, dtype) -> UOp | None:
