@@ -83,6 +83,16 @@ def _bound(dt: DType, hi: bool) -> _Bound:
   return _FloatBound(float("inf") if hi else float("-inf"))
 
 
+_LIMITS: dict = {}
+
+
+def int_limits(dt: DType) -> tuple[int, int]:
+  """An integer dtype's (min, max) as plain ints, kept per dtype (dt.min builds a callable number each time; the
+  symbolic rules' bounds checks ask for them tens of thousands of times a pass)."""
+  if (got := _LIMITS.get(dt)) is None: got = _LIMITS[dt] = (dt.min(), dt.max())
+  return got
+
+
 class dtypes:
   """The dtype namespace: `dtypes.float32`, `dtypes.by_name("int8")`, ..."""
   void = DType("void", 0, "v", 0, None)

@@ -14,7 +14,7 @@ from typing import Any, Callable, Iterable
 import numpy as np
 
 from rulec.engine.ir.alu import exec_alu, round_float, wrap
-from rulec.engine.ir.dtypes import DType, dtypes
+from rulec.engine.ir.dtypes import DType, dtypes, int_limits
 from rulec.engine.ir.ops import ALU, BINARY, MOVEMENT, Ops
 
 _ucache: dict[tuple, weakref.ref] = {}
@@ -307,10 +307,15 @@ class UOp:
 
   # *** value bounds of index arithmetic (the symbolic rules use these) ***
 
+  # (the kept bounds read straight from the memo: the symbolic rules ask for them tens of thousands of times a pass)
   @property
-  def vmin(self): return self._bounds()[0]
+  def vmin(self):
+    m = self._memo
+    return m["bounds"][0] if m is not None and "bounds" in m else self._bounds()[0]
   @property
-  def vmax(self): return self._bounds()[1]
+  def vmax(self):
+    m = self._memo
+    return m["bounds"][1] if m is not None and "bounds" in m else self._bounds()[1]
 
   def _bounds(self): return self._derive("bounds", _infer_bounds)
 
@@ -632,8 +637,9 @@ def _infer_bounds(u: UOp):
   whole range: the op may have wrapped, and its value can be anything the dtype holds."""
   lo, hi = _op_bounds(u)
   d = u.dtype
-  if d.kind in "iux" and isinstance(lo, int) and isinstance(hi, int) and (lo < d.min() or hi > d.max()):
-    return (d.min(), d.max())
+  if d.kind in "iux" and isinstance(lo, int) and isinstance(hi, int):
+    limits = int_limits(d)
+    if lo < limits[0] or hi > limits[1]: return limits
   return (lo, hi)
 
 

@@ -10,7 +10,7 @@ import numpy as np
 from rulec.engine.lang.capability import rule_helper
 
 from rulec.engine.ir.alu import DEVICE_DEFINED, exec_alu, wrap
-from rulec.engine.ir.dtypes import DType, dtypes
+from rulec.engine.ir.dtypes import DType, dtypes, int_limits
 from rulec.engine.ir.facts import linear_bounds, terms_of
 from rulec.engine.ir.ops import ALU, Ops
 from rulec.engine.ir.rewrite import graph_rewrite, substitute
@@ -54,7 +54,7 @@ def exact_bounds(u: UOp) -> tuple[int, int] | None:
   else:
     lo, hi = u.vmin, u.vmax
     if not (isinstance(lo, int) and isinstance(hi, int)): return None
-  return (lo, hi) if u.dtype.min() <= lo and hi <= u.dtype.max() else None
+  return (lo, hi) if int_limits(u.dtype)[0] <= lo and hi <= int_limits(u.dtype)[1] else None
 
 
 @rule_helper
@@ -73,7 +73,7 @@ def no_wrap(*xs: UOp) -> bool:
   for x in xs:
     if not x.dtype.is_int: return False
     b = linear_bounds(x)
-    if b is None or b[0] < x.dtype.min() or b[1] > x.dtype.max(): return False
+    if b is None or b[0] < int_limits(x.dtype)[0] or b[1] > int_limits(x.dtype)[1]: return False
   return True
 
 
@@ -99,7 +99,7 @@ def divmod_parts(x: UOp, c: int, div: bool) -> UOp | None:
     if r: lo, hi = lo + min(r * vmin, r * vmax), hi + max(r * vmin, r * vmax)
     xlo, xhi = xlo + min(coef * vmin, coef * vmax), xhi + max(coef * vmin, coef * vmax)
     parts.append((q, r, v))
-  if xlo < x.dtype.min() or xhi > x.dtype.max(): return None
+  if xlo < int_limits(x.dtype)[0] or xhi > int_limits(x.dtype)[1]: return None
   # (each part built only when it is the answer: most calls, a conv's indices, are refused below)
   def rest() -> UOp: return _sum_of([(r, v) for q, r, v in parts if r], UOp.const(x.dtype, rk))
   def quot() -> UOp: return _sum_of([(q, v) for q, r, v in parts if q], UOp.const(x.dtype, qk))
