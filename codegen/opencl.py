@@ -95,9 +95,10 @@ LANES = 8   # accumulators per float reduce
 class Target:
   """What the device can compile and how to shape kernels for it.
 
-  fp64: cl_khr_fp64. group: the most work-items of one work-group that may
-  cooperate on a reduction through local memory (0: never; CPU devices, where
-  a work-item reducing a contiguous chunk is faster)."""
+  fp64: cl_khr_fp64. half: cl_khr_fp16 (float16 as `half`). group: the most
+  work-items of one work-group that may cooperate on a reduction through local
+  memory (0: never; CPU devices, where a work-item reducing a contiguous chunk
+  is faster)."""
   fp64: bool = True
   group: int = 0
   vector: int = 0  # elements per work-item (vload / vstore) in contiguous 4-byte elementwise kernels; 0: off
@@ -111,6 +112,7 @@ class Target:
   row_vectors: bool = False  # ... and those rows read as a float4 per four steps (_row_read; off: no gain on the H100)
   fixed_group: bool = False  # kernels with work-groups declare their size (reqd_work_group_size), so the compiler knows
                              # how many registers a work-item may take
+  half: bool = False   # cl_khr_fp16: float16 is OpenCL's `half` in buffers and registers, computed natively (_half_alu)
 
 
 GROUP_ACCS = 4                 # accumulators per work-item in a long group reduction (loads in flight)
@@ -147,6 +149,7 @@ def ctype(d: DType, target: Target | None = None) -> str:
   if d.kind == "b": return "bool"
   if d.kind in "ix": return _INTS[d.itemsize]
   if d.kind == "u": return "u" + _INTS[d.itemsize]
+  if d is dtypes.float16 and target is not None and target.half: return "half"   # native (cl_khr_fp16)
   if d.is_half or d is dtypes.float32: return "float"   # a half: float, rounded back after every op
   if d is dtypes.float64:
     if target is not None and not target.fp64:
@@ -158,6 +161,7 @@ def ctype(d: DType, target: Target | None = None) -> str:
 def memtype(d: DType, target: Target | None = None) -> str:
   """The C type of d's elements in a buffer."""
   if d.kind == "b": return "uchar"
+  if d is dtypes.float16 and target is not None and target.half: return "half"
   if d.is_half: return "ushort"   # its bits: see _HALF
   return ctype(d, target)
 
@@ -256,8 +260,18 @@ _HELPERS = {
   # a bfloat16 value to float16 (held in a float): ml_dtypes rounds through float to nearest even, and makes every NaN
   # the canonical half NaN 0x7e00 with its sign (rulec_rh would keep a payload for rulec_f2h to store)
   "bh": "float rulec_bh(float x) { return isnan(x) ? as_float((as_uint(x) & 0x80000000u) | 0x7fc00000u) : rulec_rh(x); }",
+  # native float16 (Target.half): casts to `half` round to nearest even; a NaN is made by hand with the bits numpy's
+  # astype gives (sign, top payload bits; a device's own conversion may return its one canonical NaN instead)
+  "f2hn": "half rulec_f2hn(float x) {\n"
+          "  uint b = as_uint(x);\n"
+          "  if (isnan(x)) return as_half((ushort)(((b >> 16) & 0x8000) | 0x7c00 | (((b >> 13) & 0x3ff) ? (b >> 13) & 0x3ff : 1)));\n"
+          "  return convert_half_rte(x);\n}",
+  # (a double in one rounding, through rulec_d2h: core vstore_half_rte, no conversion from double asked of the extension)
+  "d2hn": "half rulec_d2hn(double x) { return as_half(rulec_d2h(x)); }",
+  "bhn": "half rulec_bhn(float x) { return isnan(x) ? as_half((ushort)(((as_uint(x) >> 16) & 0x8000) | 0x7e00)) : convert_half_rte(x); }",
 }
-_HELPER_DEPS = {"rhd": ("h2f", "d2h"), "rb": ("b2f", "f2b"), "d2b": ("f2b",), "rbd": ("b2f", "d2b"), "bh": ("rh",)}
+_HELPER_DEPS = {"rhd": ("h2f", "d2h"), "rb": ("b2f", "f2b"), "d2b": ("f2b",), "rbd": ("b2f", "d2b"), "bh": ("rh",),
+                "d2hn": ("d2h",)}
 
 # each 2-byte float's helpers (_HELPERS keys): its bits to float, a value (exact) to its bits, a float rounded to it
 # (back as a float), a double rounded to it once (as a float)
@@ -306,6 +320,7 @@ class CLRenderer(ScopedEmitter):
     self.ptrs: dict[UOp, str] = {}
     self.count = 0
     self.uses_fp64 = False
+    self.uses_half = False   # native float16 (Target.half) appears: the source enables cl_khr_fp16
     self.group = 0   # work-items per output in a group-reduction kernel (0: one work-item per output)
     self.grid, self.grid_slots = 0, 0   # GRID: work-groups sharing the reductions, and how many reductions
     self.vec_loads: dict[UOp, str] | None = None   # a vector kernel's vector loads, by buffer (None: not one)
@@ -343,7 +358,26 @@ class CLRenderer(ScopedEmitter):
   def ct(self, d: DType) -> str:
     if d is dtypes.float64: self.uses_fp64 = True
     if d is dtypes.index and self.narrow: return "int"
+    if self.native(d): self.uses_half = True
     return ctype(d, self.target)
+
+  def native(self, d: DType) -> bool:
+    """Whether d is computed as OpenCL's `half`: float16 on a cl_khr_fp16 target (bfloat16 never: no OpenCL bfloat16
+    ALU is assumed)."""
+    return d is dtypes.float16 and self.target.half
+
+  def float_acc(self, op: Ops, d: DType) -> bool:
+    """Whether a reduce's accumulator is a float where its values are native halves: sums and products accumulate in
+    float and round once, as they do when halves are computed in float (and as numpy's and the CPU device's do)."""
+    return self.native(d) and op in (Ops.ADD, Ops.MUL)
+
+  def acc_type(self, op: Ops, d: DType) -> str:
+    """The C type of a reduce's accumulator (float_acc)."""
+    return "float" if self.float_acc(op, d) else self.ct(d)
+
+  def acc_ident(self, op: Ops, d: DType) -> str:
+    """The accumulator's start: op's identity, a float constant for a float accumulator."""
+    return self.const(identity_element(op, d), dtypes.float32 if self.float_acc(op, d) else d)
 
   def helper(self, key: str, text: str | None = None) -> str:
     if key not in self.helpers:
@@ -356,8 +390,14 @@ class CLRenderer(ScopedEmitter):
     return self.helper(_HALF[d][what])
 
   def rh(self, expr: str, d: DType) -> str:
-    """expr (a float) rounded to d: to float16 or bfloat16 precision for those, unchanged otherwise."""
-    return f"{self.half(d, 'round')}({expr})" if d.is_half else expr
+    """expr (a float) rounded to d: to float16 or bfloat16 precision for those held in floats, unchanged otherwise
+    (a native half's ops round themselves)."""
+    return f"{self.half(d, 'round')}({expr})" if d.is_half and not self.native(d) else expr
+
+  def helper_half(self, key: str) -> str:
+    """A native-half helper (_HELPERS' f2hn, d2hn, bhn): its `half` needs cl_khr_fp16 enabled."""
+    self.uses_half = True
+    return self.helper(key)
 
   # *** loops ***
   def open_loop(self, r: UOp, start: str = "0", step: int = 1, end: str | None = None):
@@ -497,10 +537,12 @@ class CLRenderer(ScopedEmitter):
     args = []
     for i, b in enumerate(self.k.bufs):
       if b.dtype is dtypes.float64: self.uses_fp64 = True
+      if self.native(b.dtype): self.uses_half = True
       args.append(f"__global {'' if i in outs else 'const '}{memtype(b.dtype, self.target)}* {'restrict ' if distinct else ''}p{i}")
     head = ["// generated by rulec (codegen/opencl.py)", "#pragma OPENCL FP_CONTRACT OFF"]
     if self.uses_fp64 or any("double" in h for h in self.helpers.values()):
       head.append("#pragma OPENCL EXTENSION cl_khr_fp64 : enable")
+    if self.uses_half: head.append("#pragma OPENCL EXTENSION cl_khr_fp16 : enable")
     body = list(self.helpers.values())
     args += [f"long {self.var_names[v]}" for v in self.vars]
     if self.grid: args += ["__global ulong* grid_part", "volatile __global int* restrict grid_count"]
@@ -511,7 +553,7 @@ class CLRenderer(ScopedEmitter):
   def _store(self, p: UOp, idx: str, v: str, d: DType):
     ptr = self.ptrs[p]
     if d.kind == "b": self.line(f"{ptr}[{idx}] = (uchar){v};")
-    elif d.is_half: self.line(f"{ptr}[{idx}] = {self.half(d, 'store')}({v});")
+    elif d.is_half and not self.native(d): self.line(f"{ptr}[{idx}] = {self.half(d, 'store')}({v});")
     else: self.line(f"{ptr}[{idx}] = {v};")
 
   # *** one node ***
@@ -539,7 +581,7 @@ class CLRenderer(ScopedEmitter):
       p, idx = u.src
       i = self.value(idx)
       if d.kind == "b": return self.let(d, f"(bool)({self.ptrs[p]}[{i}] & 1)")
-      if d.is_half: return self.let(d, f"{self.half(d, 'load')}({self.ptrs[p]}[{i}])")
+      if d.is_half and not self.native(d): return self.let(d, f"{self.half(d, 'load')}({self.ptrs[p]}[{i}])")
       return self.let(d, f"{self.ptrs[p]}[{i}]")
     if op is Ops.REDUCE: return self.reduce(u)
     s = [self.lookup(x) for x in u.src]
@@ -553,6 +595,8 @@ class CLRenderer(ScopedEmitter):
     if d is dtypes.index and self.narrow: return str(int(v))
     if d.kind == "f":
       if d is dtypes.float64: self.ct(d)
+      # (a native half: the float literal of the value rounded to float16, exact as a half)
+      if self.native(d): return f"(({self.ct(d)}){_flit(float(v), d)})"
       return _flit(float(v), d)
     return _ilit(v, d)
 
@@ -576,6 +620,7 @@ class CLRenderer(ScopedEmitter):
     raise NotImplementedError(f"the OpenCL backend cannot render {op} on bool")
 
   def _float_alu(self, op: Ops, sd: DType, s: list[str]) -> str:
+    if self.native(sd): return self._half_alu(op, s)
     c, rh = self.ct(sd), (lambda e: self.rh(e, sd))
     if op is Ops.ADD: return rh(f"{s[0]} + {s[1]}")
     if op is Ops.SUB: return rh(f"{s[0]} - {s[1]}")
@@ -602,6 +647,36 @@ class CLRenderer(ScopedEmitter):
         return f"{self.half(sd, 'double')}({dcall})" if sd.is_half else f"(float){dcall}"
       return rh(call)
     raise NotImplementedError(f"the OpenCL backend cannot render {op} on {sd} (no decomposition rule for it)")
+
+  def _half_alu(self, op: Ops, s: list[str]) -> str:
+    """A float16 op in native `half` (Target.half). + - * (and MULACC's two steps, FP_CONTRACT OFF) are correctly
+    rounded in half by IEEE 754; negation, comparisons, max, where, trunc, fmod and floor are exact. Division,
+    reciprocal and sqrt are computed in float and rounded once (convert_half_rte): OpenCL allows half ones an ulp
+    of error and NVIDIA has no half divide, while float's answer rounded to half is the correctly rounded one (24
+    bits > 2 * 11 + 2, so the double rounding is innocuous); the transcendentals in double (or float), rounded once,
+    as for halves held in floats."""
+    h = "half"
+    f = lambda x: f"(float){x}"   # noqa: E731  (exact)
+    if op is Ops.ADD: return f"{s[0]} + {s[1]}"
+    if op is Ops.SUB: return f"{s[0]} - {s[1]}"
+    if op is Ops.MUL: return f"{s[0]} * {s[1]}"
+    if op is Ops.MULACC: return f"{s[0]} * {s[1]} + {s[2]}"   # (two roundings: no contraction)
+    if op is Ops.NEG: return f"-{s[0]}"
+    if op is Ops.FDIV: return f"convert_half_rte({f(s[0])} / {f(s[1])})"
+    if op is Ops.RECIPROCAL: return f"convert_half_rte(1.0f / {f(s[0])})"
+    if op is Ops.SQRT: return f"convert_half_rte(sqrt({f(s[0])}))"
+    if op is Ops.TRUNC: return f"trunc({s[0]}) + ({h})0"   # + 0: engine/ir/alu.py's trunc never gives -0.0
+    if op is Ops.CMOD: return f"fmod({s[0]}, {s[1]})"
+    if op is Ops.IDIV:   # (as _float_alu: the quotient rounded to half, then its floor; x // 0 by x's sign)
+      q = self.let(dtypes.float16, f"convert_half_rte({f(s[0])} / {f(s[1])})")
+      return f"{s[1]} == 0 ? ({s[0]} != 0 ? copysign(({h})INFINITY, {s[0]}) : ({h})NAN) : floor({q}) + ({h})0"
+    fns = {Ops.EXP2: "exp2", Ops.LOG2: "log2", Ops.SIN: "sin", Ops.POW: "pow"}
+    if op in fns:
+      if self.target.fp64:
+        self.uses_fp64 = True
+        return f"{self.helper_half('d2hn')}({fns[op]}({', '.join(f'(double){x}' for x in s)}))"
+      return f"convert_half_rte({fns[op]}({', '.join(map(f, s))}))"
+    raise NotImplementedError(f"the OpenCL backend cannot render {op} on float16 (no decomposition rule for it)")
 
   def _int_alu(self, op: Ops, sd: DType, s: list[str]) -> str:
     t, u = self.ct(sd), _wide(sd)
@@ -630,6 +705,11 @@ class CLRenderer(ScopedEmitter):
     if d.kind == "b": return f"{v} != 0"   # NaN is true (!= is unordered)
     if sd.kind == "b": return f"({c}){v}"
     if sd.kind == "f" and d.kind == "f":
+      if self.native(d):   # to half: rounded once (a NaN keeps numpy's bits)
+        if sd is dtypes.float64: return f"{self.helper_half('d2hn')}({v})"
+        return f"{self.helper_half('bhn' if sd is dtypes.bfloat16 else 'f2hn')}({v})"
+      if self.native(sd):   # from half: exact (a NaN may come out as the device's own)
+        return self.rh(f"(float){v}", d) if d is dtypes.bfloat16 else f"({c}){v}"
       if d.is_half:
         if sd is dtypes.float64: return f"{self.half(d, 'double')}({v})"
         if sd is dtypes.bfloat16 and d is dtypes.float16: return f"{self.helper('bh')}({v})"
@@ -637,6 +717,7 @@ class CLRenderer(ScopedEmitter):
       if sd is dtypes.float16 and d is dtypes.float64: return f"{self.helper('h2d')}({v})"
       return f"({c}){v}"   # (bfloat16 to double through its float, exact: a NaN is quieted as ml_dtypes' cast does)
     if d.kind == "f":   # from an integer; for float16 via float, exact below 2**24 (and inf above 65519 either way)
+      if self.native(d): return f"convert_half_rte((float){v})"
       if d is dtypes.bfloat16 and self.target.fp64:
         # through double, as the NUMPY device converts (one rounding below 2**53), then rounded once. A device
         # without cl_khr_fp64 goes through float below: two roundings, which can differ past 2**24
@@ -645,30 +726,38 @@ class CLRenderer(ScopedEmitter):
       return self.rh(f"(float){v}", d) if d.is_half else f"({c}){v}"
     if sd.kind == "f":
       src = "double" if sd is dtypes.float64 else "float"
-      return f"({c}){self.helper(f'f2i_{src}', _f2i_helper(src))}({v})"
+      return f"({c}){self.helper(f'f2i_{src}', _f2i_helper(src))}({f'(float){v}' if self.native(sd) else v})"
     return f"({c}){v}"   # int -> int: C converts by value: truncate, or sign/zero-extend by the source's signedness
 
   def bitcast(self, v: str, sd: DType, d: DType) -> str:
     if sd.itemsize != d.itemsize or "b" in (sd.kind, d.kind):
       raise NotImplementedError(f"the OpenCL backend cannot bitcast {sd} to {d}")
-    if sd.is_half: v = self.half(sd, "store") + f"({v})"
-    if d.is_half: return f"{self.half(d, 'load')}(as_ushort({v}))"
+    if sd.is_half and not self.native(sd): v = self.half(sd, "store") + f"({v})"
+    if d.is_half and not self.native(d): return f"{self.half(d, 'load')}(as_ushort({v}))"
     return f"as_{self.ct(d)}({v})"
 
   def _combine(self, op: Ops, d: DType, acc: str, v: str) -> str:
-    # (half sums and products accumulate in float, unrounded, as numpy's and the CPU device's do)
+    # (half sums and products accumulate in float, unrounded, as numpy's and the CPU device's do: a native half value
+    # widens to the float accumulator, exactly)
     if d.kind == "f" and op is Ops.ADD: return f"{acc} + {v}"
     if d.kind == "f" and op is Ops.MUL: return f"{acc} * {v}"
     return self.alu(op, d, d, [acc, v])
 
   def _reduced(self, op: Ops, d: DType, acc: str) -> str:
     """The accumulator's final value: half sums and products round to the half's precision once, here."""
+    if self.float_acc(op, d): return self.let(d, f"convert_half_rte({acc})")
     return self.let(d, self.rh(acc, d)) if d.is_half and op in (Ops.ADD, Ops.MUL) else acc
+
+  def _acc_result(self, op: Ops, d: DType, expr: str) -> str:
+    """A reduction's result read from local memory (`expr`), into a variable of the accumulator's type, then _reduced."""
+    name = self.tmp()
+    self.line(f"{self.acc_type(op, d)} {name} = {expr};")
+    return self._reduced(op, d, name)
 
   def reduce(self, u: UOp) -> str:
     op, d = u.arg, u.dtype
     value, rngs = u.src[0], u.src[1:]
-    ident = self.const(identity_element(op, d), d)
+    ident = self.acc_ident(op, d)
     if (run := self.running_of(u)) is not None:
       if self.group: raise ValueError("a running max (rules/online.rules) in a work-group reduction")
       if self.ups: return self.lane_reduce(u, lambda x, lanes: self._running_sum(x, lanes, run))
@@ -683,7 +772,7 @@ class CLRenderer(ScopedEmitter):
     if (e := self.guard_end(u, ("loop", "reduce"))) is not None:
       # a reduce over a Variable's size: the loop ends at min(max(e, 0), size), every step inside the guard
       acc, end = self.tmp("acc"), self.tmp("end")
-      self.line(f"{self.ct(d)} {acc} = {ident};")
+      self.line(f"{self.acc_type(op, d)} {acc} = {ident};")
       self.line(f"{self.ct(inner.dtype)} {end} = clamp(({self.ct(inner.dtype)})({self.value(e)}), "
                 f"({self.ct(inner.dtype)})0, ({self.ct(inner.dtype)}){inner.src[0].arg});")
       self.open_loop(inner, end=end)
@@ -692,7 +781,7 @@ class CLRenderer(ScopedEmitter):
       return self._reduced(op, d, acc)
     if d.kind != "f" or inner is None or inner.src[0].arg < 2 * LANES or any(x.op is Ops.REDUCE for x in value.toposort()):
       acc = self.tmp("acc")
-      self.line(f"{self.ct(d)} {acc} = {ident};")
+      self.line(f"{self.acc_type(op, d)} {acc} = {ident};")
       for r in rngs: self.open_loop(r)
       self.line(f"{acc} = {self._combine(op, d, acc, self.value(value))};")
       for r in reversed(rngs): self.close_loop(r)
@@ -701,7 +790,7 @@ class CLRenderer(ScopedEmitter):
     # Independent chains instead of one (the compiler may not reassociate floats): the order changes, as the CPU
     # device's `reassoc` lets LLVM change it; a MAX gives the same value in any order.
     accs = [self.tmp("acc") for _ in range(LANES)]
-    self.line(f"{self.ct(d)} {', '.join(f'{a} = {ident}' for a in accs)};")
+    self.line(f"{self.acc_type(op, d)} {', '.join(f'{a} = {ident}' for a in accs)};")
     for r in rngs[:-1]: self.open_loop(r)
     n, k, rt = inner.src[0].arg, _rname(inner), self.ct(inner.dtype)
     main = n - n % LANES
@@ -764,9 +853,9 @@ class CLRenderer(ScopedEmitter):
     side in the body (loads that do not depend on the lane are the same expression in every lane)."""
     op, d = u.arg, u.dtype
     value, rngs = u.src[0], u.src[1:]
-    ident = self.const(identity_element(op, d), d)
+    ident = self.acc_ident(op, d)
     accs = [self.tmp("acc") for _ in lanes]
-    self.line(f"{self.ct(d)} {', '.join(f'{a} = {ident}' for a in accs)};")
+    self.line(f"{self.acc_type(op, d)} {', '.join(f'{a} = {ident}' for a in accs)};")
     split = stage_split(u)
     staged, outside = split is not None, split[0] if split is not None else ()
     for r in outside: self.open_loop(r)
@@ -1026,7 +1115,7 @@ class CLRenderer(ScopedEmitter):
 
   def _group_reduce(self, u: UOp, ident: str) -> str:
     """The work-group reduces together (_group_partial); every work-item gets the result."""
-    return self._reduced(u.arg, u.dtype, self.let(u.dtype, f"{self._group_partial(u, ident)}[0]"))
+    return self._acc_result(u.arg, u.dtype, f"{self._group_partial(u, ident)}[0]")
 
   def _group_reduces(self):
     """GROUP, SPREAD: every reduction of the kernel, before the store, sources first, by the whole work-group
@@ -1037,8 +1126,7 @@ class CLRenderer(ScopedEmitter):
     for u in self.k.ast.toposort():
       if u.op is not Ops.REDUCE: continue
       first = same.setdefault(renamed_reduce(u), u)
-      self.scopes[0][u] = self.scopes[0][first] if first is not u else \
-        self._group_reduce(u, self.const(identity_element(u.arg, u.dtype), u.dtype))
+      self.scopes[0][u] = self.scopes[0][first] if first is not u else self._group_reduce(u, self.acc_ident(u.arg, u.dtype))
 
   def _group_partial(self, u: UOp, ident: str) -> str:
     """Work-item `lane` takes elements lane, lane + G, lane + 2G, ... of the flattened reduce ranges (neighbouring
@@ -1048,7 +1136,7 @@ class CLRenderer(ScopedEmitter):
     first range is the work-group's number: the group's share of the reduction."""
     op, d, G = u.arg, u.dtype, self.group
     value, rngs = u.src[0], u.src[1:]
-    c = self.ct(d)
+    c = self.acc_type(op, d)
     if self.row_regs is not None: return self._row_partial(u, ident)
     most = GROUP_ACCS
     if rngs and range_kind(rngs[0])[0] == "grid":
@@ -1073,7 +1161,7 @@ class CLRenderer(ScopedEmitter):
     self.depth -= 1
     self.line("}")
     for a in accs[1:]: self.line(f"{accs[0]} = {self._combine(op, d, accs[0], a)};")
-    self.line(f"__local {self._shared_type(d)} {part}[{G}];")
+    self.line(f"__local {self._shared_type(d, op)} {part}[{G}];")
     self._group_tree(op, d, part, accs[0])
     return part
 
@@ -1132,7 +1220,7 @@ class CLRenderer(ScopedEmitter):
     per = r.src[0].arg // self.group
     n_acc = min(GROUP_ACCS, per)
     accs, part = [self.tmp("acc") for _ in range(n_acc)], self.tmp("part")
-    self.line(f"{self.ct(d)} {', '.join(f'{a} = {ident}' for a in accs)};")
+    self.line(f"{self.acc_type(op, d)} {', '.join(f'{a} = {ident}' for a in accs)};")
     loads = self._row_loads(r, (u.src[0],))
     for j in range(per):
       self._enter_row_element(r, j, loads)
@@ -1140,13 +1228,15 @@ class CLRenderer(ScopedEmitter):
       self.line(f"{a} = {self._combine(op, d, a, self.value(u.src[0]))};")
       self._leave_row_element(r)
     for a in accs[1:]: self.line(f"{accs[0]} = {self._combine(op, d, accs[0], a)};")
-    self.line(f"__local {self._shared_type(d)} {part}[{self.group}];")
+    self.line(f"__local {self._shared_type(d, op)} {part}[{self.group}];")
     self._group_tree(op, d, part, accs[0])
     return part
 
-  def _shared_type(self, d: DType) -> str:
+  def _shared_type(self, d: DType, op: Ops | None = None) -> str:
     """The type of d's values in local memory and in GRID's partial results: a bool as a uchar (OpenCL keeps bool
-    out of memory); a half as the float it is computed in."""
+    out of memory); a half as the float it is computed in, or a native half as itself; `op`: a reduction's partial
+    results, in its accumulator's type (acc_type)."""
+    if op is not None and self.float_acc(op, d): return "float"
     return "uchar" if d.kind == "b" else self.ct(d)
 
   def _group_tree(self, op: Ops, d: DType, part: str, mine: str):
@@ -1169,12 +1259,12 @@ class CLRenderer(ScopedEmitter):
     reduces = [u for u in self.k.ast.toposort() if u.op is Ops.REDUCE]
     parts = []
     for u in reduces:
-      ident = self.const(identity_element(u.arg, u.dtype), u.dtype)
+      ident = self.acc_ident(u.arg, u.dtype)
       parts.append((u, ident, self._group_partial(u, ident)))
     self.line("__local int grid_last;")
     self.line("if (lane == 0) {")
     for j, (u, _, part) in enumerate(parts):
-      self.line(f"  ((__global {self._shared_type(u.dtype)}*)grid_part)[{j * n} + gid] = {part}[0];")
+      self.line(f"  ((__global {self._shared_type(u.dtype, u.arg)}*)grid_part)[{j * n} + gid] = {part}[0];")
     self.line("  mem_fence(CLK_GLOBAL_MEM_FENCE);")
     self.line(f"  grid_last = atomic_inc(grid_count) == {n - 1};")
     self.line("}")
@@ -1182,14 +1272,14 @@ class CLRenderer(ScopedEmitter):
     self.line("if (!grid_last) return;")
     self.line("mem_fence(CLK_GLOBAL_MEM_FENCE);")
     for j, (u, ident, part) in enumerate(parts):
-      op, d, t = u.arg, u.dtype, self._shared_type(u.dtype)
+      op, d, t = u.arg, u.dtype, self._shared_type(u.dtype, u.arg)
       acc = self.tmp("acc")
-      self.line(f"{self.ct(d)} {acc} = {ident};")
+      self.line(f"{self.acc_type(op, d)} {acc} = {ident};")
       self.line(f"for (int j = lane; j < {n}; j += {G}) "
                 f"{acc} = {self._combine(op, d, acc, f'((volatile __global {t}*)grid_part)[{j * n} + j]')};")
       self.line("barrier(CLK_LOCAL_MEM_FENCE);")   # (every work-item has read the part array's last result)
       self._group_tree(op, d, part, acc)
-      self.scopes[0][u] = self._reduced(op, d, self.let(d, f"{part}[0]"))
+      self.scopes[0][u] = self._acc_result(op, d, f"{part}[0]")
     self.line("if (lane == 0) *grid_count = 0;")
     self.grid_slots = len(parts)
 

@@ -8,8 +8,18 @@ from rulec.engine.ir.rewrite import substitute
 from rulec.engine.ir.uop import UOp
 
 
-def terms_of(x: UOp) -> tuple[list[tuple[int, UOp]], int]:
-  """x as sum(coef * node) + const, looking through ADD and multiplication by constants."""
+def terms_of(x: UOp) -> tuple[tuple[tuple[int, UOp], ...], int]:
+  """x as sum(coef * node) + const, looking through ADD and multiplication by constants. Kept with the node (the
+  symbolic rules ask a sum for its terms from several rules and bounds checks in one pass); the terms are a tuple,
+  so no caller can change what the next one reads."""
+  m = x._memo
+  if m is not None and (got := m.get("terms")) is not None: return got
+  got = _terms_of(x)
+  if x.op is Ops.ADD or x.op is Ops.MUL: x._get_memo()["terms"] = got   # (a leaf's terms hold the leaf: no cycle)
+  return got
+
+
+def _terms_of(x: UOp) -> tuple[tuple[tuple[int, UOp], ...], int]:
   terms: list[tuple[int, UOp]] = []
   const = 0
   stack = [(1, x)]
@@ -20,7 +30,7 @@ def terms_of(x: UOp) -> tuple[list[tuple[int, UOp]], int]:
     elif u.op is Ops.MUL and u.src[1].op is Ops.CONST: stack.append((k * u.src[1].arg, u.src[0]))
     elif u.op is Ops.MUL and u.src[0].op is Ops.CONST: stack.append((k * u.src[0].arg, u.src[1]))
     else: terms.append((k, u))
-  return terms, const
+  return tuple(terms), const
 
 
 def range_steps(x: UOp) -> dict[UOp, int]:

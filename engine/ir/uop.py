@@ -114,8 +114,12 @@ class UOp:
   def sink(*srcs: UOp, arg: Any = None) -> UOp: return UOp(Ops.SINK, dtypes.void, tuple(srcs), arg)
 
   def alu(self, op: Ops, *srcs: UOp | int | float | bool) -> UOp:
-    operands = (self,) + tuple(s if isinstance(s, UOp) else self.const_like(s) for s in srcs)
-    if op in (Ops.CMPLT, Ops.CMPNE, Ops.CMPEQ): out = dtypes.bool
+    # (one operand, the common case, without a generator: the symbolic rules build nodes through + and * all pass)
+    if len(srcs) == 1:
+      s = srcs[0]
+      operands = (self, s if s.__class__ is UOp else self.const_like(s))
+    else: operands = (self,) + tuple(s if isinstance(s, UOp) else self.const_like(s) for s in srcs)
+    if op in _COMPARES: out = dtypes.bool
     elif op is Ops.WHERE: out = operands[1].dtype
     else: out = self.dtype
     return UOp(op, out, operands)
@@ -696,6 +700,7 @@ def _op_bounds(u: UOp):
 
 # what UOp arithmetic takes as its other operand; anything else (a Tensor) gets NotImplemented, so Python asks it
 _OPERAND = (UOp, int, float, np.generic)
+_COMPARES = frozenset((Ops.CMPLT, Ops.CMPNE, Ops.CMPEQ))
 
 _COMPARE = frozenset({Ops.CMPLT, Ops.CMPNE, Ops.CMPEQ})
 
