@@ -24,7 +24,8 @@ kernels are object code loaded into the process, so an entry is used only when r
   replaced rather than followed.
 
 Matchers (the rule language's loader) are `<key>.py` files in the root: one comment line naming their key and
-tag, then the body (`load_text`, `store_text`).
+tag, then the body (`load_text`, `store_text`); beside each, a `.code` file holds the marshalled code object
+compiled from it (`load_code`, `store_code`), tagged the same way.
 
 The CPU device stores object code (what LLVM emitted for a kernel's IR), the CL device program binaries, the
 optimizer its search results. An entry's name is the digest of its key: every input that decides the compiled
@@ -48,7 +49,9 @@ from __future__ import annotations
 import errno
 import hashlib
 import hmac
+import importlib.util
 import json
+import marshal
 import os
 import secrets
 import stat
@@ -62,7 +65,7 @@ KEY_FILE, KEY_BYTES = "hmac-key", 32
 # The most one entry's payload may hold (a larger file is rejected unread). Object code and program binaries are
 # tens to hundreds of KiB (a few MiB for the largest kernels), kernel and search records a few hundred bytes, the
 # largest generated matcher (the scheduler's symbolic rules) about 300 KiB.
-MAX_BYTES = {".bin": 64 << 20, ".kernel": 1 << 20, ".py": 32 << 20}
+MAX_BYTES = {".bin": 64 << 20, ".kernel": 1 << 20, ".py": 32 << 20, ".code": 32 << 20}
 _HEADER_BYTES = 256   # a header line is shorter than this
 
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
@@ -436,3 +439,52 @@ def store_text(name: str, src: str) -> None:
   if len(body) > MAX_BYTES[".py"]: return
   try: write_replacing(got[0] / f"{name}.py", _matcher_head(got[1], name, body) + b"\n" + body, mode=0o600)
   except OSError: pass  # a read-only cache only costs speed
+
+
+# *** matcher code: the bytecode Python compiled a matcher entry's body to ***
+#
+# Compiling a matcher's source costs a cold process 0.3-0.9 s (the symbolic rules' module alone is 300 KiB of
+# Python); loading the marshalled code object takes milliseconds. A code entry is written beside its text entry,
+# under the same rules (tagged, regular files of the user's, capped), and named for the text entry and the
+# interpreter's bytecode format (marshal's format follows the Python version), so no other interpreter reads it.
+
+def _code_name(name: str) -> str:
+  return key(name, importlib.util.MAGIC_NUMBER, sys.implementation.cache_tag or "")[:32]
+
+
+def load_code(name: str):
+  """The code object kept for the matcher entry `name`, or None (a miss; an entry that fails its tag is removed).
+  Only ever a payload rulec wrote under the user's key: marshal is not safe on bytes from anyone else."""
+  got = _root()
+  if got is None or not name.isalnum(): return None
+  path = got[0] / f"{_code_name(name)}.code"
+  try: data = read_regular(path, MAX_BYTES[".code"] + _HEADER_BYTES, owner=os.getuid())
+  except Refused:
+    _drop(path)
+    return None
+  except OSError: return None
+  head, nl, body = data.partition(b"\n")
+  if not nl or not hmac.compare_digest(head, _code_head(got[1], path.stem, body)):
+    _drop(path)
+    return None
+  try: code = marshal.loads(body)
+  except (ValueError, EOFError, TypeError): code = None
+  if code.__class__.__name__ != "code":   # (a sound tag over bytes that are no code object: dropped)
+    _drop(path)
+    return None
+  return code
+
+
+def store_code(name: str, code) -> None:
+  """Keep the code object compiled from the matcher entry `name` (atomically; a read-only cache costs speed)."""
+  got = _root()
+  if got is None or not name.isalnum(): return
+  body = marshal.dumps(code)
+  if len(body) > MAX_BYTES[".code"]: return
+  path = got[0] / f"{_code_name(name)}.code"
+  try: write_replacing(path, _code_head(got[1], path.stem, body) + b"\n" + body, mode=0o600)
+  except OSError: pass
+
+
+def _code_head(key_: bytes, stem: str, body: bytes) -> bytes:
+  return f"# rulec-cache code={stem} hmac={_tag(key_, f'matchers/{stem}.code', body)}".encode()

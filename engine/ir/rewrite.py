@@ -46,7 +46,9 @@ def graph_rewrite(sink: UOp, matcher: Any, ctx: Any = None, bottom_up: bool = Fa
     def rewrite(u: UOp): return matcher.rewrite(u, ctx)
   budget = _Budget(sink, max_steps)
   try:
-    return (_pre_order if bottom_up else _post_order)(sink, rewrite, matcher, ctx, budget, {} if memo is None else memo)
+    if bottom_up: return _pre_order(sink, rewrite, matcher, ctx, budget, {} if memo is None else memo)
+    return _post_order(sink, rewrite, matcher, ctx, budget, {} if memo is None else memo,
+                       None if dispatch is None else dispatch.get)
   except AttributeError as e:
     # a replacement built a node whose sources are not all nodes: name the rule, as for any other rule error
     if isinstance(getattr(e, "obj", None), UOp) or getattr(e, "name", None) not in ("src", "op"): raise
@@ -111,7 +113,8 @@ def _loop_error(matcher, ctx, recent, why: str) -> RewriteLoopError:
   return RewriteLoopError(f"graph_rewrite did not reach a fixed point: {why}; rules that keep firing: {named}")
 
 
-def _post_order(root: UOp, rewrite, matcher, ctx, budget: _Budget, done: dict[UOp, UOp]) -> UOp:
+def _post_order(root: UOp, rewrite, matcher, ctx, budget: _Budget, done: dict[UOp, UOp], get=None) -> UOp:
+  # get: the matcher's dispatch table's get, called here rather than through rewrite (one call less per node)
   pending: set[UOp] = set()               # nodes whose rewrite result is still being processed
   recent: collections.deque = collections.deque(maxlen=64)
   budget.recent = recent
@@ -134,7 +137,10 @@ def _post_order(root: UOp, rewrite, matcher, ctx, budget: _Budget, done: dict[UO
         if x in done:            # the rebuilt node was met (and finished) elsewhere
           done[n] = done[x]
           continue
-      r = rewrite(x)
+      if get is not None:
+        fn = get(x.op)
+        r = None if fn is None else fn(x, ctx)
+      else: r = rewrite(x)
       if r is None:
         done[n] = x
         if x is not n: done[x] = x

@@ -38,7 +38,7 @@ def prod(xs: Iterable[int]) -> int:
 
 
 class UOp:
-  __slots__ = ("op", "dtype", "src", "arg", "tag", "_memo", "__weakref__")
+  __slots__ = ("op", "dtype", "src", "arg", "tag", "_memo", "_key", "__weakref__")
   op: Ops
   dtype: DType
   src: tuple[UOp, ...]
@@ -59,6 +59,7 @@ class UOp:
     _SET(self, "arg", arg)
     _SET(self, "tag", tag)
     _SET(self, "_memo", None)
+    _SET(self, "_key", key)   # (kept for __del__, which would otherwise build it again for every node freed)
     _ucache[key] = _REF(self)
     return self
 
@@ -67,7 +68,7 @@ class UOp:
 
   def __del__(self):
     try:
-      key = (self.op, self.dtype, self.src, self.arg, _arg_kind(self.arg), self.tag)
+      key = self._key
       wr = _ucache.get(key)
       if wr is not None and wr() in (self, None): del _ucache[key]
     except Exception: pass  # interpreter shutdown or an unhashable arg that never entered the cache

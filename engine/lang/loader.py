@@ -176,15 +176,18 @@ class RuleLibrary:
     key = hashlib.sha256(f"{self.digest}|{'+'.join(names)}|{int(stats)}".encode()).hexdigest()[:32]
     src = diskcache.load_text(key)   # None unless rulec itself wrote it (an HMAC under the user's key)
     if src is not None:
+      code = diskcache.load_code(key)   # (its bytecode, kept beside it: compiling the text costs a cold process most)
       try:
-        ns = _exec(src, names)
+        ns, fresh = _exec(src, names, code)
         COMPILED["cached"] += 1
+        if fresh is not None: diskcache.store_code(key, fresh)
         return src, ns
       except (Exception, SystemExit): pass  # a stale or broken entry is rebuilt below
     src = self.emit(*names, stats=stats)
-    ns = _exec(src, names)
+    ns, fresh = _exec(src, names)
     COMPILED["compiled"] += 1
     diskcache.store_text(key, src)
+    diskcache.store_code(key, fresh)
     return src, ns
 
 
@@ -258,11 +261,15 @@ def check_paths(paths: list[str | Path] | None = None, examples: bool = False,
   return check_sources(raw, examples=examples, layers=layers), {p: source_text(p, data) for p, data in raw.items()}
 
 
-def _exec(src: str, names) -> dict:
+def _exec(src: str, names, code=None) -> tuple[dict, Any]:
+  """The namespace of generated matcher source `src` run (from `code`, its compiled form, when given), and the code
+  object compiled here (None when `code` was used)."""
   ns: dict[str, Any] = {"__name__": f"rulec_rules_{'_'.join(names)}"}
-  exec(compile(src, f"<rulec {'+'.join(names)}>", "exec"), ns)
+  fresh = None
+  if code is None: code = fresh = compile(src, f"<rulec {'+'.join(names)}>", "exec")
+  exec(code, ns)
   if not isinstance(ns.get("DISPATCH"), dict): raise RuntimeError("generated matcher has no DISPATCH table")
-  return ns
+  return ns, fresh
 
 
 _LIBRARIES: dict[tuple[tuple[str, ...], tuple[str, ...]], RuleLibrary] = {}

@@ -28,7 +28,7 @@ def test_every_rule_set_is_built_as_the_compiler_emits_it(built):
     src, ns = shipped.load(lib, (name,), default_rules_dir(), rule_files(), package="shipped_test_matchers")
     # the module is the generated matcher with the rules directory put back where the build wrote <rules>
     assert src.split("\n", 2)[2] == lib.emit(name)
-    fresh = loader._exec(lib.emit(name), (name,))
+    fresh, _ = loader._exec(lib.emit(name), (name,))
     assert ns["RULES"] == fresh["RULES"] and str(default_rules_dir()) in ns["RULES"][0][1]
     assert set(ns["DISPATCH"]) == set(fresh["DISPATCH"])
 
@@ -37,7 +37,7 @@ def test_a_shipped_matcher_rewrites_as_the_compiled_one(built):
   from rulec.engine.ir.uop import UOp
   lib = RuleLibrary(rule_files())
   _, ns = shipped.load(lib, ("symbolic",), default_rules_dir(), rule_files(), package="shipped_test_matchers")
-  fresh = loader._exec(lib.emit("symbolic"), ("symbolic",))
+  fresh, _ = loader._exec(lib.emit("symbolic"), ("symbolic",))
   i = UOp.variable("i", 0, 63)
   exprs = [(i * 4 + 3) // 4, (i + 8) % 8, (i * 2 + 1) < 0, ((i // 2) * 2 + i % 2) * 1]
   rewrites = 0

@@ -259,3 +259,46 @@ def test_reads_stop_at_the_cap(tmp_path, monkeypatch):
   with open(big, "wb") as f: f.truncate(1 << 33)
   with pytest.raises(diskcache.Refused) as e: diskcache.read_regular(big, 1 << 20)
   assert e.value.size == 1 << 33
+
+
+# *** matcher code entries (the marshalled bytecode kept beside a matcher's text) ***
+
+def _evil_code(marker: Path):
+  return compile(_evil_matcher(marker), "<rulec s>", "exec")
+
+
+@pytest.mark.parametrize("how", ["forged tag", "another entry's code", "garbage with a sound tag"])
+def test_a_planted_code_entry_never_runs(tmp_path, cache, monkeypatch, how):
+  import marshal
+  rules, marker = _rules(tmp_path), tmp_path / "PWNED"
+  key = _matcher_key(rules, tmp_path, monkeypatch)
+  monkeypatch.setenv("RULEC_CACHE_DIR", str(cache))
+  _works(rules)   # rulec's own text and code entries (and key) first
+  (code_path,) = cache.glob("*.code")
+  if how == "forged tag":
+    body = marshal.dumps(_evil_code(marker))
+    code_path.write_bytes(f"# rulec-cache code={code_path.stem} hmac={'ab' * 32}\n".encode() + body)
+  elif how == "another entry's code":
+    # rulec's own code entry for another name, tag and all, moved over this one: the tag covers the name
+    other = "0" * 32
+    diskcache.store_code(other, _evil_code(marker))
+    code_path.write_bytes(next(p for p in cache.glob("*.code") if p != code_path).read_bytes())
+  else:
+    # a sound tag over bytes that are no code object (as if rulec had written them): refused, never exec'd
+    got = diskcache._root()
+    body = marshal.dumps({"not": "code"})
+    code_path.write_bytes(diskcache._code_head(got[1], code_path.stem, body) + b"\n" + body)
+  _works(rules)
+  assert not marker.exists(), "a planted code entry ran"
+  assert diskcache.load_code(key) is not None   # rebuilt, and sound
+
+
+def test_a_matcher_loaded_twice_compiles_its_source_once(tmp_path, cache, monkeypatch):
+  """The second process (a new library) takes the kept bytecode: Python's compile is not called again."""
+  from rulec.engine.lang import loader
+  rules = _rules(tmp_path)
+  _works(rules)
+  assert len(list(cache.glob("*.code"))) == 1
+  def refuse(*a, **k): raise AssertionError("compiled the matcher's source again")
+  monkeypatch.setattr(loader, "compile", refuse, raising=False)
+  _works(rules)
