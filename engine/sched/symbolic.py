@@ -377,7 +377,7 @@ def _ranges_of(u: UOp) -> list[UOp]:
 
 def _holds_divmod(u: UOp) -> bool:
   """Whether u holds a // or % (kept per node)."""
-  return _kept(u, _DIVMOD, lambda n: n.op in (Ops.IDIV, Ops.MOD) or any(_DIVMOD[x] for x in n.src))
+  return _kept(u, _DIVMOD, lambda n: n.op in (Ops.IDIV, Ops.MOD) or any(_DIVMOD[x] for x in n.src), _DIVMOD_OPS)
 
 
 _FITS: dict[tuple, tuple | None] = {}
@@ -393,11 +393,19 @@ _NESTED_REWRITES = 16                   # the most parts of indices one WHERE's 
                                         # hundreds of guarded WHEREs: each new guard would ask again)
 
 
-def _kept(u: UOp, memo, of) -> object:
+_DIVMOD_OPS = frozenset((Ops.IDIV, Ops.MOD))      # (each op set: where a fact is decided by the op alone)
+_MEMORY_OPS = frozenset((Ops.LOAD, Ops.INDEX))
+_ARITHMETIC_LEAVES = frozenset((Ops.INDEX, Ops.REDUCE, Ops.RANGE))
+_RANGE_LEAVES = frozenset((Ops.RANGE,))
+
+
+def _kept(u: UOp, memo, of, leaves: frozenset = frozenset()) -> object:
   """A fact of u worked out from its sources' facts (`of(node)`, which reads theirs from memo), each node's kept in
-  memo: a deep expression is walked once, not once per node asked about."""
+  memo: a deep expression is walked once, not once per node asked about. The walk does not go below a node whose op
+  is in `leaves` (of() decides those without their sources: a load reads memory whatever its index holds, and in
+  the scheduler's graph what lies below a load is the whole program before it)."""
   if (got := memo.get(u)) is not None: return got
-  for n in u.toposort(lambda m: m not in memo):
+  for n in u.toposort(lambda m: m not in memo and m.op not in leaves):
     if n not in memo: memo[n] = of(n)
   return memo[u]
 
@@ -405,7 +413,7 @@ def _kept(u: UOp, memo, of) -> object:
 def _range_set(u: UOp) -> frozenset:
   """The RANGEs u depends on (kept per node)."""
   return _kept(u, _RANGE_SETS, lambda n: frozenset((n,)) if n.op is Ops.RANGE else
-               frozenset().union(*(_RANGE_SETS[s] for s in n.src)))
+               frozenset().union(*(_RANGE_SETS[s] for s in n.src)), _RANGE_LEAVES)
 
 
 _READS: "weakref.WeakKeyDictionary[UOp, bool]" = weakref.WeakKeyDictionary()   # holds a LOAD or an INDEX
@@ -415,7 +423,7 @@ _READS: "weakref.WeakKeyDictionary[UOp, bool]" = weakref.WeakKeyDictionary()   #
 def reads_memory(u: UOp) -> bool:
   """u's graph holds a LOAD or an INDEX (kept per node: a condition over loads is walked once, not once per WHERE
   that asks)."""
-  return _kept(u, _READS, lambda n: n.op in (Ops.LOAD, Ops.INDEX) or any(_READS[x] for x in n.src))
+  return _kept(u, _READS, lambda n: n.op in (Ops.LOAD, Ops.INDEX) or any(_READS[x] for x in n.src), _MEMORY_OPS)
 
 
 class _Fitter:
@@ -471,7 +479,7 @@ class _Fitter:
   def is_arithmetic(self, c: UOp) -> bool:
     """c is arithmetic on ranges and constants all the way down (no load, no reduce)."""
     return _kept(c, self.arithmetic, lambda n: n.op in (Ops.RANGE, Ops.CONST) or (
-      bool(n.src) and n.op not in (Ops.INDEX, Ops.REDUCE) and all(self.arithmetic[x] for x in n.src)))
+      bool(n.src) and n.op not in (Ops.INDEX, Ops.REDUCE) and all(self.arithmetic[x] for x in n.src)), _ARITHMETIC_LEAVES)
 
   def fit(self, u: UOp, conds: list[UOp]) -> UOp | None:
     got = self.fit_bounded(u, conds)
