@@ -21,7 +21,7 @@ _ucache: dict[tuple, weakref.ref] = {}
 _buffer_uids = itertools.count()   # one counter for every BUFFER, so two buffers never hash-cons into one
 
 
-_NEW, _SET, _REF = object.__new__, object.__setattr__, weakref.ref
+_NEW, _REF = object.__new__, weakref.ref
 
 
 def _arg_kind(arg: Any) -> Any:
@@ -46,20 +46,21 @@ class UOp:
   tag: Any
 
   def __new__(cls, op: Ops, dtype: DType = dtypes.void, src: tuple[UOp, ...] = (), arg: Any = None, tag: Any = None):
-    # (_arg_kind inlined, and the slots set through _SET: this runs for every node every rewrite builds)
+    # (_arg_kind inlined, and the slots set through their own setters: this runs for every node every rewrite builds)
     kind = type(arg)
     if kind is float and arg == 0.0 and math.copysign(1.0, arg) < 0: kind = "-0.0"
     key = (op, dtype, src, arg, kind, tag)
     wr = _ucache.get(key)
     if wr is not None and (ret := wr()) is not None: return ret
     self = _NEW(cls)
-    _SET(self, "op", op)
-    _SET(self, "dtype", dtype)
-    _SET(self, "src", src)
-    _SET(self, "arg", arg)
-    _SET(self, "tag", tag)
-    _SET(self, "_memo", None)
-    _SET(self, "_key", key)   # (kept for __del__, which would otherwise build it again for every node freed)
+    # (through each slot's own setter: object.__setattr__ would look the name up for every field of every node)
+    _SET_OP(self, op)
+    _SET_DTYPE(self, dtype)
+    _SET_SRC(self, src)
+    _SET_ARG(self, arg)
+    _SET_TAG(self, tag)
+    _SET_MEMO(self, None)
+    _SET_KEY(self, key)   # (kept for __del__, which would otherwise build it again for every node freed)
     _ucache[key] = _REF(self)
     return self
 
@@ -229,7 +230,7 @@ class UOp:
 
   def _get_memo(self) -> dict:
     m = self._memo
-    if m is None: object.__setattr__(self, "_memo", m := {})
+    if m is None: _SET_MEMO(self, m := {})
     return m
 
   def memo_root(self, key: str, fn: Callable[[UOp], Any]) -> Any:
@@ -701,6 +702,8 @@ def _op_bounds(u: UOp):
 
 # what UOp arithmetic takes as its other operand; anything else (a Tensor) gets NotImplemented, so Python asks it
 _OPERAND = (UOp, int, float, np.generic)
+_SET_OP, _SET_DTYPE, _SET_SRC, _SET_ARG, _SET_TAG, _SET_MEMO, _SET_KEY = (
+  UOp.__dict__[f].__set__ for f in ("op", "dtype", "src", "arg", "tag", "_memo", "_key"))
 _COMPARES = frozenset((Ops.CMPLT, Ops.CMPNE, Ops.CMPEQ))
 
 _COMPARE = frozenset({Ops.CMPLT, Ops.CMPNE, Ops.CMPEQ})
