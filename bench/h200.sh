@@ -83,6 +83,11 @@ if [[ $what == tests || $what == all ]]; then
   timeout "${TEST_TIMEOUT:-420}" python3 -m pytest -q -p no:cacheprovider tests/runtime/test_cl_device.py tests/codegen/test_opt.py 2>&1 | tee "$out/tests_cl_device.log"
   RULEC_DEVICE=CL timeout "${TEST_TIMEOUT:-420}" python3 -m pytest -q -p no:cacheprovider tests/frontend/test_tensor.py tests/sched/test_schedule.py \
     2>&1 | tee "$out/tests_tensor_on_cl.log"
+  # native float16 (opt-in, RULEC_CL_HALF=1): its own tests, then the tensor suites' float16 cases on it
+  RULEC_CL_HALF=1 RULEC_DEVICE=CL timeout "${TEST_TIMEOUT:-420}" python3 -m pytest -q -rs -p no:cacheprovider \
+    tests/codegen/test_opencl_native_half.py 2>&1 | tee "$out/tests_native_half.log"
+  RULEC_CL_HALF=1 RULEC_DEVICE=CL timeout "${TEST_TIMEOUT:-420}" python3 -m pytest -q -p no:cacheprovider tests/frontend/test_tensor.py \
+    tests/frontend/test_mixed_precision.py -k "float16 or half" 2>&1 | tee "$out/tests_native_half_tensor.log"
 fi
 if [[ $what == multi ]]; then
   gpus=$(nvidia-smi --query-gpu=name --format=csv,noheader | wc -l)

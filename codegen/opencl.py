@@ -53,15 +53,26 @@ keeping their payload), bfloat16 with integer code (its bits are a float's top
 16: widening is a shift; rounding adds 0x7fff plus the lowest kept bit, and a
 NaN becomes ml_dtypes' canonical one, sign kept). Either is the same bits as
 per-op arithmetic in the 2-byte type (float has more than 2*11+2 bits, so the
-double rounding is innocuous), and neither needs an extension (native `half`
-arithmetic is left for devices with cl_khr_fp16; no bfloat16 extension is
-assumed). A bfloat16 value held in a float is always exactly a bfloat16 (its
+double rounding is innocuous), and neither needs an extension. On a device
+with cl_khr_fp16 and RULEC_CL_HALF=1 (`Target.half`) float16 is native instead:
+`half*` buffers and `half` values under `#pragma OPENCL EXTENSION cl_khr_fp16`,
+with + - * (MULACC as a multiply and an add), negation, comparisons, max,
+where, trunc, fmod and floor in `half` (IEEE: the same bits as the float path);
+division, reciprocal and sqrt computed in float and rounded once with
+`convert_half_rte` (OpenCL does not ask half ones to be correctly rounded;
+float's, rounded once, are, where the device divides float correctly), the
+transcendentals as below; casts to half round to nearest even and casts from
+it are exact, a NaN made by hand with numpy's bits either way (_half_alu,
+`rulec_f2hn` / `rulec_hfn`). bfloat16 keeps the float path (no bfloat16 ALU is assumed).
+A bfloat16 value held in a float is always exactly a bfloat16 (its
 low 16 bits zero), so a store keeps the top 16 bits as they are (a NaN's
 payload too, as numpy's copy does); the ops that do not round (negation, max,
 trunc, fmod, floor division's floor) still pass through the rounding for
 bfloat16, which only makes a NaN canonical, as the NUMPY device's `half_alu`
 does. Half sums and products
-accumulate in float and round once, as numpy's and the CPU device's do.
+accumulate in float and round once, as numpy's and the CPU device's do (native
+halves too: a float accumulator, float partial results in local memory;
+STAGE's blocks of halves are floats in local memory either way).
 float32 and the halves' exp2 / log2 / sin / pow are computed in double and
 rounded once when the device has cl_khr_fp64 (PoCL's float versions are not
 correctly rounded; libm's, which the CPU device calls, nearly always are); a
@@ -266,6 +277,12 @@ _HELPERS = {
           "  uint b = as_uint(x);\n"
           "  if (isnan(x)) return as_half((ushort)(((b >> 16) & 0x8000) | 0x7c00 | (((b >> 13) & 0x3ff) ? (b >> 13) & 0x3ff : 1)));\n"
           "  return convert_half_rte(x);\n}",
+  # ... and a half widened to float, exactly, a NaN by hand too (its signalling bit kept, as numpy's astype keeps it;
+  # a conversion instruction may quiet it)
+  "hfn": "float rulec_hfn(half x) {\n"
+         "  ushort h = as_ushort(x);\n"
+         "  if ((h & 0x7c00) == 0x7c00 && (h & 0x3ff)) return as_float(((uint)(h & 0x8000) << 16) | 0x7f800000u | ((uint)(h & 0x3ff) << 13));\n"
+         "  return (float)x;\n}",
   # (a double in one rounding, through rulec_d2h: core vstore_half_rte, no conversion from double asked of the extension)
   "d2hn": "half rulec_d2hn(double x) { return as_half(rulec_d2h(x)); }",
   "bhn": "half rulec_bhn(float x) { return isnan(x) ? as_half((ushort)(((as_uint(x) >> 16) & 0x8000) | 0x7e00)) : convert_half_rte(x); }",
@@ -395,7 +412,7 @@ class CLRenderer(ScopedEmitter):
     return f"{self.half(d, 'round')}({expr})" if d.is_half and not self.native(d) else expr
 
   def helper_half(self, key: str) -> str:
-    """A native-half helper (_HELPERS' f2hn, d2hn, bhn): its `half` needs cl_khr_fp16 enabled."""
+    """A native-half helper (_HELPERS' f2hn, hfn, d2hn, bhn): its `half` needs cl_khr_fp16 enabled."""
     self.uses_half = True
     return self.helper(key)
 
@@ -651,10 +668,11 @@ class CLRenderer(ScopedEmitter):
   def _half_alu(self, op: Ops, s: list[str]) -> str:
     """A float16 op in native `half` (Target.half). + - * (and MULACC's two steps, FP_CONTRACT OFF) are correctly
     rounded in half by IEEE 754; negation, comparisons, max, where, trunc, fmod and floor are exact. Division,
-    reciprocal and sqrt are computed in float and rounded once (convert_half_rte): OpenCL allows half ones an ulp
-    of error and NVIDIA has no half divide, while float's answer rounded to half is the correctly rounded one (24
-    bits > 2 * 11 + 2, so the double rounding is innocuous); the transcendentals in double (or float), rounded once,
-    as for halves held in floats."""
+    reciprocal and sqrt are computed in float and rounded once (convert_half_rte): OpenCL does not ask half ones to
+    be correctly rounded (and NVIDIA has no half divide), while a correctly rounded float answer rounded to half is
+    the correctly rounded half (24 bits > 2 * 11 + 2: the double rounding is innocuous; -cl-fp32-correctly-rounded-
+    divide-sqrt where the device offers it); the transcendentals in double (or float), rounded once, as for halves
+    held in floats."""
     h = "half"
     f = lambda x: f"(float){x}"   # noqa: E731  (exact)
     if op is Ops.ADD: return f"{s[0]} + {s[1]}"
@@ -708,8 +726,9 @@ class CLRenderer(ScopedEmitter):
       if self.native(d):   # to half: rounded once (a NaN keeps numpy's bits)
         if sd is dtypes.float64: return f"{self.helper_half('d2hn')}({v})"
         return f"{self.helper_half('bhn' if sd is dtypes.bfloat16 else 'f2hn')}({v})"
-      if self.native(sd):   # from half: exact (a NaN may come out as the device's own)
-        return self.rh(f"(float){v}", d) if d is dtypes.bfloat16 else f"({c}){v}"
+      if self.native(sd):   # from half: exact, a NaN's bits as numpy's
+        w = f"{self.helper_half('hfn')}({v})"
+        return self.rh(w, d) if d is dtypes.bfloat16 else f"{self.helper('h2d')}({w})" if d is dtypes.float64 else w
       if d.is_half:
         if sd is dtypes.float64: return f"{self.half(d, 'double')}({v})"
         if sd is dtypes.bfloat16 and d is dtypes.float16: return f"{self.helper('bh')}({v})"
@@ -1080,7 +1099,9 @@ class CLRenderer(ScopedEmitter):
     """This lane's element of staged load x: with a vector range, one aligned vector read of the array made by the
     first of its lanes to ask (the others lanes' coordinates the same), each lane taking its component."""
     if vec is None and (rows := self._row_read(x, name, strides)) is not None: return rows
-    if vec is None: return f"{name}[{' + '.join(f'{self.ranges[r]} * {st}' for r, st in strides)}]"
+    if vec is None:
+      read = f"{name}[{' + '.join(f'{self.ranges[r]} * {st}' for r, st in strides)}]"
+      return f"(({self.ct(x.dtype)}){read})" if self.native(x.dtype) else read   # (a half staged as float: exact)
     mine = {r for r, _ in strides}
     n, t = vec.src[0].arg, self._shared_type(x.dtype)
     base = lambda: " + ".join(f"{self.ranges[r]} * {st}" for r, st in strides if r is not vec)
@@ -1234,10 +1255,12 @@ class CLRenderer(ScopedEmitter):
 
   def _shared_type(self, d: DType, op: Ops | None = None) -> str:
     """The type of d's values in local memory and in GRID's partial results: a bool as a uchar (OpenCL keeps bool
-    out of memory); a half as the float it is computed in, or a native half as itself; `op`: a reduction's partial
-    results, in its accumulator's type (acc_type)."""
-    if op is not None and self.float_acc(op, d): return "float"
-    return "uchar" if d.kind == "b" else self.ct(d)
+    out of memory); a half as a float (STAGE's blocks: the layout and the local-memory budget count 4-byte
+    elements; a native half is read back with an exact conversion, _staged_read). `op`: a reduction's partial
+    results, in its accumulator's type (acc_type: float for half sums, half for a native half max)."""
+    if d.kind == "b": return "uchar"
+    if op is not None: return self.acc_type(op, d)
+    return "float" if d.is_half else self.ct(d)
 
   def _group_tree(self, op: Ops, d: DType, part: str, mine: str):
     """Each work-item's value combined as a tree in local memory: the result in part[0]."""

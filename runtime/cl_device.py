@@ -14,6 +14,11 @@ A kernel's variables (DEFINE_VAR) are `long` arguments after its buffers, set
 at each launch from `var_vals` (np.int64): the source names them by position,
 so one program serves every value (and every name).
 
+float16 is stored as its bits and computed in float (codegen/opencl.py,
+"Floats"); with RULEC_CL_HALF=1 it is OpenCL's `half`, computed natively, on a
+device with cl_khr_fp16 (Target.half). Opt-in until it has run on NVIDIA's
+compiler: it was checked on PoCL through an emulation, never on a GPU.
+
 On an NVIDIA GPU of sm_80 or later, a float16 / bfloat16 matmul (a kernel with a
 codegen/gemm_plan.py plan and no variables) is the CUDA device's tensor-core
 kernel instead, as PTX that NVIDIA's OpenCL builds as a program binary
@@ -163,7 +168,12 @@ class CLDevice:
     # MLP 1.18 -> 1.11, its fwd+bwd 3.93 -> 3.81 (bench/results/gpu-2026-12-06-session26.txt); RULEC_CL_FIXED_GROUP=0/1
     # overrides
     fixed = os.environ.get("RULEC_CL_FIXED_GROUP", "")
-    self.target = Target(fp64="cl_khr_fp64" in ext, group=group_size(self.dev), vector=vector if vector in (2, 4, 8, 16) else 0,
+    # float16 as OpenCL's `half`, computed natively (codegen/opencl.py _half_alu), with RULEC_CL_HALF=1 where the
+    # device has cl_khr_fp16; otherwise stored as its bits and computed in float. Opt-in until tests/codegen/
+    # test_opencl_native_half.py has run on an NVIDIA GPU (its values were checked on PoCL through an emulation only).
+    # The two render different sources, which key the program and binary caches (and repr(target) RULEC_SEARCH's)
+    half = "cl_khr_fp16" in ext and os.environ.get("RULEC_CL_HALF", "").strip() == "1"
+    self.target = Target(fp64="cl_khr_fp64" in ext, half=half, group=group_size(self.dev), vector=vector if vector in (2, 4, 8, 16) else 0,
                          tile=min(tile, self.dev.max_work_group_size) if tile > 0 else 0, units=units,
                          grid=grid if grid >= 2 else 0, async_copy=ring if ring >= 2 else 0, ptx=ptx,
                          async_rows=rows == "1" if rows else ptx,
