@@ -151,6 +151,12 @@ def schedule_keeping(targets: list[UOp], default_device: str, devices: Sequence[
                      keep: bool = True) -> tuple[list[Kernel], list[UOp], list[tuple[UOp, UOp]]]:
   """driver.schedule_keeping (the kernels, the targets' views, the kept intermediate values with their views),
   from the cache when a graph of the same shape was scheduled before (keeping or not is part of the key)."""
+  # (the graph's key is computed with the collector held too (driver.collector_held): it walks the whole graph)
+  with _scheduler.collector_held(): return _schedule_or_bind(targets, default_device, devices, keep)
+
+
+def _schedule_or_bind(targets: list[UOp], default_device: str, devices: Sequence[str] | None,
+                      keep: bool) -> tuple[list[Kernel], list[UOp], list[tuple[UOp, UOp]]]:
   devices = list(devices) if devices is not None else [default_device] * len(targets)
   if has_symbolic_args(targets):   # bound offsets: scheduled with the Variables, the values go to the kernels
     unbound, var_vals, back = unbind_graph(targets)
