@@ -369,23 +369,23 @@ def _eval_grid(u: UOp, env: dict[UOp, np.ndarray], memo: dict[UOp, np.ndarray]) 
 
 
 def _ranges_of(u: UOp) -> list[UOp]:
-  """u's RANGEs in u.toposort()'s order (kept per node: a conv's guarded indices ask for the same ones often)."""
-  hit = _RANGE_LISTS.get(u)
-  if hit is None: hit = _RANGE_LISTS[u] = tuple(n for n in u.toposort() if n.op is Ops.RANGE)
+  """u's RANGEs in u.toposort()'s order (kept with the node: a conv's guarded indices ask for the same ones often;
+  a RANGE's own is not kept, as it would hold the node itself)."""
+  if u.op is Ops.RANGE: return [u]
+  m = u._memo
+  if m is None or (hit := m.get("range_list")) is None:
+    hit = u._get_memo()["range_list"] = tuple(n for n in u.toposort() if n.op is Ops.RANGE)
   return list(hit)
 
 
 def _holds_divmod(u: UOp) -> bool:
   """Whether u holds a // or % (kept per node)."""
-  return _kept(u, _DIVMOD, lambda n: n.op in (Ops.IDIV, Ops.MOD) or any(_DIVMOD[x] for x in n.src), _DIVMOD_OPS)
+  return _kept(u, "divmod", lambda n: n.op in (Ops.IDIV, Ops.MOD) or any(x._memo["divmod"] for x in n.src),
+               _DIVMOD_OPS)
 
 
 _FITS: dict[tuple, tuple | None] = {}
 _NESTED: dict[tuple, UOp | None] = {}   # (a term, its guards, partial) -> nested's answer
-_DIVMOD: "weakref.WeakKeyDictionary[UOp, bool]" = weakref.WeakKeyDictionary()       # holds a // or %
-_RANGE_SETS: "weakref.WeakKeyDictionary[UOp, frozenset]" = weakref.WeakKeyDictionary()  # its ranges
-_RANGE_LISTS: "weakref.WeakKeyDictionary[UOp, tuple]" = weakref.WeakKeyDictionary()   # its ranges, in toposort order
-_ARITHMETIC: "weakref.WeakKeyDictionary[UOp, bool]" = weakref.WeakKeyDictionary()   # reads no memory
 _EXACT_GUARD: "weakref.WeakKeyDictionary[UOp, tuple]" = weakref.WeakKeyDictionary()  # cond -> (_grouped, too_big)
 _BOUNDS: dict[tuple, UOp | None] = {}   # conjuncts -> bounds_form's answer (exact: true whatever the guards)
 _FITTING = 0                            # > 0 while _Fitter.nested simplifies a part of an index
@@ -397,33 +397,41 @@ _DIVMOD_OPS = frozenset((Ops.IDIV, Ops.MOD))      # (each op set: where a fact i
 _MEMORY_OPS = frozenset((Ops.LOAD, Ops.INDEX))
 _ARITHMETIC_LEAVES = frozenset((Ops.INDEX, Ops.REDUCE, Ops.RANGE))
 _RANGE_LEAVES = frozenset((Ops.RANGE,))
+_NOT_KEPT = object()   # what of() gives for a node whose fact _kept must not store (it would hold the node)
 
 
-def _kept(u: UOp, memo, of, leaves: frozenset = frozenset()) -> object:
-  """A fact of u worked out from its sources' facts (`of(node)`, which reads theirs from memo), each node's kept in
-  memo: a deep expression is walked once, not once per node asked about. The walk does not go below a node whose op
-  is in `leaves` (of() decides those without their sources: a load reads memory whatever its index holds, and in
-  the scheduler's graph what lies below a load is the whole program before it)."""
-  if (got := memo.get(u)) is not None: return got
-  for n in u.toposort(lambda m: m not in memo and m.op not in leaves):
-    if n not in memo: memo[n] = of(n)
-  return memo[u]
+def _kept(u: UOp, key: str, of, leaves: frozenset = frozenset()) -> object:
+  """A fact of u worked out from its sources' facts (`of(node)`, which reads theirs from their memos under `key`),
+  each node's kept in its own memo (a dict on the node, gone with it; a weak mapping keyed by nodes cost a Python
+  call per lookup): a deep expression is walked once, not once per node asked about. The walk does not go below a
+  node whose op is in `leaves` (of() decides those without their sources: a load reads memory whatever its index
+  holds, and in the scheduler's graph what lies below a load is the whole program before it). A fact must not hold
+  its own node (the memo would keep the node alive: _range_set keeps none for a RANGE)."""
+  m = u._memo
+  if m is not None and (got := m.get(key)) is not None: return got
+  for n in u.toposort(lambda x: x.op not in leaves and (x._memo is None or key not in x._memo)):
+    nm = n._memo
+    if (nm is None or key not in nm) and (v := of(n)) is not _NOT_KEPT: n._get_memo()[key] = v
+  return u._memo[key]
 
 
 def _range_set(u: UOp) -> frozenset:
-  """The RANGEs u depends on (kept per node)."""
-  return _kept(u, _RANGE_SETS, lambda n: frozenset((n,)) if n.op is Ops.RANGE else
-               frozenset().union(*(_RANGE_SETS[s] for s in n.src)), _RANGE_LEAVES)
+  """The RANGEs u depends on (kept per node, but for a RANGE itself: its set holds it)."""
+  if u.op is Ops.RANGE: return frozenset((u,))
+  return _kept(u, "range_set", _ranges_below, _RANGE_LEAVES)
 
 
-_READS: "weakref.WeakKeyDictionary[UOp, bool]" = weakref.WeakKeyDictionary()   # holds a LOAD or an INDEX
+def _ranges_below(n: UOp):
+  if n.op is Ops.RANGE: return _NOT_KEPT
+  return frozenset().union(*((s,) if s.op is Ops.RANGE else s._memo["range_set"] for s in n.src))
 
 
 @rule_helper
 def reads_memory(u: UOp) -> bool:
   """u's graph holds a LOAD or an INDEX (kept per node: a condition over loads is walked once, not once per WHERE
   that asks)."""
-  return _kept(u, _READS, lambda n: n.op in (Ops.LOAD, Ops.INDEX) or any(_READS[x] for x in n.src), _MEMORY_OPS)
+  return _kept(u, "reads", lambda n: n.op in (Ops.LOAD, Ops.INDEX) or any(x._memo["reads"] for x in n.src),
+               _MEMORY_OPS)
 
 
 class _Fitter:
@@ -434,7 +442,6 @@ class _Fitter:
     self.spent = 0
     self.memo: dict[tuple, UOp] = {}
     # facts of a node alone, shared by every fit (weak: they go with their nodes)
-    self.divmod, self.arithmetic = _DIVMOD, _ARITHMETIC
     self.rewrites = 0    # symbolic rewrites of index parts (nested), bounded per WHERE by _NESTED_REWRITES
     self.guards: dict[tuple, UOp] = {}
     self.too_big = False   # a group of a guard had too many points for bounds_form
@@ -478,8 +485,9 @@ class _Fitter:
 
   def is_arithmetic(self, c: UOp) -> bool:
     """c is arithmetic on ranges and constants all the way down (no load, no reduce)."""
-    return _kept(c, self.arithmetic, lambda n: n.op in (Ops.RANGE, Ops.CONST) or (
-      bool(n.src) and n.op not in (Ops.INDEX, Ops.REDUCE) and all(self.arithmetic[x] for x in n.src)), _ARITHMETIC_LEAVES)
+    return _kept(c, "arithmetic", lambda n: n.op in (Ops.RANGE, Ops.CONST) or (
+      bool(n.src) and n.op not in (Ops.INDEX, Ops.REDUCE) and all(x._memo["arithmetic"] for x in n.src)),
+      _ARITHMETIC_LEAVES)
 
   def fit(self, u: UOp, conds: list[UOp]) -> UOp | None:
     got = self.fit_bounded(u, conds)
