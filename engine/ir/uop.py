@@ -292,18 +292,21 @@ class UOp:
 
   def toposort(self, gate: Callable[[UOp], bool] | None = None) -> list[UOp]:
     """Every node reachable from this one, sources before users. `gate(u)` False stops descent below u."""
-    seen: set[int] = set()
+    # (the nodes themselves in `seen`: a UOp hashes by identity, so no id() call per visit; the scheduler walks
+    # model-sized graphs tens of thousands of times a schedule)
+    seen: set[UOp] = set()
     out: list[UOp] = []
     stack: list[tuple[UOp, bool]] = [(self, False)]
+    pop, push, add, emit = stack.pop, stack.append, seen.add, out.append
     while stack:
-      u, done = stack.pop()
-      if done: out.append(u); continue
-      if id(u) in seen: continue
-      seen.add(id(u))
-      stack.append((u, True))
+      u, done = pop()
+      if done: emit(u); continue
+      if u in seen: continue
+      add(u)
+      push((u, True))
       if gate is None or gate(u):
         for s in reversed(u.src):
-          if id(s) not in seen: stack.append((s, False))
+          if s not in seen: push((s, False))
     return out
 
   @property
