@@ -353,9 +353,12 @@ def _eval_grid(u: UOp, env: dict[UOp, np.ndarray], memo: dict[UOp, np.ndarray]) 
       if op in _INT_OPS and n.dtype.is_int: v = _INT_OPS[op](*xs)
       elif op is Ops.NEG and n.dtype.is_int: v = -xs[0]
       elif op in (Ops.IDIV, Ops.MOD) and n.dtype.is_int:
-        a, b = np.broadcast_arrays(*xs)
-        safe = np.where(b == 0, 1, b)
-        v = np.where(b == 0, 0, np.floor_divide(a, safe) if op is Ops.IDIV else np.mod(a, safe))
+        if n.src[1].op is Ops.CONST and n.src[1].arg > 0:   # (the usual divisor: no zero to guard)
+          v = np.floor_divide(xs[0], xs[1]) if op is Ops.IDIV else np.mod(xs[0], xs[1])
+        else:
+          a, b = np.broadcast_arrays(*xs)
+          safe = np.where(b == 0, 1, b)
+          v = np.where(b == 0, 0, np.floor_divide(a, safe) if op is Ops.IDIV else np.mod(a, safe))
       elif op is Ops.CMPLT: v = xs[0] < xs[1]
       elif op is Ops.CMPNE: v = xs[0] != xs[1]
       elif op is Ops.CMPEQ: v = xs[0] == xs[1]
@@ -363,7 +366,11 @@ def _eval_grid(u: UOp, env: dict[UOp, np.ndarray], memo: dict[UOp, np.ndarray]) 
         v = {Ops.AND: np.logical_and, Ops.OR: np.logical_or, Ops.XOR: np.logical_xor}[op](*xs)
       elif op is Ops.WHERE: v = np.where(*xs)
       else: return None
-      if n.dtype.is_int and np.size(v) and (np.max(v) > 2**31 - 1 or np.min(v) < -2**31): return None
+      # (outside int32 by its values; its bounds, strictly inside int32, say it cannot be, without two passes over
+      # v. Strictly: an int32 op that may wrap has int32's whole range as its bounds, and v holds the unwrapped value)
+      if n.dtype.is_int and np.size(v) and not (isinstance(lo := n.vmin, int) and isinstance(hi := n.vmax, int)
+                                                and -2**31 < lo and hi < 2**31 - 1) \
+         and (np.max(v) > 2**31 - 1 or np.min(v) < -2**31): return None
     memo[n] = v
   return memo[u]
 
