@@ -46,7 +46,8 @@ def graph_rewrite(sink: UOp, matcher: Any, ctx: Any = None, bottom_up: bool = Fa
     def rewrite(u: UOp): return matcher.rewrite(u, ctx)
   budget = _Budget(sink, max_steps)
   try:
-    if bottom_up: return _pre_order(sink, rewrite, matcher, ctx, budget, {} if memo is None else memo)
+    if bottom_up: return _pre_order(sink, rewrite, matcher, ctx, budget, {} if memo is None else memo,
+                                    None if dispatch is None else dispatch.get)
     return _post_order(sink, rewrite, matcher, ctx, budget, {} if memo is None else memo,
                        None if dispatch is None else dispatch.get)
   except AttributeError as e:
@@ -163,7 +164,13 @@ def _post_order(root: UOp, rewrite, matcher, ctx, budget: _Budget, done: dict[UO
   return done[root]
 
 
-def _pre_order(root: UOp, rewrite, matcher, ctx, budget: _Budget, done: dict[UOp, UOp]) -> UOp:
+def _pre_order(root: UOp, rewrite, matcher, ctx, budget: _Budget, done: dict[UOp, UOp], get=None) -> UOp:
+  # get: as in _post_order. (No set of the nodes met per node unless a rule fires on it: most nodes are left as they
+  # are, and a set each cost every node of every kernel's pass an allocation)
+  if get is not None:
+    def rewrite(u: UOp):
+      fn = get(u.op)
+      return None if fn is None else fn(u, ctx)
   pending: set[UOp] = set()
   recent: collections.deque = collections.deque(maxlen=64)
   budget.recent = recent
@@ -173,11 +180,12 @@ def _pre_order(root: UOp, rewrite, matcher, ctx, budget: _Budget, done: dict[UOp
     n, stage, extra = stack.pop()
     if stage == 0:
       if n in done: continue
-      x, seen = n, {n}
+      x, seen = n, None
       while (r := rewrite(x)) is not None:
         steps += 1
         recent.append(x)
         if budget.exceeded(steps, len(done)): raise _loop_error(matcher, ctx, recent, f"more than {budget.limit} rewrites")
+        if seen is None: seen = {n}
         if r in seen or r in pending:
           raise _loop_error(matcher, ctx, recent, f"a rewrite of {x.op.name} led back to a node being rewritten")
         seen.add(r)
@@ -193,7 +201,7 @@ def _pre_order(root: UOp, rewrite, matcher, ctx, budget: _Budget, done: dict[UOp
     elif stage == 1:
       x = extra
       new_src = tuple([done[s] for s in x.src])
-      if all(a is b for a, b in zip(x.src, new_src)):
+      if new_src == x.src:   # (tuple == compares items by identity first; a UOp equals only itself)
         pending.discard(n)
         done[n] = x
         if x is not n: done[x] = x
