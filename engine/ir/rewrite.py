@@ -121,13 +121,14 @@ def _post_order(root: UOp, rewrite, matcher, ctx, budget: _Budget, done: dict[UO
   budget.recent = recent
   steps = 0
   stack: list[tuple[UOp, int, Any]] = [(root, 0, None)]
+  push, pop = stack.append, stack.pop
   while stack:
-    n, stage, extra = stack.pop()
+    n, stage, extra = pop()
     if stage == 0:
       if n in done: continue
-      stack.append((n, 1, None))
+      push((n, 1, None))
       for s in reversed(n.src):
-        if s not in done: stack.append((s, 0, None))
+        if s not in done: push((s, 0, None))
     elif stage == 1:
       if n in done: continue
       src = n.src
@@ -155,8 +156,8 @@ def _post_order(root: UOp, rewrite, matcher, ctx, budget: _Budget, done: dict[UO
         done[n] = done[r]
         continue
       pending.add(n)
-      stack.append((n, 2, (r, x)))
-      stack.append((r, 0, None))
+      push((n, 2, (r, x)))
+      push((r, 0, None))
     else:
       r, x = extra
       pending.discard(n)
