@@ -160,7 +160,7 @@ def ctype(d: DType, target: Target | None = None) -> str:
   if d.kind == "b": return "bool"
   if d.kind in "ix": return _INTS[d.itemsize]
   if d.kind == "u": return "u" + _INTS[d.itemsize]
-  if d is dtypes.float16 and target is not None and target.half: return "half"   # native (cl_khr_fp16)
+  if _native_half(d, target): return "half"   # native (cl_khr_fp16)
   if d.is_half or d is dtypes.float32: return "float"   # a half: float, rounded back after every op
   if d is dtypes.float64:
     if target is not None and not target.fp64:
@@ -169,10 +169,16 @@ def ctype(d: DType, target: Target | None = None) -> str:
   raise NotImplementedError(f"the OpenCL backend does not support {d}")
 
 
+def _native_half(d: DType, target: Target | None) -> bool:
+  """d is computed as OpenCL's `half`: float16 on a cl_khr_fp16 target (Target.half; bfloat16 never: no OpenCL
+  bfloat16 ALU is assumed)."""
+  return d is dtypes.float16 and target is not None and target.half
+
+
 def memtype(d: DType, target: Target | None = None) -> str:
   """The C type of d's elements in a buffer."""
   if d.kind == "b": return "uchar"
-  if d is dtypes.float16 and target is not None and target.half: return "half"
+  if _native_half(d, target): return "half"
   if d.is_half: return "ushort"   # its bits: see _HALF
   return ctype(d, target)
 
@@ -379,9 +385,8 @@ class CLRenderer(ScopedEmitter):
     return ctype(d, self.target)
 
   def native(self, d: DType) -> bool:
-    """Whether d is computed as OpenCL's `half`: float16 on a cl_khr_fp16 target (bfloat16 never: no OpenCL bfloat16
-    ALU is assumed)."""
-    return d is dtypes.float16 and self.target.half
+    """Whether d is computed as OpenCL's `half` on this renderer's target (_native_half)."""
+    return _native_half(d, self.target)
 
   def float_acc(self, op: Ops, d: DType) -> bool:
     """Whether a reduce's accumulator is a float where its values are native halves: sums and products accumulate in

@@ -412,33 +412,44 @@ def _matcher_head(key_: bytes, name: str, body: bytes) -> bytes:
   return f"# rulec-cache key={name} hmac={_tag(key_, f'matchers/{name}.py', body)}".encode()
 
 
-def load_text(name: str) -> str | None:
-  """The body of the matcher entry `name` (the loader's key: hex digits), if its first line names `name` and
-  carries the body's tag; None otherwise (a miss; an entry that fails is removed)."""
+def _read_entry(stem: str, suffix: str, head) -> tuple[Path, bytes] | None:
+  """(path, body) of the root-level entry `<stem><suffix>` (a matcher's text or bytecode) whose first line is
+  head(key, stem, body): its tag under the root's key. None for a miss; an entry that fails is removed."""
   got = _root()
-  if got is None or not name.isalnum(): return None
-  path = got[0] / f"{name}.py"
-  try: data = read_regular(path, MAX_BYTES[".py"] + _HEADER_BYTES, owner=os.getuid())
+  if got is None: return None
+  path = got[0] / f"{stem}{suffix}"
+  try: data = read_regular(path, MAX_BYTES[suffix] + _HEADER_BYTES, owner=os.getuid())
   except Refused:
     _drop(path)
     return None
   except OSError: return None
-  head, nl, body = data.partition(b"\n")
-  if not nl or not hmac.compare_digest(head, _matcher_head(got[1], name, body)):
+  first, nl, body = data.partition(b"\n")
+  if not nl or not hmac.compare_digest(first, head(got[1], stem, body)):
     _drop(path)
     return None
-  try: return body.decode("utf-8")
+  return path, body
+
+
+def _write_entry(stem: str, suffix: str, head, body: bytes) -> None:
+  """Write the root-level entry `<stem><suffix>` atomically (a new file renamed into place); a read-only or refused
+  cache, or a body over the cap, only costs speed."""
+  got = _root()
+  if got is None or len(body) > MAX_BYTES[suffix]: return
+  try: write_replacing(got[0] / f"{stem}{suffix}", head(got[1], stem, body) + b"\n" + body, mode=0o600)
+  except OSError: pass
+
+
+def load_text(name: str) -> str | None:
+  """The body of the matcher entry `name` (the loader's key: hex digits), if its first line names `name` and
+  carries the body's tag; None otherwise (a miss; an entry that fails is removed)."""
+  if not name.isalnum() or (found := _read_entry(name, ".py", _matcher_head)) is None: return None
+  try: return found[1].decode("utf-8")
   except UnicodeDecodeError: return None
 
 
 def store_text(name: str, src: str) -> None:
   """Write the matcher entry `name` atomically (a new file renamed into place)."""
-  got = _root()
-  if got is None or not name.isalnum(): return
-  body = src.encode("utf-8")
-  if len(body) > MAX_BYTES[".py"]: return
-  try: write_replacing(got[0] / f"{name}.py", _matcher_head(got[1], name, body) + b"\n" + body, mode=0o600)
-  except OSError: pass  # a read-only cache only costs speed
+  if name.isalnum(): _write_entry(name, ".py", _matcher_head, src.encode("utf-8"))
 
 
 # *** matcher code: the bytecode Python compiled a matcher entry's body to ***
@@ -452,21 +463,15 @@ def _code_name(name: str) -> str:
   return key(name, importlib.util.MAGIC_NUMBER, sys.implementation.cache_tag or "")[:32]
 
 
+def _code_head(key_: bytes, stem: str, body: bytes) -> bytes:
+  return f"# rulec-cache code={stem} hmac={_tag(key_, f'matchers/{stem}.code', body)}".encode()
+
+
 def load_code(name: str):
   """The code object kept for the matcher entry `name`, or None (a miss; an entry that fails its tag is removed).
   Only ever a payload rulec wrote under the user's key: marshal is not safe on bytes from anyone else."""
-  got = _root()
-  if got is None or not name.isalnum(): return None
-  path = got[0] / f"{_code_name(name)}.code"
-  try: data = read_regular(path, MAX_BYTES[".code"] + _HEADER_BYTES, owner=os.getuid())
-  except Refused:
-    _drop(path)
-    return None
-  except OSError: return None
-  head, nl, body = data.partition(b"\n")
-  if not nl or not hmac.compare_digest(head, _code_head(got[1], path.stem, body)):
-    _drop(path)
-    return None
+  if not name.isalnum() or (found := _read_entry(_code_name(name), ".code", _code_head)) is None: return None
+  path, body = found
   try: code = marshal.loads(body)
   except (ValueError, EOFError, TypeError): code = None
   if code.__class__.__name__ != "code":   # (a sound tag over bytes that are no code object: dropped)
@@ -477,14 +482,4 @@ def load_code(name: str):
 
 def store_code(name: str, code) -> None:
   """Keep the code object compiled from the matcher entry `name` (atomically; a read-only cache costs speed)."""
-  got = _root()
-  if got is None or not name.isalnum(): return
-  body = marshal.dumps(code)
-  if len(body) > MAX_BYTES[".code"]: return
-  path = got[0] / f"{_code_name(name)}.code"
-  try: write_replacing(path, _code_head(got[1], path.stem, body) + b"\n" + body, mode=0o600)
-  except OSError: pass
-
-
-def _code_head(key_: bytes, stem: str, body: bytes) -> bytes:
-  return f"# rulec-cache code={stem} hmac={_tag(key_, f'matchers/{stem}.code', body)}".encode()
+  if name.isalnum(): _write_entry(_code_name(name), ".code", _code_head, marshal.dumps(code))

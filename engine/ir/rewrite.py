@@ -46,8 +46,7 @@ def graph_rewrite(sink: UOp, matcher: Any, ctx: Any = None, bottom_up: bool = Fa
     def rewrite(u: UOp): return matcher.rewrite(u, ctx)
   budget = _Budget(sink, max_steps)
   try:
-    if bottom_up: return _pre_order(sink, rewrite, matcher, ctx, budget, {} if memo is None else memo,
-                                    None if dispatch is None else dispatch.get)
+    if bottom_up: return _pre_order(sink, rewrite, matcher, ctx, budget, {} if memo is None else memo)
     return _post_order(sink, rewrite, matcher, ctx, budget, {} if memo is None else memo,
                        None if dispatch is None else dispatch.get)
   except AttributeError as e:
@@ -165,13 +164,9 @@ def _post_order(root: UOp, rewrite, matcher, ctx, budget: _Budget, done: dict[UO
   return done[root]
 
 
-def _pre_order(root: UOp, rewrite, matcher, ctx, budget: _Budget, done: dict[UOp, UOp], get=None) -> UOp:
-  # get: as in _post_order. (No set of the nodes met per node unless a rule fires on it: most nodes are left as they
-  # are, and a set each cost every node of every kernel's pass an allocation)
-  if get is not None:
-    def rewrite(u: UOp):
-      fn = get(u.op)
-      return None if fn is None else fn(u, ctx)
+def _pre_order(root: UOp, rewrite, matcher, ctx, budget: _Budget, done: dict[UOp, UOp]) -> UOp:
+  # (no set of the nodes met per node unless a rule fires on it: most nodes are left as they are, and a set each
+  # cost every node of every kernel's pass an allocation)
   pending: set[UOp] = set()
   recent: collections.deque = collections.deque(maxlen=64)
   budget.recent = recent

@@ -24,13 +24,6 @@ _buffer_uids = itertools.count()   # one counter for every BUFFER, so two buffer
 _NEW, _REF = object.__new__, weakref.ref
 
 
-def _arg_kind(arg: Any) -> Any:
-  """What keeps equal-hashing args apart in the cache key: CONST 0, 0.0 and False, and 0.0 and -0.0."""
-  t = type(arg)
-  if t is float and arg == 0.0 and math.copysign(1.0, arg) < 0: return "-0.0"
-  return t
-
-
 def prod(xs: Iterable[int]) -> int:
   out = 1
   for x in xs: out *= x
@@ -46,7 +39,8 @@ class UOp:
   tag: Any
 
   def __new__(cls, op: Ops, dtype: DType = dtypes.void, src: tuple[UOp, ...] = (), arg: Any = None, tag: Any = None):
-    # (_arg_kind inlined, and the slots set through their own setters: this runs for every node every rewrite builds)
+    # (this runs for every node every rewrite builds: no call per node.) The arg's kind keeps equal-hashing args
+    # apart in the cache key: CONST 0, 0.0 and False, and 0.0 and -0.0
     kind = type(arg)
     if kind is float and arg == 0.0 and math.copysign(1.0, arg) < 0: kind = "-0.0"
     key = (op, dtype, src, arg, kind, tag)
@@ -121,7 +115,7 @@ class UOp:
       s = srcs[0]
       operands = (self, s if s.__class__ is UOp else self.const_like(s))
     else: operands = (self,) + tuple(s if isinstance(s, UOp) else self.const_like(s) for s in srcs)
-    if op in _COMPARES: out = dtypes.bool
+    if op in _COMPARE: out = dtypes.bool
     elif op is Ops.WHERE: out = operands[1].dtype
     else: out = self.dtype
     return UOp(op, out, operands)
@@ -707,7 +701,6 @@ def _op_bounds(u: UOp):
 _OPERAND = (UOp, int, float, np.generic)
 _SET_OP, _SET_DTYPE, _SET_SRC, _SET_ARG, _SET_TAG, _SET_MEMO, _SET_KEY = (
   UOp.__dict__[f].__set__ for f in ("op", "dtype", "src", "arg", "tag", "_memo", "_key"))
-_COMPARES = frozenset((Ops.CMPLT, Ops.CMPNE, Ops.CMPEQ))
 
 _COMPARE = frozenset({Ops.CMPLT, Ops.CMPNE, Ops.CMPEQ})
 

@@ -156,14 +156,14 @@ class _Emitter:
     if kind == "arg": return f"{t[1]}.arg == {self.const(t[3])}"
     if kind == "same": return f"{t[1]} is {t[2]}"
     if kind == "each":
-      alts = " or ".join("(" + (" and ".join(self.test(x) for x in tests) or "True") + ")" for tests in t[2])
       var, srcs = _each_var(t[2]), src_expr(t[1])
-      every = f"all({alts} for {var} in {srcs})"
+      def alts(on=lambda x: x) -> str:   # (on: each test as it reads the element)
+        return " or ".join("(" + (" and ".join(self.test(on(x)) for x in tests) or "True") + ")" for tests in t[2])
+      every = f"all({alts()} for {var} in {srcs})"
       # (the first source tested before the generator starts: most nodes fail there, and a generator costs more
       # than the test. Only where the tests read the element's own op, dtype or arg, so renaming it is plain)
       if not all(x[0] in ("op", "dtype", "arg") and x[1] == var for tests in t[2] for x in tests): return every
-      first = " or ".join("(" + (" and ".join(self.test((x[0], f"{srcs}[0]") + tuple(x[2:])) for x in tests) or "True") + ")"
-                          for tests in t[2])
+      first = alts(lambda x: (x[0], f"{srcs}[0]") + tuple(x[2:]))
       return f"((not {srcs} or {first}) and {every})"
     raise AssertionError(kind)
 

@@ -54,7 +54,8 @@ def exact_bounds(u: UOp) -> tuple[int, int] | None:
   else:
     lo, hi = u.vmin, u.vmax
     if not (isinstance(lo, int) and isinstance(hi, int)): return None
-  return (lo, hi) if int_limits(u.dtype)[0] <= lo and hi <= int_limits(u.dtype)[1] else None
+  least, most = int_limits(u.dtype)
+  return (lo, hi) if least <= lo and hi <= most else None
 
 
 @rule_helper
@@ -72,8 +73,8 @@ def no_wrap(*xs: UOp) -> bool:
   whatever intermediate results wrapped. Rules that rely on integer identities (x*c // c == x) check this."""
   for x in xs:
     if not x.dtype.is_int: return False
-    b = linear_bounds(x)
-    if b is None or b[0] < int_limits(x.dtype)[0] or b[1] > int_limits(x.dtype)[1]: return False
+    b, (least, most) = linear_bounds(x), int_limits(x.dtype)
+    if b is None or b[0] < least or b[1] > most: return False
   return True
 
 
@@ -99,7 +100,8 @@ def divmod_parts(x: UOp, c: int, div: bool) -> UOp | None:
     if r: lo, hi = lo + min(r * vmin, r * vmax), hi + max(r * vmin, r * vmax)
     xlo, xhi = xlo + min(coef * vmin, coef * vmax), xhi + max(coef * vmin, coef * vmax)
     parts.append((q, r, v))
-  if xlo < int_limits(x.dtype)[0] or xhi > int_limits(x.dtype)[1]: return None
+  least, most = int_limits(x.dtype)
+  if xlo < least or xhi > most: return None
   # (each part built only when it is the answer: most calls, a conv's indices, are refused below)
   def rest() -> UOp: return _sum_of([(r, v) for q, r, v in parts if r], UOp.const(x.dtype, rk))
   def quot() -> UOp: return _sum_of([(q, v) for q, r, v in parts if q], UOp.const(x.dtype, qk))
@@ -451,7 +453,6 @@ class _Fitter:
   def __init__(self):
     self.spent = 0
     self.memo: dict[tuple, UOp] = {}
-    # facts of a node alone, shared by every fit (weak: they go with their nodes)
     self.rewrites = 0    # symbolic rewrites of index parts (nested), bounded per WHERE by _NESTED_REWRITES
     self.guards: dict[tuple, UOp] = {}
     self.too_big = False   # a group of a guard had too many points for bounds_form
