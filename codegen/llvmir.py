@@ -520,15 +520,11 @@ class LLVMRenderer(ScopedEmitter):
     raise NotImplementedError(f"the CPU backend cannot render {op} on {sd} (no decomposition rule for it)")
 
   def _floor_div(self, x, y, round_quotient=lambda q: q):
-    """floor(x / y) of floats; a non-finite quotient passes through; x // 0 is +-inf by x's sign (numpy); never
+    """floor(x / y) of floats; a non-finite quotient passes through (x // 0 is x / 0, as numpy gives it); never
     -0.0 (engine/ir/alu.py floors to an int). round_quotient: a 2-byte float rounds the quotient before the floor, as
     numpy does."""
     b, ty = self.b, x.type
-    q = b.fadd(self._intrinsic("llvm.floor", [round_quotient(b.fdiv(x, y))]), ir.Constant(ty, 0.0))   # -0.0 + 0.0 is 0.0
-    by0 = b.fcmp_ordered("==", y, ir.Constant(ty, 0.0))
-    signed_inf = self._intrinsic("llvm.copysign", [ir.Constant(ty, math.inf), x])
-    x0 = b.fcmp_ordered("==", x, ir.Constant(ty, 0.0))   # a NaN x is not 0: NaN // 0 is an infinity (engine/ir/alu.py)
-    return b.select(by0, b.select(x0, ir.Constant(ty, math.nan), signed_inf), q)
+    return b.fadd(self._intrinsic("llvm.floor", [round_quotient(b.fdiv(x, y))]), ir.Constant(ty, 0.0))   # -0.0 + 0.0 is 0.0
 
   def _intrinsic(self, name: str, args: list):
     ty = args[0].type

@@ -11,8 +11,8 @@ stays signed so the compiler sees affine addresses), float to int casts map
 non-finite values to 0 and wrap modulo 2**64,
 MAX is `b > a ? b : a` (a NaN second operand loses), bools live as uchar in
 memory. Where codegen/llvmir.py departs from engine/ir/alu.py this file follows
-engine/ir/alu.py: TRUNC and float // never give -0.0, NaN // 0 is an infinity
-(`copysign(inf, a) if a else nan`), and an unsigned integer power with an
+engine/ir/alu.py: TRUNC and float // never give -0.0 (x // 0 is floor(x / 0), as
+numpy gives it), and an unsigned integer power with an
 exponent whose top bit is set still multiplies.
 
 Shape of the kernel: the optimizer (codegen/opt) has split and marked the
@@ -655,10 +655,8 @@ class CLRenderer(ScopedEmitter):
     if op is Ops.CMOD: return f"fmod({s[0]}, {s[1]})"       # exact; NaN for a zero divisor
     if op is Ops.MULACC: return rh(f"{rh(f'{s[0]} * {s[1]}')} + {s[2]}")
     if op is Ops.IDIV:
-      # floor(a / b) (+ 0: never -0.0); a non-finite quotient passes through; x // 0 is +-inf by x's sign, 0 // 0 NaN
-      # (engine/ir/alu.py: `copysign(inf, a) if a else nan`, so a NaN dividend gives an infinity too)
-      q = self.let(sd, rh(f"{s[0]} / {s[1]}"))
-      return f"{s[1]} == 0 ? ({s[0]} != 0 ? copysign(({c})INFINITY, {s[0]}) : ({c})NAN) : floor({q}) + ({c})0"
+      # floor(a / b) (+ 0: never -0.0); a non-finite quotient passes through (x // 0 is x / 0, as numpy gives it)
+      return f"floor({rh(f'{s[0]} / {s[1]}')}) + ({c})0"
     fns = {Ops.EXP2: "exp2", Ops.LOG2: "log2", Ops.SIN: "sin", Ops.POW: "pow"}
     if op in fns:
       call = f"{fns[op]}({', '.join(s)})"
@@ -690,9 +688,8 @@ class CLRenderer(ScopedEmitter):
     if op is Ops.SQRT: return f"convert_half_rte(sqrt({f(s[0])}))"
     if op is Ops.TRUNC: return f"trunc({s[0]}) + ({h})0"   # + 0: engine/ir/alu.py's trunc never gives -0.0
     if op is Ops.CMOD: return f"fmod({s[0]}, {s[1]})"
-    if op is Ops.IDIV:   # (as _float_alu: the quotient rounded to half, then its floor; x // 0 by x's sign)
-      q = self.let(dtypes.float16, f"convert_half_rte({f(s[0])} / {f(s[1])})")
-      return f"{s[1]} == 0 ? ({s[0]} != 0 ? copysign(({h})INFINITY, {s[0]}) : ({h})NAN) : floor({q}) + ({h})0"
+    if op is Ops.IDIV:   # (as _float_alu: the quotient rounded to half, then its floor)
+      return f"floor(convert_half_rte({f(s[0])} / {f(s[1])})) + ({h})0"
     fns = {Ops.EXP2: "exp2", Ops.LOG2: "log2", Ops.SIN: "sin", Ops.POW: "pow"}
     if op in fns:
       if self.target.fp64:

@@ -27,8 +27,7 @@ from rulec.engine.ir.ops import Ops
 
 def _idiv(a, b):
   if isinstance(a, float) or isinstance(b, float):
-    if b == 0: return math.copysign(math.inf, a) if a else math.nan
-    q = a / b
+    q = _fdiv(a, b)   # a / 0 is an infinity signed by both signs (1 // -0.0 is -inf), 0 / 0 and NaN / 0 NaN, as numpy
     return math.floor(q) if math.isfinite(q) else q
   return a // b if b != 0 else 0   # numpy gives 0 (with a warning) for integer division by zero
 
@@ -79,8 +78,8 @@ def float_alu(op: Ops, xs: list) -> Any:
   if op is Ops.SUB: return a - b
   if op is Ops.MUL: return a * b
   if op is Ops.FDIV: return np.true_divide(a, b)
-  if op is Ops.IDIV:   # floor of the rounded quotient; a / 0 is inf with a's sign (NaN too: it is not 0), 0 / 0 nan; never -0.0
-    return np.where(b == 0, np.where(a != 0, np.copysign(np.inf, a), np.nan), np.floor(a / b) + 0.0)
+  if op is Ops.IDIV:   # floor of the rounded quotient (a non-finite one passes through: 1 // -0.0 is -inf); never -0.0
+    return np.floor(np.true_divide(a, b)) + 0.0
   if op is Ops.MOD: return np.remainder(a, b)      # Python's float %: the divisor's sign (a zero too), nan for b == 0
   if op is Ops.MAX: return np.where(b > a, b, a)   # Python's max(a, b): a unless b is larger (a NaN a stays)
   if op is Ops.POW: return np.power(a, b)
@@ -115,9 +114,7 @@ def half_alu(op: Ops, xs: list, t: np.dtype) -> np.ndarray:
   f = [np.asarray(x).astype(np.float32) for x in xs]
   if op is Ops.MULACC: r = _rounded(f[0] * f[1], t) + f[2]
   elif op is Ops.IDIV:
-    a, b = f
-    r = np.where(b == 0, np.where(a != 0, np.copysign(np.float32(np.inf), a), np.float32(np.nan)),
-                 np.floor(_rounded(np.true_divide(a, b), t)) + np.float32(0.0))
+    r = np.floor(_rounded(np.true_divide(f[0], f[1]), t)) + np.float32(0.0)
   else: r = float_alu(op, f)
   return np.asarray(r).astype(t)
 

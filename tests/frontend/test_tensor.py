@@ -155,11 +155,12 @@ BINARY = ["+", "-", "*", "/", "//", "%", "**", "maximum", "minimum", "<", "<=", 
 
 
 def np_floordiv(a, b):
-  """Integers: numpy's //. Floats: the IR's IDIV (engine/ir/alu.py), floor(a / b) with a / 0 = inf * sign(a), 0 / 0 = nan."""
+  """Integers: numpy's //. Floats: the IR's IDIV (engine/ir/alu.py), floor(a / b), as tinygrad computes it: a non-finite
+  quotient passes through (1 // -0.0 is -inf, NaN // 0 NaN, as numpy's //), and 1 // -inf is -0.0 where numpy says -1."""
   r = np.asarray(a // b)
   if r.dtype.kind != "f": return a // b
   q = np.asarray(a / b)
-  return np.where(np.asarray(b) == 0, np.where(np.asarray(a) != 0, np.copysign(np.inf, a), np.nan), np.floor(q)).astype(q.dtype)
+  return np.floor(q).astype(q.dtype)
 
 
 def apply_binary(op, a, b):

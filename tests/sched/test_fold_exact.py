@@ -82,7 +82,7 @@ def test_binary_folded_is_computed(name, dtype, device, data):
 
 
 # cases that were folded wrongly (each also a hypothesis find): a zero remainder's sign, a quotient that rounds to
-# -0.0 in float32 before the floor, trunc's -0.0, NaN // 0 (an infinity: engine/ir/alu.py), overflow of each kind
+# -0.0 in float32 before the floor, trunc's -0.0, NaN // 0 (NaN) and 1 // -0.0 (-inf), overflow of each kind
 CASES = [("mod", 3.0, -1.0), ("mod", -3.0, 3.0), ("mod", -0.0, 1.0), ("mod", 0.0, -150.0), ("mod", -0.0, math.inf),
          ("floordiv", -1e-45, 2.0), ("floordiv", 1e-45, -7.3), ("floordiv", math.nan, 0.0), ("floordiv", 1.0, -0.0),
          ("trunc", -0.0), ("trunc", -0.5), ("exp2", 1025.0), ("exp2", 3.4e38), ("exp", 100.0), ("sigmoid", -1000.0),
