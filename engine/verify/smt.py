@@ -160,14 +160,9 @@ def float_mod(a, b, m):
 
 
 def float_floor_div(a, b):
-  """engine/ir/alu.py float_alu's IDIV: floor of the rounded quotient, + 0.0 (never -0.0); a / 0 is an infinity
-  of a's sign (a NaN counts as positive: z3's NaN has no sign), 0 / 0 NaN."""
-  s = a.sort()
-  zero = z3.fpPlusZero(s)
-  by_zero = z3.If(z3.fpIsZero(a), z3.fpNaN(s),
-                  z3.If(z3.fpIsNegative(a), z3.fpMinusInfinity(s), z3.fpPlusInfinity(s)))
-  q = z3.fpAdd(RNE, z3.fpRoundToIntegral(z3.RTN(), z3.fpDiv(RNE, a, b)), zero)
-  return z3.If(z3.fpIsZero(b), by_zero, q)
+  """engine/ir/alu.py float_alu's IDIV: floor of the rounded quotient, + 0.0 (never -0.0); a quotient that is not
+  finite passes through (1 // -0.0 is -inf, 0 // 0 and NaN // 0 NaN, as IEEE 754 divides)."""
+  return z3.fpAdd(RNE, z3.fpRoundToIntegral(z3.RTN(), z3.fpDiv(RNE, a, b)), z3.fpPlusZero(a.sort()))
 
 
 def float_to_int(x, src: DType, dt: DType):
