@@ -40,7 +40,7 @@ def _facts(where: str, *names: str) -> RuleContext:
 def rule_contexts() -> dict[str, RuleContext | None]:
   """Rule set name -> what it receives as ctx; None: the pass passes no ctx (`ctx` is None in its rules)."""
   fusion = _facts("rulec.engine.sched.fusion:FusionFacts", "uses", "contexts", "repeats", "cost", "transcendentals", "bytes", "reads", "reduces_inside", "epilogue",
-                  "needed_below", "needed_more_below", "guards", "hoists", "hoists_rows", "lane_guards", "max_reads", "launch_cost", "tile", "row_value", "row_tail", "tiled_epilogues", "tensor_cores", "tile_epilogue_ops", "epilogue_cost", "contraction", "online_softmax", "score_bytes", "online_bytes", "shrunk_view", "permuted_view",
+                  "needed_below", "needed_more_below", "guards", "hoists", "hoists_rows", "lane_guards", "max_reads", "launch_cost", "tile", "row_value", "row_tail", "over_hoisted_row", "tiled_epilogues", "tensor_cores", "tile_epilogue_ops", "epilogue_cost", "contraction", "online_softmax", "score_bytes", "online_bytes", "shrunk_view", "permuted_view",
                   "kernel_ops", "max_kernel_ops", "decided", "store", "hoist", "keep")
   return {
     "earliest": None, "prepare": None, "realize": None, "rangeify": None, "symbolic": None, "multi": None,

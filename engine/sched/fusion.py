@@ -494,6 +494,16 @@ class FusionFacts:
       if sorted(u.arg[1]) == list(range(lead, len(shape))) and u.shape[:lead] == shape[:lead]: return True
     return False
 
+  def over_hoisted_row(self, x: UOp) -> bool:
+    """x is a value at its full shape that reads, through elementwise ops and broadcasts only, a row's value
+    hoisted so far (a softmax's exp(x - max) over its hoisted max). Every kernel that recomputes x computes that
+    row's value again: one more pass over each row per kernel."""
+    shape = x.shape
+    if not shape or shape[-1] == 1: return False
+    stop = lambda u: u is not x and (u in self.staged or u in self.hoisted or u.op in (Ops.CONTIGUOUS, Ops.BUFFER))  # noqa: E731
+    through = lambda u: u is x or (not stop(u) and (u.op in ALU or u.op in (Ops.CAST, Ops.EXPAND)))  # noqa: E731
+    return any(u in self.hoisted and len(u.shape) == len(shape) and u.shape[-1] == 1 for u in x.toposort(gate=through))
+
   def reads(self, x: UOp) -> int:
     """How many buffers recomputing x reads (inputs, realized values, stores chosen so far); counted up to
     READS_CAP, and READS_CAP + 1 for more."""
