@@ -170,7 +170,9 @@ class CLDevice:
     fixed = os.environ.get("RULEC_CL_FIXED_GROUP", "")
     # float16 as OpenCL's `half`, computed natively (codegen/opencl.py _half_alu), with RULEC_CL_HALF=1 where the
     # device has cl_khr_fp16; otherwise stored as its bits and computed in float. Opt-in until tests/codegen/
-    # test_opencl_native_half.py has run on an NVIDIA GPU (its values were checked on PoCL through an emulation only).
+    # test_opencl_native_half.py has run on a device that has the extension (its values were checked on PoCL through
+    # an emulation only): NVIDIA's OpenCL lists no cl_khr_fp16 (H100, driver 580.159.04: the tests skipped there), so
+    # on NVIDIA GPUs float16 stays in float and only the tensor-core matmuls compute in half.
     # The two render different sources, which key the program and binary caches (and repr(target) RULEC_SEARCH's)
     half = "cl_khr_fp16" in ext and os.environ.get("RULEC_CL_HALF", "").strip() == "1"
     self.target = Target(fp64="cl_khr_fp64" in ext, half=half, group=group_size(self.dev), vector=vector if vector in (2, 4, 8, 16) else 0,
