@@ -202,9 +202,10 @@ class LinalgMixin:
     The view holds a copy of the buffer, taken when data() is called (tinygrad's may alias the device buffer)."""
     fmt = FMT.get(self.dtype.name)
     if fmt is None: raise TypeError(f"data(): no memoryview format for dtype {self.dtype.name}")
-    if self.numel() == 0: return memoryview(bytearray(0)).cast(fmt)
-    arr = np.ascontiguousarray(self.numpy())
-    if fmt == "e": return memoryview(arr)   # memoryview.cast cannot make 'e' before Python 3.12; numpy's view can
+    # (memoryview.cast cannot make 'e' before Python 3.12, not even an empty one; numpy's view can)
+    if self.numel() == 0: return memoryview(np.zeros(0, np.float16)) if fmt == "e" else memoryview(bytearray(0)).cast(fmt)
+    arr = np.array(self.numpy(), order="C")   # (a C-ordered copy; np.ascontiguousarray gave a 0-d value one axis)
+    if fmt == "e": return memoryview(arr)
     return memoryview(arr).cast("B").cast(fmt, self.shape)
 
   def replace(self, x: Tensor) -> Tensor:

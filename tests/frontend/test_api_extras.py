@@ -157,6 +157,17 @@ def test_data_is_a_memoryview(dt, shape, data):
     np.testing.assert_array_equal(np.asarray(m), a)
 
 
+def test_data_of_empty_and_0d_float16():
+  # (found by the wider hypothesis run: memoryview.cast cannot make 'e' on Python 3.11, not even an empty view, and
+  # np.ascontiguousarray gave a 0-d value one axis)
+  m = Tensor(np.zeros(0, np.float16)).data()
+  assert m.format == "e" and m.shape == (0,) and m.nbytes == 0
+  m = Tensor(np.array(2.5, np.float16)).data()
+  assert m.format == "e" and m.shape == () and np.asarray(m) == 2.5
+  m = Tensor(np.array(-3, np.int64)).data()
+  assert m.format == "q" and m.shape == () and m[()] == -3
+
+
 def test_replace_and_to_():
   t = Tensor([1.0, 2.0])
   other = Tensor([3, 4], dtype=dtypes.int32) + 0

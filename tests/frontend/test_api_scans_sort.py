@@ -35,7 +35,7 @@ def first_index_of_running(a, vals, axis):
   out = np.zeros(a.shape, np.int32)
   for pos in np.ndindex(*a.shape):
     row, v = a[pos[:-1]][:pos[-1] + 1], vals[pos]
-    hit = np.isnan(row) if isinstance(v, float) and np.isnan(v) else row == v
+    hit = np.isnan(row) if isinstance(v, (float, np.floating)) and np.isnan(v) else row == v   # (np.float32 is no float)
     out[pos] = np.argmax(hit)
   return np.moveaxis(out, -1, axis)
 
