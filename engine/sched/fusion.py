@@ -486,10 +486,8 @@ class FusionFacts:
     whose shape has the matmul's axis besides, nor a sum of padded gradients, whose reduces lie behind the pads)."""
     shape = x.shape
     if not shape or shape[-1] == 1: return False
-    stop = lambda u: u is not x and (u in self.staged or u in self.hoisted or u.op in (Ops.CONTIGUOUS, Ops.BUFFER))  # noqa: E731
-    through = lambda u: u is x or (not stop(u) and (u.op in ALU or u.op in (Ops.CAST, Ops.EXPAND)))  # noqa: E731
-    for u in x.toposort(gate=through):
-      if u.op is not Ops.REDUCE_AXIS or stop(u) or len(u.shape) != len(shape): continue
+    for u in self._along_rows(x):
+      if u.op is not Ops.REDUCE_AXIS or self._row_stop(x, u) or len(u.shape) != len(shape): continue
       lead = len(shape) - len(u.arg[1])
       if sorted(u.arg[1]) == list(range(lead, len(shape))) and u.shape[:lead] == shape[:lead]: return True
     return False
@@ -500,9 +498,15 @@ class FusionFacts:
     row's value again: one more pass over each row per kernel."""
     shape = x.shape
     if not shape or shape[-1] == 1: return False
-    stop = lambda u: u is not x and (u in self.staged or u in self.hoisted or u.op in (Ops.CONTIGUOUS, Ops.BUFFER))  # noqa: E731
-    through = lambda u: u is x or (not stop(u) and (u.op in ALU or u.op in (Ops.CAST, Ops.EXPAND)))  # noqa: E731
-    return any(u in self.hoisted and len(u.shape) == len(shape) and u.shape[-1] == 1 for u in x.toposort(gate=through))
+    return any(u in self.hoisted and len(u.shape) == len(shape) and u.shape[-1] == 1 for u in self._along_rows(x))
+
+  def _row_stop(self, x: UOp, u: UOp) -> bool:
+    return u is not x and (u in self.staged or u in self.hoisted or u.op in (Ops.CONTIGUOUS, Ops.BUFFER))
+
+  def _along_rows(self, x: UOp):
+    """x and what lies below it through elementwise ops, casts and broadcasts, down to (and including) the stored,
+    hoisted or realized values it reads: the walk row_tail and over_hoisted_row look along."""
+    return x.toposort(gate=lambda u: u is x or (not self._row_stop(x, u) and (u.op in ALU or u.op in (Ops.CAST, Ops.EXPAND))))
 
   def reads(self, x: UOp) -> int:
     """How many buffers recomputing x reads (inputs, realized values, stores chosen so far); counted up to

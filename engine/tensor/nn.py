@@ -343,6 +343,10 @@ class NNMixin:
     C, Og, ks = w.shape[0], w.shape[1], w.shape[2:]
     if self.shape[1] != C or C % groups:
       raise ShapeError(f"conv_transpose2d: input of shape {self.shape} does not fit weight of shape {w.shape} with groups={groups}")
+    outs = tuple((L - 1) * si - pb - pa + di * (k - 1) + o + 1 for L, si, di, k, (pb, pa), o in zip(self.shape[2:], s, d, ks, p, op))
+    if min(outs) < 1:   # (torch refuses these too: "output size is too small")
+      raise ShapeError(f"conv_transpose2d: the output would have size {outs} (input shape {self.shape}, kernel {ks}, stride {s}, "
+                       f"dilation {d}, padding {padding}, output_padding {output_padding}): the padding takes more than it has")
     # regroup (G, C/G, O/G, *k) -> (G, O/G, C/G, *k), flip the taps
     wt = w.reshape((groups, C // groups, Og) + ks).transpose(1, 2).flip(tuple(range(3, 3 + n)))
     wt = wt.reshape((groups * Og, C // groups) + ks)
@@ -353,10 +357,6 @@ class NNMixin:
       sh = x.shape
       x = x.reshape(sh[:a + 1] + (1,) + sh[a + 1:]).pad(tuple((0, si - 1) if j == a + 1 else (0, 0) for j in range(nd + 1)))
       x = x.reshape(sh[:a] + (L * si,) + sh[a + 1:]).shrink(tuple((0, max(L * si - si + 1, 0)) if j == a else None for j in range(nd)))
-    outs = tuple((L - 1) * si - pb - pa + di * (k - 1) + o + 1 for L, si, di, k, (pb, pa), o in zip(self.shape[2:], s, d, ks, p, op))
-    if min(outs) < 1:   # (torch refuses these too: "output size is too small")
-      raise ShapeError(f"conv_transpose2d: the output would have size {outs} (input shape {self.shape}, kernel {ks}, stride {s}, "
-                       f"dilation {d}, padding {padding}, output_padding {output_padding}): the padding takes more than it has")
     full = [(di * (k - 1) - pb, di * (k - 1) - pa + o) for di, k, (pb, pa), o in zip(d, ks, p, op)]
     x = x.pad(((0, 0), (0, 0)) + tuple(full))
     return x.conv2d(wt, bias, groups=groups, dilation=d)
