@@ -17,8 +17,8 @@ The kernel, per block of 256 threads (8 warps, 2 x 4), computes a BM x BN tile o
     mma.sync.m16n8k16 (float32 accumulation) over its 64 x 32 part of the tile: 4 x 4 tiles, 64 accumulators a thread.
   * the epilogue is the kernel's own store, rendered by the CPU renderer (codegen/llvmir.py) as a function of the
     output ranges and the sum: the cast to float16, a bias, an activation, whatever the scheduler fused after the
-    sum. The kernel calls it per accumulator with a flag that says whether the element is inside the output, and
-    LLVM inlines it. Batch ranges are blockIdx.z, split by their sizes.
+    sum. The kernel calls it per pair of neighbouring accumulators (rulec_tc_epilogue2) with flags that say whether
+    each element is inside the output, and LLVM inlines it; a pair of neighbouring, aligned elements is one store. Batch ranges are blockIdx.z, split by their sizes.
 
 The tile loop (copies, ldmatrix, mma) is written as LLVM IR text with inline PTX, through IRText: a few lines per
 instruction, integer arithmetic folded where it is known when the kernel is written. bench/tc_gemm_cuda.py times
@@ -36,7 +36,7 @@ from rulec.engine.ir.kernel import Kernel
 from rulec.engine.ir.ops import Ops
 from rulec.engine.ir.uop import UOp
 
-EPILOGUE, LOAD_A, LOAD_B = "rulec_tc_epilogue", "rulec_tc_load_a", "rulec_tc_load_b"
+EPILOGUE, EPILOGUE2, LOAD_A, LOAD_B = "rulec_tc_epilogue", "rulec_tc_epilogue2", "rulec_tc_load_a", "rulec_tc_load_b"
 _I64 = ir.IntType(64)
 MMA_TYPE = {"float16": "f16", "bfloat16": "bf16"}
 
@@ -209,6 +209,66 @@ def _epilogue(kernel: Kernel, module, helpers, red: UOp, ranges: tuple[UOp, ...]
   r.b.ret_void()
 
 
+def _paired_epilogue(kernel: Kernel, module, helpers, red: UOp, ranges: tuple[UOp, ...], gpu: bool) -> None:
+  """void rulec_tc_epilogue2(ptr p..., i64 r... (element 0's ranges), i64 r... (element 1's), float acc0, float acc1,
+  i1 ok0, i1 ok1): the stores of two accumulators a thread holds side by side (c0, c1: one row, columns 2t and
+  2t + 1). Where both are inside the output and land in neighbouring elements whose pair is aligned, the two values
+  leave as one store of twice the width (st.global.v2.f32, or a 32-bit word of two 2-byte floats): the warp's
+  stores then fill whole 32-byte sectors, where one element at a time fills each half of a sector by a separate
+  instruction. Anywhere else (an edge of the output, a store that is not along the columns, an odd offset) each
+  element is stored on its own by rulec_tc_epilogue. The checks are made when the kernel runs: a few integer
+  instructions, where proving them from the index expression would take the symbolic engine into codegen."""
+  n = len(ranges)
+  r = _Part(kernel, module, helpers, EPILOGUE2, ranges, ir.VoidType(),
+            [_I64] * n + [ir.FloatType(), ir.FloatType(), ir.IntType(1), ir.IntType(1)])
+  r.gpu = gpu
+  second, (acc0, acc1, ok0, ok1) = r.extra[:n], r.extra[n:]
+  first = [r.ranges[u] for u in ranges]
+  store = kernel.ast.src[0].src[0]
+  (p, idx), value = store.src[0].src, store.src[1]
+  d, sd = value.dtype, red.dtype
+  single = module.globals[EPILOGUE]
+  pair, apart = r.fn.append_basic_block("pair"), r.fn.append_basic_block("apart")
+  b = r.b
+  b.cbranch(b.and_(ok0, ok1), pair, apart)
+  b.position_at_end(apart)
+  nb, nv = r.nbufs, len(r.vars)
+  head = list(r.fn.args[:nb + nv])
+  b.call(single, head + first + [acc0, ok0])
+  b.call(single, head + list(second) + [acc1, ok1])
+  b.ret_void()
+  b.position_at_end(pair)
+  got = []
+  for rvals, acc in ((first, acc0), (second, acc1)):   # (each element's value in a scope of its own)
+    r.ranges = dict(zip(ranges, rvals))
+    r.scopes = [{red: acc if sd is dtypes.float32 else r.cast(acc, dtypes.float32, sd)}]
+    got.append((r.value(idx), r.value(value)))
+  (i0, v0), (i1, v1) = got
+  if d.kind == "b":   # (a bool is a byte in memory: pairs of them are not worth a path)
+    b.call(single, head + first + [acc0, ok0])
+    b.call(single, head + list(second) + [acc1, ok1])
+    b.ret_void()
+    return
+  et = llvmir.memtype(d)
+  width = d.itemsize * 2
+  p0 = b.gep(r.ptrs[p], [i0], inbounds=True, source_etype=et)
+  next_ = b.icmp_signed("==", i1, b.add(i0, ir.Constant(i0.type, 1)))
+  aligned = b.icmp_unsigned("==", b.and_(b.ptrtoint(p0, _I64), ir.Constant(_I64, width - 1)), ir.Constant(_I64, 0))
+  wide, two = r.fn.append_basic_block("wide"), r.fn.append_basic_block("two")
+  b.cbranch(b.and_(next_, aligned), wide, two)
+  b.position_at_end(wide)
+  vec = ir.VectorType(et, 2)
+  pv = b.insert_element(b.insert_element(ir.Constant(vec, ir.Undefined), v0, ir.Constant(ir.IntType(32), 0)),
+                        v1, ir.Constant(ir.IntType(32), 1))
+  st = b.store(pv, p0)
+  st.align = width
+  b.ret_void()
+  b.position_at_end(two)
+  b.store(v0, p0)
+  b.store(v1, b.gep(r.ptrs[p], [i1], inbounds=True, source_etype=et))
+  b.ret_void()
+
+
 def _loader(kernel: Kernel, module, helpers, expr: UOp, name: str, ranges: tuple[UOp, ...], gpu: bool) -> None:
   """i16 name(ptr p..., i64 r... (the store's ranges, then the sum's)): the bits of factor `expr` there."""
   r = _Part(kernel, module, helpers, name, ranges, ir.IntType(16), [])
@@ -228,6 +288,7 @@ def parts_ir(kernel: Kernel, plan: GemmPlan, gpu: bool = True) -> str:
   red, ranges = reds[0], tuple(end.src[1:])
   module, helpers = ir.Module(name="rulec_tc"), {}
   _epilogue(kernel, module, helpers, red, ranges, gpu)
+  _paired_epilogue(kernel, module, helpers, red, ranges, gpu)
   body = red.src[0]
   if body.op is Ops.CAST and body.src[0].op is Ops.MUL: body = body.src[0]
   for opnd, name in ((plan.a, LOAD_A), (plan.b, LOAD_B)):
@@ -490,14 +551,15 @@ def render_gemm(plan: GemmPlan, nbufs: int, parts: str, cfg: Config = Config(), 
       m = x.add(crow, mi * 16 + 8 * h8)
       m_ok = True if M % BM == 0 else x.lt(m, M)
       for ni in range(NT):
-        for j in range(2):
+        rs, accs, oks = [], [], []
+        for j in range(2):   # (c0 and c1, or c2 and c3: neighbouring columns, stored as a pair where they can be)
           n = x.add(ccol, ni * 8 + j)
-          ok = x.i1(x.and1(m_ok, True if N % BN == 0 else x.lt(n, N)))
+          oks.append(x.i1(x.and1(m_ok, True if N % BN == 0 else x.lt(n, N))))
           rvals.update(zip(plan.ms, split(m, plan.ms)))
           rvals.update(zip(plan.ns, split(n, plan.ns)))
-          args = ptr_args + [f"i64 {x.zext64(rvals[r])}" for r in plan.ranges]
-          acc = final[(mi * NT + ni) * 4 + 2 * h8 + j]
-          x.do(f"call void @{EPILOGUE}({', '.join(args)}, float {acc}, i1 {ok})")
+          rs += [f"i64 {x.zext64(rvals[r])}" for r in plan.ranges]
+          accs.append(f"float {final[(mi * NT + ni) * 4 + 2 * h8 + j]}")
+        x.do(f"call void @{EPILOGUE2}({', '.join(ptr_args + rs + accs)}, i1 {oks[0]}, i1 {oks[1]})")
   x.do("ret void")
 
   params = ", ".join([f"ptr addrspace(1) noalias %g{i}" for i in range(nbufs)] + ["i64 %n"]

@@ -10,8 +10,9 @@ buffers, each at an address of its own. The inline PTX is given its documented m
   * ldmatrix.x4 (.trans): lanes 8i..8i+7 give matrix i's row addresses; lane l receives row l/4, columns 2(l%4)
     and 2(l%4)+1 of each matrix (of its transpose);
   * mma.m16n8k16: the fragment layouts of PTX's documentation, computed in float32.
-Branches must be uniform across a block (the kernel's are). The epilogue call is not run: each (ranges, acc) it is
-called with where its flag is set is recorded, and the caller checks them (and may run the epilogue on the CPU).
+Branches must be uniform across a block (the kernel's are). The (paired) epilogue call is not run: each (ranges, acc)
+it is called with where its flag is set is recorded, and the caller checks them (and may run the epilogue on the
+CPU, by the calls as the kernel makes them).
 A gathered factor's loader is called per lane through `loaders` (the caller compiles it for the CPU).
 """
 from __future__ import annotations
@@ -30,10 +31,13 @@ def _half_to_f32(bits: np.ndarray, ty: str) -> np.ndarray:
   return (bits.astype(np.uint32) << 16).view(np.float32)
 
 
-def run(ir_text: str, launch, buffers: list[np.ndarray], early: bool = False, loaders=None) -> list[tuple[tuple[int, ...], float]]:
-  """The (range values, acc) of every epilogue call whose flag is set, over the whole grid. buffers: the kernel's
-  buffers as numpy arrays (read as bytes). loaders: name -> f(list of i64 arguments per lane) -> the 16 bits, for
-  each gathered factor's loader (its pointer arguments are left out: the caller knows its buffers)."""
+def run(ir_text: str, launch, buffers: list[np.ndarray], early: bool = False, loaders=None,
+        pairs: list | None = None) -> list[tuple[tuple[int, ...], float]]:
+  """The (range values, acc) of every element the paired epilogue is called for with its flag set, over the whole
+  grid. buffers: the kernel's buffers as numpy arrays (read as bytes). loaders: name -> f(list of i64 arguments per
+  lane) -> the 16 bits, for each gathered factor's loader (its pointer arguments are left out: the caller knows its
+  buffers). pairs: if given, each call with either flag set is appended to it whole, as (ranges 0, ranges 1,
+  acc 0, acc 1, ok 0, ok 1), for the caller to run the paired epilogue itself."""
   T, W = launch.block, launch.block // 32
   body = ir_text.split("\nentry:\n", 1)[1].split("\n}\n", 1)[0]
   blocks, cur = {"entry": []}, "entry"
@@ -153,12 +157,18 @@ def run(ir_text: str, launch, buffers: list[np.ndarray], early: bool = False, lo
               break
             if s == "ret void": nxt = "ret"; break
             if s.startswith("call void @llvm.nvvm.barrier0"): continue
-            if s.startswith("call void @rulec_tc_epilogue("):
+            if s.startswith("call void @rulec_tc_epilogue2("):
               args = [a.strip().rsplit(" ", 1)[1] for a in s[s.index("(") + 1:-1].split(",")]
-              ok = val(args[-1]).astype(bool)
-              ints = [val(a) for a in args[:-2] if not a.startswith("%gp")]
-              acc = val(args[-2])
-              for i in np.nonzero(ok)[0]: calls.append((tuple(int(v[i]) for v in ints), float(acc[i])))
+              ok0, ok1 = (val(a).astype(bool) for a in args[-2:])
+              acc0, acc1 = (val(a) for a in args[-4:-2])
+              ints = [val(a) for a in args[:-4] if not a.startswith("%gp")]
+              half = len(ints) // 2
+              for i in range(len(ok0)):
+                v0, v1 = tuple(int(v[i]) for v in ints[:half]), tuple(int(v[i]) for v in ints[half:])
+                if ok0[i]: calls.append((v0, float(acc0[i])))
+                if ok1[i]: calls.append((v1, float(acc1[i])))
+                if pairs is not None and (ok0[i] or ok1[i]):
+                  pairs.append((v0, v1, float(acc0[i]), float(acc1[i]), bool(ok0[i]), bool(ok1[i])))
               continue
             if s.startswith("store i16 "):
               v_, p = re.match(r"store i16 (\S+), ptr addrspace\(3\) (\S+), align", s).groups()

@@ -69,8 +69,8 @@ CASES = [(d, name) for d in (dtypes.float16, dtypes.bfloat16) for name in progra
 
 
 def _host_parts(text: str, nbufs: int, nranges: int, nks: int):
-  """The epilogue and loader functions compiled for this CPU (the same IR the GPU kernel inlines), as ctypes
-  functions: (epilogue, {loader name: function of the i64 arguments}, the engine that holds them)."""
+  """The paired epilogue and loader functions compiled for this CPU (the same IR the GPU kernel inlines), as ctypes
+  functions: (paired epilogue, {loader name: function of the i64 arguments}, the engine that holds them)."""
   import llvmlite.binding as llvm
   llvm.initialize_native_target()
   llvm.initialize_native_asmprinter()
@@ -78,8 +78,9 @@ def _host_parts(text: str, nbufs: int, nranges: int, nks: int):
   tm = llvm.Target.from_default_triple().create_target_machine()
   engine = llvm.create_mcjit_compiler(mod, tm)
   engine.finalize_object()
-  fty = ctypes.CFUNCTYPE(None, *([ctypes.c_void_p] * nbufs + [ctypes.c_int64] * nranges + [ctypes.c_float, ctypes.c_bool]))
-  epi = fty(engine.get_function_address(nvptx_gemm.EPILOGUE))
+  fty = ctypes.CFUNCTYPE(None, *([ctypes.c_void_p] * nbufs + [ctypes.c_int64] * (2 * nranges)
+                                  + [ctypes.c_float, ctypes.c_float, ctypes.c_bool, ctypes.c_bool]))
+  epi = fty(engine.get_function_address(nvptx_gemm.EPILOGUE2))
   lty = ctypes.CFUNCTYPE(ctypes.c_uint16, *([ctypes.c_void_p] * nbufs + [ctypes.c_int64] * (nranges + nks)))
   loaders = {name: lty(engine.get_function_address(name)) for name in (nvptx_gemm.LOAD_A, nvptx_gemm.LOAD_B)
              if name in text}
@@ -96,8 +97,10 @@ def run_emulated(t: Tensor, cfg: nvptx_gemm.Config = nvptx_gemm.Config(), opencl
   bufs[0][...] = 0
   epi, loaders, engine = _host_parts(parts, len(k.bufs), len(p.ranges), len(p.ks))
   ptrs = [b.ctypes.data for b in bufs]
-  calls = emu.run(text, launch, bufs, loaders={n: (lambda ints, f=f: f(*ptrs, *ints)) for n, f in loaders.items()})
-  for vals, acc in calls: epi(*ptrs, *vals, acc, True)
+  pairs = []
+  calls = emu.run(text, launch, bufs, loaders={n: (lambda ints, f=f: f(*ptrs, *ints)) for n, f in loaders.items()},
+                  pairs=pairs)
+  for v0, v1, acc0, acc1, ok0, ok1 in pairs: epi(*ptrs, *v0, *v1, acc0, acc1, ok0, ok1)
   return bufs[0], p, calls, bufs
 
 
@@ -128,6 +131,33 @@ def test_emulated_kernel_matches_numpy(d, name):
   want = t.numpy().astype(np.float32)
   got = out.astype(np.float32).reshape(want.shape)
   np.testing.assert_allclose(got, want, rtol=2e-2, atol=3e-2 * np.sqrt(p.K))
+
+
+@pytest.mark.parametrize("d", [dtypes.float32, dtypes.bfloat16])
+def test_a_pair_of_neighbouring_accumulators_is_one_store_where_it_can_be(d):
+  # the paired epilogue compiled for this CPU, on a 6 x 10 output (row stride 10, so every row starts aligned):
+  # neighbouring and aligned (one wide store), at an odd column (misaligned: two stores), down a column (not
+  # neighbours: two stores), a second element outside the output (its flag off: only the first is stored)
+  a, b = T(6, 16), T(16, 10)
+  k = kernel_of((a @ b).cast(d))
+  p = gemm_plan.plan(k)
+  parts = nvptx_gemm.parts_ir(decomposed(k, nvptx.OPTIONAL), p, gpu=False)
+  epi, _, engine = _host_parts(parts, len(k.bufs), len(p.ranges), len(p.ks))
+  out = np.zeros((6, 10), np.dtype(d.name))
+  ptrs = [out.ctypes.data] + [0] * (len(k.bufs) - 1)
+  cases = [((2, 4), (2, 5), True), ((3, 1), (3, 2), True), ((0, 7), (1, 7), True), ((5, 8), (5, 9), False)]
+  want = np.zeros((6, 10), np.float32)
+  for i, (e0, e1, ok1) in enumerate(cases):
+    epi(*ptrs, *e0, *e1, 1.5 + i, -2.5 - i, True, ok1)
+    want[e0] = 1.5 + i
+    if ok1: want[e1] = -2.5 - i
+  np.testing.assert_array_equal(out.astype(np.float32), want)
+  # on the GPU the aligned pair leaves as one store of two elements, a pair per two accumulators of each tile
+  ptx = nvptx.compile_kernel(kernel_of((T(256, 64, dtype=dtypes.bfloat16) @ T(64, 256, dtype=dtypes.bfloat16)).cast(d)),
+                             "sm_90").ptx
+  cfg = nvptx.tile_config()
+  pairs = (cfg.BM // cfg.WM // 16) * 2 * (cfg.BN // cfg.WN // 8)
+  assert ptx.count(f"st.global.v2.b{d.itemsize * 8}") == pairs, ptx.count("st.global")
 
 
 @pytest.mark.parametrize("band", [2, 3])
