@@ -411,12 +411,12 @@ def _block_under_autocast(device: str, backward: bool):
   return [loss, *loss.gradient(x0, *ws)]
 
 
-def _without_rule(tmp_path, name: str) -> str:
-  """A rules directory whose fuse_values is the shipped one without rule `name` (a set defined there replaces the
-  shipped set of that name)."""
+def _without_rule(tmp_path, name: str, ruleset: str = "fuse_values", until: str = "bound_kernels") -> str:
+  """A rules directory whose `ruleset` is the shipped one without rule `name` (a set defined there replaces the
+  shipped set of that name; `until` is the set after it in rules/fusion.rules)."""
   from pathlib import Path
   text = (Path(__file__).resolve().parents[2] / "rules" / "fusion.rules").read_text()
-  body = text[text.index("ruleset fuse_values:"):text.index("ruleset bound_kernels:")]
+  body = text[text.index(f"ruleset {ruleset}:"):text.index(f"ruleset {until}:")]
   lines, out, skip = body.splitlines(), [], False
   for line in lines:
     if line.startswith("  rule "): skip = line.startswith(f"  rule {name}:")
@@ -455,5 +455,40 @@ def test_a_row_value_read_only_in_its_rows_kernel_is_recomputed(gpu_like, monkey
   for a, w in zip(got, want):
     # (bfloat16 products summed in another order: a rounding flips here and there, one bfloat16 step of the values
     # it feeds, up to 2**-7 of the largest; the output's sums of those then differ by a few such steps)
+    w = w.numpy()
+    np.testing.assert_allclose(a, w, rtol=2e-2, atol=2.0 ** -5 * float(np.abs(w).max()))
+
+
+@pytest.mark.parametrize("backward", [False, True])
+def test_a_widened_half_sum_read_twice_is_stored_in_half(gpu_like, monkeypatch, tmp_path, backward):
+  # rules/fusion.rules store_half_before_widening: autocast's scores (q @ k.T).float(), read by the softmax's max,
+  # sum and quotient (and the backward), are stored as the matmul's bfloat16 result and widened by each reader:
+  # half the bytes of the block's largest intermediate, the same kernels, and (the widening being exact) values
+  # that match the NUMPY device's
+  import warnings
+  from rulec.engine.sched import cache as schedule_cache
+  monkeypatch.setattr(DEV, "nv_arch", "sm_90")
+  monkeypatch.setattr(cl_device, "_tc_refused", set())
+  B, T, H = 2, 64, 4
+  def stored_scores():
+    schedule_cache.clear()
+    ks = Tensor.schedule(*_block_under_autocast("CL", backward))
+    sizes = {}
+    for k in ks:
+      out = k.bufs[0]
+      if out.size == B * H * T * T: sizes[out.dtype.name] = sizes.get(out.dtype.name, 0) + 1
+    return len(ks), sizes
+  n, shipped = stored_scores()
+  monkeypatch.setenv("RULEC_RULES", _without_rule(tmp_path, "store_half_before_widening", "fuse_reduces", "fuse_values"))
+  n_without, without = stored_scores()
+  monkeypatch.delenv("RULEC_RULES")
+  assert n == n_without, (n, n_without)
+  assert shipped.get("bfloat16", 0) == without.get("bfloat16", 0) + 1, (shipped, without)
+  assert shipped.get("float32", 0) == without.get("float32", 0) - 1, (shipped, without)
+  schedule_cache.clear()
+  with warnings.catch_warnings():
+    warnings.simplefilter("ignore")
+    got = [t.numpy() for t in _block_under_autocast("CL", backward)]
+  for a, w in zip(got, _block_under_autocast("NUMPY", backward)):
     w = w.numpy()
     np.testing.assert_allclose(a, w, rtol=2e-2, atol=2.0 ** -5 * float(np.abs(w).max()))
