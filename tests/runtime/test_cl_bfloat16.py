@@ -431,8 +431,8 @@ def _without_rule(tmp_path, name: str, ruleset: str = "fuse_values", until: str 
 def test_a_row_value_read_only_in_its_rows_kernel_is_recomputed(gpu_like, monkeypatch, tmp_path, backward):
   # rules/fusion.rules keep_row_value_in_its_kernel: a value over a hoisted row value (a softmax's exp(s - max), a
   # layernorm's x - mean), read only by its row's own kernel, stays fused there instead of store_expensive storing it
-  # (a hoisted value counts every buffer below it as its reads): a block's forward has fewer kernels. A training
-  # step's backward reads those values too, and its kernels are the same as without the rule. Scheduled as for an
+  # (a hoisted value counts every buffer below it as its reads): a block's forward has fewer kernels, and so does a
+  # training step (its layernorms' backward rows, hoisted by hoist_row_epilogue, read such values in two contexts). Scheduled as for an
   # NVIDIA GPU with tensor cores (whose rules store the matmuls' bfloat16 operands); PoCL then refuses the
   # tensor-core PTX once and runs OpenCL C, whose values must match the NUMPY device's
   import warnings
@@ -446,7 +446,7 @@ def test_a_row_value_read_only_in_its_rows_kernel_is_recomputed(gpu_like, monkey
   monkeypatch.setenv("RULEC_RULES", _without_rule(tmp_path, "keep_row_value_in_its_kernel"))
   without = kernels()
   monkeypatch.delenv("RULEC_RULES")
-  assert (shipped == without if backward else shipped < without), (shipped, without)
+  assert shipped < without, (shipped, without)
   schedule_cache.clear()
   with warnings.catch_warnings():
     warnings.simplefilter("ignore")
@@ -483,8 +483,10 @@ def test_a_widened_half_sum_read_twice_is_stored_in_half(gpu_like, monkeypatch, 
   n_without, without = stored_scores()
   monkeypatch.delenv("RULEC_RULES")
   assert n == n_without, (n, n_without)
-  assert shipped.get("bfloat16", 0) == without.get("bfloat16", 0) + 1, (shipped, without)
-  assert shipped.get("float32", 0) == without.get("float32", 0) - 1, (shipped, without)
+  # (forward: the scores; a training step also the probabilities' gradient, dout @ v.T widened for the softmax's)
+  gained = 2 if backward else 1
+  assert shipped.get("bfloat16", 0) == without.get("bfloat16", 0) + gained, (shipped, without)
+  assert shipped.get("float32", 0) == without.get("float32", 0) - gained, (shipped, without)
   schedule_cache.clear()
   with warnings.catch_warnings():
     warnings.simplefilter("ignore")
