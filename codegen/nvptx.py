@@ -179,16 +179,24 @@ def compile_kernel(kernel: Kernel, arch: str = "sm_80", vars=None) -> PTXProgram
 OPENCL_LOCAL_RESERVE = 1024
 
 
-def opencl_tile_config(local_bytes: int):
+# a product whose n is at most this wide (attention's p @ v and its gradients: n is the head's 64) takes a tile half
+# as wide: a 128-wide one would multiply columns of zeros for half its work
+NARROW_N = 64
+
+
+def opencl_tile_config(local_bytes: int, n: int | None = None):
   """The tensor-core kernel's tiles under OpenCL, whose work-groups get at most `local_bytes` of local memory (48 KB
   on NVIDIA, less OPENCL_LOCAL_RESERVE): 128x128 blocks of 2x2 warps, a k step of 32, as many ring stages as fit
-  (2 in 48 KB), or None where not even 2 fit. RULEC_CL_TC_TILE (RULEC_CUDA_TC_TILE's form) forces a shape.
-  (Measured on an H100, 4096^3 bfloat16: 0.66 ms in 2 stages of 128x128, 0.75 in 3 stages of 96x128, 0.76 in 5
-  stages of 128x128x16, 0.89-0.91 in 3 stages of 128x64 or 64x128; CUDA's 3 stages of 128x128, 48 KB: 0.37.)"""
+  (2 in 48 KB), or None where not even 2 fit; for a product at most NARROW_N wide (n), 128x64 blocks of 2x2 warps
+  in up to 3 stages. RULEC_CL_TC_TILE (RULEC_CUDA_TC_TILE's form) forces a shape, RULEC_CL_TC_NARROW_TILE the
+  narrow one. (Measured on an H100, 4096^3 bfloat16: 0.66 ms in 2 stages of 128x128, 0.75 in 3 stages of 96x128,
+  0.76 in 5 stages of 128x128x16, 0.89-0.91 in 3 stages of 128x64 or 64x128; CUDA's 3 stages of 128x128, 48 KB:
+  0.37.)"""
   from rulec.codegen import nvptx_gemm
-  forced = _tile_from_env("RULEC_CL_TC_TILE")
+  narrow = n is not None and n <= NARROW_N
+  forced = _tile_from_env("RULEC_CL_TC_NARROW_TILE" if narrow else "RULEC_CL_TC_TILE")
   if forced is not None: return forced if forced.smem <= local_bytes - OPENCL_LOCAL_RESERVE else None
-  cfg = nvptx_gemm.Config(BM=128, BN=128, BK=32, WM=2, WN=2, stages=2)
+  cfg = nvptx_gemm.Config(BM=128, BN=64 if narrow else 128, BK=32, WM=2, WN=2, stages=2)
   stages = min(3, (local_bytes - OPENCL_LOCAL_RESERVE) // (cfg.smem // cfg.stages))
   return attrs.evolve(cfg, stages=stages) if stages >= 2 else None
 
@@ -201,7 +209,7 @@ def compile_for_opencl(kernel: Kernel, arch: str, local_bytes: int) -> PTXProgra
   from rulec.codegen import nvptx_gemm
   if os.environ.get("RULEC_CL_TC", "1").strip() == "0" or kernel.vars: return None
   plan = tensor_core_plan(kernel, arch)
-  cfg = opencl_tile_config(local_bytes) if plan is not None else None
+  cfg = opencl_tile_config(local_bytes, plan.N) if plan is not None else None
   if cfg is None or -(-plan.M // cfg.BM) > 65535: return None
   parts = nvptx_gemm.parts_ir(decomposed(kernel, OPTIONAL), plan)
   _check_calls(parts)

@@ -194,6 +194,23 @@ def test_the_opencl_kernel_takes_its_shared_memory_as_an_argument(d):
   np.testing.assert_allclose(out.astype(np.float32).reshape(want.shape), want, rtol=2e-2, atol=0.2)
 
 
+@pytest.mark.parametrize("n", [64, 40])
+def test_a_narrow_product_takes_a_narrow_opencl_tile(n, monkeypatch):
+  # attention's p @ v and its gradients are 64 wide: under OpenCL they take 128 x 64 blocks (a 128-wide tile would
+  # multiply zeros for half its work), emulated on a batched product, whole and ragged in n
+  monkeypatch.delenv("RULEC_CL_TC_NARROW_TILE", raising=False)
+  cfg = nvptx.opencl_tile_config(48 * 1024, n)
+  assert (cfg.BM, cfg.BN, cfg.stages) == (128, 64, 3) and cfg.smem <= 48 * 1024 - nvptx.OPENCL_LOCAL_RESERVE
+  assert nvptx.opencl_tile_config(48 * 1024, nvptx.NARROW_N + 1).BN == 128
+  a, b = T(3, 2 * 128 - 9, 96, dtype=dtypes.bfloat16), T(3, 96, n, dtype=dtypes.bfloat16)
+  want = a.numpy().astype(np.float32) @ b.numpy().astype(np.float32)
+  out, p, calls, _ = run_emulated(a @ b, cfg, opencl=True)
+  assert p.N == n and len(calls) == want.size and len({v for v, _ in calls}) == want.size
+  np.testing.assert_allclose(out.astype(np.float32).reshape(want.shape), want, rtol=2e-2, atol=0.2)
+  monkeypatch.setenv("RULEC_CL_TC_NARROW_TILE", "64,64,32,2,2,2")
+  assert nvptx.opencl_tile_config(48 * 1024, n) == nvptx_gemm.Config(64, 64, 32, 2, 2, 2)
+
+
 def test_a_tensor_core_kernel_compiles_to_ptx_for_opencl(monkeypatch):
   k = kernel_of((T(130, 64, dtype=dtypes.bfloat16) @ T(72, 64, dtype=dtypes.bfloat16).T).relu())
   prog = nvptx.compile_for_opencl(k, "sm_90", 48 * 1024)
