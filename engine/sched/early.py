@@ -14,6 +14,11 @@ from rulec.runtime.devices import one_pass_groups, split_parts
 
 REDUCE_SPLIT_THRESHOLD = int(os.environ.get("RULEC_REDUCE_SPLIT_THRESHOLD", 32768))
 SPLIT_MIN_PART = 4096   # on a GPU, the fewest steps a part of a split reduce keeps (see split_reduceop)
+# on a GPU, a sum over leading axes that keeps the last one (a column sum: a bias's gradient, 3072 columns of 8192
+# rows in a GPT-2 MLP) is split from this many steps an output: unsplit, a work-group shares each column and its
+# work-items read it a row apart (a 32-byte sector for every 4 bytes), and few columns leave most compute units idle.
+# 0: never. Not a product (a matmul's weight gradient sums over the batch the same way, on the tensor cores)
+GPU_COLUMN_SPLIT = int(os.environ.get("RULEC_GPU_COLUMN_SPLIT", 4096))
 
 
 
@@ -84,6 +89,13 @@ def _one_hot_select(x: UOp) -> bool:
   return zero.op is Ops.CONST and zero.arg == 0 and eq.op is Ops.CMPEQ and all(s.base.op is not Ops.CONST for s in eq.src)
 
 
+def _column_sum(x: UOp, axes: tuple[int, ...]) -> bool:
+  """The reduce of x over `axes` keeps x's last axis (more than one element) and reduces only axes before it, and x
+  is no product (a contraction's sum, which a GPU runs in register tiles or on tensor cores)."""
+  last = len(x.shape) - 1
+  return last >= 1 and last not in axes and x.shape[last] > 1 and x.base.op is not Ops.MUL
+
+
 @rule_helper
 def split_reduceop(red: UOp, x: UOp) -> UOp | None:
   """A large reduce with few outputs as two reduces, so the first can run in parallel.
@@ -93,9 +105,12 @@ def split_reduceop(red: UOp, x: UOp) -> UOp | None:
   reduced into a realized buffer of d partial results per output, which a
   second, small reduce combines."""
   op, axes = red.arg
-  if red.tag == "split" or 0 in x.shape or prod(x.shape) // max(1, prod(red.shape)) < REDUCE_SPLIT_THRESHOLD: return None
-  if op is Ops.ADD and _one_hot_select(x): return None
+  if red.tag == "split" or 0 in x.shape: return None
   parts = split_parts(x.device)
+  threshold = REDUCE_SPLIT_THRESHOLD
+  if parts > 256 and GPU_COLUMN_SPLIT and _column_sum(x, axes): threshold = min(threshold, GPU_COLUMN_SPLIT)
+  if prod(x.shape) // max(1, prod(red.shape)) < threshold: return None
+  if op is Ops.ADD and _one_hot_select(x): return None
   whole = prod(x.shape[a] for a in axes)
   for ax in axes:
     # at most sqrt(size) parts, so that the second reduce is no bigger than the first (and is not split again). A

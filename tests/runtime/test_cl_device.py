@@ -614,6 +614,34 @@ def test_big_reductions_split_into_the_devices_number_of_parts(monkeypatch):
   assert [k.bufs[0].arg[2] for k in Tensor(x, device="CL").sum().schedule()] == [256, 1]
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+def test_a_column_sum_on_a_gpu_splits_into_parts_a_product_does_not(monkeypatch, dtype):
+  # a bias's gradient: 8192 rows into 48 columns. On a GPU (split_parts in the thousands) a sum over leading axes that
+  # keeps the last one is split from early.GPU_COLUMN_SPLIT steps an output (each column's work-group read it a row
+  # apart); a matmul's weight gradient, a sum of products over the same rows, is not; nor either on a CPU's count
+  from rulec.engine.sched import cache as schedule_cache
+  from rulec.engine.sched import early
+  monkeypatch.setattr(DEV, "split_parts", 4096)
+  x = np.random.default_rng(36).standard_normal((8, 1024, 48)).astype(dtype)
+  a = np.random.default_rng(37).standard_normal((8192, 24)).astype(dtype)
+  def kernels(t): return [k.bufs[0].arg[2] for k in t.schedule()]
+  schedule_cache.clear()
+  t = Tensor(x, device="CL").float().sum((0, 1))
+  assert len(kernels(t)) == 2
+  np.testing.assert_allclose(t.numpy(), x.astype(np.float64).sum((0, 1)), rtol=1e-4, atol=1e-3)
+  w = Tensor(a, device="CL").T @ Tensor(x.reshape(8192, 48), device="CL")
+  assert len(kernels(w)) == 1
+  np.testing.assert_allclose(w.numpy().astype(np.float64), a.astype(np.float64).T @ x.reshape(8192, 48).astype(np.float64),
+                             rtol=2e-2 if dtype is np.float16 else 1e-4, atol=0.5 if dtype is np.float16 else 1e-2)
+  monkeypatch.setattr(early, "GPU_COLUMN_SPLIT", 0)
+  schedule_cache.clear()
+  assert len(kernels(Tensor(x, device="CL").float().sum((0, 1)))) == 1
+  monkeypatch.setattr(early, "GPU_COLUMN_SPLIT", 4096)
+  monkeypatch.setattr(DEV, "split_parts", 256)
+  schedule_cache.clear()
+  assert len(kernels(Tensor(x, device="CL").float().sum((0, 1)))) == 1
+
+
 # *** one-pass reductions of one value (GRID: what GPUs run; forced on here) ***
 
 @pytest.fixture
