@@ -19,6 +19,10 @@ SPLIT_MIN_PART = 4096   # on a GPU, the fewest steps a part of a split reduce ke
 # work-items read it a row apart (a 32-byte sector for every 4 bytes), and few columns leave most compute units idle.
 # 0: never. Not a product (a matmul's weight gradient sums over the batch the same way, on the tensor cores)
 GPU_COLUMN_SPLIT = int(os.environ.get("RULEC_GPU_COLUMN_SPLIT", 4096))
+# ... into parts of about this many steps each: a work-item per part and column, consecutive work-items reading
+# consecutive columns, and enough of them to keep loads in flight (8192 rows of 3072 columns: 128 parts, 393K
+# work-items of 64 steps, where a split at the root of the axis left 98K of 256)
+GPU_COLUMN_PART_STEPS = 64
 
 
 
@@ -108,7 +112,8 @@ def split_reduceop(red: UOp, x: UOp) -> UOp | None:
   if red.tag == "split" or 0 in x.shape: return None
   parts = split_parts(x.device)
   threshold = REDUCE_SPLIT_THRESHOLD
-  if parts > 256 and GPU_COLUMN_SPLIT and _column_sum(x, axes): threshold = min(threshold, GPU_COLUMN_SPLIT)
+  column = parts > 256 and GPU_COLUMN_SPLIT > 0 and _column_sum(x, axes)
+  if column: threshold = min(threshold, GPU_COLUMN_SPLIT)
   if prod(x.shape) // max(1, prod(red.shape)) < threshold: return None
   if op is Ops.ADD and _one_hot_select(x): return None
   whole = prod(x.shape[a] for a in axes)
@@ -121,6 +126,7 @@ def split_reduceop(red: UOp, x: UOp) -> UOp | None:
     root = math.isqrt(x.shape[ax])
     if parts > 256: root = max(root, min(math.isqrt(whole), whole // SPLIT_MIN_PART))
     top = min(parts, max(8, root), max(8, (1 << 22) // max(1, prod(red.shape))))
+    if column: top = min(parts, max(8, whole // GPU_COLUMN_PART_STEPS))
     for d in range(top, 7, -1):
       if x.shape[ax] % d == 0 and x.shape[ax] // d > 1: break
     else: continue
