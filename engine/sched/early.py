@@ -110,11 +110,12 @@ def split_reduceop(red: UOp, x: UOp) -> UOp | None:
   second, small reduce combines."""
   op, axes = red.arg
   if red.tag == "split" or 0 in x.shape: return None
+  steps = prod(x.shape) // max(1, prod(red.shape))
+  # (the device is asked only for a reduce long enough for some split: most reduces are not)
+  if steps < min(REDUCE_SPLIT_THRESHOLD, GPU_COLUMN_SPLIT if GPU_COLUMN_SPLIT > 0 else REDUCE_SPLIT_THRESHOLD): return None
   parts = split_parts(x.device)
-  threshold = REDUCE_SPLIT_THRESHOLD
   column = parts > 256 and GPU_COLUMN_SPLIT > 0 and _column_sum(x, axes)
-  if column: threshold = min(threshold, GPU_COLUMN_SPLIT)
-  if prod(x.shape) // max(1, prod(red.shape)) < threshold: return None
+  if steps < (min(REDUCE_SPLIT_THRESHOLD, GPU_COLUMN_SPLIT) if column else REDUCE_SPLIT_THRESHOLD): return None
   if op is Ops.ADD and _one_hot_select(x): return None
   whole = prod(x.shape[a] for a in axes)
   for ax in axes:
