@@ -135,3 +135,47 @@ def test_a_gpt2_blocks_training_step_agrees_with_the_reference_device():
     return [out.numpy(), x.grad.numpy()] + [t.grad.numpy() for t in w.values()]
   for got, want in zip(run("CPU"), run("NUMPY")):
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+
+
+def _shipped_set_without(tmp: Path, ruleset: str, rule: str) -> Path:
+  """A user's directory whose `ruleset` is the shipped one less `rule` (a set defined there replaces the shipped set
+  of that name)."""
+  text = (REPO / "rules" / "fusion.rules").read_text()
+  start = text.index(f"ruleset {ruleset}:")
+  end = text.find("\nruleset ", start + 1)
+  lines, out, skip = text[start:end if end >= 0 else None].splitlines(), [], False
+  for line in lines:
+    if line.startswith("  rule "): skip = line.startswith(f"  rule {rule}:")
+    elif not line.startswith("    "): skip = False
+    if not skip: out.append(line)
+  assert len(out) < len(lines), rule
+  _write(tmp, "without", "\n".join(out) + "\n")
+  return tmp / "without"
+
+
+def test_a_backward_rows_value_is_hoisted_into_its_consumer(tmp_path, monkeypatch):
+  """hoist_row_epilogue: a softmax's backward reads its row's sum(dy * e) / sum(e)^2 broadcast along the row, and a
+  layernorm's backward its two means; each is computed once per row inside the kernel that reads it, not stored by
+  a kernel of its own. Fewer kernels than with the rule taken out of a user's fuse_values, the NUMPY device's
+  values, in a loop that realizes the step many times with the same kernels."""
+  def step(device):
+    rng = np.random.default_rng(36)
+    x = Tensor(rng.standard_normal((3, 5, 40)).astype(np.float32), device=device, requires_grad=True)
+    w = Tensor(rng.standard_normal((40, 40)).astype(np.float32) * 0.3, device=device, requires_grad=True)
+    h = x.layernorm() @ w
+    p = (h @ h.transpose(-1, -2) * 0.1).softmax(-1)
+    loss = (p @ h).square().mean()
+    return [loss, *loss.gradient(x, w)]
+  def kernels() -> int:
+    schedule_cache.clear()
+    return len(Tensor.schedule(*step("CPU")))
+  shipped = kernels()
+  monkeypatch.setenv("RULEC_RULES", str(_shipped_set_without(tmp_path, "fuse_values", "hoist_row_epilogue")))
+  without = kernels()
+  monkeypatch.delenv("RULEC_RULES")
+  assert shipped < without, (shipped, without)
+  schedule_cache.clear()
+  want = [t.numpy() for t in step("NUMPY")]
+  for _ in range(20):
+    got = [t.numpy() for t in step("CPU")]
+    for a, b in zip(got, want): np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
