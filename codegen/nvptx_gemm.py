@@ -18,7 +18,8 @@ The kernel, per block of 256 threads (8 warps, 2 x 4), computes a BM x BN tile o
   * the epilogue is the kernel's own store, rendered by the CPU renderer (codegen/llvmir.py) as a function of the
     output ranges and the sum: the cast to float16, a bias, an activation, whatever the scheduler fused after the
     sum. The kernel calls it per pair of neighbouring accumulators (rulec_tc_epilogue2) with flags that say whether
-    each element is inside the output, and LLVM inlines it; a pair of neighbouring, aligned elements is one store. Batch ranges are blockIdx.z, split by their sizes.
+    each element is inside the output, and LLVM inlines it; a pair of neighbouring, aligned elements is one store.
+    Batch ranges are blockIdx.z, split by their sizes.
 
 The tile loop (copies, ldmatrix, mma) is written as LLVM IR text with inline PTX, through IRText: a few lines per
 instruction, integer arithmetic folded where it is known when the kernel is written. bench/tc_gemm_cuda.py times
@@ -190,6 +191,11 @@ class _Part(llvmir.LLVMRenderer):
     self.extra = args[nb + nv + len(ranges):]
 
 
+def _sum_scope(r: _Part, red: UOp, acc) -> None:
+  """Render what follows with the sum `red` given as the float accumulator acc (cast to the sum's dtype)."""
+  r.scopes = [{red: acc if red.dtype is dtypes.float32 else r.cast(acc, dtypes.float32, red.dtype)}]
+
+
 def _epilogue(kernel: Kernel, module, helpers, red: UOp, ranges: tuple[UOp, ...], gpu: bool) -> None:
   """void rulec_tc_epilogue(ptr p..., i64 r... (the store's ranges, in the END's order), float acc, i1 ok): the
   kernel's store of one element whose sum is acc, when ok."""
@@ -199,8 +205,7 @@ def _epilogue(kernel: Kernel, module, helpers, red: UOp, ranges: tuple[UOp, ...]
   body, done = r.fn.append_basic_block("store"), r.fn.append_basic_block("done")
   r.b.cbranch(ok, body, done)
   r.b.position_at_end(body)
-  d = red.dtype
-  r.scopes = [{red: acc if d is dtypes.float32 else r.cast(acc, dtypes.float32, d)}]
+  _sum_scope(r, red, acc)
   store = kernel.ast.src[0].src[0]
   (p, idx), value = store.src[0].src, store.src[1]
   r._store(p, r.value(idx), r.value(value), value.dtype)
@@ -222,46 +227,41 @@ def _paired_epilogue(kernel: Kernel, module, helpers, red: UOp, ranges: tuple[UO
   r = _Part(kernel, module, helpers, EPILOGUE2, ranges, ir.VoidType(),
             [_I64] * n + [ir.FloatType(), ir.FloatType(), ir.IntType(1), ir.IntType(1)])
   r.gpu = gpu
-  second, (acc0, acc1, ok0, ok1) = r.extra[:n], r.extra[n:]
+  second, (acc0, acc1, ok0, ok1) = list(r.extra[:n]), r.extra[n:]
   first = [r.ranges[u] for u in ranges]
   store = kernel.ast.src[0].src[0]
   (p, idx), value = store.src[0].src, store.src[1]
-  d, sd = value.dtype, red.dtype
-  single = module.globals[EPILOGUE]
-  pair, apart = r.fn.append_basic_block("pair"), r.fn.append_basic_block("apart")
-  b = r.b
-  b.cbranch(b.and_(ok0, ok1), pair, apart)
-  b.position_at_end(apart)
-  nb, nv = r.nbufs, len(r.vars)
-  head = list(r.fn.args[:nb + nv])
-  b.call(single, head + first + [acc0, ok0])
-  b.call(single, head + list(second) + [acc1, ok1])
-  b.ret_void()
+  b, head = r.b, list(r.fn.args[:r.nbufs + len(r.vars)])
+
+  def apart() -> None:   # (each element by rulec_tc_epilogue, under its own flag)
+    single = module.globals[EPILOGUE]
+    b.call(single, head + first + [acc0, ok0])
+    b.call(single, head + second + [acc1, ok1])
+    b.ret_void()
+
+  if value.dtype.kind == "b": return apart()   # (a bool is a byte in memory: pairs of them are not worth a path)
+  pair, edge = r.fn.append_basic_block("pair"), r.fn.append_basic_block("apart")
+  b.cbranch(b.and_(ok0, ok1), pair, edge)
+  b.position_at_end(edge)
+  apart()
   b.position_at_end(pair)
   got = []
   for rvals, acc in ((first, acc0), (second, acc1)):   # (each element's value in a scope of its own)
     r.ranges = dict(zip(ranges, rvals))
-    r.scopes = [{red: acc if sd is dtypes.float32 else r.cast(acc, dtypes.float32, sd)}]
+    _sum_scope(r, red, acc)
     got.append((r.value(idx), r.value(value)))
   (i0, v0), (i1, v1) = got
-  if d.kind == "b":   # (a bool is a byte in memory: pairs of them are not worth a path)
-    b.call(single, head + first + [acc0, ok0])
-    b.call(single, head + list(second) + [acc1, ok1])
-    b.ret_void()
-    return
-  et = llvmir.memtype(d)
-  width = d.itemsize * 2
+  et, width = llvmir.memtype(value.dtype), value.dtype.itemsize * 2
   p0 = b.gep(r.ptrs[p], [i0], inbounds=True, source_etype=et)
   next_ = b.icmp_signed("==", i1, b.add(i0, ir.Constant(i0.type, 1)))
   aligned = b.icmp_unsigned("==", b.and_(b.ptrtoint(p0, _I64), ir.Constant(_I64, width - 1)), ir.Constant(_I64, 0))
   wide, two = r.fn.append_basic_block("wide"), r.fn.append_basic_block("two")
   b.cbranch(b.and_(next_, aligned), wide, two)
   b.position_at_end(wide)
-  vec = ir.VectorType(et, 2)
-  pv = b.insert_element(b.insert_element(ir.Constant(vec, ir.Undefined), v0, ir.Constant(ir.IntType(32), 0)),
-                        v1, ir.Constant(ir.IntType(32), 1))
-  st = b.store(pv, p0)
-  st.align = width
+  i32 = ir.IntType(32)
+  pv = b.insert_element(b.insert_element(ir.Constant(ir.VectorType(et, 2), ir.Undefined), v0, ir.Constant(i32, 0)),
+                        v1, ir.Constant(i32, 1))
+  b.store(pv, p0).align = width
   b.ret_void()
   b.position_at_end(two)
   b.store(v0, p0)

@@ -131,3 +131,34 @@ def package_dir(pkg: str, package_dir: dict[str, str]) -> str:
   for n in range(len(parts), 0, -1):
     if ".".join(parts[:n]) in package_dir: return "/".join([package_dir[".".join(parts[:n])], *parts[n:]])
   return "/".join(parts)
+
+
+def shipped_rules_without(tmp: Path, rule: str, ruleset: str) -> str:
+  """A rules directory under tmp whose `ruleset` is rules/fusion.rules' shipped set less `rule` (a set a user's
+  directory defines replaces the shipped set of that name), for RULEC_RULES: a test of what one rule changes."""
+  text = (Path(__file__).resolve().parents[1] / "rules" / "fusion.rules").read_text()
+  start = text.index(f"ruleset {ruleset}:")
+  end = text.find("\nruleset ", start + 1)
+  lines, out, skip = text[start:end if end >= 0 else None].splitlines(), [], False
+  for line in lines:
+    if line.startswith("  rule "): skip = line.startswith(f"  rule {rule}:")
+    elif not line.startswith("    "): skip = False
+    if not skip: out.append(line)
+  assert len(out) < len(lines), f"no rule {rule} in {ruleset}"
+  (tmp / "without").mkdir(exist_ok=True)
+  (tmp / "without" / "fusion.rules").write_text("\n".join(out) + "\n")
+  return str(tmp / "without")
+
+
+def with_and_without_rule(monkeypatch, tmp: Path, rule: str, ruleset: str, measure):
+  """(measure() with the shipped rules, measure() with `rule` taken out of `ruleset`), each on a cleared schedule
+  cache; the shipped rules are in force again afterwards."""
+  from rulec.engine.sched import cache as schedule_cache
+  schedule_cache.clear()
+  shipped = measure()
+  monkeypatch.setenv("RULEC_RULES", shipped_rules_without(tmp, rule, ruleset))
+  schedule_cache.clear()
+  without = measure()
+  monkeypatch.delenv("RULEC_RULES")
+  schedule_cache.clear()
+  return shipped, without

@@ -111,11 +111,11 @@ def split_reduceop(red: UOp, x: UOp) -> UOp | None:
   op, axes = red.arg
   if red.tag == "split" or 0 in x.shape: return None
   steps = prod(x.shape) // max(1, prod(red.shape))
-  # (the device is asked only for a reduce long enough for some split: most reduces are not)
-  if steps < min(REDUCE_SPLIT_THRESHOLD, GPU_COLUMN_SPLIT if GPU_COLUMN_SPLIT > 0 else REDUCE_SPLIT_THRESHOLD): return None
+  column_from = GPU_COLUMN_SPLIT if 0 < GPU_COLUMN_SPLIT < REDUCE_SPLIT_THRESHOLD else REDUCE_SPLIT_THRESHOLD
+  if steps < column_from: return None   # (the device is asked only for a reduce long enough for some split)
   parts = split_parts(x.device)
   column = parts > 256 and GPU_COLUMN_SPLIT > 0 and _column_sum(x, axes)
-  if steps < (min(REDUCE_SPLIT_THRESHOLD, GPU_COLUMN_SPLIT) if column else REDUCE_SPLIT_THRESHOLD): return None
+  if steps < REDUCE_SPLIT_THRESHOLD and not column: return None
   if op is Ops.ADD and _one_hot_select(x): return None
   whole = prod(x.shape[a] for a in axes)
   for ax in axes:

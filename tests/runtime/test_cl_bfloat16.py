@@ -24,7 +24,7 @@ from hypothesis import strategies as st  # noqa: E402
 from rulec.engine.ir.dtypes import dtypes   # noqa: E402
 from rulec.engine.tensor import Tensor   # noqa: E402
 from rulec.runtime import cl_device   # noqa: E402
-from tests.helpers import on   # noqa: E402
+from tests.helpers import on, with_and_without_rule   # noqa: E402
 
 try: DEV = cl_device.get_device()
 except cl_device.CLUnavailable as e: pytest.skip(f"no OpenCL device: {e}", allow_module_level=True)
@@ -411,20 +411,17 @@ def _block_under_autocast(device: str, backward: bool):
   return [loss, *loss.gradient(x0, *ws)]
 
 
-def _without_rule(tmp_path, name: str, ruleset: str = "fuse_values", until: str = "bound_kernels") -> str:
-  """A rules directory whose `ruleset` is the shipped one without rule `name` (a set defined there replaces the
-  shipped set of that name; `until` is the set after it in rules/fusion.rules)."""
-  from pathlib import Path
-  text = (Path(__file__).resolve().parents[2] / "rules" / "fusion.rules").read_text()
-  body = text[text.index(f"ruleset {ruleset}:"):text.index(f"ruleset {until}:")]
-  lines, out, skip = body.splitlines(), [], False
-  for line in lines:
-    if line.startswith("  rule "): skip = line.startswith(f"  rule {name}:")
-    elif not line.startswith("    "): skip = False
-    if not skip: out.append(line)
-  assert len(out) < len(lines)
-  (tmp_path / "fusion.rules").write_text("\n".join(out) + "\n")
-  return str(tmp_path)
+def _block_matches_numpy(backward: bool) -> None:
+  """The autocast block's output (and gradients) on CL against the NUMPY device's."""
+  import warnings
+  with warnings.catch_warnings():
+    warnings.simplefilter("ignore")   # (PoCL refusing the tensor-core PTX, once)
+    got = [t.numpy() for t in _block_under_autocast("CL", backward)]
+  for a, w in zip(got, _block_under_autocast("NUMPY", backward)):
+    # (bfloat16 products summed in another order: a rounding flips here and there, one bfloat16 step of the values
+    # it feeds, up to 2**-7 of the largest; the output's sums of those then differ by a few such steps)
+    w = w.numpy()
+    np.testing.assert_allclose(a, w, rtol=2e-2, atol=2.0 ** -5 * float(np.abs(w).max()))
 
 
 @pytest.mark.parametrize("backward", [False, True])
@@ -432,31 +429,15 @@ def test_a_row_value_read_only_in_its_rows_kernel_is_recomputed(gpu_like, monkey
   # rules/fusion.rules keep_row_value_in_its_kernel: a value over a hoisted row value (a softmax's exp(s - max), a
   # layernorm's x - mean), read only by its row's own kernel, stays fused there instead of store_expensive storing it
   # (a hoisted value counts every buffer below it as its reads): a block's forward has fewer kernels, and so does a
-  # training step (its layernorms' backward rows, hoisted by hoist_row_epilogue, read such values in two contexts). Scheduled as for an
-  # NVIDIA GPU with tensor cores (whose rules store the matmuls' bfloat16 operands); PoCL then refuses the
+  # training step (its layernorms' backward rows, hoisted by hoist_row_epilogue, read such values in two contexts).
+  # Scheduled as for an NVIDIA GPU with tensor cores (whose rules store the matmuls' bfloat16 operands); PoCL then refuses the
   # tensor-core PTX once and runs OpenCL C, whose values must match the NUMPY device's
-  import warnings
-  from rulec.engine.sched import cache as schedule_cache
   monkeypatch.setattr(DEV, "nv_arch", "sm_90")
   monkeypatch.setattr(cl_device, "_tc_refused", set())
-  def kernels() -> int:
-    schedule_cache.clear()
-    return len(Tensor.schedule(*_block_under_autocast("CL", backward)))
-  shipped = kernels()
-  monkeypatch.setenv("RULEC_RULES", _without_rule(tmp_path, "keep_row_value_in_its_kernel"))
-  without = kernels()
-  monkeypatch.delenv("RULEC_RULES")
+  shipped, without = with_and_without_rule(monkeypatch, tmp_path, "keep_row_value_in_its_kernel", "fuse_values",
+                                           lambda: len(Tensor.schedule(*_block_under_autocast("CL", backward))))
   assert shipped < without, (shipped, without)
-  schedule_cache.clear()
-  with warnings.catch_warnings():
-    warnings.simplefilter("ignore")
-    got = [t.numpy() for t in _block_under_autocast("CL", backward)]
-  want = _block_under_autocast("NUMPY", backward)
-  for a, w in zip(got, want):
-    # (bfloat16 products summed in another order: a rounding flips here and there, one bfloat16 step of the values
-    # it feeds, up to 2**-7 of the largest; the output's sums of those then differ by a few such steps)
-    w = w.numpy()
-    np.testing.assert_allclose(a, w, rtol=2e-2, atol=2.0 ** -5 * float(np.abs(w).max()))
+  _block_matches_numpy(backward)
 
 
 @pytest.mark.parametrize("backward", [False, True])
@@ -465,32 +446,21 @@ def test_a_widened_half_sum_read_twice_is_stored_in_half(gpu_like, monkeypatch, 
   # sum and quotient (and the backward), are stored as the matmul's bfloat16 result and widened by each reader:
   # half the bytes of the block's largest intermediate, the same kernels, and (the widening being exact) values
   # that match the NUMPY device's
-  import warnings
-  from rulec.engine.sched import cache as schedule_cache
   monkeypatch.setattr(DEV, "nv_arch", "sm_90")
   monkeypatch.setattr(cl_device, "_tc_refused", set())
   B, T, H = 2, 64, 4
   def stored_scores():
-    schedule_cache.clear()
     ks = Tensor.schedule(*_block_under_autocast("CL", backward))
     sizes = {}
     for k in ks:
       out = k.bufs[0]
       if out.size == B * H * T * T: sizes[out.dtype.name] = sizes.get(out.dtype.name, 0) + 1
     return len(ks), sizes
-  n, shipped = stored_scores()
-  monkeypatch.setenv("RULEC_RULES", _without_rule(tmp_path, "store_half_before_widening", "fuse_reduces", "fuse_values"))
-  n_without, without = stored_scores()
-  monkeypatch.delenv("RULEC_RULES")
+  (n, shipped), (n_without, without) = with_and_without_rule(monkeypatch, tmp_path, "store_half_before_widening",
+                                                             "fuse_reduces", stored_scores)
   assert n == n_without, (n, n_without)
   # (forward: the scores; a training step also the probabilities' gradient, dout @ v.T widened for the softmax's)
   gained = 2 if backward else 1
   assert shipped.get("bfloat16", 0) == without.get("bfloat16", 0) + gained, (shipped, without)
   assert shipped.get("float32", 0) == without.get("float32", 0) - gained, (shipped, without)
-  schedule_cache.clear()
-  with warnings.catch_warnings():
-    warnings.simplefilter("ignore")
-    got = [t.numpy() for t in _block_under_autocast("CL", backward)]
-  for a, w in zip(got, _block_under_autocast("NUMPY", backward)):
-    w = w.numpy()
-    np.testing.assert_allclose(a, w, rtol=2e-2, atol=2.0 ** -5 * float(np.abs(w).max()))
+  _block_matches_numpy(backward)

@@ -17,7 +17,7 @@ if str(REPO) not in sys.path: sys.path.insert(0, str(REPO))
 
 from rulec.engine.sched import cache as schedule_cache  # noqa: E402
 from rulec.engine.tensor import Tensor  # noqa: E402
-from tests.helpers import subprocess_env  # noqa: E402
+from tests.helpers import subprocess_env, with_and_without_rule  # noqa: E402
 
 DOC = REPO / "docs" / "fusion.md"
 FENCE = re.compile(r"^```(?P<info>[^\n`]*)\n(?P<body>.*?)^```[ \t]*$", re.M | re.S)
@@ -137,22 +137,6 @@ def test_a_gpt2_blocks_training_step_agrees_with_the_reference_device():
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
 
 
-def _shipped_set_without(tmp: Path, ruleset: str, rule: str) -> Path:
-  """A user's directory whose `ruleset` is the shipped one less `rule` (a set defined there replaces the shipped set
-  of that name)."""
-  text = (REPO / "rules" / "fusion.rules").read_text()
-  start = text.index(f"ruleset {ruleset}:")
-  end = text.find("\nruleset ", start + 1)
-  lines, out, skip = text[start:end if end >= 0 else None].splitlines(), [], False
-  for line in lines:
-    if line.startswith("  rule "): skip = line.startswith(f"  rule {rule}:")
-    elif not line.startswith("    "): skip = False
-    if not skip: out.append(line)
-  assert len(out) < len(lines), rule
-  _write(tmp, "without", "\n".join(out) + "\n")
-  return tmp / "without"
-
-
 def test_a_backward_rows_value_is_hoisted_into_its_consumer(tmp_path, monkeypatch):
   """hoist_row_epilogue: a softmax's backward reads its row's sum(dy * e) / sum(e)^2 broadcast along the row, and a
   layernorm's backward its two means; each is computed once per row inside the kernel that reads it, not stored by
@@ -166,15 +150,9 @@ def test_a_backward_rows_value_is_hoisted_into_its_consumer(tmp_path, monkeypatc
     p = (h @ h.transpose(-1, -2) * 0.1).softmax(-1)
     loss = (p @ h).square().mean()
     return [loss, *loss.gradient(x, w)]
-  def kernels() -> int:
-    schedule_cache.clear()
-    return len(Tensor.schedule(*step("CPU")))
-  shipped = kernels()
-  monkeypatch.setenv("RULEC_RULES", str(_shipped_set_without(tmp_path, "fuse_values", "hoist_row_epilogue")))
-  without = kernels()
-  monkeypatch.delenv("RULEC_RULES")
+  shipped, without = with_and_without_rule(monkeypatch, tmp_path, "hoist_row_epilogue", "fuse_values",
+                                           lambda: len(Tensor.schedule(*step("CPU"))))
   assert shipped < without, (shipped, without)
-  schedule_cache.clear()
   want = [t.numpy() for t in step("NUMPY")]
   for _ in range(20):
     got = [t.numpy() for t in step("CPU")]
