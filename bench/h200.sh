@@ -10,6 +10,8 @@
 #                           bench/multi.py --kind CL on 1 and 2 GPUs beside torch (bench/multi_torch.py, NCCL)
 #   bench/h200.sh halfmm    bench/half_matmul.py: float16 / bfloat16 matmuls on the CUDA device's tensor cores beside
 #                           torch and tinygrad (tinygrad's source in .whl/pysrc)
+#   bench/h200.sh loss      bench/mixed_loss.py --device CL: the GPT-2 block's loss and gradients in bfloat16 and float16
+#                           (autocast and whole) against float32, rulec beside torch on CUDA
 #   bench/h200.sh cudatests the CUDA device's GPU tests and the tensor-core kernel's tests
 #   bench/h200.sh sweep     bench/cl_sweep.py: the GPU optimizer's tile shapes, vector widths and split parts
 #   bench/h200.sh probe     bench/cl_bandwidth_probe.py: hand-written elementwise and sum forms against the copy
@@ -46,6 +48,9 @@ fi
 if [[ $what == halfmm ]]; then
   export PYTHONPATH=$PYTHONPATH:$PWD/.whl/pysrc   # (tinygrad 0.14's source, for its column)
   python3 bench/half_matmul.py "$@" 2>&1 | tee "$out/halfmm.log"
+fi
+if [[ $what == loss ]]; then
+  python3 bench/mixed_loss.py --device CL "$@" 2>&1 | tee "$out/mixed_loss.log"
 fi
 if [[ $what == cudatests ]]; then
   python3 -m pytest -q -x tests/runtime/test_cuda_on_gpu.py tests/codegen/test_tensor_core_gemm.py "$@" 2>&1 | tee "$out/cudatests.log"
