@@ -13,9 +13,11 @@ the size limit (docs/security.md).
 from __future__ import annotations
 
 import atexit
+import contextlib
 import hashlib
 import os
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -281,6 +283,16 @@ def load_library(paths: list[str | Path] | None = None, user: list[str | Path] |
   with explicit `paths` and no `user`, the files alone are the library.
 
   Errors surface as RuleError when a matcher is asked for (or on require_clean())."""
+  held = _HELD.libraries
+  if held is not None:
+    ask = (None if paths is None else tuple(map(str, paths)), None if user is None else tuple(map(str, user)),
+           os.environ.get("RULEC_RULES") if user is None and paths is None else None)
+    if (lib := held.get(ask)) is None: lib = held[ask] = _load_library(paths, user)
+    return lib
+  return _load_library(paths, user)
+
+
+def _load_library(paths, user) -> RuleLibrary:
   if user is None and paths is None: user = user_rules_paths()
   files, top = _listed(paths, user)
   key = (tuple(str(f) for f in files), tuple(str(f) for f in top))
@@ -291,6 +303,27 @@ def load_library(paths: list[str | Path] | None = None, user: list[str | Path] |
     lib = _LIBRARIES[key] = RuleLibrary(files, top)
   _STAMPS[key] = stamps
   return lib
+
+
+class _Held(threading.local):
+  libraries: dict | None = None
+
+
+# library_held(): inside it, each library is checked for changed files once (one schedule sees one version of the
+# rules, and its hundreds of requests cost a dictionary lookup, not a dozen stats each)
+_HELD = _Held()
+
+
+@contextlib.contextmanager
+def library_held():
+  """While inside, load_library answers each set of paths with the library it first answered there (re-entrant;
+  per thread). The scheduler holds it for one schedule."""
+  if _HELD.libraries is not None:
+    yield
+    return
+  _HELD.libraries = {}
+  try: yield
+  finally: _HELD.libraries = None
 
 
 # load_library's check that no file changed: each file's (inode, size, modification time), so that asking for the

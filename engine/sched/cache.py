@@ -19,7 +19,7 @@ from typing import Sequence
 
 from rulec.engine.sched import driver as _scheduler
 from rulec.engine import trace as _trace
-from rulec.engine.lang.loader import load_library
+from rulec.engine.lang.loader import library_held, load_library
 from rulec.engine.ir.ops import Ops
 from rulec.engine.ir.rewrite import substitute
 from rulec.engine.sched import multi as _multi
@@ -152,7 +152,7 @@ def schedule_keeping(targets: list[UOp], default_device: str, devices: Sequence[
   """driver.schedule_keeping (the kernels, the targets' views, the kept intermediate values with their views),
   from the cache when a graph of the same shape was scheduled before (keeping or not is part of the key)."""
   # (the graph's key is computed with the collector held too (driver.collector_held): it walks the whole graph)
-  with _scheduler.collector_held(): return _schedule_or_bind(targets, default_device, devices, keep)
+  with _scheduler.collector_held(), library_held(): return _schedule_or_bind(targets, default_device, devices, keep)
 
 
 def _schedule_or_bind(targets: list[UOp], default_device: str, devices: Sequence[str] | None,

@@ -27,7 +27,7 @@ import threading
 import time
 
 from rulec.engine import trace as _trace
-from rulec.engine.lang.loader import load_library
+from rulec.engine.lang.loader import library_held, load_library
 from rulec.engine.ir.ops import ALU, MOVEMENT, Ops
 from rulec.engine.ir.rewrite import graph_rewrite
 from rulec.engine.sched.fusion import HOISTING_DEVICES, LANE_GUARD_DEVICES, MAX_RECOMPUTE_READS, choose_stages  # noqa: F401 (re-exported)
@@ -193,7 +193,7 @@ def schedule_keeping(targets: list[UOp], default_device: str = "NUMPY", devices:
                      keep: bool = True) -> tuple[list[Kernel], list[UOp], list[tuple[UOp, UOp]]]:
   """schedule(), and (node, its view) for every intermediate value of the targets' graphs the kernels store
   into a buffer of their own (`_kept_values`; none when `keep` is False or the values span devices)."""
-  with collector_held(): return _schedule_keeping(targets, default_device, devices, keep)
+  with collector_held(), library_held(): return _schedule_keeping(targets, default_device, devices, keep)
 
 
 def _schedule_keeping(targets: list[UOp], default_device: str, devices: list[str] | None,

@@ -150,3 +150,33 @@ def test_load_library_sees_added_and_edited_rule_files_without_reading_unchanged
   os.utime(mine / "a.rules", ns=(10**18 + 1, 10**18 + 1))
   names = load_library(user=[mine]).ruleset_names()
   assert "extra_c" in names and "extra_a" not in names and "extra_b" in names
+
+
+def test_one_schedule_checks_the_rule_files_once(tmp_path, monkeypatch):
+  # the scheduler asks for its matchers hundreds of times a schedule; inside one schedule (loader.library_held)
+  # each library's files are stamped once, and a file edited between two schedules is seen by the second
+  import os
+  import numpy as np
+  from rulec import Tensor
+  from rulec.engine.lang import loader
+  from rulec.engine.sched import cache as schedule_cache
+  mine = tmp_path / "mine"
+  mine.mkdir()
+  (mine / "a.rules").write_text("ruleset extra_a:\n  rule keep_a: x:EXP2 => None\n")
+  os.utime(mine / "a.rules", ns=(10**18, 10**18))
+  os.utime(mine, ns=(10**18, 10**18))
+  monkeypatch.setenv("RULEC_RULES", str(mine))
+  stamped = []
+  real = loader._stamps
+  monkeypatch.setattr(loader, "_stamps", lambda files: stamped.append(len(files)) or real(files))
+  x = Tensor(np.arange(12, dtype=np.float32).reshape(3, 4))
+  schedule_cache.clear()
+  kernels = Tensor.schedule(((x * 2).exp2() + 1).softmax(-1).sum(0))
+  assert kernels and len(stamped) <= 2   # (the library's files and its directories' listing: once each)
+  with loader.library_held():
+    lib = loader.load_library()
+    assert loader.load_library() is lib and "extra_a" in lib.ruleset_names()
+    (mine / "a.rules").write_text("ruleset extra_b:\n  rule keep_b: x:EXP2 => None\n")
+    os.utime(mine / "a.rules", ns=(10**18 + 1, 10**18 + 1))
+    assert loader.load_library() is lib   # (one schedule sees one version of the rules)
+  assert "extra_b" in loader.load_library().ruleset_names()
