@@ -20,6 +20,7 @@ and gets no kernel in either front end.
 Needs `pip install '.[bench]'` (tinygrad==0.14.0) and Debian's `clang`
 (tinygrad's CPU device looks for it when it starts). Run: python bench/schedule.py
 (`--check` also runs every program in both front ends on the same random inputs and compares the outputs;
+`--fresh-memo` forgets rulec's shape-keyed index answers before every schedule;
 `--models` schedules the model-sized programs instead, each cold in a new process and then warm: a 12-layer GPT-2
 at T 1024 forward and training step, ResNet-50 forward and training step, a 1000-op elementwise chain)
 
@@ -45,9 +46,14 @@ import tinygrad.schedule as tg_schedule  # noqa: E402
 from tinygrad import Tensor as TT  # noqa: E402
 
 from rulec.engine.sched import cache as schedule_cache  # noqa: E402
+from rulec.engine.sched import symbolic  # noqa: E402
 from rulec.engine.tensor import Tensor as RT  # noqa: E402
 
 REPEATS = 7
+# --fresh-memo: also forget the index and guard answers rulec's symbolic rules keep by their shape across graphs
+# (engine/sched/symbolic.py _Fitter.shaped), so each graph pays for all of its own fitting; by default they are
+# kept, as tinygrad keeps its own process-wide caches (only its schedule cache is cleared)
+FRESH_MEMO = "--fresh-memo" in sys.argv[1:]
 
 
 def mlp(T, make):
@@ -253,6 +259,7 @@ def rulec_run(prog):
   # inputs are real buffers (Tensor.zeros would be a constant the scheduler folds away)
   outs = prog(RT, rulec_make)
   schedule_cache.clear()   # the real work every time, as tinygrad's cache is cleared
+  if FRESH_MEMO: symbolic.forget_shapes()
   t0 = time.perf_counter()
   kernels = RT.schedule(*outs)
   return time.perf_counter() - t0, len(kernels), 0
@@ -349,7 +356,9 @@ def main():
     t = [tinygrad_run(prog) for _ in range(REPEATS)]
     rows.append((name, statistics.median(x[0] for x in r), r[0][1], statistics.median(x[0] for x in t), t[0][1], t[0][2]))
   print(machine())
-  print(f"scheduling only (no compile, no run), median of {REPEATS} fresh graphs; tinygrad schedule cache cleared each time")
+  print(f"scheduling only (no compile, no run), median of {REPEATS} fresh graphs; tinygrad schedule cache cleared each time; "
+        + ("rulec's shape-keyed index answers forgotten each time (--fresh-memo)" if FRESH_MEMO else
+           "rulec's shape-keyed index answers kept across graphs (--fresh-memo forgets them)"))
   head = (f"{'program':<24} {'rulec ms':>9} {'tinygrad ms':>12} {'speedup':>8} {'rulec kernels':>14} "
           f"{'tinygrad kernels':>17} {'tg copies':>10}")
   print(head)

@@ -400,6 +400,7 @@ _FITS: dict[tuple, tuple | None] = {}
 _NESTED: dict[tuple, UOp | None] = {}   # (a term, its guards, partial) -> nested's answer
 _EXACT_GUARD: "weakref.WeakKeyDictionary[UOp, tuple]" = weakref.WeakKeyDictionary()  # cond -> (_grouped, too_big)
 _BOUNDS: dict[tuple, UOp | None] = {}   # conjuncts -> bounds_form's answer (exact: true whatever the guards)
+_SHAPED: dict[tuple, tuple] = {}        # (kind, the question with its ranges renumbered) -> (answer, cost): _Fitter.shaped
 _FITTING = 0                            # > 0 while _Fitter.nested simplifies a part of an index
 _NESTED_REWRITES = 16                   # the most parts of indices one WHERE's fit simplifies (a QR's gradient nests
                                         # hundreds of guarded WHEREs: each new guard would ask again)
@@ -456,6 +457,35 @@ class _Fitter:
     self.rewrites = 0    # symbolic rewrites of index parts (nested), bounded per WHERE by _NESTED_REWRITES
     self.guards: dict[tuple, UOp] = {}
     self.too_big = False   # a group of a guard had too many points for bounds_form
+    self.refused = 0       # the times a budget (_FIT_BUDGET, _NESTED_REWRITES) cut a fit short
+
+  def shaped(self, kind: str, x: UOp, guards: tuple, work) -> UOp:
+    """work()'s answer about x where guards hold, remembered by the question's shape: x and the guards' usable
+    conjuncts with their ranges renumbered in order (0, 1, ...), when x is arithmetic on ranges. A ResNet's repeated blocks, and a convolution
+    read in several kernels, ask the same questions over ranges numbered apart. The renumbering keeps the
+    ranges' order and sizes, so the work done is the one a fresh question would do; the answer is kept only
+    when no budget cut it short, and a reuse is charged what the work cost (points and rewrites), so a WHERE
+    that would have run out of budget still does."""
+    if not self.is_arithmetic(x): return work()   # (a guard over a load: below it, the whole program)
+    conds = self.usable(guards)
+    rs = sorted({r for u in (x, *conds) for r in _ranges_of(u)}, key=lambda r: (r.arg[0], str(r.arg)) if isinstance(r.arg, tuple) else (r.arg, ''))
+    to = {r: UOp(Ops.RANGE, r.dtype, r.src, (i, *r.arg[1:]) if isinstance(r.arg, tuple) else i, r.tag)
+          for i, r in enumerate(rs)}
+    memo: dict = {}
+    key = (kind, substitute(x, to, memo), *(substitute(c, to, memo) for c in conds))
+    hit = _SHAPED.get(key)
+    if hit is not None:
+      out, spent, rewrites = hit
+      if self.spent + spent <= _FIT_BUDGET and self.rewrites + rewrites <= _NESTED_REWRITES:
+        self.spent += spent
+        self.rewrites += rewrites
+        return x if out is None else substitute(out, {v: r for r, v in to.items()})
+    spent, rewrites, refused = self.spent, self.rewrites, self.refused
+    got = work()
+    if self.refused == refused:
+      if len(_SHAPED) > 4096: _SHAPED.clear()
+      _SHAPED[key] = (None if got is x else substitute(got, to), self.spent - spent, self.rewrites - rewrites)
+    return got
 
   def ranges(self, u: UOp) -> frozenset: return _range_set(u)
 
@@ -524,7 +554,10 @@ class _Fitter:
     whose size is not a constant)."""
     size = 1
     for r in rs: size *= r.src[0].arg if r.src and r.src[0].op is Ops.CONST else 1 << 40
-    if not rs or size > _FIT_POINTS or self.spent + size > _FIT_BUDGET: return None
+    if not rs or size > _FIT_POINTS: return None
+    if self.spent + size > _FIT_BUDGET:
+      self.refused += 1
+      return None
     self.spent += size
     grids = np.meshgrid(*[np.arange(r.src[0].arg, dtype=np.int64) for r in rs], indexing="ij")
     return dict(zip(rs, grids))
@@ -591,7 +624,10 @@ class _Fitter:
         a, lo, hi = got
         var = UOp.variable(f"fit_{len(stand)}_{id(d)}", lo, hi, d.dtype)
         stand[d], back[var] = var, a
-      if not stand or self.rewrites >= _NESTED_REWRITES: break
+      if not stand: break
+      if self.rewrites >= _NESTED_REWRITES:
+        self.refused += 1
+        break
       self.rewrites += 1
       global _FITTING
       _FITTING += 1   # (the rewrite of an index part does not fit the WHEREs inside it again: that recursion explodes
@@ -630,7 +666,8 @@ class _Fitter:
     over r drop its dead fourth iteration (narrowed_reduce)."""
     if cond.dtype is not dtypes.bool or not self.has_divmod(cond): return cond
     key = (cond, guards)
-    if (done := self.guards.get(key)) is None: done = self.guards[key] = self._guard(cond, guards)
+    if (done := self.guards.get(key)) is None:
+      done = self.guards[key] = self.shaped("guard", cond, guards, lambda: self._guard(cond, guards))
     return done
 
   def _guard(self, cond: UOp, guards: tuple) -> UOp:
@@ -716,7 +753,7 @@ class _Fitter:
 
   def index(self, idx: UOp, guards: tuple) -> UOp:
     if not idx.dtype.is_int or not self.has_divmod(idx): return idx
-    return self.simplified(idx, self.usable(guards))
+    return self.shaped("index", idx, guards, lambda: self.simplified(idx, self.usable(guards)))
 
   def rebuild(self, u: UOp, guards: tuple) -> UOp:
     # (nothing under u that a fit could change: no load index or guard with a // or % in it. A chain of nested
@@ -741,6 +778,12 @@ class _Fitter:
 
 _AFFINE: "weakref.WeakKeyDictionary[UOp, UOp | None]" = weakref.WeakKeyDictionary()
 _FITTABLE: "weakref.WeakKeyDictionary[UOp, bool]" = weakref.WeakKeyDictionary()   # _Fitter.fittable
+
+
+def forget_shapes() -> None:
+  """Forget the fitted index and guard answers kept by their shape (_Fitter.shaped), as a new process has none
+  (bench/schedule.py --fresh-memo: scheduling time without answers from earlier graphs)."""
+  _SHAPED.clear()
 
 
 @rule_helper

@@ -89,3 +89,57 @@ def test_a_guarded_sum_of_sums_is_one_sum_and_stops_at_its_guard():
   y = np.random.default_rng(0).standard_normal((5, 7)).astype(np.float32)
   m = Tensor(y).max(1).pad(((2, 0),), value=-np.inf).max()
   np.testing.assert_allclose(m.item(), y.max(1).max())
+
+
+def _kernel_shapes(kernels) -> list:
+  """Each kernel's graph with its ranges renumbered in order (two schedules number them apart): equal graphs are
+  the same node."""
+  from rulec.engine.ir.rewrite import substitute
+  from rulec.engine.ir.uop import UOp
+  out = []
+  for k in kernels:
+    rs = sorted({u for u in k.ast.toposort() if u.op is Ops.RANGE}, key=lambda r: r.arg[0])
+    out.append(substitute(k.ast, {r: UOp(Ops.RANGE, r.dtype, r.src, (i, *r.arg[1:]), r.tag) for i, r in enumerate(rs)}))
+  return out
+
+
+def test_a_repeated_convolution_reuses_its_fitted_indices(monkeypatch):
+  """Two same-shape convolutions of different inputs (a ResNet's repeated blocks) ask the symbolic rules the same
+  index and guard questions over ranges numbered apart: the second is answered from the first's fitting
+  (symbolic._Fitter.shaped, keyed by the question with its ranges renumbered). Counted as fitting work done, and the
+  kernels and values are those of a schedule that fits every question afresh."""
+  from rulec.engine.sched import symbolic
+  from rulec.engine.sched import cache as schedule_cache
+  rng = np.random.default_rng(5)
+  xs = [rng.standard_normal((2, 4, 10, 10)).astype(np.float32) for _ in range(2)]
+  w = rng.standard_normal((6, 4, 3, 3)).astype(np.float32)
+  g = rng.standard_normal((2, 6, 5, 5)).astype(np.float32)
+  work = {"n": 0}
+  for name in ("simplified", "_guard"):
+    real = getattr(symbolic._Fitter, name)
+    def counted(self, *a, _real=real, **k):
+      work["n"] += 1
+      return _real(self, *a, **k)
+    monkeypatch.setattr(symbolic._Fitter, name, counted)
+  def run(shaped: bool):
+    symbolic.forget_shapes()
+    schedule_cache.clear()
+    work["n"] = 0
+    tx = [Tensor(x, requires_grad=True) for x in xs]
+    tw = Tensor(w, requires_grad=True)
+    loss = sum(((t.conv2d(tw, stride=2, padding=1) * Tensor(g)).sum() for t in tx), Tensor(0.0))
+    grads = loss.gradient(*tx, tw)
+    kernels = Tensor.schedule(*grads)
+    return work["n"], _kernel_shapes(kernels), [t.numpy() for t in grads]
+  with_memo = run(True)
+  monkeypatch.setattr(symbolic._Fitter, "shaped", lambda self, kind, x, guards, work: work())
+  without = run(False)
+  assert 0 < with_memo[0] < without[0], (with_memo[0], without[0])
+  assert len(with_memo[1]) == len(without[1]) and all(a is b for a, b in zip(with_memo[1], without[1]))
+  for a, b in zip(with_memo[2], without[2]): np.testing.assert_array_equal(a, b)
+  for x, got in zip(xs, with_memo[2][:2]):
+    dx, _ = conv_grads_numpy(x, w, g, 2, 1, 1)
+    np.testing.assert_allclose(got, dx, rtol=1e-4, atol=1e-4)
+  _, dw0 = conv_grads_numpy(xs[0], w, g, 2, 1, 1)
+  _, dw1 = conv_grads_numpy(xs[1], w, g, 2, 1, 1)
+  np.testing.assert_allclose(with_memo[2][2], dw0 + dw1, rtol=1e-4, atol=1e-4)
