@@ -447,6 +447,11 @@ def reads_memory(u: UOp) -> bool:
                _MEMORY_OPS)
 
 
+def _numbered(r: UOp, i: int) -> UOp:
+  """RANGE r renumbered i (its kind, size and tag kept)."""
+  return UOp(Ops.RANGE, r.dtype, r.src, (i, *r.arg[1:]) if isinstance(r.arg, tuple) else i, r.tag)
+
+
 class _Fitter:
   """Rewrites the load indices under a WHERE: each nonlinear term of an index (a // or % and what it is
   multiplied by) that is affine in its ranges at every point where the guards around the load hold becomes
@@ -468,23 +473,32 @@ class _Fitter:
     that would have run out of budget still does."""
     if not self.is_arithmetic(x): return work()   # (a guard over a load: below it, the whole program)
     conds = self.usable(guards)
-    rs = sorted({r for u in (x, *conds) for r in _ranges_of(u)}, key=lambda r: (r.arg[0], str(r.arg)) if isinstance(r.arg, tuple) else (r.arg, ''))
-    to = {r: UOp(Ops.RANGE, r.dtype, r.src, (i, *r.arg[1:]) if isinstance(r.arg, tuple) else i, r.tag)
-          for i, r in enumerate(rs)}
-    memo: dict = {}
-    key = (kind, substitute(x, to, memo), *(substitute(c, to, memo) for c in conds))
+    nodes = UOp.sink(x, *conds).toposort()
+    rs = sorted((n for n in nodes if n.op is Ops.RANGE),
+                key=lambda r: (r.arg[0], str(r.arg)) if isinstance(r.arg, tuple) else (r.arg, ""))
+    rank = {r: i for i, r in enumerate(rs)}
+    # (the key spells the graph out as a tuple, node by node: cheaper than building its renumbered copy, which only
+    # a new answer needs)
+    at: dict[UOp, int] = {}
+    spelled = []
+    for i, n in enumerate(nodes):
+      at[n] = i
+      spelled.append((n.op, n.dtype, ("range", rank[n], n.arg[1:] if isinstance(n.arg, tuple) else ()) if n in rank
+                      else n.arg, n.tag, tuple(at[s] for s in n.src)))
+    key = (kind, tuple(spelled))
     hit = _SHAPED.get(key)
     if hit is not None:
       out, spent, rewrites = hit
       if self.spent + spent <= _FIT_BUDGET and self.rewrites + rewrites <= _NESTED_REWRITES:
         self.spent += spent
         self.rewrites += rewrites
-        return x if out is None else substitute(out, {v: r for r, v in to.items()})
+        return x if out is None else substitute(out, {_numbered(r, i): r for r, i in rank.items()})
     spent, rewrites, refused = self.spent, self.rewrites, self.refused
     got = work()
     if self.refused == refused:
       if len(_SHAPED) > 4096: _SHAPED.clear()
-      _SHAPED[key] = (None if got is x else substitute(got, to), self.spent - spent, self.rewrites - rewrites)
+      _SHAPED[key] = (None if got is x else substitute(got, {r: _numbered(r, i) for r, i in rank.items()}),
+                      self.spent - spent, self.rewrites - rewrites)
     return got
 
   def ranges(self, u: UOp) -> frozenset: return _range_set(u)
