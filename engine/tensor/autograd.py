@@ -8,12 +8,15 @@ requires_grad=False. Gradients are lazy graphs like any other, so they fuse with
 Only float tensors have gradients."""
 from __future__ import annotations
 
+import weakref
 from typing import TYPE_CHECKING, Any
 
 from rulec.engine.autograd import gradients as _gradients
 from rulec.engine.ir.ops import Ops
 from rulec.engine.ir.rewrite import substitute
+from rulec.engine import realize as _realize
 from rulec.engine.tensor import inplace as _inplace
+from rulec.engine.tensor.multi import is_realized as _multi_realized
 from rulec.engine.tensor import writes as _writes
 from rulec.engine.tensor.base import _LIVE, TensorBase
 from rulec.engine.tensor.history import history, reads, recorded
@@ -28,6 +31,28 @@ def _nodes(t: TensorBase) -> tuple[UOp, ...]:
   """The graph nodes that stand for t's value: its uop, and the graph it was realized from if it was."""
   h = history(t.uop)
   return (t.uop,) if h is None else (t.uop, h)
+
+
+# .grad tensors that backward() made by adding to an earlier gradient not yet computed (by id: a WeakSet would
+# compare tensors with ==, which is elementwise)
+_ACCUMULATED: dict[int, weakref.ref] = {}
+
+
+def _mark_accumulated(t: TensorBase) -> None:
+  key = id(t)
+  _ACCUMULATED[key] = weakref.ref(t, lambda _: _ACCUMULATED.pop(key, None))
+
+
+def _settled(grad: TensorBase) -> TensorBase:
+  """The gradient a backward() adds to. A loop that calls backward() every step without using or resetting some
+  tensor's .grad (a data tensor left at requires_grad None: every float tensor in scope gets one, as in tinygrad)
+  would grow that gradient's graph by a whole backward pass a step, holding every step's buffers: time and memory
+  grow without bound. So a gradient that already is such a sum, still not computed, is computed now, detached
+  (a .grad made by adding backward passes is not differentiated again: torch's create_graph=False), and the new
+  gradient is added to its value. Not while TinyJit captures: the replay would compute it on every call."""
+  mark = _ACCUMULATED.get(id(grad))
+  if mark is None or mark() is not grad or _multi_realized(grad.uop) or _realize.CAPTURING: return grad
+  return grad.detach().realize()
 
 
 def _root(t: TensorBase) -> UOp:
@@ -139,7 +164,8 @@ class AutogradMixin:
 
   def backward(self, gradient: Any = None) -> Tensor:
     """Add d self / d t to `t.grad` for every float tensor t that self depends on (seed: `gradient`, or 1 for a
-    scalar); returns self."""
+    scalar); returns self. A .grad that backward() already added to and nobody computed since is computed (detached)
+    before the next is added, so a loop that never reads or resets some tensor's .grad keeps it bounded."""
     seed = self._seed(gradient, "backward()")
     root = _root(self)
     graph = set(root.toposort())
@@ -151,7 +177,10 @@ class AutogradMixin:
       if not parts: continue
       g = parts[0] if len(parts) == 1 else parts[0] + parts[1]
       gt = t._grad_tensor(g)
-      t.grad = gt if t.grad is None else t.grad + gt
+      if t.grad is None: t.grad = gt
+      else:
+        t.grad = _settled(t.grad) + gt
+        _mark_accumulated(t.grad)
     return self
 
   def gradient(self, *targets: Tensor, gradient: Any = None) -> list[Tensor]:

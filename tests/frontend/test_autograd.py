@@ -590,6 +590,46 @@ def test_grad_accumulates():
   np.testing.assert_allclose(x.grad.numpy(), 2 * a + 3)
 
 
+def test_a_gradient_left_to_accumulate_over_a_training_loop_stays_bounded():
+  # every float tensor in scope gets a .grad (as in tinygrad), so an eager loop that zeroes only the weights' grads
+  # adds a whole backward pass to its data tensor's .grad every step; that sum is computed when backward adds to it
+  # again (engine/tensor/autograd.py _settled), so its graph, the buffers it holds and each step's work stay bounded
+  from rulec.nn.optim import SGD
+  rng = np.random.default_rng(7)
+  xa = rng.standard_normal((3, 5)).astype(np.float32)
+  wa = (rng.standard_normal((5, 4)) * 0.3).astype(np.float32)
+
+  def ln_grads(wv):   # numpy: layernorm(x) and d mean((layernorm(x) @ w)^2) / dx, / d(layernorm(x) @ w)
+    xd = xa.astype(np.float64)
+    mu, var = xd.mean(-1, keepdims=True), xd.var(-1, keepdims=True)
+    inv = 1 / np.sqrt(var + 1e-5)
+    ln = (xd - mu) * inv
+    dy = 2 * (ln @ wv) / (3 * 4)
+    dln = dy @ wv.T
+    return ln, dy, inv * (dln - dln.mean(-1, keepdims=True) - ln * (dln * ln).mean(-1, keepdims=True))
+
+  # a training loop: the weights follow numpy's SGD, the data tensor's .grad stays the size it had
+  x, w = Tensor(xa), Tensor(wa, requires_grad=True)
+  opt = SGD([w], lr=0.1)
+  wv, sizes = wa.astype(np.float64), []
+  with Tensor.train():
+    for _ in range(40):
+      opt.zero_grad()
+      (x.layernorm() @ w).square().mean().backward()
+      opt.step()
+      sizes.append(len(x.grad.uop.toposort()))
+      ln, dy, _ = ln_grads(wv)
+      wv = wv - 0.1 * (ln.T @ dy)
+  assert max(sizes[5:]) <= max(sizes[:5]), sizes   # (before: 44 more nodes every step)
+  np.testing.assert_allclose(w.numpy(), wv, rtol=1e-4, atol=1e-5)
+  # weights that stay as they are: the accumulated .grad is every step's gradient added up
+  x, w = Tensor(xa), Tensor(wa, requires_grad=True)
+  for _ in range(30):
+    w.grad = None
+    (x.layernorm() @ w).square().mean().backward()
+  np.testing.assert_allclose(x.grad.numpy(), 30 * ln_grads(wa.astype(np.float64))[2], rtol=1e-4, atol=1e-5)
+
+
 def test_detach_stops_flow():
   a = np.array([1.0, -2.0, 3.0])
   x = T(a)
