@@ -49,10 +49,12 @@ def _settled(grad: TensorBase) -> TensorBase:
   would grow that gradient's graph by a whole backward pass a step, holding every step's buffers: time and memory
   grow without bound. So a gradient that already is such a sum, still not computed, is computed now, detached
   (a .grad made by adding backward passes is not differentiated again: torch's create_graph=False), and the new
-  gradient is added to its value. Not while TinyJit captures: the replay would compute it on every call."""
+  gradient is added to its value. Nothing else changes: the intermediates computed on the way are not handed to
+  other lazy values (a loss realized after opt.step() still computes from the updated weights). Not while TinyJit
+  captures: the replay would compute it on every call."""
   mark = _ACCUMULATED.get(id(grad))
   if mark is None or mark() is not grad or _multi_realized(grad.uop) or _realize.CAPTURING: return grad
-  return grad.detach().realize()
+  return grad.detach()._realize(hand_back=False)
 
 
 def _root(t: TensorBase) -> UOp:

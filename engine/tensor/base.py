@@ -303,8 +303,10 @@ class TensorBase:
     if folded: folded[0]._realize(*folded[1:])
     return self
 
-  def _realize(self, *others: Tensor) -> Tensor:
-    """realize() for the front end's own uses: every write keeps the history it was noted with."""
+  def _realize(self, *others: Tensor, hand_back: bool = True) -> Tensor:
+    """realize() for the front end's own uses: every write keeps the history it was noted with. `hand_back` False
+    leaves the other live graphs as they are (no intermediate value stored here is handed to them): a realize the
+    user did not ask for must not change what their lazy values compute (engine/tensor/autograd.py _settled)."""
     ts = (self, *others)
     for t in ts:
       if not isinstance(t, TensorBase): raise TypeError(f"realize() takes Tensors, got {type(t).__name__}")
@@ -324,7 +326,8 @@ class TensorBase:
       plan = _inplace.plan(uops)
       extra, extra_devices = plan.extra() if plan is not None else ([], [])
       kept: dict[UOp, UOp] = {}
-      done = _engine.realize_map(uops + extra, devices + extra_devices, kept, _held(uops + extra))
+      done = _engine.realize_map(uops + extra, devices + extra_devices, kept if hand_back else None,
+                                 _held(uops + extra) if hand_back else None)
       if plan is not None: plan.realized(done)
       for t, u in zip(todo, uops):
         graph = t.uop
@@ -332,7 +335,7 @@ class TensorBase:
         # (an assign is kept as its buffer's history, by the plan)
         if not _multi.holds_assign(u): _history.record(t.uop, graph if plan is None else plan.history(graph))
       _became(done, plan)
-      _hand_back(kept)
+      if hand_back: _hand_back(kept)
     return self
 
   def schedule(self, *others: Tensor):

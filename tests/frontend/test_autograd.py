@@ -608,20 +608,49 @@ def test_a_gradient_left_to_accumulate_over_a_training_loop_stays_bounded():
     dln = dy @ wv.T
     return ln, dy, inv * (dln - dln.mean(-1, keepdims=True) - ln * (dln * ln).mean(-1, keepdims=True))
 
-  # a training loop: the weights follow numpy's SGD, the data tensor's .grad stays the size it had
-  x, w = Tensor(xa), Tensor(wa, requires_grad=True)
-  opt = SGD([w], lr=0.1)
-  wv, sizes = wa.astype(np.float64), []
-  with Tensor.train():
-    for _ in range(40):
-      opt.zero_grad()
-      (x.layernorm() @ w).square().mean().backward()
-      opt.step()
-      sizes.append(len(x.grad.uop.toposort()))
-      ln, dy, _ = ln_grads(wv)
-      wv = wv - 0.1 * (ln.T @ dy)
+  # a training loop: the weights follow numpy's SGD, the data tensor's .grad stays the size it had, and the losses
+  # (realized after the step, so computed from the updated weights) are those of a data tensor that gets no .grad:
+  # computing the accumulated .grad changes no other lazy value
+  def loop(requires_grad):
+    x, w = Tensor(xa, requires_grad=requires_grad), Tensor(wa, requires_grad=True)
+    opt = SGD([w], lr=0.1)
+    sizes, losses = [], []
+    with Tensor.train():
+      for _ in range(40):
+        opt.zero_grad()
+        loss = (x.layernorm() @ w).square().mean()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+        if requires_grad is None: sizes.append(len(x.grad.uop.toposort()))
+    return w, sizes, losses
+  w, sizes, losses = loop(None)
+  _, _, apart = loop(False)
   assert max(sizes[5:]) <= max(sizes[:5]), sizes   # (before: 44 more nodes every step)
+  assert losses == apart
+  wv = wa.astype(np.float64)
+  for _ in range(40):
+    ln, dy, _ = ln_grads(wv)
+    wv = wv - 0.1 * (ln.T @ dy)
   np.testing.assert_allclose(w.numpy(), wv, rtol=1e-4, atol=1e-5)
+  # a two-layer MLP's loop (its data's gradient shares the hidden layer with the loss) reports the same losses too
+  def mlp(requires_grad):
+    r = np.random.default_rng(3)
+    x = Tensor(r.standard_normal((16, 8)).astype(np.float32), requires_grad=requires_grad)
+    y = Tensor(r.standard_normal((16, 1)).astype(np.float32))
+    w1 = Tensor((r.standard_normal((8, 12)) * 0.3).astype(np.float32), requires_grad=True)
+    w2 = Tensor((r.standard_normal((12, 1)) * 0.3).astype(np.float32), requires_grad=True)
+    opt = SGD([w1, w2], lr=0.1)
+    out = []
+    with Tensor.train():
+      for _ in range(12):
+        opt.zero_grad()
+        loss = (((x @ w1).gelu() @ w2 - y) ** 2).mean()
+        loss.backward()
+        opt.step()
+        out.append(loss.realize().item())
+    return out
+  assert mlp(None) == mlp(False)
   # weights that stay as they are: the accumulated .grad is every step's gradient added up
   x, w = Tensor(xa), Tensor(wa, requires_grad=True)
   for _ in range(30):
