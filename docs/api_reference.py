@@ -243,6 +243,11 @@ Where rulec differs, and why:
   the buffers a schedule made), so its value depends on tinygrad's kernel boundaries: equal on the adder
   Transformer, 3.90 against rulec's 3.89 on a one-layer BERT. `loss.realize(*opt.schedule_step())`
   (beautiful_mnist.py) realizes the loss before the update in both, and is what the zoo test uses.
+- `backward()` gives every float tensor in scope a `.grad`, in both. When a loop never reads or resets some tensor's
+  `.grad` (the data tensor of an eager training loop), tinygrad keeps adding to it lazily (its graph grows a few
+  nodes a step); rulec computes such an accumulated `.grad` (detached) before the next backward adds to it, so its
+  graph and the buffers it holds stay bounded. It reads the weights as they are then: under lazy semantics a `.grad`
+  read after several `opt.step()` calls has no single "right" value, but reading it each step gives the same.
 - Random numbers differ (rulec draws on the host with numpy, tinygrad with threefry): the same seed gives other
   weights, dropout masks and `Tensor.randint` batches, so comparisons load weights and set dropout to 0.
 - `Tensor.train()` / `Tensor.training` are rulec's own (older tinygrad's); tinygrad 0.14 has only
