@@ -400,7 +400,7 @@ _FITS: dict[tuple, tuple | None] = {}
 _NESTED: dict[tuple, UOp | None] = {}   # (a term, its guards, partial) -> nested's answer
 _EXACT_GUARD: "weakref.WeakKeyDictionary[UOp, tuple]" = weakref.WeakKeyDictionary()  # cond -> (_grouped, too_big)
 _BOUNDS: dict[tuple, UOp | None] = {}   # conjuncts -> bounds_form's answer (exact: true whatever the guards)
-_SHAPED: dict[tuple, tuple] = {}        # (kind, the question with its ranges renumbered) -> (answer, cost): _Fitter.shaped
+_SHAPED: dict[tuple, tuple] = {}        # (kind, a question, ranges renumbered) -> (answer, cost): _Fitter.shaped
 _FITTING = 0                            # > 0 while _Fitter.nested simplifies a part of an index
 _NESTED_REWRITES = 16                   # the most parts of indices one WHERE's fit simplifies (a QR's gradient nests
                                         # hundreds of guarded WHEREs: each new guard would ask again)
@@ -466,11 +466,11 @@ class _Fitter:
 
   def shaped(self, kind: str, x: UOp, guards: tuple, work) -> UOp:
     """work()'s answer about x where guards hold, remembered by the question's shape: x and the guards' usable
-    conjuncts with their ranges renumbered in order (0, 1, ...), when x is arithmetic on ranges. A ResNet's repeated blocks, and a convolution
-    read in several kernels, ask the same questions over ranges numbered apart. The renumbering keeps the
-    ranges' order and sizes, so the work done is the one a fresh question would do; the answer is kept only
-    when no budget cut it short, and a reuse is charged what the work cost (points and rewrites), so a WHERE
-    that would have run out of budget still does."""
+    conjuncts with their ranges renumbered in order (0, 1, ...), when x is arithmetic on ranges. A ResNet's
+    repeated blocks, and a convolution read in several kernels, ask the same questions over ranges numbered
+    apart. The renumbering keeps the ranges' order and sizes, so the work done is the one a fresh question would
+    do; the answer is kept only when no budget cut it short, and a reuse is charged what the work cost (points
+    and rewrites), so a WHERE that would have run out of budget still does."""
     if not self.is_arithmetic(x): return work()   # (a guard over a load: below it, the whole program)
     conds = self.usable(guards)
     nodes = UOp.sink(x, *conds).toposort()
