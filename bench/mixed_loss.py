@@ -24,8 +24,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import models  # noqa: E402  (bench/models.py: the rows, their arrays and both sides' forward)
 
-MODES = [("float32", None), ("float64", None), ("autocast bfloat16", "bfloat16"), ("autocast float16", "float16"),
-         ("bfloat16", None), ("float16", None)]
+MODES = ["float32", "float64", "autocast bfloat16", "autocast float16", "bfloat16", "float16"]
 
 
 def set_mode(mode: str) -> None:
@@ -88,7 +87,7 @@ def main() -> None:
     except ImportError: torch = None
   dout = models.arrays(row, s)[0]["dout"].astype(np.float64)
   results: dict[tuple[str, str], tuple[float, list[np.ndarray]]] = {}
-  for mode, _ in MODES:
+  for mode in MODES:
     set_mode(mode)
     if torch is not None and not (mode == "float64" and tdev == "cpu" and size == "full"):
       results["torch", mode] = torch_run(torch, row, s, tdev, dout)

@@ -410,6 +410,16 @@ class UOp:
   def __repr__(self) -> str: return render(self)
 
 
+def arg_key(u: UOp) -> Any:
+  """u's arg as part of a structural key (a graph spelled out node by node: the schedule cache's, symbolic's
+  shape-keyed fits). A CONST keeps its type (0, 0.0 and False differ) and a float its exact bits as hex, so -0.0
+  and 0.0 differ and a NaN equals itself."""
+  a = u.arg
+  if type(a) is float: return (float, a.hex())
+  if u.op is Ops.CONST: return (type(a), a)
+  return a
+
+
 def _as_dtype(value: Any, dtype: DType) -> Any:
   """A Python scalar of the kind `dtype` holds, so equal constants hash-cons together."""
   if isinstance(value, UOp): raise TypeError("const value must be a Python scalar, not a UOp")

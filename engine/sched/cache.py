@@ -25,7 +25,7 @@ from rulec.engine.ir.rewrite import substitute
 from rulec.engine.sched import multi as _multi
 from rulec.engine.sched import early as _helpers
 from rulec.engine.sched.variables import has_symbolic_args, rebind, unbind_graph
-from rulec.engine.ir.uop import UOp, with_sizes
+from rulec.engine.ir.uop import UOp, arg_key, with_sizes
 from rulec.runtime.buffer import new_buffer
 from rulec.runtime.devices import one_pass_groups, rows_shared, split_parts, tensor_cores, tiles_sums
 from rulec.engine.ir.kernel import Kernel
@@ -39,15 +39,6 @@ MAX_ENTRIES = 256
 def enabled() -> bool:
   """The cache is on unless RULEC_SCHEDULE_CACHE=0 (read on every call, so tests can switch it)."""
   return os.environ.get("RULEC_SCHEDULE_CACHE", "1") != "0" and not _trace.ACTIVE
-
-
-def _arg_key(u: UOp):
-  """u's arg as a key part. A CONST keeps its type (0, 0.0 and False differ) and a float its exact bits as hex,
-  so -0.0 and 0.0 differ and a NaN equals itself."""
-  a = u.arg
-  if type(a) is float: return (float, a.hex())
-  if u.op is Ops.CONST: return (type(a), a)
-  return a
 
 
 def graph_key(targets: Sequence[UOp]) -> tuple[tuple, list[UOp]]:
@@ -73,7 +64,7 @@ def _graph_key(targets: Sequence[UOp]) -> tuple[tuple, list[UOp], dict[UOp, int]
     if u.op is Ops.BUFFER:
       bufs.append(u)
       e = (Ops.BUFFER, u.dtype, u.arg[1], u.arg[2], tag)
-    else: e = (u.op, u.dtype, _arg_key(u), tag, tuple(pos[s] for s in u.src))
+    else: e = (u.op, u.dtype, arg_key(u), tag, tuple(pos[s] for s in u.src))
     pos[u] = len(entries)
     entries.append(e)
   return tuple(entries), bufs, pos

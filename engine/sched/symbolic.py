@@ -14,7 +14,7 @@ from rulec.engine.ir.dtypes import DType, dtypes, int_limits
 from rulec.engine.ir.facts import linear_bounds, terms_of
 from rulec.engine.ir.ops import ALU, Ops
 from rulec.engine.ir.rewrite import graph_rewrite, substitute
-from rulec.engine.ir.uop import UOp
+from rulec.engine.ir.uop import UOp, arg_key
 from rulec.engine.lang.loader import load_library
 
 
@@ -449,7 +449,7 @@ def reads_memory(u: UOp) -> bool:
 
 def _numbered(r: UOp, i: int) -> UOp:
   """RANGE r renumbered i (its kind, size and tag kept)."""
-  return UOp(Ops.RANGE, r.dtype, r.src, (i, *r.arg[1:]) if isinstance(r.arg, tuple) else i, r.tag)
+  return r.replace(arg=(i, *r.arg[1:]))
 
 
 class _Fitter:
@@ -474,18 +474,13 @@ class _Fitter:
     if not self.is_arithmetic(x): return work()   # (a guard over a load: below it, the whole program)
     conds = self.usable(guards)
     nodes = UOp.sink(x, *conds).toposort()
-    rs = sorted((n for n in nodes if n.op is Ops.RANGE),
-                key=lambda r: (r.arg[0], str(r.arg)) if isinstance(r.arg, tuple) else (r.arg, ""))
-    rank = {r: i for i, r in enumerate(rs)}
-    # (the key spells the graph out as a tuple, node by node: cheaper than building its renumbered copy, which only
-    # a new answer needs)
+    rank = {r: i for i, r in enumerate(sorted((n for n in nodes if n.op is Ops.RANGE), key=lambda r: r.arg[0]))}
+    # (the key spells the graph out node by node, as the schedule cache's does: cheaper than building its
+    # renumbered copy, which only a new answer needs)
     at: dict[UOp, int] = {}
-    spelled = []
-    for i, n in enumerate(nodes):
-      at[n] = i
-      spelled.append((n.op, n.dtype, ("range", rank[n], n.arg[1:] if isinstance(n.arg, tuple) else ()) if n in rank
-                      else n.arg, n.tag, tuple(at[s] for s in n.src)))
-    key = (kind, tuple(spelled))
+    for i, n in enumerate(nodes): at[n] = i
+    key = (kind, tuple((n.op, n.dtype, (rank[n], *n.arg[1:]) if n in rank else arg_key(n), n.tag,
+                        tuple(at[s] for s in n.src)) for n in nodes))
     hit = _SHAPED.get(key)
     if hit is not None:
       out, spent, rewrites = hit

@@ -335,7 +335,7 @@ class TensorBase:
         # (an assign is kept as its buffer's history, by the plan)
         if not _multi.holds_assign(u): _history.record(t.uop, graph if plan is None else plan.history(graph))
       _became(done, plan)
-      if hand_back: _hand_back(kept)
+      _hand_back(kept)   # (empty without hand_back: realize_map was given no dict to fill)
     return self
 
   def schedule(self, *others: Tensor):

@@ -95,11 +95,11 @@ def _kernel_shapes(kernels) -> list:
   """Each kernel's graph with its ranges renumbered in order (two schedules number them apart): equal graphs are
   the same node."""
   from rulec.engine.ir.rewrite import substitute
-  from rulec.engine.ir.uop import UOp
+  from rulec.engine.sched.symbolic import _numbered
   out = []
   for k in kernels:
     rs = sorted({u for u in k.ast.toposort() if u.op is Ops.RANGE}, key=lambda r: r.arg[0])
-    out.append(substitute(k.ast, {r: UOp(Ops.RANGE, r.dtype, r.src, (i, *r.arg[1:]), r.tag) for i, r in enumerate(rs)}))
+    out.append(substitute(k.ast, {r: _numbered(r, i) for i, r in enumerate(rs)}))
   return out
 
 
