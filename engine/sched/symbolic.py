@@ -469,8 +469,9 @@ class _Fitter:
     conjuncts with their ranges renumbered in order (0, 1, ...), when x is arithmetic on ranges. A ResNet's
     repeated blocks, and a convolution read in several kernels, ask the same questions over ranges numbered
     apart. The renumbering keeps the ranges' order and sizes, so the work done is the one a fresh question would
-    do; the answer is kept only when no budget cut it short, and a reuse is charged what the work cost (points
-    and rewrites), so a WHERE that would have run out of budget still does."""
+    do (with the same rule library: it is part of the key); the answer is kept only when no budget cut it short,
+    and a reuse is charged what the work cost (points and rewrites), so a WHERE that would have run out of budget
+    still does."""
     if not self.is_arithmetic(x): return work()   # (a guard over a load: below it, the whole program)
     conds = self.usable(guards)
     nodes = UOp.sink(x, *conds).toposort()
@@ -479,7 +480,8 @@ class _Fitter:
     # renumbered copy, which only a new answer needs)
     at: dict[UOp, int] = {}
     for i, n in enumerate(nodes): at[n] = i
-    key = (kind, tuple((n.op, n.dtype, (rank[n], *n.arg[1:]) if n in rank else arg_key(n), n.tag,
+    # (and the rules: nested() simplifies with the symbolic rule set, which a user's rules directory may change)
+    key = (kind, load_library().digest, tuple((n.op, n.dtype, (rank[n], *n.arg[1:]) if n in rank else arg_key(n), n.tag,
                         tuple(at[s] for s in n.src)) for n in nodes))
     hit = _SHAPED.get(key)
     if hit is not None:

@@ -143,3 +143,38 @@ def test_a_repeated_convolution_reuses_its_fitted_indices(monkeypatch):
   _, dw0 = conv_grads_numpy(xs[0], w, g, 2, 1, 1)
   _, dw1 = conv_grads_numpy(xs[1], w, g, 2, 1, 1)
   np.testing.assert_allclose(with_memo[2][2], dw0 + dw1, rtol=1e-4, atol=1e-4)
+
+
+def test_fitted_answers_are_reused_only_under_the_same_rules(monkeypatch, tmp_path):
+  """The shape-keyed answers outlive a schedule (a second graph of the same program fits nothing again), but not a
+  change of rules: a user's rules directory (RULEC_RULES) may change what the symbolic rules make of an index, so
+  under another library every question is fitted afresh."""
+  from rulec.engine.sched import symbolic
+  from rulec.engine.sched import cache as schedule_cache
+  rng = np.random.default_rng(9)
+  x = rng.standard_normal((1, 3, 9, 9)).astype(np.float32)
+  w = rng.standard_normal((4, 3, 3, 3)).astype(np.float32)
+  work = {"n": 0}
+  real = symbolic._Fitter.simplified
+  def counted(self, *a, **k):
+    work["n"] += 1
+    return real(self, *a, **k)
+  monkeypatch.setattr(symbolic._Fitter, "simplified", counted)
+  def fits():
+    schedule_cache.clear()
+    work["n"] = 0
+    tx = Tensor(x, requires_grad=True)
+    (dx,) = tx.conv2d(Tensor(w), stride=2, padding=1).square().sum().gradient(tx)
+    Tensor.schedule(dx)
+    return work["n"], dx
+  symbolic.forget_shapes()
+  cold, _ = fits()
+  warm, _ = fits()
+  mine = tmp_path / "mine"
+  mine.mkdir()
+  (mine / "extra.rules").write_text("ruleset symbolic extends symbolic:\n  rule keep_exp2: x:EXP2 => None\n")
+  monkeypatch.setenv("RULEC_RULES", str(mine))
+  other, dx = fits()
+  assert cold > 0 and warm == 0 and other == cold, (cold, warm, other)
+  want, _ = conv_grads_numpy(x, w, 2 * np.asarray(Tensor(x).conv2d(Tensor(w), stride=2, padding=1).numpy()), 2, 1, 1)
+  np.testing.assert_allclose(dx.numpy(), want, rtol=1e-4, atol=1e-4)
